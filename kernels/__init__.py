@@ -1,0 +1,1 @@
+"""Pallas kernels, each beside its plain-JAX reference; imported as `vpo.kernels`."""

@@ -1,0 +1,1 @@
+"""Tasks with vector rewards: prompts, answer format, in-graph or host rewards, demonstrations."""
