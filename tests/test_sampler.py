@@ -1,0 +1,145 @@
+"""Sampler: EOS handling, determinism, greedy limit, filters, prefix sharing, mesh invariance."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vpo import sharding
+from vpo.config import ConfigError, SamplerConfig, model_preset
+from vpo.model import Decoder
+from vpo.sampler import choose_tokens, left_pad, sample, sample_with_keys
+
+PAD, EOS = 0, 2
+B, P, T, G = 8, 6, 12, 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Decoder(model_preset("tiny"), rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    lists = [list(rng.integers(4, 64, size=rng.integers(1, P + 1))) for _ in range(B)]
+    return left_pad(lists, P, PAD)
+
+
+def run(model, prompts, key=0, eos=EOS, **kw):
+    cfg = SamplerConfig(**{"max_new_tokens": T, "num_samples": G, **kw})
+    return sample(model, *prompts, jax.random.key(key), cfg, eos_id=eos, pad_id=PAD)
+
+
+def test_shapes_and_logp_consistency(model, prompts):
+    r = run(model, prompts)
+    assert r.tokens_BGT.shape == (B, G, T) and r.mask_BGT.dtype == bool
+    # at temperature 1 without filters the sampling distribution is the model's
+    np.testing.assert_allclose(r.sample_logp_BGT, r.logp_BGT, atol=1e-5)
+    assert np.all(np.asarray(r.logp_BGT)[np.asarray(r.mask_BGT)] <= 0)
+    assert np.all(np.asarray(r.entropy_BGT) >= 0)
+    # logp of the sampled tokens equals a teacher-forced full forward over prompt + completion
+    full = jnp.concatenate([prompts[0][:, None].repeat(G, 1), r.tokens_BGT], -1).reshape(B * G, -1)
+    fmask = jnp.concatenate([jnp.asarray(prompts[1])[:, None].repeat(G, 1), r.mask_BGT], -1)
+    logits = model(full, fmask.reshape(B * G, -1))[:, P - 1:-1]
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), r.tokens_BGT.reshape(B * G, T, 1), -1)
+    m = np.asarray(r.mask_BGT).reshape(B * G, T)
+    np.testing.assert_allclose(np.asarray(logp[..., 0])[m], np.asarray(r.logp_BGT).reshape(B * G,
+                               T)[m], atol=1e-5)
+
+
+def test_eos_stops_and_masks(model, prompts):
+    greedy = run(model, prompts, temperature=0.0)
+    eos = int(greedy.tokens_BGT[0, 0, 3])  # make the 4th greedy token of row 0 the EOS
+    r = run(model, prompts, temperature=0.0, eos=eos)
+    toks, mask = np.asarray(r.tokens_BGT), np.asarray(r.mask_BGT)
+    first = np.argmax(toks[0, 0] == eos)
+    assert first <= 3 and r.finished_BG[0, 0]
+    assert mask[0, 0, : first + 1].all() and not mask[0, 0, first + 1:].any()
+    assert (toks[0, 0, first + 1:] == PAD).all()
+    for b in range(B):
+        for g in range(G):
+            hits = np.flatnonzero(toks[b, g] == eos)
+            end = hits[0] + 1 if len(hits) else T
+            assert mask[b, g].sum() == end == r.length_BG[b, g]
+            assert bool(r.finished_BG[b, g]) == bool(len(hits))
+
+
+def test_same_key_same_output_other_key_differs(model, prompts):
+    a, b, c = run(model, prompts, 1), run(model, prompts, 1), run(model, prompts, 2)
+    np.testing.assert_array_equal(a.tokens_BGT, b.tokens_BGT)
+    assert not np.array_equal(a.tokens_BGT, c.tokens_BGT)
+    # samples of one prompt differ from each other
+    assert len({tuple(x) for x in np.asarray(a.tokens_BGT[0])}) > 1
+
+
+def test_low_temperature_matches_greedy(model, prompts):
+    greedy = run(model, prompts, temperature=0.0)
+    cold = run(model, prompts, temperature=1e-4)
+    np.testing.assert_array_equal(greedy.tokens_BGT, cold.tokens_BGT)
+    # greedy samples of one prompt are identical
+    assert (greedy.tokens_BGT == greedy.tokens_BGT[:, :1]).all()
+
+
+@pytest.mark.parametrize("top_k, top_p, allowed", [
+    (2, 1.0, {0, 1}), (3, 1.0, {0, 1, 2}), (0, 0.7, {0, 1}), (0, 0.85, {0, 1, 2}),
+    (2, 0.5, {0}), (1, 1.0, {0}),
+])
+def test_filters_never_leave_allowed_set(top_k, top_p, allowed):
+    probs = jnp.array([0.5, 0.3, 0.1, 0.06, 0.04])
+    n = 4096
+    logits = jnp.broadcast_to(jnp.log(probs), (1, n, 5))
+    keys = jax.random.split(jax.random.key(0), n).reshape(1, n)
+    tok, _, slogp, _ = jax.jit(choose_tokens)(logits, keys, 1.0, top_p, top_k)
+    seen = set(np.unique(np.asarray(tok)).tolist())
+    assert seen == allowed
+    renorm = probs[jnp.array(sorted(allowed))].sum()
+    np.testing.assert_allclose(np.exp(slogp[0, 0]), probs[tok[0, 0]] / renorm, rtol=1e-5)
+
+
+def test_prefix_sharing_equals_separate_runs(model, prompts):
+    """G samples sharing one prefill equal B*G separate prompts sampled with the same keys."""
+    cfg = SamplerConfig(max_new_tokens=T, num_samples=G)
+    keys = jax.random.split(jax.random.key(5), B * G).reshape(B, G)
+    shared = sample_with_keys(model, *prompts, keys, cfg, eos_id=EOS, pad_id=PAD)
+    rep = lambda x: np.repeat(np.asarray(x), G, axis=0)  # noqa: E731
+    alone = sample_with_keys(model, rep(prompts[0]), rep(prompts[1]), keys.reshape(B * G, 1),
+                             cfg, eos_id=EOS, pad_id=PAD)
+    np.testing.assert_array_equal(shared.tokens_BGT.reshape(B * G, T), alone.tokens_BGT[:, 0])
+    np.testing.assert_allclose(shared.logp_BGT.reshape(B * G, T), alone.logp_BGT[:, 0],
+                               atol=1e-5)
+
+
+def test_mesh_matches_single_device(model, prompts):
+    single = run(model, prompts, 3)
+    mesh = sharding.make_mesh(data=8)
+    sharded_model = sharding.shard_model(nnx.clone(model), mesh)
+    tokens = jax.device_put(prompts[0], sharding.batch_sharding(mesh, 2))
+    mask = jax.device_put(prompts[1], sharding.batch_sharding(mesh, 2))
+    multi = run(sharded_model, (tokens, mask), 3)
+    assert len(multi.tokens_BGT.sharding.device_set) == 8
+    np.testing.assert_array_equal(single.tokens_BGT, multi.tokens_BGT)
+    np.testing.assert_allclose(single.logp_BGT, multi.logp_BGT, atol=1e-5)
+
+
+def test_tensor_parallel_mesh_matches(model, prompts):
+    single = run(model, prompts, 4)
+    mesh = sharding.make_mesh(data=4, tensor=2)
+    m = sharding.shard_model(nnx.clone(model), mesh)
+    assert m.layers[0].attn.wq[...].sharding.spec == jax.P(None, "tensor", None)
+    multi = run(m, (jax.device_put(prompts[0], sharding.batch_sharding(mesh, 2)),
+                    jax.device_put(prompts[1], sharding.batch_sharding(mesh, 2))), 4)
+    np.testing.assert_array_equal(single.tokens_BGT, multi.tokens_BGT)
+
+
+def test_budget_errors(model):
+    with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
+        sample(model, np.ones((1, 500), np.int32), np.ones((1, 500), bool), jax.random.key(0),
+               SamplerConfig(max_new_tokens=64), eos_id=EOS, pad_id=PAD)
+    with pytest.raises(ValueError, match="prompt 1 has 9 tokens"):
+        left_pad([[1], list(range(9))], 8, PAD)
+    toks, mask = left_pad([[1], list(range(9))], 8, PAD, truncate=True)
+    assert toks[1].tolist() == list(range(1, 9)) and mask.all(axis=1).tolist() == [False, True]
+    with pytest.raises(ConfigError, match="sampler.top_p"):
+        SamplerConfig(top_p=0.0)

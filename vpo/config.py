@@ -1,0 +1,141 @@
+"""Frozen configuration dataclasses, validated on construction with errors that name the field.
+
+Sections: `ModelConfig` (the decoder's shapes), `SamplerConfig` (generation). Later sections
+(objective, train, search, experiment) live beside them. `MODEL_PRESETS` maps preset names to model
+shapes: `tiny` (tests), `small` (CPU experiments) and the published shapes of Qwen2.5 / Qwen3 /
+Llama-3.2 models (for accelerators; never instantiated in CPU tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+
+def _require(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field}: {msg}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 RoPE frequency scaling (`rope_type="llama3"` in HF configs)."""
+
+    factor: float = 32.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Decoder-only transformer shapes (Llama 3 / Qwen2 / Qwen2.5 / Qwen3 families).
+
+    Dimension key: V vocab, D width, F MLP width, H query heads, N KV heads, E head dim, L layers.
+    """
+
+    vocab_size: int = 64  # V
+    dim: int = 32  # D
+    num_layers: int = 2  # L
+    num_heads: int = 4  # H
+    num_kv_heads: int = 2  # N; H % N == 0 (grouped-query attention)
+    head_dim: int | None = None  # E; defaults to D // H
+    mlp_dim: int = 64  # F (SwiGLU hidden width)
+    rope_theta: float = 10_000.0
+    rope_scaling: RopeScaling | None = None
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2 / Qwen2.5
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k
+    tie_embeddings: bool = True
+    max_seq_len: int = 512  # longest prompt + completion the model may be asked to handle
+    param_dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype (bfloat16 on accelerators)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "mlp_dim",
+                     "max_seq_len"):
+            _require(getattr(self, name) > 0, f"model.{name}", "must be a positive integer")
+        if self.head_dim is None:
+            _require(self.dim % self.num_heads == 0, "model.num_heads",
+                     f"must divide model.dim ({self.dim}) when model.head_dim is not set; "
+                     f"got {self.num_heads}. Set model.head_dim or change the head count.")
+            object.__setattr__(self, "head_dim", self.dim // self.num_heads)
+        _require(self.head_dim > 0 and self.head_dim % 2 == 0, "model.head_dim",
+                 f"must be a positive even number (RoPE rotates pairs); got {self.head_dim}")
+        _require(self.num_heads % self.num_kv_heads == 0, "model.num_kv_heads",
+                 f"must divide model.num_heads ({self.num_heads}); got {self.num_kv_heads}")
+        _require(self.rope_theta > 0, "model.rope_theta", "must be positive")
+        for name in ("param_dtype", "dtype"):
+            _require(getattr(self, name) in ("float32", "bfloat16", "float16"), f"model.{name}",
+                     f"must be one of float32, bfloat16, float16; got {getattr(self, name)!r}")
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding counted once when tied)."""
+        V, D, F, L = self.vocab_size, self.dim, self.mlp_dim, self.num_layers
+        H, N, E = self.num_heads, self.num_kv_heads, self.head_dim
+        attn = D * H * E + 2 * D * N * E + H * E * D
+        attn += (H * E + 2 * N * E) if self.qkv_bias else 0
+        attn += 2 * E if self.qk_norm else 0
+        per_layer = attn + 3 * D * F + 2 * D
+        head = 0 if self.tie_embeddings else V * D
+        return V * D + L * per_layer + D + head
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Generation settings. Temperature, top-p and top-k are traced: changing them never recompiles.
+
+    `temperature == 0` is greedy decoding; `top_k == 0` and `top_p == 1` disable those filters.
+    """
+
+    max_new_tokens: int = 32  # T
+    num_samples: int = 4  # G, samples per prompt sharing the prompt's KV cache
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        _require(self.max_new_tokens > 0, "sampler.max_new_tokens", "must be positive")
+        _require(self.num_samples > 0, "sampler.num_samples", "must be positive")
+        _require(self.temperature >= 0, "sampler.temperature", "must be >= 0 (0 is greedy)")
+        _require(0 < self.top_p <= 1, "sampler.top_p", "must be in (0, 1]")
+        _require(self.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
+
+
+_QWEN25 = dict(rope_theta=1_000_000.0, qkv_bias=True, norm_eps=1e-6, max_seq_len=32768,
+               param_dtype="bfloat16", dtype="bfloat16")
+_QWEN3 = dict(rope_theta=1_000_000.0, qk_norm=True, head_dim=128, norm_eps=1e-6,
+              max_seq_len=40960, param_dtype="bfloat16", dtype="bfloat16")
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=64),
+    "small": dict(vocab_size=64, dim=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                  mlp_dim=768),
+    "qwen2.5-0.5b": dict(vocab_size=151936, dim=896, num_layers=24, num_heads=14,
+                         num_kv_heads=2, mlp_dim=4864, tie_embeddings=True, **_QWEN25),
+    "qwen2.5-1.5b": dict(vocab_size=151936, dim=1536, num_layers=28, num_heads=12,
+                         num_kv_heads=2, mlp_dim=8960, tie_embeddings=True, **_QWEN25),
+    "qwen3-0.6b": dict(vocab_size=151936, dim=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+                       mlp_dim=3072, tie_embeddings=True, **_QWEN3),
+    "qwen3-1.7b": dict(vocab_size=151936, dim=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+                       mlp_dim=6144, tie_embeddings=True, **_QWEN3),
+    "qwen3-4b": dict(vocab_size=151936, dim=2560, num_layers=36, num_heads=32, num_kv_heads=8,
+                     mlp_dim=9728, tie_embeddings=True, **_QWEN3),
+    "llama3.2-1b": dict(vocab_size=128256, dim=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                        mlp_dim=8192, rope_theta=500_000.0, norm_eps=1e-5, tie_embeddings=True,
+                        rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), max_seq_len=131072,
+                        param_dtype="bfloat16", dtype="bfloat16"),
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """`ModelConfig` of a named preset, with field overrides (e.g. `vocab_size=` of a task)."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"model.preset: unknown preset {name!r}; "
+                          f"choose one of {', '.join(MODEL_PRESETS)}")
+    return ModelConfig(**{**MODEL_PRESETS[name], **overrides})

@@ -1,0 +1,285 @@
+"""Flax NNX decoder for the Llama 3 / Qwen2 / Qwen2.5 / Qwen3 families, with a shared-prefix KV cache.
+
+Architecture: token embedding → L × [RMSNorm → GQA attention with RoPE (optional qkv bias, optional
+per-head q/k RMSNorm) → residual → RMSNorm → SwiGLU MLP → residual] → RMSNorm → LM head (tied to
+the embedding or separate). Parameters carry `logical_axes` metadata that `vpo.sharding` maps to
+mesh axes.
+
+Three entry points share one attention routine:
+  * `model(tokens_BS, mask_BS)` — full causal forward over left-padded sequences → logits_BSV.
+  * `model.prefill(tokens_BP, mask_BP)` — the prompt once → (hidden_BPD, Prefix): the prompt's
+    keys/values, shared by every continuation of that prompt.
+  * `model.extend(tokens_BGS, prefix, cache, start)` — G continuations per prompt attend to the
+    shared prefix and to their own suffix cache (`cache=None`: only to the new tokens), so
+    prefill work and prefix memory do not grow with G. Decoding is `extend` with S = 1; the
+    training forward is `extend` over all T completion tokens.
+
+Dimension key: B batch (prompts), G continuations per prompt, S new tokens, P prompt length,
+C suffix-cache length, V vocab, D width, F MLP width, H query heads, N KV heads, E head dim,
+L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vpo.config import ModelConfig
+
+_MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
+
+
+class Prefix(NamedTuple):
+    """Keys/values of each prompt, computed once and shared by its G continuations."""
+
+    k_LBPNE: jax.Array
+    v_LBPNE: jax.Array
+    mask_BP: jax.Array  # True on real prompt tokens (prompts are left-padded)
+    length_B: jax.Array  # number of real prompt tokens = position of the first new token
+
+
+class KVCache(NamedTuple):
+    """Per-continuation keys/values of generated tokens, written at slots [0, C)."""
+
+    k_LBGCNE: jax.Array
+    v_LBGCNE: jax.Array
+
+
+def _lead(x, ndim: int):
+    """Reshape x to rank `ndim` by adding leading unit axes (explicit broadcasting)."""
+    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
+def _param(init, key, shape, dtype, axes):
+    return nnx.Param(init(key, shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x²) + eps) · scale, computed in float32 (Zhang & Sennrich, 2019)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype, axis: str):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=(axis,))
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * _lead(self.scale[...].astype(jnp.float32), y.ndim)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """Inverse frequencies θ^(-2i/E), i < E/2, with Llama-3 scaling when configured.
+
+    Llama 3 scaling (Meta, 2024): wavelengths longer than original_max_position / low_freq_factor
+    are divided by `factor`, shorter than original_max_position / high_freq_factor are kept, and
+    the band between is interpolated linearly in 1/wavelength.
+    """
+    E = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    wavelen = 2 * math.pi / inv
+    low_wl = s.original_max_position / s.low_freq_factor
+    high_wl = s.original_max_position / s.high_freq_factor
+    scaled = jnp.where(wavelen > low_wl, inv / s.factor, inv)
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return jnp.where(medium, blended, scaled)
+
+
+def rope_cos_sin(positions, inv_freq_E2):
+    """cos, sin of shape positions.shape + (E,) in the half-split layout of HF Llama/Qwen."""
+    angles = positions.astype(jnp.float32)[..., None] * _lead(inv_freq_E2, positions.ndim + 1)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BGSHE, cos_BGSE, sin_BGSE):
+    """Rotary embedding (Su et al., 2021, arXiv 2104.09864): x·cos + rotate_half(x)·sin."""
+    half = x_BGSHE.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BGSHE[..., half:], x_BGSHE[..., :half]], axis=-1)
+    cos, sin = cos_BGSE[..., None, :], sin_BGSE[..., None, :]
+    out = x_BGSHE.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin
+    return out.astype(x_BGSHE.dtype)
+
+
+def attend(q_BGSHE, k_BGCNE, v_BGCNE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None):
+    """softmax(q·kᵀ/√E + mask)·v over [prefix keys ‖ suffix keys], one softmax over both.
+
+    Grouped-query attention: query head h reads KV head h // (H/N). prefix_kv, if given, is
+    (k_BPNE, v_BPNE), shared by the G continuations of each prompt. Softmax in float32.
+    """
+    B, G, S, H, E = q_BGSHE.shape
+    N = k_BGCNE.shape[-2]
+    q = q_BGSHE.reshape(B, G, S, N, H // N, E) * (1.0 / math.sqrt(E))
+    scores = jnp.einsum("bgsnhe,bgcne->bgnhsc", q, k_BGCNE, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask_BGSC[:, :, None, None], scores, _MASKED)
+    if prefix_kv is not None:
+        kp, vp = prefix_kv
+        sp = jnp.einsum("bgsnhe,bpne->bgnhsp", q, kp, preferred_element_type=jnp.float32)
+        sp = jnp.where(prefix_mask_BP[:, None, None, None, None, :], sp, _MASKED)
+        scores = jnp.concatenate([sp, scores], axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGCNE.dtype)
+    P = 0 if prefix_kv is None else prefix_kv[0].shape[1]
+    out = jnp.einsum("bgnhsc,bgcne->bgsnhe", probs[..., P:], v_BGCNE)
+    if prefix_kv is not None:
+        out = out + jnp.einsum("bgnhsp,bpne->bgsnhe", probs[..., :P], prefix_kv[1])
+    return out.reshape(B, G, S, H, E)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        D, H, N, E = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pd = jnp.dtype(cfg.param_dtype)
+        init = nnx.initializers.normal(0.02)
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.wq = _param(init, rngs.params(), (D, H, E), pd, ("embed", "heads", "head_dim"))
+        self.wk = _param(init, rngs.params(), (D, N, E), pd, ("embed", "kv_heads", "head_dim"))
+        self.wv = _param(init, rngs.params(), (D, N, E), pd, ("embed", "kv_heads", "head_dim"))
+        self.wo = _param(init, rngs.params(), (H, E, D), pd, ("heads", "head_dim", "embed"))
+        if cfg.qkv_bias:
+            zeros = nnx.initializers.zeros
+            self.bq = _param(zeros, rngs.params(), (H, E), pd, ("heads", "head_dim"))
+            self.bk = _param(zeros, rngs.params(), (N, E), pd, ("kv_heads", "head_dim"))
+            self.bv = _param(zeros, rngs.params(), (N, E), pd, ("kv_heads", "head_dim"))
+        else:
+            self.bq = self.bk = self.bv = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(E, cfg.norm_eps, pd, "head_dim")
+            self.k_norm = RMSNorm(E, cfg.norm_eps, pd, "head_dim")
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _project(self, x, w, b):
+        y = jnp.einsum("bgsd,dhe->bgshe", x, w[...].astype(self.dtype))
+        return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
+
+    def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP):
+        q = self._project(x_BGSD, self.wq, self.bq)
+        k = self._project(x_BGSD, self.wk, self.bk)
+        v = self._project(x_BGSD, self.wv, self.bv)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache_kv is not None:  # write the new keys at slots [start, start + S)
+            at = (0, 0, start, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
+            v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
+        out = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP)
+        y = jnp.einsum("bgshe,hed->bgsd", out, self.wo[...].astype(self.dtype))
+        return y, (k, v)
+
+
+class MLP(nnx.Module):
+    """SwiGLU (Shazeer, 2020, arXiv 2002.05202): down(silu(gate(x)) ⊙ up(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        D, F = cfg.dim, cfg.mlp_dim
+        pd = jnp.dtype(cfg.param_dtype)
+        init = nnx.initializers.normal(0.02)
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.w_gate = _param(init, rngs.params(), (D, F), pd, ("embed", "mlp"))
+        self.w_up = _param(init, rngs.params(), (D, F), pd, ("embed", "mlp"))
+        self.w_down = _param(init, rngs.params(), (F, D), pd, ("mlp", "embed"))
+
+    def __call__(self, x):
+        gate = x @ self.w_gate[...].astype(self.dtype)
+        up = x @ self.w_up[...].astype(self.dtype)
+        return (jax.nn.silu(gate) * up) @ self.w_down[...].astype(self.dtype)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, cos, sin, mask, cache_kv, start, prefix_kv, prefix_mask):
+        h, kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, start, prefix_kv,
+                          prefix_mask)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), kv
+
+
+class Decoder(nnx.Module):
+    """The policy: a decoder-only transformer (see the module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        pd = jnp.dtype(cfg.param_dtype)
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.embed = _param(nnx.initializers.normal(0.02), rngs.params(),
+                            (cfg.vocab_size, cfg.dim), pd, ("vocab", "embed"))
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
+        self.lm_head = None if cfg.tie_embeddings else _param(
+            nnx.initializers.normal(0.02), rngs.params(), (cfg.dim, cfg.vocab_size), pd,
+            ("embed", "vocab"))
+
+    # -- pieces -------------------------------------------------------------------------------
+    def logits(self, hidden_xD):
+        """Unembedding: final hidden states [..., D] → logits [..., V] (float32)."""
+        w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+        return jnp.einsum("...d,dv->...v", hidden_xD, w.astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def _run(self, tokens_BGS, positions_BGS, mask_BGSC, cache, start, prefix):
+        x = self.embed[...].astype(self.dtype)[tokens_BGS]
+        cos, sin = rope_cos_sin(positions_BGS, rope_inv_freq(self.cfg))
+        ks, vs = [], []
+        for i, layer in enumerate(self.layers):
+            cache_kv = None if cache is None else (cache.k_LBGCNE[i], cache.v_LBGCNE[i])
+            prefix_kv = None if prefix is None else (prefix.k_LBPNE[i], prefix.v_LBPNE[i])
+            x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
+                              None if prefix is None else prefix.mask_BP)
+            ks.append(k)
+            vs.append(v)
+        return self.final_norm(x), jnp.stack(ks), jnp.stack(vs)
+
+    # -- entry points -------------------------------------------------------------------------
+    def prefill(self, tokens_BP, mask_BP=None):
+        """Causal forward over left-padded prompts → (hidden_BPD, Prefix)."""
+        B, P = tokens_BP.shape
+        mask_BP = jnp.ones((B, P), bool) if mask_BP is None else mask_BP.astype(bool)
+        positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1) - 1, 0)
+        causal_PP = jnp.tril(jnp.ones((P, P), bool))
+        mask_B1PP = (causal_PP[None] & mask_BP[:, None, :])[:, None]
+        h, k, v = self._run(tokens_BP[:, None], positions_BP[:, None], mask_B1PP, None, 0, None)
+        prefix = Prefix(k[:, :, 0], v[:, :, 0], mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
+        return h[:, 0], prefix
+
+    def __call__(self, tokens_BS, mask_BS=None):
+        """Full causal forward → logits_BSV (float32)."""
+        return self.logits(self.prefill(tokens_BS, mask_BS)[0])
+
+    def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0):
+        """G continuations per prompt: new tokens at suffix slots [start, start+S).
+
+        Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
+        ≤ start + s, or with `cache=None` only the S new tokens (then `start` must be 0).
+        Returns (hidden_BGSD, KVCache with the new keys written).
+        """
+        B, G, S = tokens_BGS.shape
+        C = S if cache is None else cache.k_LBGCNE.shape[3]
+        pos_S = start + jnp.arange(S)
+        positions = prefix.length_B[:, None, None] + pos_S[None, None, :]
+        mask_SC = jnp.arange(C)[None, :] <= pos_S[:, None]
+        mask_BGSC = jnp.broadcast_to(mask_SC, (B, G, S, C))
+        h, k, v = self._run(tokens_BGS, jnp.broadcast_to(positions, (B, G, S)), mask_BGSC,
+                            cache, start, prefix)
+        return h, KVCache(k, v)
+
+    def init_cache(self, batch: int, group: int, length: int) -> KVCache:
+        """Zeroed suffix cache for `group` continuations of `batch` prompts, `length` slots."""
+        c = self.cfg
+        shape = (c.num_layers, batch, group, length, c.num_kv_heads, c.head_dim)
+        return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))

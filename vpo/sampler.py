@@ -1,0 +1,176 @@
+"""Jitted KV-cache sampler: prefill each prompt once, decode G samples per prompt in a while_loop.
+
+The prompt's keys/values are computed once and shared by its G samples (`Decoder.extend` attends
+to the shared prefix), so prefill work and prefix memory do not grow with G. Temperature, top-p
+and top-k are traced scalars: changing them never recompiles. `temperature == 0` is greedy.
+Every (prompt, sample) pair owns a key; the token at step t is drawn with `fold_in(key, t)`, so
+the same keys give the same tokens whatever the batch layout, mesh or group sharing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vpo.config import ConfigError, SamplerConfig
+from vpo.model import Decoder, KVCache
+from vpo.types import Rollout
+
+
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int, *,
+             truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists → (tokens_BP int32, mask_BP bool), left-padded to `length`.
+
+    A prompt longer than `length` raises (naming its index) unless `truncate`, which keeps its
+    last `length` tokens. Empty prompts raise: the first new token needs a context.
+    """
+    tokens = np.full((len(prompts), length), pad_id, np.int32)
+    mask = np.zeros((len(prompts), length), bool)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; give it at least one token (e.g. BOS)")
+        if len(p) > length:
+            if not truncate:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, more than the prompt budget "
+                                 f"{length}; raise the budget or pass truncate=True")
+            p = p[-length:]
+        tokens[i, length - len(p):] = p
+        mask[i, length - len(p):] = True
+    return tokens, mask
+
+
+def _filter_logits(scaled_xV, top_k, top_p):
+    """Keep the top_k highest logits (0: all), then the smallest set of mass ≥ top_p; rest -inf.
+
+    Applied in this order as in common practice (top-p on the top-k-renormalised distribution).
+    Ties at the threshold are kept.
+    """
+    sorted_xV = -jnp.sort(-scaled_xV, axis=-1)
+    rank_xV = jax.lax.broadcasted_iota(jnp.int32, sorted_xV.shape, sorted_xV.ndim - 1)
+    in_k = (top_k <= 0) | (rank_xV < top_k)
+    sorted_xV = jnp.where(in_k, sorted_xV, -jnp.inf)
+    probs = jax.nn.softmax(sorted_xV, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = in_k & (mass_before < top_p)
+    last = jnp.maximum(keep.sum(axis=-1, keepdims=True) - 1, 0)
+    threshold = jnp.take_along_axis(sorted_xV, last, axis=-1)
+    return jnp.where(scaled_xV >= threshold, scaled_xV, -jnp.inf)
+
+
+def choose_tokens(logits_BGV, keys_BG, temperature, top_p, top_k):
+    """Draw one token per row → (token_BG, logp_BG, sample_logp_BG, entropy_BG).
+
+    logp / entropy are under softmax(logits) (temperature 1); sample_logp is under the sampled
+    distribution softmax(filter(logits / temperature)), and 0 for greedy (temperature 0).
+    """
+    logp_BGV = jax.nn.log_softmax(logits_BGV, axis=-1)
+    entropy_BG = -jnp.sum(jnp.exp(logp_BGV) * logp_BGV, axis=-1)
+    scaled = logits_BGV / jnp.maximum(temperature, 1e-6)
+    use_filter = (top_k > 0) | (top_p < 1.0)
+    filtered = jax.lax.cond(use_filter, _filter_logits, lambda x, k, p: x, scaled, top_k, top_p)
+    B, G, V = logits_BGV.shape
+    drawn = jax.vmap(jax.random.categorical)(keys_BG.reshape(B * G), filtered.reshape(B * G, V))
+    greedy = temperature <= 0
+    token_BG = jnp.where(greedy, jnp.argmax(logits_BGV, axis=-1), drawn.reshape(B, G))
+    token_BG = token_BG.astype(jnp.int32)
+    pick = lambda a: jnp.take_along_axis(a, token_BG[..., None], axis=-1)[..., 0]  # noqa: E731
+    sample_logp_BG = jnp.where(greedy, 0.0, pick(jax.nn.log_softmax(filtered, axis=-1)))
+    return token_BG, pick(logp_BGV), sample_logp_BG, entropy_BG
+
+
+class _Loop(NamedTuple):
+    t: jax.Array
+    logits_BGV: jax.Array
+    cache: KVCache
+    done_BG: jax.Array
+    out: Rollout
+
+
+def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+             max_new_tokens: int, eos_id: int, pad_id: int) -> Rollout:
+    """Pure sampling function (call it inside your own jit, or use `sample`).
+
+    Args:
+      model: the policy (an NNX module; inside jit, `nnx.merge` it from graphdef + state).
+      prompts_BP, mask_BP: left-padded prompt tokens and their validity mask.
+      keys_BG: one PRNG key per (prompt, sample); G is taken from its shape.
+      temperature, top_p, top_k: traced scalars.
+    Returns a `Rollout` with [B, G, T] arrays, T = max_new_tokens. The loop stops early once
+    every sequence has emitted EOS; later positions are pad and masked.
+    """
+    B, G = keys_BG.shape
+    T = max_new_tokens
+    hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
+    logits_BV = model.logits(hidden_BPD[:, -1])
+    zeros = jnp.zeros((B, G, T), jnp.float32)
+    init = _Loop(
+        t=jnp.int32(0),
+        logits_BGV=jnp.broadcast_to(logits_BV[:, None], (B, G, logits_BV.shape[-1])),
+        cache=model.init_cache(B, G, T),
+        done_BG=jnp.zeros((B, G), bool),
+        out=Rollout(jnp.full((B, G, T), pad_id, jnp.int32), zeros, zeros, zeros,
+                    jnp.zeros((B, G, T), bool), jnp.zeros((B, G), jnp.int32),
+                    jnp.zeros((B, G), bool)),
+    )
+    step_keys = jax.vmap(jax.vmap(jax.random.fold_in, (0, None)), (0, None))
+
+    def body(s: _Loop) -> _Loop:
+        tok, logp, slogp, ent = choose_tokens(s.logits_BGV, step_keys(keys_BG, s.t),
+                                              temperature, top_p, top_k)
+        live = ~s.done_BG
+        tok = jnp.where(live, tok, pad_id)
+        write = lambda a, x: a.at[:, :, s.t].set(x)  # noqa: E731
+        o = s.out
+        out = o._replace(
+            tokens_BGT=write(o.tokens_BGT, tok),
+            logp_BGT=write(o.logp_BGT, jnp.where(live, logp, 0.0)),
+            sample_logp_BGT=write(o.sample_logp_BGT, jnp.where(live, slogp, 0.0)),
+            entropy_BGT=write(o.entropy_BGT, jnp.where(live, ent, 0.0)),
+            mask_BGT=write(o.mask_BGT, live),
+        )
+        hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t)
+        return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache,
+                     s.done_BG | (live & (tok == eos_id)), out)
+
+    def cond(s: _Loop):
+        return (s.t < T) & ~jnp.all(s.done_BG)
+
+    final = jax.lax.while_loop(cond, body, init)
+    return final.out._replace(length_BG=final.out.mask_BGT.sum(-1).astype(jnp.int32),
+                              finished_BG=final.done_BG)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "eos_id", "pad_id"))
+def _generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+                  max_new_tokens, eos_id, pad_id):
+    return generate(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
+                    top_p, top_k, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+
+
+def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
+                     eos_id: int, pad_id: int) -> Rollout:
+    """`generate` under jit with explicit per-(prompt, sample) keys."""
+    P, T = prompts_BP.shape[1], cfg.max_new_tokens
+    if P + T > model.cfg.max_seq_len:
+        raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
+                          f"model.max_seq_len {model.cfg.max_seq_len}; lower one of them")
+    graphdef, state = nnx.split(model)
+    return _generate_jit(graphdef, state, jnp.asarray(prompts_BP, jnp.int32),
+                         jnp.asarray(mask_BP, bool), keys_BG, jnp.float32(cfg.temperature),
+                         jnp.float32(cfg.top_p), jnp.int32(cfg.top_k),
+                         max_new_tokens=T, eos_id=eos_id, pad_id=pad_id)
+
+
+def sample(model: Decoder, prompts_BP, mask_BP, key, cfg: SamplerConfig, *, eos_id: int,
+           pad_id: int) -> Rollout:
+    """Sample `cfg.num_samples` completions per prompt. Same key, same output."""
+    B, G = prompts_BP.shape[0], cfg.num_samples
+    keys_BG = jax.random.split(key, B * G).reshape(B, G)
+    return sample_with_keys(model, prompts_BP, mask_BP, keys_BG, cfg, eos_id=eos_id,
+                            pad_id=pad_id)

@@ -1,0 +1,32 @@
+"""Pytrees passed between the sampler, tasks, objectives and trainer.
+
+Dimension key (shape suffixes on names): B prompts · G samples per prompt · M answers per sample ·
+R reward components · K Dirichlet weight draws · P prompt tokens · T generated tokens · S = P+T ·
+V vocab · D width · F MLP width · H query heads · N KV heads · E head dim · L layers ·
+C cache length · I islands · Q members per island.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+
+class Rollout(NamedTuple):
+    """G sampled completions for each of B prompts.
+
+    `logp_BGT` is the log-prob of each sampled token under the unmodified model (temperature 1,
+    no filtering): what the training forward recomputes. `sample_logp_BGT` is its log-prob under
+    the distribution actually sampled from (temperature, top-k, top-p; 0 for greedy).
+    `entropy_BGT` is the model's (temperature-1) token entropy. `mask_BGT` marks real completion
+    tokens, EOS included; positions after EOS hold the pad id and are masked.
+    """
+
+    tokens_BGT: jax.Array  # int32
+    logp_BGT: jax.Array  # float32
+    sample_logp_BGT: jax.Array  # float32
+    entropy_BGT: jax.Array  # float32
+    mask_BGT: jax.Array  # bool
+    length_BG: jax.Array  # int32, number of masked-in tokens
+    finished_BG: jax.Array  # bool, emitted EOS within the budget
