@@ -1,0 +1,253 @@
+"""Search-aware evaluation: pass@k, best@k, E_w[max], reward-space diversity, entropy statistics.
+
+Shapes: P problems, N candidates per problem, R reward components, A answer tokens, G generations
+per problem, M answers per generation. All metric functions are pure jnp (jittable; `k`,
+quantiles and other Python ints are static) and return one value per problem unless noted.
+
+Budget-fair accounting (digest §1.3, §1.12 "fair budgets at eval"): k counts CANDIDATE SOLUTIONS,
+not generations. `pool_candidates` turns per-generation results [P, G, M, ...] into per-candidate
+pools [P, G*M, ...], so one m-answer generation is m candidates and is compared with m
+single-answer samples (an M = 1 arm with G*M generations has the same pool size). Invalid slots
+(missing, truncated, malformed or duplicate answers) stay in the pool as candidates that score 0
+and are never correct: they consumed budget. Pool-shape metrics (diversity, Pareto fraction,
+distinct solutions, E_w[max]) use only the valid candidates.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vpo import objectives
+from vpo.tasks import answers as answers_lib
+
+
+def _check_k(k: int, n: int) -> None:
+    if not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
+        raise ValueError(f"k={k!r} must be an int in 1..N = {n} (the candidates per problem); "
+                         "evaluate larger k with a larger pool")
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def pass_at_k(correct_PN: jax.Array, k: int) -> jax.Array:
+    """Unbiased pass@k per problem (Chen et al. 2021, Codex, arXiv 2107.03374).
+
+    With n = N candidates of which c are correct:
+        pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1..n} (1 - k/i),   and 1 if n - c < k.
+
+    Args:
+      correct_PN: bool (or 0/1), whether each candidate solves its problem.
+      k: candidates drawn, 1 <= k <= N (static).
+
+    Returns:
+      pass_P, float32.
+    """
+    P, N = correct_PN.shape
+    _check_k(k, N)
+    c_P = jnp.sum(jnp.asarray(correct_PN).astype(jnp.int32), axis=-1)
+    i_N = jnp.arange(1, N + 1, dtype=jnp.int32)
+    in_prod_PN = i_N[None, :] > (N - c_P)[:, None]
+    factor_N = 1.0 - k / jnp.maximum(i_N, 1).astype(jnp.float32)
+    prod_P = jnp.prod(jnp.where(in_prod_PN, factor_N[None, :], 1.0), axis=-1)
+    return jnp.where(N - c_P < k, 1.0, 1.0 - prod_P).astype(jnp.float32)
+
+
+def best_at_k_weights(n: int, k: int) -> np.ndarray:
+    """Weights of the sorted scores in best@k: w_i = C(i-1, k-1) / C(n, k), i = 1..n (float64).
+
+    The probability that the i-th smallest of n scores is the maximum of a uniformly random
+    k-subset. Computed in log space with lgamma, so large n neither overflows nor underflows.
+    """
+    _check_k(k, n)
+
+    def log_comb(a, b):
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+
+    total = log_comb(n, k)
+    return np.array([math.exp(log_comb(i - 1, k - 1) - total) if i >= k else 0.0
+                     for i in range(1, n + 1)])
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def best_at_k(scores_PN: jax.Array, k: int) -> jax.Array:
+    """Exact expected max of a uniformly random k-subset of the N scores, per problem.
+
+        best@k = sum_{i=k..n} C(i-1, k-1) / C(n, k) * s_(i),   s_(1) <= ... <= s_(n)
+
+    (digest §6.2; the combinatorics of verl's max@k advantage). Ties need no special handling.
+    Use scores = w*ᵀ r with 0 for invalid candidates (`pool_candidates`).
+
+    Returns:
+      best_P, float32.
+    """
+    P, N = scores_PN.shape
+    w_N = jnp.asarray(best_at_k_weights(N, k), jnp.float32)
+    sorted_PN = jnp.sort(jnp.asarray(scores_PN, jnp.float32), axis=-1)
+    return jnp.einsum("pn,n->p", sorted_PN, w_N, precision=jax.lax.Precision.HIGHEST)
+
+
+@functools.partial(jax.jit, static_argnames=("num_weights", "alpha", "sampler"))
+def expected_max_pool(rewards_PNR: jax.Array, valid_PN: jax.Array, key: jax.Array, *,
+                      num_weights: int = 100, alpha: float = 1.0, sampler: str = "iid"
+                      ) -> jax.Array:
+    """E_{w~Dir(alpha)}[max_{valid j} wᵀ r_j] of each problem's whole pool (digest §6.2).
+
+    Monte Carlo with K = num_weights draws per problem: `objectives.dirichlet_weights` and
+    `objectives.expected_max` with G = 1 and M = N. A pool with no valid candidate scores 0.
+
+    Returns:
+      emax_P, float32.
+    """
+    P, N, R = rewards_PNR.shape
+    weights_PKR = objectives.dirichlet_weights(key, P, num_weights, R, alpha=alpha,
+                                               sampler=sampler)
+    raw_P1 = objectives.expected_max(rewards_PNR[:, None], valid_PN[:, None], weights_PKR)
+    return raw_P1[:, 0]
+
+
+def _pair_mask(valid_PN: jax.Array) -> jax.Array:
+    """[P, N, N] True for pairs i < j of valid candidates."""
+    N = valid_PN.shape[-1]
+    upper_NN = jnp.arange(N)[:, None] < jnp.arange(N)[None, :]
+    return valid_PN[:, :, None] & valid_PN[:, None, :] & upper_NN[None]
+
+
+@jax.jit
+def reward_diversity(rewards_PNR: jax.Array, valid_PN: jax.Array) -> jax.Array:
+    """Mean pairwise L1 distance sum_r |r_ir - r_jr| over pairs of valid candidates (digest §1.7;
+    the authors' `eval_metrics.diversity`). 0 when fewer than two candidates are valid.
+
+    Returns:
+      diversity_P, float32.
+    """
+    r_PNR = jnp.asarray(rewards_PNR, jnp.float32)
+    l1_PNN = jnp.sum(jnp.abs(r_PNR[:, :, None, :] - r_PNR[:, None, :, :]), axis=-1)
+    pairs_PNN = _pair_mask(jnp.asarray(valid_PN, bool))
+    count_P = jnp.sum(pairs_PNN.astype(jnp.float32), axis=(1, 2))
+    total_P = jnp.sum(jnp.where(pairs_PNN, l1_PNN, 0.0), axis=(1, 2))
+    return total_P / jnp.maximum(count_P, 1.0)
+
+
+@jax.jit
+def pareto_fraction(rewards_PNR: jax.Array, valid_PN: jax.Array) -> jax.Array:
+    """Fraction of valid candidates that no valid candidate Pareto-dominates (>= in every
+    component, > in one). Equal vectors do not dominate each other. 0 for an empty pool.
+
+    Returns:
+      fraction_P, float32.
+    """
+    r_PNR = jnp.asarray(rewards_PNR, jnp.float32)
+    valid_PN = jnp.asarray(valid_PN, bool)
+    ge_PNN = jnp.all(r_PNR[:, :, None, :] >= r_PNR[:, None, :, :], axis=-1)  # [p, i, j]: r_i>=r_j
+    gt_PNN = jnp.any(r_PNR[:, :, None, :] > r_PNR[:, None, :, :], axis=-1)
+    dominated_PN = jnp.any(ge_PNN & gt_PNN & valid_PN[:, :, None], axis=1)
+    front_P = jnp.sum((valid_PN & ~dominated_PN).astype(jnp.float32), axis=-1)
+    return front_P / jnp.maximum(jnp.sum(valid_PN.astype(jnp.float32), axis=-1), 1.0)
+
+
+@jax.jit
+def distinct_solutions(answers_PNA: jax.Array, answer_mask_PNA: jax.Array,
+                       valid_PN: jax.Array) -> jax.Array:
+    """Number of distinct token sequences among the valid candidates (int32 [P]).
+
+    Pass `valid_PN & correct_PN` to count distinct correct solutions.
+    """
+    first_PN = jax.vmap(answers_lib.first_occurrence)(answers_PNA, answer_mask_PNA, valid_PN)
+    return jnp.sum(first_PN.astype(jnp.int32), axis=-1)
+
+
+def entropy_stats(entropy: jax.Array, mask: jax.Array,
+                  quantiles: Sequence[float] = (0.1, 0.5, 0.9)) -> dict[str, jax.Array]:
+    """Mean, std and quantiles of per-token entropies over the masked-in tokens (any shape).
+
+    Quantiles interpolate linearly between order statistics (numpy's default). Returns scalars
+    keyed "mean", "std", "q10", "q50", ... (q = round(100 * quantile)); NaN-free: all 0 when the
+    mask is empty.
+    """
+    for q in quantiles:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantiles: {q} is outside [0, 1]")
+    return _entropy_stats(entropy, mask, tuple(float(q) for q in quantiles))
+
+
+@functools.partial(jax.jit, static_argnames="quantiles")
+def _entropy_stats(entropy: jax.Array, mask: jax.Array, quantiles: tuple[float, ...]
+                   ) -> dict[str, jax.Array]:
+    e_X = jnp.asarray(entropy, jnp.float32).reshape(-1)
+    m_X = jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(entropy)).reshape(-1)
+    n = jnp.sum(m_X.astype(jnp.float32))
+    mean = jnp.sum(jnp.where(m_X, e_X, 0.0)) / jnp.maximum(n, 1.0)
+    var = jnp.sum(jnp.where(m_X, (e_X - mean) ** 2, 0.0)) / jnp.maximum(n, 1.0)
+    sorted_X = jnp.sort(jnp.where(m_X, e_X, jnp.inf))
+    out = {"mean": mean, "std": jnp.sqrt(var)}
+    last = jnp.maximum(n - 1.0, 0.0)
+    for q in quantiles:
+        pos = q * last
+        lo, hi = jnp.floor(pos).astype(jnp.int32), jnp.ceil(pos).astype(jnp.int32)
+        frac = pos - jnp.floor(pos)
+        value = sorted_X[lo] * (1.0 - frac) + sorted_X[hi] * frac
+        out[f"q{round(100 * q)}"] = jnp.where(n > 0, value, 0.0)
+    return out
+
+
+class CandidatePool(NamedTuple):
+    """Per-candidate pool of each problem (N = G*M candidates; see the module docstring).
+
+    rewards_PNR: float32, zero rows for invalid slots.  valid_PN: bool, a scored answer.
+    scores_PN: float32 w*ᵀr (0 for invalid).  correct_PN: bool, valid and `task.solved`.
+    """
+
+    rewards_PNR: jax.Array
+    valid_PN: jax.Array
+    scores_PN: jax.Array
+    correct_PN: jax.Array
+
+
+def flatten_generations(x_PGM: jax.Array) -> jax.Array:
+    """[P, G, M, ...] -> [P, G*M, ...]: generation g's answer m becomes candidate g*M + m."""
+    P, G, M = x_PGM.shape[:3]
+    return jnp.reshape(x_PGM, (P, G * M) + tuple(x_PGM.shape[3:]))
+
+
+def pool_candidates(rewards_PGMR: jax.Array, solution_mask_PGM: jax.Array,
+                    eval_weights_R: jax.Array | np.ndarray,
+                    solved: Callable[[jax.Array], jax.Array]) -> CandidatePool:
+    """Budget-fair candidate pool from per-generation rewards (`task.eval_weights_R`,
+    `task.solved`). Every slot is a candidate; invalid ones score 0 and are never correct."""
+    valid_PN = flatten_generations(jnp.asarray(solution_mask_PGM, bool))
+    rewards_PNR = jnp.where(valid_PN[..., None],
+                            flatten_generations(jnp.asarray(rewards_PGMR, jnp.float32)), 0.0)
+    scores_PN = jnp.einsum("pnr,r->pn", rewards_PNR, jnp.asarray(eval_weights_R, jnp.float32),
+                           precision=jax.lax.Precision.HIGHEST)
+    correct_PN = jax.vmap(jax.vmap(solved))(rewards_PNR) & valid_PN
+    return CandidatePool(rewards_PNR, valid_PN, scores_PN, correct_PN)
+
+
+def summarize_pool(pool: CandidatePool, ks: Sequence[int], *, key: jax.Array | None = None,
+                   num_weights: int = 100, answers_PNA: jax.Array | None = None,
+                   answer_mask_PNA: jax.Array | None = None) -> dict[str, float]:
+    """Problem-averaged metrics of a pool, as Python floats (host-side convenience).
+
+    Keys: `best@k`, `pass@k` for each k in `ks` (k <= N), `diversity`, `pareto_fraction`,
+    `valid_fraction`, `emax` (when `key` is given) and `distinct` (when answers are given).
+    """
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"best@{k}"] = float(jnp.mean(best_at_k(pool.scores_PN, k)))
+        out[f"pass@{k}"] = float(jnp.mean(pass_at_k(pool.correct_PN, k)))
+    out["diversity"] = float(jnp.mean(reward_diversity(pool.rewards_PNR, pool.valid_PN)))
+    out["pareto_fraction"] = float(jnp.mean(pareto_fraction(pool.rewards_PNR, pool.valid_PN)))
+    out["valid_fraction"] = float(jnp.mean(pool.valid_PN.astype(jnp.float32)))
+    if key is not None:
+        out["emax"] = float(jnp.mean(expected_max_pool(pool.rewards_PNR, pool.valid_PN, key,
+                                                       num_weights=num_weights)))
+    if answers_PNA is not None:
+        out["distinct"] = float(jnp.mean(distinct_solutions(
+            answers_PNA, answer_mask_PNA, pool.valid_PN).astype(jnp.float32)))
+    return out

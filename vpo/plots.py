@@ -1,0 +1,69 @@
+"""PNG plots of evaluation results: metric-vs-k curves per arm, metrics over training steps.
+
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas directly: no pyplot, no global
+figure state, no backend switch, safe in threads and headless machines. Each function writes one
+PNG and returns its path.
+
+Series are `{arm or run name: (xs, ys)}` mappings, e.g. `{"grpo": ([1, 3, 10], [.4, .5, .55]),
+"vpo": (...)}`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
+
+
+def _save(fig: Figure, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def _draw(ax, series: Series, *, marker: str | None) -> None:
+    for name, (xs, ys) in series.items():
+        xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+        if xs.shape != ys.shape:
+            raise ValueError(f"series {name!r}: {xs.shape[0]} x values but {ys.shape[0]} y values")
+        ax.plot(xs, ys, marker=marker, label=name)
+    if len(series) > 1:
+        ax.legend()
+    ax.grid(alpha=0.3)
+
+
+def plot_metric_vs_k(path: str, curves: Series, *, metric: str = "best@k",
+                     title: str | None = None, log_x: bool = True) -> str:
+    """One line per arm of `metric` (best@k, pass@k, ...) against the candidate budget k."""
+    fig = Figure(figsize=(5.0, 3.6))
+    ax = fig.add_subplot()
+    _draw(ax, curves, marker="o")
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel("k (candidate solutions)")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"{metric} vs k")
+    return _save(fig, path)
+
+
+def plot_metrics_over_steps(path: str, panels: Mapping[str, Series], *,
+                            title: str | None = None) -> str:
+    """One panel per metric (e.g. "entropy", "diversity"), one line per run, against the step."""
+    if not panels:
+        raise ValueError("panels is empty: give at least one {metric: {run: (steps, values)}}")
+    fig = Figure(figsize=(4.2 * len(panels), 3.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (metric, series) in zip(axes, panels.items(), strict=True):
+        _draw(ax, series, marker=None)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(metric)
+        ax.set_title(metric)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
