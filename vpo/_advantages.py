@@ -1,0 +1,219 @@
+"""The scalar group-baseline family: GRPO / Dr. GRPO, RLOO, MaxRL, Max@k, best-of-group, GDPO.
+
+Private module; the public names are re-exported by `vpo.objectives`. Dimension key: B prompts,
+G samples per prompt, R reward components.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from vpo._common import (
+    STD_DDOF,
+    as_float,
+    batch_stats,
+    check_choice,
+    check_shape,
+    group_stats,
+    rollout_mask,
+)
+
+Array = jax.Array
+
+
+def grpo_advantages(
+    rewards_BG: Array,
+    mask_BG: Array | None = None,
+    *,
+    scale: str = "group",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+) -> Array:
+    r"""GRPO / Dr. GRPO group-relative advantage of scalar rewards.
+
+    ```
+    scale="group": A_bg = (r_bg - mean_g r_b) / (std_g r_b + eps)     GRPO (arXiv 2402.03300)
+    scale="batch": A_bg = (r_bg - mean_g r_b) / (std_batch r + eps)   TRL scale_rewards="batch"
+    scale="none":  A_bg =  r_bg - mean_g r_b                          Dr. GRPO (arXiv 2503.20783)
+    ```
+    `std="unbiased"` (ddof 1, verl/TRL `torch.std`, the VPO paper's GRPO baseline) or "population"
+    (ddof 0, what VPO uses). Groups with fewer than two valid rollouts get 0 (verl instead uses
+    mean 0, std 1 there, which hands the raw reward to a lone sample).
+
+    Args:
+        rewards_BG: scalar rewards. mask_BG: optional bool rollout mask (False = padding, gets 0).
+
+    Returns:
+        adv_BG.
+    """
+    check_choice("scale", scale, ("group", "batch", "none"))
+    check_choice("std", std, tuple(STD_DDOF))
+    rewards_BG = as_float(rewards_BG)
+    check_shape("rewards_BG", rewards_BG, (None, None))
+    m_BG = rollout_mask(rewards_BG, mask_BG)
+    ddof = STD_DDOF[std]
+    mean_B, std_B, n_B = group_stats(rewards_BG, m_BG, ddof)
+    adv_BG = rewards_BG - mean_B[:, None]
+    if scale == "group":
+        adv_BG = adv_BG / (std_B[:, None] + eps)
+    elif scale == "batch":
+        adv_BG = adv_BG / (batch_stats(rewards_BG, m_BG, ddof)[1] + eps)
+    return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+
+
+def rloo_advantages(rewards_BG: Array, mask_BG: Array | None = None) -> Array:
+    r"""REINFORCE leave-one-out: `A_bg = r_bg - mean_{j != g} r_bj = n/(n-1) (r_bg - mean_g r_b)`.
+
+    No std division. Groups with fewer than two valid rollouts get 0.
+    References: Ahmadian et al., arXiv 2402.14740; Kool et al. 2019.
+    """
+    rewards_BG = as_float(rewards_BG)
+    check_shape("rewards_BG", rewards_BG, (None, None))
+    m_BG = rollout_mask(rewards_BG, mask_BG)
+    mean_B, _, n_B = group_stats(rewards_BG, m_BG, 0)
+    adv_BG = (n_B / jnp.maximum(n_B - 1.0, 1.0))[:, None] * (rewards_BG - mean_B[:, None])
+    return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+
+
+def maxrl_advantages(
+    rewards_BG: Array, mask_BG: Array | None = None, *, eps: float = 1e-6
+) -> Array:
+    r"""MaxRL: `A_bg = (r_bg - mu_b) / (mu_b + eps)`, `mu_b` the group mean (rewards >= 0).
+
+    A group with mean 0 (all failures) gets zero update.
+    References: Tajwar & Zeng, arXiv 2602.02710.
+    """
+    rewards_BG = as_float(rewards_BG)
+    check_shape("rewards_BG", rewards_BG, (None, None))
+    m_BG = rollout_mask(rewards_BG, mask_BG)
+    mean_B, _, n_B = group_stats(rewards_BG, m_BG, 0)
+    adv_BG = (rewards_BG - mean_B[:, None]) / (mean_B[:, None] + eps)
+    return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+
+
+def _log_comb(n: Array, k: Array) -> Array:
+    """log C(n, k) for real n >= k >= 0 (callers mask the rest)."""
+    lg = jax.scipy.special.gammaln
+    n = jnp.maximum(n, 0.0)
+    k = jnp.clip(k, 0.0, n)
+    return lg(n + 1.0) - lg(k + 1.0) - lg(n - k + 1.0)
+
+
+def max_at_k_advantages(
+    rewards_BG: Array,
+    k: int | None = None,
+    mask_BG: Array | None = None,
+    *,
+    std_normalize: bool = False,
+    eps: float = 1e-6,
+) -> Array:
+    r"""Max@k: unbiased credit for the expected max of a random k-subset of the group.
+
+    Sort the n valid rewards of a group ascending, `r_(1) <= ... <= r_(n)`. Rank i gets its total
+    credit over the k-subsets that contain it, each subset paying its max:
+    ```
+    Ahat_(i) = [ C(i-1, k-1) r_(i) + sum_{j>i} C(j-2, k-2) r_(j) ] / C(n, k)
+    A = Ahat - mean_g Ahat            (then / (std_g Ahat + eps) if std_normalize, ddof 0)
+    ```
+    `k` defaults to max(2, G // 2). Groups with fewer than k valid rollouts get 0.
+
+    References: "The Best of N Worlds", arXiv 2510.23393 (verl
+    `compute_max_at_k_outcome_advantage`).
+    """
+    rewards_BG = as_float(rewards_BG)
+    check_shape("rewards_BG", rewards_BG, (None, None))
+    G = rewards_BG.shape[1]
+    k = max(2, G // 2) if k is None else int(k)
+    if not 1 <= k <= G:
+        raise ValueError(f"k={k} must satisfy 1 <= k <= G={G}")
+    m_BG = rollout_mask(rewards_BG, mask_BG)
+    n_B = m_BG.sum(-1).astype(rewards_BG.dtype)
+    order_BG = jnp.argsort(jnp.where(m_BG, rewards_BG, -jnp.inf), axis=-1)  # padding sorts first
+    sorted_BG = jnp.take_along_axis(rewards_BG, order_BG, axis=-1)
+    rank_BG = jnp.arange(1, G + 1, dtype=rewards_BG.dtype)[None, :] - (G - n_B)[:, None]  # 1-based
+    ok_BG = rank_BG >= k  # only ranks >= k can be a subset max
+    r_BG = jnp.where(rank_BG >= 1, sorted_BG, 0.0)
+    log_cnk_B1 = _log_comb(n_B, jnp.float32(k))[:, None]
+    c_own_BG = jnp.where(ok_BG, jnp.exp(_log_comb(rank_BG - 1, k - 1.0) - log_cnk_B1), 0.0)
+    if k >= 2:
+        c_other_BG = jnp.where(ok_BG, jnp.exp(_log_comb(rank_BG - 2, k - 2.0) - log_cnk_B1), 0.0)
+        paid_BG = c_other_BG * r_BG
+        above_BG = jnp.cumsum(paid_BG[:, ::-1], axis=-1)[:, ::-1] - paid_BG  # sum over j > i
+    else:
+        above_BG = jnp.zeros_like(r_BG)
+    credit_sorted_BG = c_own_BG * r_BG + above_BG
+    inverse_BG = jnp.argsort(order_BG, axis=-1)
+    credit_BG = jnp.take_along_axis(credit_sorted_BG, inverse_BG, axis=-1)
+    mean_B, std_B, _ = group_stats(credit_BG, m_BG, 0)
+    adv_BG = credit_BG - mean_B[:, None]
+    if std_normalize:
+        adv_BG = adv_BG / (std_B[:, None] + eps)
+    return jnp.where(m_BG & (n_B >= k)[:, None], adv_BG, 0.0)
+
+
+def best_of_group_advantages(
+    rewards_BG: Array,
+    mask_BG: Array | None = None,
+    *,
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+) -> Array:
+    r"""Pass@k-style best-of-group: only the group's best rollout learns, with `r_max - r_second`.
+
+    ```
+    A_bg = (r_(n) - r_(n-1)) [/ (std_g r_b + eps)]   for g = argmax_g r_bg (first on ties), else 0
+    ```
+    std is unbiased (ddof 1) as in verl `grpo_passk` (`norm_adv_by_std_in_grpo=True` by default).
+    Groups with fewer than two valid rollouts get 0. References: arXiv 2503.19595.
+    """
+    rewards_BG = as_float(rewards_BG)
+    check_shape("rewards_BG", rewards_BG, (None, None))
+    G = rewards_BG.shape[1]
+    m_BG = rollout_mask(rewards_BG, mask_BG)
+    if G < 2:
+        return jnp.zeros_like(rewards_BG)
+    masked_BG = jnp.where(m_BG, rewards_BG, -jnp.inf)
+    top2_B2 = jax.lax.top_k(masked_BG, 2)[0]
+    _, std_B, n_B = group_stats(rewards_BG, m_BG, 1)
+    gap_B = jnp.where(n_B >= 2, top2_B2[:, 0] - top2_B2[:, 1], 0.0)
+    if std_normalize:
+        gap_B = gap_B / (std_B + eps)
+    best_BG = jnp.arange(G)[None, :] == jnp.argmax(masked_BG, axis=-1)[:, None]
+    return jnp.where(best_BG & m_BG, gap_B[:, None], 0.0)
+
+
+def gdpo_advantages(
+    rewards_BGR: Array,
+    mask_BG: Array | None = None,
+    *,
+    weights_R: Array | None = None,
+    std: str = "unbiased",
+    eps: float = 1e-6,
+) -> Array:
+    r"""GDPO: per-component group z-score, weighted sum, then batch whitening.
+
+    ```
+    z_bgr = (r_bgr - mean_g r_b.r) / (std_g r_b.r + eps)       (0 for groups of < 2 rollouts)
+    s_bg  = sum_r weights_r z_bgr                              (weights default to 1)
+    A_bg  = (s_bg - mean_batch s) / (std_batch s + eps)        over valid rollouts
+    ```
+    Whitening is over rollouts (verl whitens over response tokens, weighting long responses more).
+    References: GDPO, NVlabs, arXiv 2601.05242.
+    """
+    check_choice("std", std, tuple(STD_DDOF))
+    rewards_BGR = as_float(rewards_BGR)
+    check_shape("rewards_BGR", rewards_BGR, (None, None, None))
+    B, G, R = rewards_BGR.shape
+    ddof = STD_DDOF[std]
+    w_R = jnp.ones((R,), rewards_BGR.dtype) if weights_R is None else as_float(weights_R)
+    check_shape("weights_R", w_R, (R,))
+    m_BG = rollout_mask(rewards_BGR[..., 0], mask_BG)
+
+    def zscore(r_BG):
+        return grpo_advantages(r_BG, m_BG, scale="group", std=std, eps=eps)
+
+    z_RBG = jax.vmap(zscore)(jnp.moveaxis(rewards_BGR, -1, 0))
+    s_BG = jnp.einsum("rbg,r->bg", z_RBG, w_R)
+    mean, sd = batch_stats(s_BG, m_BG, ddof)
+    return jnp.where(m_BG, (s_BG - mean) / (sd + eps), 0.0)

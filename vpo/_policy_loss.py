@@ -1,0 +1,321 @@
+"""Clipped policy-gradient loss with the GRPO-family controls (private; see `vpo.objectives`).
+
+Dimension key: B prompts, G samples per prompt, T generated tokens.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from vpo._common import as_float, check_choice, check_shape
+
+Array = jax.Array
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+COV_CONTROLS = ("none", "clip_cov", "kl_cov")
+
+
+def loss_denominator(
+    mask_BGT: Array, agg: str = "token-mean", *, horizon: int | None = None
+) -> Array:
+    r"""The normaliser `policy_loss` divides by, computed from a (full-batch) mask.
+
+    ```
+    token-mean:               N_tok = sum_bgt mask
+    seq-mean-token-mean:      N_seq = #{(b, g): sum_t mask_bgt > 0}
+    seq-mean-token-sum:       N_seq
+    seq-mean-token-sum-norm:  N_seq * horizon          (horizon defaults to T)
+    ```
+    For gradient accumulation, compute it once on the full batch's mask and pass it to every
+    micro-batch call as `policy_loss(..., loss_denominator=d)`: the micro-batch losses then sum to
+    the full-batch loss exactly (value and gradient), for every mode.
+
+    Returns:
+      a float32 scalar.
+    """
+    check_choice("agg", agg, AGG_MODES)
+    check_shape("mask_BGT", mask_BGT, (None, None, None))
+    m_BGT = jnp.asarray(mask_BGT, bool)
+    if agg == "token-mean":
+        return jnp.sum(m_BGT, dtype=jnp.float32)
+    n_seq = jnp.sum(jnp.any(m_BGT, axis=-1), dtype=jnp.float32)
+    if agg == "seq-mean-token-sum-norm":
+        return n_seq * float(m_BGT.shape[-1] if horizon is None else horizon)
+    return n_seq
+
+
+def kl_estimate(logp_BGT: Array, ref_logp_BGT: Array, estimator: str = "k3") -> Array:
+    r"""Per-token estimate of KL(pi_theta || pi_ref) from the sampled token (Schulman 2020).
+
+    With `delta = clip(log pi_ref - log pi_theta, -20, 20)`:
+    `k1 = -delta`, `k2 = delta^2 / 2`, `k3 = clip(exp(delta) - 1 - delta, -10, 10)` (verl
+    `low_var_kl`; its gradient as a loss is that of the forward KL, see algorithms.md §4.7).
+    """
+    check_choice("kl_estimator", estimator, KL_ESTIMATORS)
+    delta = jnp.clip(ref_logp_BGT - logp_BGT, -20.0, 20.0)
+    if estimator == "k1":
+        return -delta
+    if estimator == "k2":
+        return 0.5 * delta**2
+    return jnp.clip(jnp.exp(delta) - 1.0 - delta, -10.0, 10.0)
+
+
+def _select_count(fraction: float, n_valid: Array) -> Array:
+    """n = max(floor(fraction * n_valid), 1), robust to float32 rounding just below an integer."""
+    return jnp.maximum(jnp.floor(n_valid * fraction * (1.0 + 1e-6)), 1.0).astype(jnp.int32)
+
+
+def _spec(x: Array):
+    """x's PartitionSpec under an explicit-sharding mesh (all None otherwise)."""
+    return getattr(jax.typeof(x).sharding, "spec", ())
+
+
+def _resharded(x: Array, spec) -> Array:
+    """`x` laid out as `spec` when explicit sharding is in use; a no-op otherwise.
+
+    Explicit mode wants the gather for a global sort/top-k and the scatter back spelled out;
+    under automatic sharding XLA inserts them itself.
+    """
+    if any(axis is not None for axis in tuple(_spec(x)) + tuple(spec)):
+        return jax.sharding.reshard(x, spec)
+    return x
+
+
+def _gathered(x: Array) -> Array:
+    return _resharded(x, jax.sharding.PartitionSpec()).reshape(-1)
+
+
+def _select_top(score_BGT: Array, eligible_BGT: Array, n: Array, fraction: float) -> Array:
+    """Marks the (at most) n eligible tokens with the largest score, globally over the batch.
+
+    `lax.top_k` runs with the static bound `floor(fraction * size) + 1 >= n`: no full sort.
+    """
+    flat = _gathered(jnp.where(eligible_BGT, score_BGT, -jnp.inf))
+    k_max = min(flat.shape[0], int(fraction * flat.shape[0] * (1.0 + 1e-6)) + 1)
+    vals, idx = jax.lax.top_k(flat, k_max)
+    take = (jnp.arange(k_max) < n) & jnp.isfinite(vals)
+    sel = jnp.zeros(flat.shape, bool).at[idx].set(take).reshape(score_BGT.shape)
+    return _resharded(sel, _spec(score_BGT))
+
+
+def _maybe_nonzero(coef) -> bool:
+    """False only for a Python number equal to 0 (a traced coefficient, e.g. a schedule, counts)."""
+    return not isinstance(coef, int | float) or coef != 0.0
+
+
+def _masked_mean(x: Array, m: Array) -> Array:
+    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1)
+
+
+def policy_loss(
+    logp_BGT: Array,
+    old_logp_BGT: Array,
+    advantages: Array,
+    mask_BGT: Array,
+    *,
+    ref_logp_BGT: Array | None = None,
+    entropy_BGT: Array | None = None,
+    key: Array | None = None,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    ratio_level: str = "token",
+    agg: str = "token-mean",
+    loss_denominator: Array | float | None = None,
+    horizon: int | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy_coef: float = 0.0,
+    entropy_top_frac: float | None = None,
+    cov_control: str = "none",
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    kl_cov_ratio: float = 2e-4,
+    kl_cov_coef: float = 1.0,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Array, dict[str, Array]]:
+    r"""PPO-clip policy-gradient loss (to minimise) with the GRPO-family controls.
+
+    Per valid token, with `rho = exp(clip(logp - old_logp, +-20))` and advantage `A` (stop-grad):
+    ```
+    L1 = -A rho,  L2 = -A clip(rho, 1 - eps_low, 1 + eps_high),  pg = max(L1, L2)
+    dual clip (A < 0):  pg = min(pg, -A c)                                    (arXiv 1912.09729)
+    L  = pg * 1[H >= tau_rho] + kl_coef * KL_k(logp, ref) - entropy_coef * H
+    loss = agg(L, mask) = numerator / denominator
+    ```
+    - Clip-higher: `eps_high > eps_low` (DAPO, arXiv 2503.14476: 0.2 / 0.28).
+    - `ratio_level="sequence"`: GSPO-token ratio `s_gt = sg[s_g] pi(y_t) / sg[pi(y_t)]`,
+      `log s_g = mean_t log rho_gt` clamped at 10 (GSPO, arXiv 2507.18071; the paper uses
+      eps = 3e-4 / 4e-4 and agg="seq-mean-token-mean").
+    - `agg` (see `loss_denominator`): "token-mean" (DAPO/VPO default), "seq-mean-token-mean"
+      (GRPO's 1/|o_i|), "seq-mean-token-sum", "seq-mean-token-sum-norm" (Dr. GRPO, arXiv
+      2503.20783: token sums over N_seq * horizon). Empty (all-padding) sequences are ignored.
+    - High-entropy minority (arXiv 2506.01939): `entropy_top_frac = rho` keeps the pg term only on
+      tokens whose entropy is >= the (1 - rho) quantile over all valid tokens of the batch; the KL
+      and entropy terms and the denominator are unchanged.
+    - Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617, algorithms.md §2.3), with
+      `cov = (A - mean A)(logp - mean logp)` over valid tokens (stop-grad):
+      "clip_cov": among valid tokens not clipped by PPO with `lb < cov < ub`, pick
+      `max(floor(clip_cov_ratio * N_valid), 1)` uniformly at random (needs `key`) and zero their pg
+      term (value and gradient). "kl_cov": no ratio clipping, `pg = L1`, and the top
+      `max(floor(kl_cov_ratio * N_valid), 1)` tokens by cov get `+ kl_cov_coef |logp - old_logp|`.
+      Ratios are fractions (the original repo's `k_percent` is 100x these).
+    Token selections (quantile, top fraction, random pick) are taken over the whole arrays passed
+    in, so under `jit` they are global over a batch sharded across devices.
+
+    Args:
+      logp_BGT: current policy log-probs of the sampled tokens (differentiated).
+      old_logp_BGT: behaviour-policy log-probs (stop-grad).
+      advantages: adv_BG (broadcast over tokens) or adv_BGT (stop-grad).
+      mask_BGT: bool, True on real response tokens.
+      ref_logp_BGT: reference log-probs, needed when kl_coef != 0 (else only logged if given).
+      entropy_BGT: token entropies of the current policy (needed for entropy_coef and
+        entropy_top_frac; differentiated by the entropy bonus).
+      key: PRNG key, needed for cov_control="clip_cov".
+      loss_denominator: explicit normaliser (e.g. `loss_denominator(full_mask, agg)`) for exact
+        micro-batch accumulation; default: computed from this call's mask.
+      horizon: constant length for "seq-mean-token-sum-norm" (default T).
+      Coefficients and clip ranges may be traced values; `clip_cov_ratio`, `kl_cov_ratio` and
+      `entropy_top_frac` are static (they size the token selections).
+
+    Returns:
+      (loss, metrics): metrics are scalars: "loss", "pg_loss", "loss_numerator", "loss_denominator",
+      "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "ratio_min", "ratio_max",
+      "ppo_kl", "kl" (if ref given), "entropy" (if given), "clip_cov_frac", "kl_cov_frac",
+      "high_entropy_frac"; fractions are over valid tokens.
+    """
+    check_choice("ratio_level", ratio_level, ("token", "sequence"))
+    check_choice("agg", agg, AGG_MODES)
+    check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+    check_choice("cov_control", cov_control, COV_CONTROLS)
+    logp_BGT = as_float(logp_BGT)
+    check_shape("logp_BGT", logp_BGT, (None, None, None))
+    shape = logp_BGT.shape
+    check_shape("old_logp_BGT", old_logp_BGT, shape)
+    check_shape("mask_BGT", mask_BGT, shape)
+    advantages = jnp.asarray(advantages)
+    if advantages.ndim == 2:
+        check_shape("advantages", advantages, shape[:2])
+        advantages = advantages[..., None]
+    else:
+        check_shape("advantages", advantages, shape)
+    for name, x in (("ref_logp_BGT", ref_logp_BGT), ("entropy_BGT", entropy_BGT)):
+        if x is not None:
+            check_shape(name, x, shape)
+    if _maybe_nonzero(kl_coef) and ref_logp_BGT is None:
+        raise ValueError("kl_coef != 0 needs ref_logp_BGT")
+    if (_maybe_nonzero(entropy_coef) or entropy_top_frac is not None) and entropy_BGT is None:
+        raise ValueError("entropy_coef != 0 or entropy_top_frac needs entropy_BGT")
+    if cov_control == "clip_cov" and key is None:
+        raise ValueError("cov_control='clip_cov' picks tokens at random and needs key=")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip={dual_clip} must be > 1 (verl's clip_ratio_c, e.g. 3.0)")
+    if entropy_top_frac is not None and not 0.0 < entropy_top_frac <= 1.0:
+        raise ValueError(f"entropy_top_frac={entropy_top_frac} must be in (0, 1] (a fraction)")
+    for name, frac in (("clip_cov_ratio", clip_cov_ratio), ("kl_cov_ratio", kl_cov_ratio)):
+        if not 0.0 < frac <= 1.0:
+            raise ValueError(f"{name}={frac} must be in (0, 1] (a fraction, not a percent)")
+
+    sg = jax.lax.stop_gradient
+    mask = jnp.asarray(mask_BGT, bool)
+    m_BGT = mask.astype(logp_BGT.dtype)
+
+    def clean(x):  # padding may hold anything (even nan/inf): zero it before any arithmetic
+        return None if x is None else jnp.where(mask, jnp.broadcast_to(as_float(x), shape), 0.0)
+
+    logp_BGT, old_logp_BGT, ref_logp_BGT, entropy_BGT = map(
+        clean, (logp_BGT, old_logp_BGT, ref_logp_BGT, entropy_BGT)
+    )
+    adv_BGT = sg(clean(advantages))
+    tok_log_ratio = jnp.clip(logp_BGT - sg(old_logp_BGT), -log_ratio_clamp, log_ratio_clamp)
+    if ratio_level == "token":
+        log_ratio = tok_log_ratio
+    else:
+        len_BG = m_BGT.sum(-1)
+        seq_BG = tok_log_ratio.sum(-1) / jnp.maximum(len_BG, 1.0)
+        seq_BG = jnp.minimum(seq_BG, 10.0)
+        log_ratio = sg(seq_BG)[..., None] + logp_BGT - sg(logp_BGT)
+    ratio = jnp.exp(log_ratio)
+
+    pg1 = -adv_BGT * ratio
+    pg2 = -adv_BGT * jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    pg = jnp.maximum(pg1, pg2)
+    clipped_high = mask & (adv_BGT > 0) & (ratio > 1.0 + clip_eps_high)
+    clipped_low = mask & (adv_BGT < 0) & (ratio < 1.0 - clip_eps_low)
+    clipped_dual = jnp.zeros(shape, bool)
+    if dual_clip is not None:
+        pg = jnp.where(adv_BGT < 0, jnp.minimum(pg, -adv_BGT * dual_clip), pg)
+        clipped_dual = mask & (adv_BGT < 0) & (ratio > dual_clip)
+
+    n_valid = jnp.sum(m_BGT)
+    clip_cov_sel = kl_cov_sel = jnp.zeros(shape, bool)
+    if cov_control != "none":
+        lp = sg(logp_BGT)
+        cov = (adv_BGT - _masked_mean(adv_BGT, mask)) * (lp - _masked_mean(lp, mask))
+        if cov_control == "clip_cov":
+            eligible = mask & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+            n = _select_count(clip_cov_ratio, n_valid)
+            u = _resharded(jax.random.uniform(key, shape), _spec(eligible))
+            clip_cov_sel = _select_top(u, eligible, n, clip_cov_ratio)
+            pg = jnp.where(clip_cov_sel, 0.0, pg)
+        else:
+            n = _select_count(kl_cov_ratio, n_valid)
+            kl_cov_sel = _select_top(cov, mask, n, kl_cov_ratio)
+            pg = jnp.where(kl_cov_sel, pg1 + kl_cov_coef * jnp.abs(tok_log_ratio), pg1)
+            clipped_high = clipped_low = clipped_dual = jnp.zeros(shape, bool)
+
+    high_ent = mask
+    if entropy_top_frac is not None and entropy_top_frac < 1.0:
+        h = sg(entropy_BGT)
+        tau = jnp.nanquantile(_gathered(jnp.where(mask, h, jnp.nan)), 1.0 - entropy_top_frac)
+        high_ent = mask & (h >= tau)  # tau is a replicated scalar
+        pg = jnp.where(high_ent, pg, 0.0)
+
+    per_token = pg
+    metrics = {}
+    if ref_logp_BGT is not None:
+        kl = kl_estimate(logp_BGT, sg(ref_logp_BGT), kl_estimator)
+        per_token = per_token + kl_coef * kl
+        metrics["kl"] = _masked_mean(kl, mask)
+    if entropy_BGT is not None:
+        per_token = per_token - entropy_coef * entropy_BGT
+        metrics["entropy"] = _masked_mean(entropy_BGT, mask)
+
+    if loss_denominator is None:
+        den = _denominator(mask, agg, horizon=horizon)
+    else:
+        den = jnp.asarray(loss_denominator, jnp.float32)
+    safe_den = jnp.where(den > 0, den, 1.0)
+    num = _numerator(per_token, m_BGT, agg)
+    loss = num / safe_den
+    metrics.update(
+        loss=loss,
+        pg_loss=_numerator(pg, m_BGT, agg) / safe_den,
+        loss_numerator=num,
+        loss_denominator=den,
+        clip_frac_low=_masked_mean(clipped_low, mask),
+        clip_frac_high=_masked_mean(clipped_high, mask),
+        clip_frac_dual=_masked_mean(clipped_dual, mask),
+        ratio_mean=_masked_mean(ratio, mask),
+        ratio_min=jnp.min(jnp.where(mask, ratio, jnp.inf)),
+        ratio_max=jnp.max(jnp.where(mask, ratio, -jnp.inf)),
+        ppo_kl=_masked_mean(-tok_log_ratio, mask),
+        clip_cov_frac=_masked_mean(clip_cov_sel, mask),
+        kl_cov_frac=_masked_mean(kl_cov_sel, mask),
+        high_entropy_frac=_masked_mean(high_ent, mask),
+    )
+    return loss, jax.tree.map(sg, metrics)
+
+
+_denominator = loss_denominator
+
+
+def _numerator(loss_BGT: Array, m_BGT: Array, agg: str) -> Array:
+    """Sum part of the aggregation; per-sequence means for "seq-mean-token-mean"."""
+    summed_BG = jnp.sum(jnp.where(m_BGT > 0, loss_BGT, 0.0), axis=-1)
+    if agg == "seq-mean-token-mean":
+        summed_BG = summed_BG / jnp.maximum(m_BGT.sum(-1), 1.0)
+    return jnp.sum(summed_BG)
