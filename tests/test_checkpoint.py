@@ -1,0 +1,89 @@
+"""Checkpoints: resume is exact, and an interrupted save leaves the previous one restorable."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from vpo import checkpoint as ckpt_lib
+from vpo import data as data_lib
+from vpo import sharding
+from vpo import train as train_lib
+from vpo.config import SamplerConfig, model_preset
+from vpo.tasks.bandit import make_bandit_task
+from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
+
+M = 2
+
+
+def setup():
+    task = make_bandit_task(max_answers=4)
+    run = RunConfig(
+        model=model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=16),
+        sampler=SamplerConfig(max_new_tokens=task.completion_len(M), num_samples=8),
+        objective=ObjectiveConfig(advantage="grpo"),
+        train=TrainConfig(batch_size=4, num_answers=M, num_problems=64, learning_rate=3e-3,
+                          steps=6, num_minibatches=2, grad_accum=2, checkpoint_every=2,
+                          keep_checkpoints=2, schedule="cosine", warmup_steps=2))
+    return task, run, sharding.make_mesh(devices=jax.devices()[:1])
+
+
+def leaves(state):
+    return [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def rows(path):
+    return [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+
+
+def test_resume_is_exact(tmp_path):
+    """6 steps straight == 4 steps (interrupted after the step-4 checkpoint, with step 5 logged
+    but never saved) + resume for the remaining 2: same metrics, params, optimiser and rng."""
+    task, run, mesh = setup()
+    a, b = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    _, s_straight = train_lib.train(run, a, task=task, mesh=mesh, progress=False)
+    train_lib.train(run, b, task=task, mesh=mesh, progress=False, stop_at=5)
+    # simulate a crash after step 5: drop its exit checkpoint so step 4 is the latest
+    mngr = ckpt_lib.CheckpointManager(os.path.join(b, "checkpoints"))
+    assert mngr.all_steps()[-2:] == [4, 5]
+    mngr._mngr.delete(5)
+    mngr.close()
+    _, s_resumed = train_lib.train(run, b, resume=True, task=task, mesh=mesh, progress=False)
+    ra, rb = rows(a), rows(b)
+    assert [r["step"] for r in rb] == [1, 2, 3, 4, 5, 6]
+    assert ra == rb
+    for x, y in zip(leaves(s_straight), leaves(s_resumed)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
+    task, run, mesh = setup()
+    tx = train_lib.make_optimizer(run.train)
+    _, state, _ = train_lib.init_state(run.model, tx, mesh)
+    it = data_lib.problem_iterator(task, 4, M, num_problems=64)
+    directory = str(tmp_path / "ckpt")
+    mngr = ckpt_lib.CheckpointManager(directory, keep=3)
+    next(it)
+    mngr.save(2, state, it, {"a": 1})
+    expected_data = it.get_state()
+    next(it)
+    mngr.save(4, state._replace(step=state.step + 4), it, {"a": 2})
+    mngr.wait()
+    # an interrupted save: orbax's temporary directory, never renamed or committed
+    os.makedirs(os.path.join(directory, "6.orbax-checkpoint-tmp-1234", "state"))
+    # a damaged step directory that looks final but holds nothing restorable
+    os.makedirs(os.path.join(directory, "8", "state"))
+    mngr.close()
+
+    mngr = ckpt_lib.CheckpointManager(directory, keep=3)
+    it2 = data_lib.problem_iterator(task, 4, M, num_problems=64)
+    restored, step = mngr.restore(state, data_iterator=it2)
+    assert step == 4
+    assert int(restored.step) == int(state.step) + 4
+    for x, y in zip(leaves(state.params), leaves(restored.params)):
+        np.testing.assert_array_equal(x, y)
+    assert it2.get_state() == {**expected_data, "next_index": expected_data["next_index"] + 1}
+    assert mngr.config(4) == {"a": 2}

@@ -1,0 +1,87 @@
+"""Scalar metrics to JSONL (one object per step) and TensorBoard, fetched one step late.
+
+`log(step, metrics)` keeps this step's metrics (device arrays, still being computed) and writes
+the previous step's, whose values are ready by the time the next step has been dispatched: the
+host never waits on the device just to log. `close()` writes the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+JSONL = "metrics.jsonl"
+
+
+def _scalar(x) -> float | int:
+    a = np.asarray(x)
+    v = a.item() if a.size == 1 else float(a.mean())
+    return v if isinstance(v, int) or math.isfinite(v) else float(v)
+
+
+class MetricsLogger:
+    """Writes `out_dir/metrics.jsonl` and TensorBoard events under `out_dir/tb` (process 0 only).
+
+    `resume_from=k` drops JSONL lines of steps > k left by an interrupted run, so a resumed run's
+    file reads as one uninterrupted run.
+    """
+
+    def __init__(self, out_dir: str, *, resume_from: int | None = None, tensorboard: bool = True,
+                 every: int = 1):
+        self.active = jax.process_index() == 0
+        self.every = every
+        self.path = os.path.join(out_dir, JSONL)
+        self._pending: tuple[int, Any] | None = None
+        self.history: list[dict[str, Any]] = []
+        self._tb = None
+        if not self.active:
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        if resume_from is not None and os.path.exists(self.path):
+            with open(self.path) as f:
+                keep = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_from]
+            with open(self.path, "w") as f:
+                f.writelines(keep)
+        elif resume_from is None and os.path.exists(self.path):
+            os.remove(self.path)
+        self._file = open(self.path, "a")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any] | None:
+        """Queue `metrics` of `step`; write and return the previously queued step's (or None)."""
+        done = self._flush()
+        if step % self.every == 0:
+            self._pending = (step, metrics)
+        return done
+
+    def _flush(self) -> dict[str, Any] | None:
+        if self._pending is None:
+            return None
+        step, metrics = self._pending
+        self._pending = None
+        row = {"step": int(step)}
+        row.update({k: _scalar(v) for k, v in jax.device_get(metrics).items()})
+        self.history.append(row)
+        if self.active:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+            if self._tb is not None:
+                for k, v in row.items():
+                    if k != "step":
+                        self._tb.add_scalar(k, v, step)
+        return row
+
+    def close(self) -> None:
+        self._flush()
+        if self.active:
+            self._file.close()
+            if self._tb is not None:
+                self._tb.close()

@@ -1,0 +1,571 @@
+"""In-graph RL trainer: TrainState (born sharded), `rl_step`, the host-reward split, `sft_step`.
+
+One RL step, as data (DESIGN.md):
+
+    batch{problems, prompt_BP, prompt_mask_BP}
+      ─► generate G samples per prompt            (keys from fold_in(state.rng, state.step))
+      ─► jax.vmap(task.reward) over B×G            rewards_BGMR, solution_mask_BGM
+      ─► advantages (GRPO family on sum_m w*ᵀr_m, or VPO on the vectors)       adv_BG
+      ─► ppo_epochs × num_minibatches updates, lax.scan, each over whole prompt groups
+         (a prompt is prefilled once per group), grad accumulation over micro-batches with the
+         objectives' global loss denominator; non-finite loss/grads skip the update
+      ─► TrainState' + scalar metrics
+
+`rl_step` is one jit with the state donated. Host tasks split it at one boundary:
+`sample_step` (jit) → `host_rewards` (numpy) → `update_step` (jit, donated).
+`train(config, out_dir, task=...)` is the loop the CLI calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from vpo import data as data_lib
+from vpo import evaluation, objectives
+from vpo import sharding as sharding_lib
+from vpo.config import ConfigError, ModelConfig, SamplerConfig
+from vpo.model import Decoder
+from vpo.sampler import generate
+from vpo.tasks import vocab as vocab_lib
+from vpo.tasks.base import Task, encode_completion, index_problem
+from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
+from vpo.types import Rollout
+
+
+class TrainState(NamedTuple):
+    """Everything a step changes. `rng` is raw key data (uint32[2]); `ref_params` only with KL."""
+
+    step: jax.Array  # int32 scalar: RL (or SFT) steps taken
+    params: nnx.State  # the policy's nnx.Param state
+    opt_state: optax.OptState
+    rng: jax.Array
+    ref_params: nnx.State | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# optimiser and state creation
+
+
+def make_schedule(cfg: TrainConfig) -> optax.Schedule:
+    """Linear warmup to learning_rate, then constant or cosine decay (counted in updates)."""
+    total = cfg.steps * cfg.updates_per_step
+    if cfg.schedule == "constant":
+        after = optax.constant_schedule(cfg.learning_rate)
+    else:
+        after = optax.cosine_decay_schedule(cfg.learning_rate,
+                                            max(total - cfg.warmup_steps, 1), cfg.min_lr_ratio)
+    if cfg.warmup_steps == 0:
+        return after
+    warm = optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.join_schedules([warm, after], [cfg.warmup_steps])
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    """clip_by_global_norm → AdamW with the warmup schedule."""
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+
+
+def state_shardings(tx, abstract: TrainState, mesh) -> TrainState:
+    """NamedShardings for a TrainState: params by the logical-axis rules; optimiser moments like
+    their params; counts, step and rng replicated."""
+    rep = sharding_lib.replicated(mesh)
+    param_sh = sharding_lib.param_shardings(abstract.params, mesh)
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_sh,
+                                   transform_non_params=lambda _: rep)
+    ref_sh = None if abstract.ref_params is None else param_sh
+    return TrainState(rep, param_sh, opt_sh, rep, ref_sh)
+
+
+def _new_state(params, tx, seed: int, with_ref: bool) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=jax.random.key_data(jax.random.key(seed)),
+                      ref_params=jax.tree.map(jnp.copy, params) if with_ref else None)
+
+
+def init_state(model_cfg: ModelConfig, tx, mesh, *, seed: int = 0, with_ref: bool = False
+               ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """A fresh policy and optimiser state, born sharded on `mesh` (never materialised unsharded).
+
+    Returns (graphdef, state, shardings of state).
+    """
+
+    def create():
+        model = Decoder(model_cfg, rngs=nnx.Rngs(seed))
+        _, params = nnx.split(model, nnx.Param)
+        return _new_state(params, tx, seed, with_ref)
+
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(seed))),
+                            nnx.Param)
+    shardings = state_shardings(tx, jax.eval_shape(create), mesh)
+    return graphdef, jax.jit(create, out_shardings=shardings)(), shardings
+
+
+def state_from_model(model: Decoder, tx, mesh, *, seed: int = 0, with_ref: bool = False
+                     ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """TrainState around existing weights (an SFT result, an HF load), placed on `mesh`."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    abstract = jax.eval_shape(functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref),
+                              params)
+    shardings = state_shardings(tx, abstract, mesh)
+    params = jax.device_put(params, shardings.params)
+    make = jax.jit(functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref),
+                   out_shardings=shardings)
+    return graphdef, make(params), shardings
+
+
+def model_of(graphdef: nnx.GraphDef, state: TrainState) -> Decoder:
+    """The policy as an NNX module (for sampling, evaluation, export)."""
+    return nnx.merge(graphdef, state.params)
+
+
+# ---------------------------------------------------------------------------------------------
+# the training forward
+
+
+def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT):
+    """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
+
+    Each prompt is prefilled once and its G completions attend to the shared prefix, exactly as
+    the sampler computed them.
+    """
+    B, G, T = tokens_BGT.shape
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP)
+    first_BV = model.logits(hidden_BPD[:, -1])
+    first_BG1V = jnp.broadcast_to(first_BV[:, None, None], (B, G, 1, first_BV.shape[-1]))
+    if T > 1:
+        hidden_BGSD, _ = model.extend(tokens_BGT[:, :, :-1], prefix)
+        logits_BGTV = jnp.concatenate([first_BG1V, model.logits(hidden_BGSD)], axis=2)
+    else:
+        logits_BGTV = first_BG1V
+    logp_BGTV = jax.nn.log_softmax(logits_BGTV, axis=-1)
+    logp_BGT = jnp.take_along_axis(logp_BGTV, tokens_BGT[..., None], axis=-1)[..., 0]
+    entropy_BGT = -jnp.sum(jnp.exp(logp_BGTV) * logp_BGTV, axis=-1)
+    return logp_BGT, entropy_BGT
+
+
+# ---------------------------------------------------------------------------------------------
+# rewards and advantages
+
+
+def scalarize(rewards_BGMR, solution_mask_BGM, weights_R):
+    """sum over valid answers of w*ᵀ r (the single answer when M = 1) → reward_BG."""
+    score_BGM = jnp.einsum("bgmr,r->bgm", rewards_BGMR, jnp.asarray(weights_R, jnp.float32))
+    return jnp.sum(jnp.where(solution_mask_BGM, score_BGM, 0.0), axis=-1)
+
+
+def advantages(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, key):
+    """adv_BG and advantage metrics for the configured estimator."""
+    reward_BG = scalarize(rewards_BGMR, solution_mask_BGM, weights_R)
+    name = cfg.advantage
+    if name == "vpo":
+        return objectives.vpo_advantages(rewards_BGMR, solution_mask_BGM, key=key,
+                                         num_weights=cfg.num_weights, alpha=cfg.alpha,
+                                         sampler=cfg.weight_sampler)
+    if name in ("grpo", "dr_grpo"):
+        scale = "none" if name == "dr_grpo" else cfg.grpo_scale
+        return objectives.grpo_advantages(reward_BG, scale=scale, std=cfg.grpo_std), {}
+    if name == "rloo":
+        return objectives.rloo_advantages(reward_BG), {}
+    if name == "maxrl":
+        return objectives.maxrl_advantages(reward_BG), {}
+    per_comp_BGR = jnp.sum(jnp.where(solution_mask_BGM[..., None], rewards_BGMR, 0.0), axis=2)
+    return objectives.gdpo_advantages(per_comp_BGR, weights_R=jnp.asarray(weights_R),
+                                      std=cfg.grpo_std), {}
+
+
+def in_graph_rewards(task: Task, problems, tokens_BGT, mask_BGT, num_answers: int):
+    """jax.vmap(task.reward) over B problems × G completions → (rewards_BGMR, solution_mask_BGM)."""
+    per_sample = jax.vmap(lambda p, t, m: task.reward(p, t, m, num_answers),
+                          in_axes=(None, 0, 0))
+    return jax.vmap(per_sample)(problems, tokens_BGT, mask_BGT)
+
+
+def host_rewards(task: Task, problems, rollout: Rollout, num_answers: int):
+    """task.host_reward on decoded text, in numpy → (rewards_BGMR, solution_mask_BGM)."""
+    tokens_BGT = np.asarray(rollout.tokens_BGT)
+    mask_BGT = np.asarray(rollout.mask_BGT)
+    problems = jax.tree.map(np.asarray, problems)
+    B, G, _ = tokens_BGT.shape
+    R = task.num_rewards
+    rewards = np.zeros((B, G, num_answers, R), np.float32)
+    smask = np.zeros((B, G, num_answers), np.bool_)
+    for b in range(B):
+        problem = jax.tree.map(lambda x: x[b], problems)
+        for g in range(G):
+            text = task.vocab.decode(tokens_BGT[b, g][mask_BGT[b, g]].tolist(), strict=False)
+            rewards[b, g], smask[b, g] = task.host_reward(problem, text, num_answers)
+    return rewards, smask
+
+
+# ---------------------------------------------------------------------------------------------
+# the update
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The static part of a step (hashable: part of the jit cache key)."""
+
+    sampler: SamplerConfig
+    objective: ObjectiveConfig
+    train: TrainConfig
+    eos_id: int
+    pad_id: int
+
+
+def _masked_mean(x, m):
+    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1)
+
+
+def _select(pred, new, old):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def _tree_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def _split(tree, n: int):
+    """Leading axis B → [n, B/n, ...]."""
+    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+
+
+def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_mask_BGM, *,
+            graphdef, tx, task: Task, cfg: StepConfig):
+    """Advantages, then the scanned PPO epochs × minibatches. Returns (state, metrics)."""
+    ocfg, tcfg = cfg.objective, cfg.train
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    _, k_adv, k_perm, k_loss = jax.random.split(key, 4)
+    weights_R = task.eval_weights_R
+    B, G, T = rollout.tokens_BGT.shape
+    rewards_BGMR = jnp.asarray(rewards_BGMR, jnp.float32)
+    solution_mask_BGM = jnp.asarray(solution_mask_BGM, bool)
+    adv_BG, adv_metrics = advantages(ocfg, rewards_BGMR, solution_mask_BGM, weights_R, k_adv)
+
+    data = dict(prompt_BP=batch["prompt_BP"], prompt_mask_BP=batch["prompt_mask_BP"],
+                tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
+                mask_BGT=rollout.mask_BGT, adv_BG=adv_BG)
+    if state.ref_params is not None:
+        ref = nnx.merge(graphdef, state.ref_params)
+        data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
+            ref, batch["prompt_BP"], batch["prompt_mask_BP"], rollout.tokens_BGT)[0])
+
+    def micro_loss(params, mb, den, key):
+        model = nnx.merge(graphdef, params)
+        logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
+                                    mb["tokens_BGT"])
+        return objectives.policy_loss(
+            logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
+            ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
+            clip_eps_low=ocfg.clip_eps_low, clip_eps_high=ocfg.clip_eps_high,
+            dual_clip=ocfg.dual_clip, ratio_level=ocfg.ratio_level, agg=ocfg.agg,
+            loss_denominator=den, horizon=T, kl_coef=ocfg.kl_coef,
+            kl_estimator=ocfg.kl_estimator, entropy_coef=ocfg.entropy_coef,
+            entropy_top_frac=ocfg.entropy_top_frac, cov_control=ocfg.cov_control)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def minibatch(carry, xs):
+        params, opt_state, skipped = carry
+        mb, key = xs
+        den = objectives.loss_denominator(mb["mask_BGT"], ocfg.agg, horizon=T)
+        micros = _split(mb, tcfg.grad_accum)
+
+        def micro(acc, ys):
+            m, k = ys
+            (loss, metrics), grads = grad_fn(params, m, den, k)
+            return jax.tree.map(jnp.add, acc, grads), (loss, metrics)
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        keys = jax.random.split(key, tcfg.grad_accum)
+        grads, (losses, metrics) = jax.lax.scan(micro, zeros, (micros, keys))
+        loss = jnp.sum(losses)  # micro-batch losses sum to the minibatch loss
+        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics["loss"] = loss
+        finite = jnp.isfinite(loss) & _tree_finite(grads)
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return ((_select(finite, new_params, params), _select(finite, new_opt, opt_state),
+                 skipped + (~finite).astype(jnp.int32)), metrics)
+
+    def epoch(carry, key):
+        k_perm, k_mb = jax.random.split(key)
+        perm = jax.random.permutation(k_perm, B)
+        mbs = _split(jax.tree.map(lambda x: x[perm], data), tcfg.num_minibatches)
+        return jax.lax.scan(minibatch, carry, (mbs, jax.random.split(k_mb, tcfg.num_minibatches)))
+
+    (params, opt_state, skipped), upd_metrics = jax.lax.scan(
+        epoch, (state.params, state.opt_state, jnp.int32(0)),
+        jax.random.split(k_perm, tcfg.ppo_epochs))
+    metrics = jax.tree.map(jnp.mean, upd_metrics)
+    metrics.update(adv_metrics)
+    metrics.update(rollout_metrics(task, rollout, rewards_BGMR, solution_mask_BGM, adv_BG))
+    metrics["skipped_updates"] = skipped
+    metrics["lr"] = make_schedule(tcfg)(state.step * tcfg.updates_per_step)
+    new_state = state._replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def rollout_metrics(task: Task, rollout: Rollout, rewards_BGMR, solution_mask_BGM, adv_BG):
+    """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved)."""
+    B, G, M, R = rewards_BGMR.shape
+    reward_BG = scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
+    solved_BGM = jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR) & solution_mask_BGM
+    out = {
+        "reward": jnp.mean(reward_BG),
+        "adv_mean": jnp.mean(adv_BG),
+        "adv_std": jnp.std(adv_BG),
+        "entropy": _masked_mean(rollout.entropy_BGT, rollout.mask_BGT),
+        "response_length": jnp.mean(rollout.length_BG.astype(jnp.float32)),
+        "truncation_rate": jnp.mean((~rollout.finished_BG).astype(jnp.float32)),
+        "answers_per_rollout": jnp.mean(jnp.sum(solution_mask_BGM, -1).astype(jnp.float32)),
+        "solved_rate": jnp.mean(jnp.any(solved_BGM, -1).astype(jnp.float32)),
+        "diversity": jnp.mean(evaluation.reward_diversity(
+            rewards_BGMR.reshape(B, G * M, R), solution_mask_BGM.reshape(B, G * M))),
+    }
+    for r, name in enumerate(task.reward_names):
+        out[f"reward/{name}"] = jnp.mean(rewards_BGMR[..., r])
+    return out
+
+
+def _sample(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Rollout:
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    k_sample = jax.random.split(key, 4)[0]
+    B = batch["prompt_BP"].shape[0]
+    G = cfg.sampler.num_samples
+    keys_BG = jax.random.split(k_sample, B * G).reshape(B, G)
+    s = cfg.sampler
+    return generate(nnx.merge(graphdef, state.params), batch["prompt_BP"],
+                    batch["prompt_mask_BP"], keys_BG, jnp.float32(s.temperature),
+                    jnp.float32(s.top_p), jnp.int32(s.top_k), max_new_tokens=s.max_new_tokens,
+                    eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+
+
+def rl_step(state: TrainState, batch, *, graphdef, tx, task: Task, cfg: StepConfig):
+    """One in-graph RL step: sample → task.reward → advantages → updates. Returns (state, metrics).
+
+    batch: {"problems": B problems, "prompt_BP": int32, "prompt_mask_BP": bool}.
+    Jit it with `make_rl_step` (state donated).
+    """
+    rollout = _sample(state, batch, graphdef=graphdef, cfg=cfg)
+    rewards_BGMR, smask_BGM = in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
+                                               rollout.mask_BGT, cfg.train.num_answers)
+    return _update(state, batch, rollout, rewards_BGMR, smask_BGM, graphdef=graphdef, tx=tx,
+                   task=task, cfg=cfg)
+
+
+def make_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
+    """`rl_step` jitted with the state donated: (state, batch) -> (state, metrics)."""
+    if task.is_host:
+        raise ConfigError(f"task {task.name!r} has a host reward; use make_host_rl_step")
+    return jax.jit(functools.partial(rl_step, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
+                   donate_argnums=0)
+
+
+def make_host_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
+    """The host-reward step: jitted sample → task.host_reward (numpy) → jitted, donated update."""
+    sample_step = jax.jit(functools.partial(_sample, graphdef=graphdef, cfg=cfg))
+
+    def update(state, batch, rollout, rewards, smask):
+        return _update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
+                       task=task, cfg=cfg)
+
+    update_step = jax.jit(update, donate_argnums=0)
+
+    def step(state, batch):
+        rollout = sample_step(state, batch)
+        rewards, smask = host_rewards(task, batch["problems"], rollout, cfg.train.num_answers)
+        return update_step(state, batch, rollout, rewards, smask)
+
+    return step
+
+
+def step_config(run: RunConfig, task: Task) -> StepConfig:
+    """The static step settings of a run (task specials from the shared vocabulary layout)."""
+    del task  # every task vocabulary puts eos / pad at the same ids
+    return StepConfig(run.sampler, run.objective, run.train, eos_id=vocab_lib.EOS,
+                      pad_id=vocab_lib.PAD)
+
+
+def check_run(run: RunConfig, task: Task) -> None:
+    """Cross-field checks between the run config and its task, with the fix in the message."""
+    task.check_num_answers(run.train.num_answers)
+    if run.model.vocab_size < task.vocab.size:
+        raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
+                          f"{task.name} vocabulary ({task.vocab.size}); raise it")
+    need = task.completion_len(run.train.num_answers)
+    if run.sampler.max_new_tokens < need:
+        raise ConfigError(f"sampler.max_new_tokens: {run.sampler.max_new_tokens} < {need}, the "
+                          f"{task.name} budget for {run.train.num_answers} answers; raise it")
+    if task.prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
+        raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
+                          f"{task.prompt_len} + sampler.max_new_tokens "
+                          f"{run.sampler.max_new_tokens}; raise it")
+    if run.sampler.num_samples < 2:
+        raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT
+
+
+def sft_step(state: TrainState, batch, *, graphdef, tx):
+    """Cross-entropy on demonstration completions given prompts (prompt tokens carry no loss).
+
+    batch: {"prompt_BP", "prompt_mask_BP", "target_BT" int32, "target_mask_BT" bool}.
+    A non-finite loss or gradient skips the update. Returns (state, {"loss", "skipped_updates"}).
+    """
+
+    def loss_fn(params):
+        model = nnx.merge(graphdef, params)
+        logp_B1T, _ = completion_logp(model, batch["prompt_BP"], batch["prompt_mask_BP"],
+                                      batch["target_BT"][:, None])
+        m_BT = batch["target_mask_BT"]
+        return -_masked_mean(logp_B1T[:, 0], m_BT)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    finite = jnp.isfinite(loss) & _tree_finite(grads)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    new_state = state._replace(step=state.step + 1,
+                               params=_select(finite, new_params, state.params),
+                               opt_state=_select(finite, new_opt, state.opt_state))
+    return new_state, {"loss": loss, "skipped_updates": (~finite).astype(jnp.int32)}
+
+
+def demonstration_set(task: Task, num: int, num_answers: int, seed: int) -> dict[str, np.ndarray]:
+    """`num` problems with one demonstration each, as padded arrays for `sft_step`."""
+    problems = task.make_problems(seed, num)
+    prompts, pmask = data_lib.prompt_arrays(task, problems, num_answers)
+    rng = np.random.default_rng(seed)
+    T = task.completion_len(num_answers)
+    targets = [encode_completion(task.vocab, task.demonstrations(
+        index_problem(problems, i), rng, num_answers), T) for i in range(num)]
+    return dict(prompt_BP=prompts, prompt_mask_BP=pmask,
+                target_BT=np.stack([t for t, _ in targets]),
+                target_mask_BT=np.stack([m for _, m in targets]))
+
+
+def run_sft(task: Task, model_cfg: ModelConfig, steps: int, *, batch_size: int = 32,
+            learning_rate: float = 3e-3, num_answers: int = 1, num_demos: int = 1024,
+            seed: int = 0, mesh=None) -> tuple[nnx.GraphDef, TrainState, list[float]]:
+    """Supervised fine-tuning on the task's demonstrations → (graphdef, state, losses)."""
+    mesh = sharding_lib.make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
+    tcfg = TrainConfig(steps=steps, learning_rate=learning_rate, warmup_steps=min(20, steps // 10),
+                       schedule="cosine", batch_size=batch_size)
+    tx = make_optimizer(tcfg)
+    graphdef, state, _ = init_state(model_cfg, tx, mesh, seed=seed)
+    demos = demonstration_set(task, num_demos, num_answers, seed)
+    step = jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
+    rng = np.random.default_rng(seed)
+    losses = []
+    pending = None
+    for _ in range(steps):
+        idx = rng.integers(0, num_demos, size=batch_size)
+        batch = {k: jax.device_put(v[idx], sharding_lib.batch_sharding(mesh, v.ndim))
+                 for k, v in demos.items()}
+        state, metrics = step(state, batch)
+        if pending is not None:
+            losses.append(float(pending["loss"]))
+        pending = metrics
+    losses.append(float(pending["loss"]))
+    return graphdef, state, losses
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+def shard_batch(batch, mesh):
+    """Host numpy batch → global arrays with the leading axis over the data axes."""
+    def put(x):
+        x = np.asarray(x)
+        sh = sharding_lib.batch_sharding(mesh, x.ndim)
+        if jax.process_count() == 1:
+            return jax.device_put(x, sh)
+        return jax.make_array_from_process_local_data(sh, x)
+
+    return jax.tree.map(put, batch)
+
+
+def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
+          mesh=None, progress: bool = True, init: tuple[nnx.GraphDef, TrainState] | None = None,
+          stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
+    """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
+
+    `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
+    data position and rng), so the run continues exactly as the uninterrupted one would.
+    `init` = (graphdef, state) starts from existing weights (e.g. `run_sft`'s result).
+    `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
+    Returns (graphdef, final state).
+    """
+    import tqdm
+
+    from vpo import checkpoint as ckpt_lib
+    from vpo.metrics_log import MetricsLogger
+
+    check_run(config, task)
+    tcfg = config.train
+    mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+    tx = make_optimizer(tcfg)
+    with_ref = config.objective.kl_coef > 0
+    if init is None:
+        graphdef, state, _ = init_state(config.model, tx, mesh, seed=tcfg.seed,
+                                        with_ref=with_ref)
+    else:
+        graphdef, state, _ = state_from_model(nnx.merge(init[0], init[1].params), tx, mesh,
+                                              seed=tcfg.seed, with_ref=with_ref)
+    data_it = data_lib.problem_iterator(task, tcfg.batch_size, tcfg.num_answers,
+                                        num_problems=tcfg.num_problems, seed=tcfg.seed)
+    os.makedirs(out_dir, exist_ok=True)
+    manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
+                                         keep=tcfg.keep_checkpoints)
+    start = 0
+    if resume and manager.latest_step() is not None:
+        state, start = manager.restore(state, data_it)
+    else:
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(config.to_json(), f, indent=1)
+    cfg = step_config(config, task)
+    step_fn = (make_host_rl_step if task.is_host else make_rl_step)(graphdef, tx, task, cfg)
+    logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every)
+    end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
+    bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
+                    disable=not progress or jax.process_index() != 0)
+    try:
+        for step in bar:
+            state, metrics = step_fn(state, shard_batch(next(data_it), mesh))
+            done = logger.log(step + 1, metrics)  # fetches the previous step's metrics
+            if done is not None:
+                bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
+            if (step + 1) % tcfg.checkpoint_every == 0:
+                manager.save(step + 1, state, data_it, config.to_json())
+    except KeyboardInterrupt:
+        _save_at_exit(manager, state, data_it, config, start)
+        raise
+    finally:
+        logger.close()
+    _save_at_exit(manager, state, data_it, config, start)
+    manager.close()
+    return graphdef, state
+
+
+def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:
+    final = int(jax.device_get(state.step))
+    if final > start and manager.latest_step() != final:
+        manager.save(final, state, data_it, config.to_json())
+    manager.wait()
