@@ -10,6 +10,7 @@ import numpy as np
 
 from vpo import checkpoint as ckpt_lib
 from vpo import data as data_lib
+from vpo import loop as loop_lib
 from vpo import sharding
 from vpo import train as train_lib
 from vpo.config import SamplerConfig, model_preset
@@ -44,14 +45,14 @@ def test_resume_is_exact(tmp_path):
     but never saved) + resume for the remaining 2: same metrics, params, optimiser and rng."""
     task, run, mesh = setup()
     a, b = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    _, s_straight = train_lib.train(run, a, task=task, mesh=mesh, progress=False)
-    train_lib.train(run, b, task=task, mesh=mesh, progress=False, stop_at=5)
+    _, s_straight = loop_lib.train(run, a, task=task, mesh=mesh, progress=False)
+    loop_lib.train(run, b, task=task, mesh=mesh, progress=False, stop_at=5)
     # simulate a crash after step 5: drop its exit checkpoint so step 4 is the latest
     mngr = ckpt_lib.CheckpointManager(os.path.join(b, "checkpoints"))
     assert mngr.all_steps()[-2:] == [4, 5]
     mngr._mngr.delete(5)
     mngr.close()
-    _, s_resumed = train_lib.train(run, b, resume=True, task=task, mesh=mesh, progress=False)
+    _, s_resumed = loop_lib.train(run, b, resume=True, task=task, mesh=mesh, progress=False)
     ra, rb = rows(a), rows(b)
     assert [r["step"] for r in rb] == [1, 2, 3, 4, 5, 6]
     assert ra == rb

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from vpo import data as data_lib
+from vpo import loop as loop_lib
+from vpo import sft as sft_lib
 from vpo import sharding
 from vpo import train as train_lib
 from vpo.config import SamplerConfig, model_preset
@@ -55,7 +57,7 @@ def run_steps(task, run: RunConfig, steps: int, mesh=None, host=False):
     it = data_lib.problem_iterator(task, run.train.batch_size, M, num_problems=64)
     history = []
     for _ in range(steps):
-        state, metrics = step(state, train_lib.shard_batch(next(it), mesh))
+        state, metrics = step(state, loop_lib.shard_batch(next(it), mesh))
         history.append(metrics)
     return state, [jax.tree.map(np.asarray, m) for m in jax.device_get(history)]
 
@@ -66,7 +68,7 @@ def params_of(state):
 
 def test_smoke_train_writes_metrics(task, tmp_path):
     run = run_config(task, steps=3)
-    graphdef, state = train_lib.train(run, str(tmp_path), task=task, mesh=one_device(),
+    graphdef, state = loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(),
                                       progress=False)
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -175,7 +177,7 @@ def test_sft_learns_maze_demonstrations():
 
     maze = make_maze_task()
     cfg = model_preset("tiny", vocab_size=maze.vocab.size, max_seq_len=64)
-    graphdef, state, losses = train_lib.run_sft(maze, cfg, 150, batch_size=32,
+    graphdef, state, losses = sft_lib.run_sft(maze, cfg, 150, batch_size=32,
                                                 learning_rate=3e-3, num_demos=512)
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:5])
     problems = maze.make_problems(123, 64)
@@ -204,7 +206,7 @@ def test_state_from_model_with_kl_reference(task):
     step = train_lib.make_rl_step(graphdef, tx, task, train_lib.step_config(run, task))
     it = data_lib.problem_iterator(task, 4, M, num_problems=64)
     for _ in range(2):
-        state, metrics = step(state, train_lib.shard_batch(next(it), mesh))
+        state, metrics = step(state, loop_lib.shard_batch(next(it), mesh))
     assert np.isfinite(float(metrics["kl"])) and float(metrics["kl"]) >= 0
     for a, r in zip(init, jax.tree.leaves(state.ref_params)):
         np.testing.assert_array_equal(a, np.asarray(r))

@@ -1,4 +1,4 @@
-"""In-graph RL trainer: TrainState (born sharded), `rl_step`, the host-reward split, `sft_step`.
+"""In-graph RL trainer: TrainState (born sharded), optax chain, `rl_step`, the host-reward split.
 
 One RL step, as data (DESIGN.md):
 
@@ -13,15 +13,13 @@ One RL step, as data (DESIGN.md):
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
 `sample_step` (jit) → `host_rewards` (numpy) → `update_step` (jit, donated).
-`train(config, out_dir, task=...)` is the loop the CLI calls.
+The host loop (`vpo.loop.train`) and supervised warm start (`vpo.sft`) build on this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -31,14 +29,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from vpo import data as data_lib
 from vpo import evaluation, objectives
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig, SamplerConfig
 from vpo.model import Decoder
 from vpo.sampler import generate
 from vpo.tasks import vocab as vocab_lib
-from vpo.tasks.base import Task, encode_completion, index_problem
+from vpo.tasks.base import Task
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 from vpo.types import Rollout
 
@@ -417,155 +414,3 @@ def check_run(run: RunConfig, task: Task) -> None:
                           f"{run.sampler.max_new_tokens}; raise it")
     if run.sampler.num_samples < 2:
         raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")
-
-
-# ---------------------------------------------------------------------------------------------
-# SFT
-
-
-def sft_step(state: TrainState, batch, *, graphdef, tx):
-    """Cross-entropy on demonstration completions given prompts (prompt tokens carry no loss).
-
-    batch: {"prompt_BP", "prompt_mask_BP", "target_BT" int32, "target_mask_BT" bool}.
-    A non-finite loss or gradient skips the update. Returns (state, {"loss", "skipped_updates"}).
-    """
-
-    def loss_fn(params):
-        model = nnx.merge(graphdef, params)
-        logp_B1T, _ = completion_logp(model, batch["prompt_BP"], batch["prompt_mask_BP"],
-                                      batch["target_BT"][:, None])
-        m_BT = batch["target_mask_BT"]
-        return -_masked_mean(logp_B1T[:, 0], m_BT)
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    finite = jnp.isfinite(loss) & _tree_finite(grads)
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    new_state = state._replace(step=state.step + 1,
-                               params=_select(finite, new_params, state.params),
-                               opt_state=_select(finite, new_opt, state.opt_state))
-    return new_state, {"loss": loss, "skipped_updates": (~finite).astype(jnp.int32)}
-
-
-def demonstration_set(task: Task, num: int, num_answers: int, seed: int) -> dict[str, np.ndarray]:
-    """`num` problems with one demonstration each, as padded arrays for `sft_step`."""
-    problems = task.make_problems(seed, num)
-    prompts, pmask = data_lib.prompt_arrays(task, problems, num_answers)
-    rng = np.random.default_rng(seed)
-    T = task.completion_len(num_answers)
-    targets = [encode_completion(task.vocab, task.demonstrations(
-        index_problem(problems, i), rng, num_answers), T) for i in range(num)]
-    return dict(prompt_BP=prompts, prompt_mask_BP=pmask,
-                target_BT=np.stack([t for t, _ in targets]),
-                target_mask_BT=np.stack([m for _, m in targets]))
-
-
-def run_sft(task: Task, model_cfg: ModelConfig, steps: int, *, batch_size: int = 32,
-            learning_rate: float = 3e-3, num_answers: int = 1, num_demos: int = 1024,
-            seed: int = 0, mesh=None) -> tuple[nnx.GraphDef, TrainState, list[float]]:
-    """Supervised fine-tuning on the task's demonstrations → (graphdef, state, losses)."""
-    mesh = sharding_lib.make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
-    tcfg = TrainConfig(steps=steps, learning_rate=learning_rate, warmup_steps=min(20, steps // 10),
-                       schedule="cosine", batch_size=batch_size)
-    tx = make_optimizer(tcfg)
-    graphdef, state, _ = init_state(model_cfg, tx, mesh, seed=seed)
-    demos = demonstration_set(task, num_demos, num_answers, seed)
-    step = jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
-    rng = np.random.default_rng(seed)
-    losses = []
-    pending = None
-    for _ in range(steps):
-        idx = rng.integers(0, num_demos, size=batch_size)
-        batch = {k: jax.device_put(v[idx], sharding_lib.batch_sharding(mesh, v.ndim))
-                 for k, v in demos.items()}
-        state, metrics = step(state, batch)
-        if pending is not None:
-            losses.append(float(pending["loss"]))
-        pending = metrics
-    losses.append(float(pending["loss"]))
-    return graphdef, state, losses
-
-
-# ---------------------------------------------------------------------------------------------
-# the loop
-
-
-def shard_batch(batch, mesh):
-    """Host numpy batch → global arrays with the leading axis over the data axes."""
-    def put(x):
-        x = np.asarray(x)
-        sh = sharding_lib.batch_sharding(mesh, x.ndim)
-        if jax.process_count() == 1:
-            return jax.device_put(x, sh)
-        return jax.make_array_from_process_local_data(sh, x)
-
-    return jax.tree.map(put, batch)
-
-
-def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
-          mesh=None, progress: bool = True, init: tuple[nnx.GraphDef, TrainState] | None = None,
-          stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
-    """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
-
-    `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
-    data position and rng), so the run continues exactly as the uninterrupted one would.
-    `init` = (graphdef, state) starts from existing weights (e.g. `run_sft`'s result).
-    `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
-    Returns (graphdef, final state).
-    """
-    import tqdm
-
-    from vpo import checkpoint as ckpt_lib
-    from vpo.metrics_log import MetricsLogger
-
-    check_run(config, task)
-    tcfg = config.train
-    mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
-    tx = make_optimizer(tcfg)
-    with_ref = config.objective.kl_coef > 0
-    if init is None:
-        graphdef, state, _ = init_state(config.model, tx, mesh, seed=tcfg.seed,
-                                        with_ref=with_ref)
-    else:
-        graphdef, state, _ = state_from_model(nnx.merge(init[0], init[1].params), tx, mesh,
-                                              seed=tcfg.seed, with_ref=with_ref)
-    data_it = data_lib.problem_iterator(task, tcfg.batch_size, tcfg.num_answers,
-                                        num_problems=tcfg.num_problems, seed=tcfg.seed)
-    os.makedirs(out_dir, exist_ok=True)
-    manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
-                                         keep=tcfg.keep_checkpoints)
-    start = 0
-    if resume and manager.latest_step() is not None:
-        state, start = manager.restore(state, data_it)
-    else:
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(config.to_json(), f, indent=1)
-    cfg = step_config(config, task)
-    step_fn = (make_host_rl_step if task.is_host else make_rl_step)(graphdef, tx, task, cfg)
-    logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every)
-    end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
-    bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
-                    disable=not progress or jax.process_index() != 0)
-    try:
-        for step in bar:
-            state, metrics = step_fn(state, shard_batch(next(data_it), mesh))
-            done = logger.log(step + 1, metrics)  # fetches the previous step's metrics
-            if done is not None:
-                bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
-            if (step + 1) % tcfg.checkpoint_every == 0:
-                manager.save(step + 1, state, data_it, config.to_json())
-    except KeyboardInterrupt:
-        _save_at_exit(manager, state, data_it, config, start)
-        raise
-    finally:
-        logger.close()
-    _save_at_exit(manager, state, data_it, config, start)
-    manager.close()
-    return graphdef, state
-
-
-def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:
-    final = int(jax.device_get(state.step))
-    if final > start and manager.latest_step() != final:
-        manager.save(final, state, data_it, config.to_json())
-    manager.wait()

@@ -1,0 +1,106 @@
+"""The host loop: feed batches, run the jitted step, log one step late, checkpoint, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+
+from vpo import data as data_lib
+from vpo import sharding as sharding_lib
+from vpo.tasks.base import Task
+from vpo.train import (
+    TrainState,
+    check_run,
+    init_state,
+    make_host_rl_step,
+    make_optimizer,
+    make_rl_step,
+    state_from_model,
+    step_config,
+)
+from vpo.train_config import RunConfig
+
+
+def shard_batch(batch, mesh):
+    """Host numpy batch → global arrays with the leading axis over the data axes."""
+    def put(x):
+        x = np.asarray(x)
+        sh = sharding_lib.batch_sharding(mesh, x.ndim)
+        if jax.process_count() == 1:
+            return jax.device_put(x, sh)
+        return jax.make_array_from_process_local_data(sh, x)
+
+    return jax.tree.map(put, batch)
+
+
+def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
+          mesh=None, progress: bool = True, init: tuple[nnx.GraphDef, TrainState] | None = None,
+          stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
+    """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
+
+    `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
+    data position and rng), so the run continues exactly as the uninterrupted one would.
+    `init` = (graphdef, state) starts from existing weights (e.g. `run_sft`'s result).
+    `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
+    Returns (graphdef, final state).
+    """
+    import tqdm
+
+    from vpo import checkpoint as ckpt_lib
+    from vpo.metrics_log import MetricsLogger
+
+    check_run(config, task)
+    tcfg = config.train
+    mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+    tx = make_optimizer(tcfg)
+    with_ref = config.objective.kl_coef > 0
+    if init is None:
+        graphdef, state, _ = init_state(config.model, tx, mesh, seed=tcfg.seed,
+                                        with_ref=with_ref)
+    else:
+        graphdef, state, _ = state_from_model(nnx.merge(init[0], init[1].params), tx, mesh,
+                                              seed=tcfg.seed, with_ref=with_ref)
+    data_it = data_lib.problem_iterator(task, tcfg.batch_size, tcfg.num_answers,
+                                        num_problems=tcfg.num_problems, seed=tcfg.seed)
+    os.makedirs(out_dir, exist_ok=True)
+    manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
+                                         keep=tcfg.keep_checkpoints)
+    start = 0
+    if resume and manager.latest_step() is not None:
+        state, start = manager.restore(state, data_it)
+    else:
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(config.to_json(), f, indent=1)
+    cfg = step_config(config, task)
+    step_fn = (make_host_rl_step if task.is_host else make_rl_step)(graphdef, tx, task, cfg)
+    logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every)
+    end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
+    bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
+                    disable=not progress or jax.process_index() != 0)
+    try:
+        for step in bar:
+            state, metrics = step_fn(state, shard_batch(next(data_it), mesh))
+            done = logger.log(step + 1, metrics)  # fetches the previous step's metrics
+            if done is not None:
+                bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
+            if (step + 1) % tcfg.checkpoint_every == 0:
+                manager.save(step + 1, state, data_it, config.to_json())
+    except KeyboardInterrupt:
+        _save_at_exit(manager, state, data_it, config, start)
+        raise
+    finally:
+        logger.close()
+    _save_at_exit(manager, state, data_it, config, start)
+    manager.close()
+    return graphdef, state
+
+
+def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:
+    final = int(jax.device_get(state.step))
+    if final > start and manager.latest_step() != final:
+        manager.save(final, state, data_it, config.to_json())
+    manager.wait()
