@@ -86,3 +86,52 @@ class CheckpointManager:
 
     def close(self) -> None:
         self._mngr.close()
+
+
+# -- a policy on its own: the hand-off between `vpo sft`, `vpo train`, `vpo eval`, `vpo search` --
+
+def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None) -> None:
+    """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`)."""
+    import dataclasses
+    import json
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(os.path.abspath(directory), "params")
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(target, params, force=True)
+        ckptr.wait_until_finished()
+    with open(os.path.join(directory, "policy.json"), "w") as f:
+        json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
+
+
+def load_policy(directory: str, mesh=None):
+    """(Decoder, info dict) from a folder written by `save_policy`; params placed on `mesh`."""
+    import json
+    import os
+
+    from flax import nnx
+
+    from vpo import sharding
+    from vpo.config import ModelConfig, from_dict
+    from vpo.model import Decoder
+
+    info_path = os.path.join(directory, "policy.json")
+    if not os.path.exists(info_path):
+        raise FileNotFoundError(f"{directory} is not a policy folder (no policy.json); pass the "
+                                "--out folder of `vpo sft` or `vpo train`")
+    with open(info_path) as f:
+        info = json.load(f)
+    cfg = from_dict(ModelConfig, info["model"])
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, abs_state = nnx.split(abstract)
+    abs_params = nnx.state(abstract, nnx.Param)
+    if mesh is not None:
+        shardings = sharding.param_shardings(abs_params, mesh)
+        abs_params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  abs_params, shardings)
+    with ocp.StandardCheckpointer() as ckptr:
+        params = ckptr.restore(os.path.join(os.path.abspath(directory), "params"), abs_params)
+    model = nnx.merge(graphdef, abs_state)
+    nnx.update(model, params)
+    return model, info

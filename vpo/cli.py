@@ -1,7 +1,10 @@
 """Command line: `vpo <command> [options]`. The commands are the one dict at the bottom.
 
     vpo sample [--task maze] [--preset tiny] [--prompts 4] [--samples 4] [--answers 3]
-               [--temperature 1.0] [--top-p 1.0] [--top-k 0] [--seed 0]
+    vpo sft    --task maze [--preset tiny] [--steps 300] [--answers 3] --out DIR
+    vpo train  [--preset NAME | --config FILE] [section.key=value ...] [model=NAME] [--init DIR]
+               --out DIR [--resume]
+    vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
 """
 
 from __future__ import annotations
@@ -90,8 +93,198 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+# -- sft ------------------------------------------------------------------------------------
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Supervised warm start on a task's demonstrations; writes a policy folder to --out."""
+    from vpo import checkpoint
+    from vpo.config import model_preset
+    from vpo.sft import run_sft
+
+    task = _make_task(args.task)
+    T = task.completion_len(args.answers)
+    cfg = model_preset(args.preset, vocab_size=task.vocab.size, max_seq_len=task.prompt_len + T)
+    print(f"SFT {task.name}: '{args.preset}' policy ({cfg.num_params:,} params), {args.steps} "
+          f"steps of {args.batch} demonstrations with {args.answers} answers each")
+    _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
+                               learning_rate=args.lr, num_answers=args.answers, seed=args.seed)
+    checkpoint.save_policy(args.out, cfg, state.params,
+                           {"task": args.task, "num_answers": args.answers, "sft_steps": args.steps,
+                            "sft_loss_first": losses[0], "sft_loss_last": losses[-1]})
+    print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; policy written to {args.out}")
+    return 0
+
+
+def _add_sft(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=TASKS, default="maze")
+    p.add_argument("--preset", default="tiny", help="model preset (vpo.config.MODEL_PRESETS)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--answers", type=int, default=3, help="answers per demonstration (m)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+
+# -- train ----------------------------------------------------------------------------------
+
+# Named starting points for `vpo train --preset NAME`: a task and overrides (applied before the
+# command line's). Model size and generation budget follow the task unless overridden.
+TRAIN_PRESETS: dict[str, tuple[str, list[str]]] = {
+    "smoke": ("bandit", ["train.steps=3", "train.batch_size=8", "train.num_answers=2",
+                         "sampler.num_samples=4", "train.checkpoint_every=2"]),
+    "bandit": ("bandit", ["train.steps=60", "train.batch_size=8", "train.num_answers=4",
+                          "sampler.num_samples=8", "train.learning_rate=3e-3"]),
+    "maze": ("maze", ["train.steps=100", "train.batch_size=8", "train.num_answers=3",
+                      "sampler.num_samples=8", "train.learning_rate=3e-4"]),
+    "program": ("program", ["train.steps=100", "train.batch_size=8", "train.num_answers=3",
+                            "sampler.num_samples=8", "train.learning_rate=3e-4"]),
+    "arithmetic": ("arithmetic", ["train.steps=50", "train.batch_size=8", "train.num_answers=2",
+                                  "sampler.num_samples=8", "train.learning_rate=1e-3"]),
+}
+
+
+def build_run_config(preset: str | None, config_file: str | None, overrides: list[str]):
+    """RunConfig from a preset or a JSON file, then `section.key=value` overrides, then fitted
+    to the task (vocabulary, generation budget, sequence length). Returns (run, task)."""
+    import dataclasses
+    import json
+
+    from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
+    from vpo.train_config import RunConfig
+
+    run = RunConfig()
+    if config_file:
+        with open(config_file) as f:
+            run = from_dict(RunConfig, json.load(f))
+    base: list[str] = []
+    if preset:
+        if preset not in TRAIN_PRESETS:
+            raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
+                              f"{', '.join(TRAIN_PRESETS)}")
+        task_name, base = TRAIN_PRESETS[preset]
+        run = dataclasses.replace(run, task=task_name)
+    rest = []
+    for item in base + overrides:
+        key, _, value = item.partition("=")
+        if key == "model":
+            if value.startswith("hf:"):
+                raise ConfigError("model=hf:PATH: loading Hugging Face checkpoints needs vpo.hf "
+                                  "(not in this build yet); use a preset name")
+            run = dataclasses.replace(run, model=model_preset(value))
+        elif key == "task":
+            if value not in TASKS:
+                raise ConfigError(f"task: unknown task {value!r}; choose one of "
+                                  f"{', '.join(TASKS)}")
+            run = dataclasses.replace(run, task=value)
+        else:
+            rest.append(item)
+    run = apply_overrides(run, rest)
+    task = _make_task(run.task)
+    T = task.completion_len(run.train.num_answers)
+    run = dataclasses.replace(
+        run, model=dataclasses.replace(run.model, vocab_size=max(run.model.vocab_size,
+                                                                 task.vocab.size),
+                                       max_seq_len=max(run.model.max_seq_len,
+                                                       task.prompt_len + T)),
+        sampler=dataclasses.replace(run.sampler, max_new_tokens=max(run.sampler.max_new_tokens,
+                                                                    T)))
+    return run, task
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """RL training (GRPO family or VPO) on a task; metrics, checkpoints and the final policy
+    go to --out. `--resume` continues exactly from the latest complete checkpoint there."""
+    import json
+    import os
+
+    from vpo import checkpoint
+    from vpo.config import from_dict
+    from vpo.loop import train
+    from vpo.train_config import RunConfig
+
+    if args.resume and os.path.exists(os.path.join(args.out, "config.json")):
+        with open(os.path.join(args.out, "config.json")) as f:
+            run = from_dict(RunConfig, json.load(f))
+        task = _make_task(run.task)
+    else:
+        run, task = build_run_config(args.preset, args.config, args.overrides)
+    init = None
+    if args.init:
+        init, info = checkpoint.load_policy(args.init)
+        if init.cfg != run.model:
+            import dataclasses
+            run = dataclasses.replace(run, model=init.cfg)
+        print(f"starting from the policy in {args.init} ({info.get('task')})")
+    print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
+          f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
+          f"{run.train.num_answers} answers; model {run.model.num_params:,} params -> {args.out}")
+    train(run, args.out, resume=args.resume, task=task, init=init)
+    print(f"metrics: {os.path.join(args.out, 'metrics.jsonl')}; policy: "
+          f"{os.path.join(args.out, 'policy')}")
+    return 0
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=6 "
+                   "objective.advantage=vpo model=small task=maze")
+    p.add_argument("--preset", default=None, help=f"one of {', '.join(TRAIN_PRESETS)}")
+    p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
+    p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true")
+
+
+# -- eval -----------------------------------------------------------------------------------
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate one or more policies at an equal candidate budget per problem; writes a table
+    (eval.md), eval.json and best@k / pass@k plots to --out."""
+    import os
+
+    import jax
+
+    from vpo import checkpoint
+    from vpo.policy_eval import default_ks, evaluate_policy, write_report
+
+    results = {}
+    task = None
+    for path in args.policy:
+        model, info = checkpoint.load_policy(path)
+        task = _make_task(args.task or info.get("task", "maze"))
+        m = args.answers or int(info.get("num_answers", 1))
+        problems = task.make_problems(args.seed, args.problems)
+        name = os.path.basename(os.path.normpath(path))
+        if name == "policy":
+            name = os.path.basename(os.path.dirname(os.path.normpath(path)))
+        results[f"{name} (m={m})"] = evaluate_policy(
+            model, task, problems, num_answers=m, budget=args.budget,
+            ks=default_ks(args.budget), key=jax.random.key(args.seed),
+            temperature=args.temperature)
+    table = write_report(args.out, results, default_ks(args.budget),
+                         title=f"{task.name}: {args.problems} problems, {args.budget} candidates")
+    print(table)
+    print(f"written to {args.out}")
+    return 0
+
+
+def _add_eval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", action="append", required=True,
+                   help="policy folder (vpo sft --out, or <vpo train --out>/policy); repeat")
+    p.add_argument("--task", choices=TASKS, default=None, help="default: the policy's task")
+    p.add_argument("--answers", type=int, default=None, help="default: the policy's m")
+    p.add_argument("--budget", type=int, default=12, help="candidates per problem")
+    p.add_argument("--problems", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split)")
+    p.add_argument("--out", required=True)
+
+
 COMMANDS = {
     "sample": (cmd_sample, _add_sample),
+    "sft": (cmd_sft, _add_sft),
+    "train": (cmd_train, _add_train),
+    "eval": (cmd_eval, _add_eval),
 }
 
 
@@ -103,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         add_args(p)
         p.set_defaults(fn=fn)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    from vpo.config import ConfigError
+
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"vpo {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from flax import nnx
 
 from vpo import data as data_lib
 from vpo import sharding as sharding_lib
+from vpo.model import Decoder
 from vpo.tasks.base import Task
 from vpo.train import (
     TrainState,
@@ -38,13 +39,13 @@ def shard_batch(batch, mesh):
 
 
 def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
-          mesh=None, progress: bool = True, init: tuple[nnx.GraphDef, TrainState] | None = None,
+          mesh=None, progress: bool = True, init: Decoder | None = None,
           stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
 
     `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
     data position and rng), so the run continues exactly as the uninterrupted one would.
-    `init` = (graphdef, state) starts from existing weights (e.g. `run_sft`'s result).
+    `init` starts from an existing policy (e.g. `vpo sft`'s, via `load_policy`).
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
     Returns (graphdef, final state).
     """
@@ -54,15 +55,22 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     from vpo.metrics_log import MetricsLogger
 
     check_run(config, task)
+    out_dir = os.path.abspath(out_dir)
     tcfg = config.train
     mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+    dp = int(np.prod([mesh.shape[a] for a in sharding_lib.RULES["batch"] if a in mesh.shape]))
+    if tcfg.batch_size % dp:
+        from vpo.config import ConfigError
+        raise ConfigError(f"train.batch_size: {tcfg.batch_size} prompts do not split over the "
+                          f"{dp} data-parallel devices of the mesh; use a multiple of {dp} or "
+                          "set mesh_data smaller")
     tx = make_optimizer(tcfg)
     with_ref = config.objective.kl_coef > 0
     if init is None:
         graphdef, state, _ = init_state(config.model, tx, mesh, seed=tcfg.seed,
                                         with_ref=with_ref)
     else:
-        graphdef, state, _ = state_from_model(nnx.merge(init[0], init[1].params), tx, mesh,
+        graphdef, state, _ = state_from_model(init, tx, mesh,
                                               seed=tcfg.seed, with_ref=with_ref)
     data_it = data_lib.problem_iterator(task, tcfg.batch_size, tcfg.num_answers,
                                         num_problems=tcfg.num_problems, seed=tcfg.seed)
@@ -96,6 +104,12 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
         logger.close()
     _save_at_exit(manager, state, data_it, config, start)
     manager.close()
+    if jax.process_index() == 0:
+        ckpt_lib.save_policy(os.path.join(out_dir, "policy"), config.model, state.params,
+                             {"task": config.task, "task_kwargs": config.task_kwargs,
+                              "num_answers": config.train.num_answers,
+                              "advantage": config.objective.advantage,
+                              "steps": int(jax.device_get(state.step))})
     return graphdef, state
 
 

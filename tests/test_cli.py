@@ -1,0 +1,67 @@
+"""CLI: typed overrides with clear errors, smoke train + exact resume, sft -> eval artefacts."""
+
+import json
+import os
+
+import pytest
+
+from vpo import cli
+from vpo.config import ConfigError
+
+
+def test_overrides_are_typed_and_fitted_to_the_task():
+    run, task = cli.build_run_config("smoke", None, ["train.steps=6", "objective.advantage=vpo",
+                                                     "objective.dual_clip=3", "task=maze"])
+    assert run.train.steps == 6 and run.objective.advantage == "vpo"
+    assert run.objective.dual_clip == 3.0 and run.task == "maze" and task.name.startswith("maze")
+    assert run.model.vocab_size >= task.vocab.size
+    assert run.sampler.max_new_tokens >= task.completion_len(run.train.num_answers)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.stepz=3", "unknown key 'stepz'"),
+    ("train.steps=abc", r"train\.steps: cannot read 'abc' as int"),
+    ("objective.advantage=ppo", r"objective\.advantage: must be one of"),
+    ("nope.x=1", "unknown key 'nope'"),
+    ("train.steps", "expected section.key=value"),
+    ("model=gpt-5", "unknown preset"),
+    ("task=chess", "unknown task"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        cli.build_run_config("smoke", None, [override])
+
+
+def test_cli_reports_config_errors(capsys, tmp_path):
+    assert cli.main(["train", "--preset", "smoke", "train.batch_size=0", "--out",
+                     str(tmp_path)]) == 2
+    assert "train.batch_size" in capsys.readouterr().err
+
+
+def test_train_smoke_and_resume(tmp_path):
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--preset", "smoke", "--out", out]) == 0
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(k in rows[0] for k in ("loss", "reward", "entropy"))
+    assert os.path.exists(os.path.join(out, "policy", "policy.json"))
+    # resume with more steps continues from the last checkpoint (step 3)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg["train"]["steps"] = 4
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    assert cli.main(["train", "--out", out, "--resume"]) == 0
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
+def test_sft_then_eval_writes_report(tmp_path):
+    sft = str(tmp_path / "sft")
+    assert cli.main(["sft", "--task", "bandit", "--steps", "30", "--batch", "8", "--answers",
+                     "2", "--out", sft]) == 0
+    ev = str(tmp_path / "eval")
+    assert cli.main(["eval", "--policy", sft, "--problems", "4", "--budget", "4", "--out",
+                     ev]) == 0
+    for name in ("eval.md", "eval.json", "best_at_k.png", "pass_at_k.png"):
+        assert os.path.getsize(os.path.join(ev, name)) > 0
+    metrics = json.load(open(os.path.join(ev, "eval.json")))["sft (m=2)"]
+    assert 0.0 <= metrics["best@1"] <= metrics["best@4"] <= 1.0
