@@ -105,8 +105,11 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
         json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
 
 
-def load_policy(directory: str, mesh=None):
-    """(Decoder, info dict) from a folder written by `save_policy`; params placed on `mesh`."""
+def load_policy(directory: str, mesh=None, **overrides):
+    """(Decoder, info dict) from a folder written by `save_policy`; params placed on `mesh`.
+
+    `overrides` replace ModelConfig fields that do not change the parameters (max_seq_len).
+    """
     import json
     import os
 
@@ -122,7 +125,7 @@ def load_policy(directory: str, mesh=None):
                                 "--out folder of `vpo sft` or `vpo train`")
     with open(info_path) as f:
         info = json.load(f)
-    cfg = from_dict(ModelConfig, info["model"])
+    cfg = from_dict(ModelConfig, {**info["model"], **overrides})
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
     abs_params = nnx.state(abstract, nnx.Param)

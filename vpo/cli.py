@@ -5,6 +5,7 @@
     vpo train  [--preset NAME | --config FILE] [section.key=value ...] [model=NAME] [--init DIR]
                --out DIR [--resume]
     vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
+    vpo search --policy DIR [--task program] [--difficulty hard] [--problems 8] --out DIR
 """
 
 from __future__ import annotations
@@ -93,6 +94,18 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def load_model(spec: str, **overrides):
+    """(Decoder, info) from a policy folder (`vpo sft` / `vpo train`) or `hf:/path/to/folder`;
+    `overrides` are ModelConfig fields (e.g. a longer max_seq_len)."""
+    from vpo import checkpoint, hf
+
+    if hf.is_hf_spec(spec):
+        model = hf.from_pretrained(hf.hf_spec_path(spec), **{"param_dtype": "float32",
+                                                              **overrides})
+        return model, {"source": spec}
+    return checkpoint.load_policy(spec, **overrides)
+
+
 # -- sft ------------------------------------------------------------------------------------
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -103,7 +116,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     task = _make_task(args.task)
     T = task.completion_len(args.answers)
-    cfg = model_preset(args.preset, vocab_size=task.vocab.size, max_seq_len=task.prompt_len + T)
+    cfg = model_preset(args.preset, vocab_size=task.vocab.size,
+                       max_seq_len=max(512, task.prompt_len + T))
     print(f"SFT {task.name}: '{args.preset}' policy ({cfg.num_params:,} params), {args.steps} "
           f"steps of {args.batch} demonstrations with {args.answers} answers each")
     _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
@@ -149,11 +163,13 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     to the task (vocabulary, generation budget, sequence length). Returns (run, task)."""
     import dataclasses
     import json
+    import os
 
     from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
     from vpo.train_config import RunConfig
 
     run = RunConfig()
+    init_spec = None
     if config_file:
         with open(config_file) as f:
             run = from_dict(RunConfig, json.load(f))
@@ -169,9 +185,13 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         key, _, value = item.partition("=")
         if key == "model":
             if value.startswith("hf:"):
-                raise ConfigError("model=hf:PATH: loading Hugging Face checkpoints needs vpo.hf "
-                                  "(not in this build yet); use a preset name")
-            run = dataclasses.replace(run, model=model_preset(value))
+                from vpo import hf
+
+                with open(os.path.join(hf.hf_spec_path(value), "config.json")) as f:
+                    run = dataclasses.replace(run, model=hf.model_config(json.load(f)))
+                init_spec = value
+            else:
+                run = dataclasses.replace(run, model=model_preset(value))
         elif key == "task":
             if value not in TASKS:
                 raise ConfigError(f"task: unknown task {value!r}; choose one of "
@@ -189,7 +209,7 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
                                                        task.prompt_len + T)),
         sampler=dataclasses.replace(run.sampler, max_new_tokens=max(run.sampler.max_new_tokens,
                                                                     T)))
-    return run, task
+    return run, task, init_spec
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -198,7 +218,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from vpo import checkpoint
     from vpo.config import from_dict
     from vpo.loop import train
     from vpo.train_config import RunConfig
@@ -208,10 +227,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             run = from_dict(RunConfig, json.load(f))
         task = _make_task(run.task)
     else:
-        run, task = build_run_config(args.preset, args.config, args.overrides)
+        run, task, hf_spec = build_run_config(args.preset, args.config, args.overrides)
+        args.init = args.init or hf_spec
     init = None
     if args.init:
-        init, info = checkpoint.load_policy(args.init)
+        init, info = load_model(args.init)
         if init.cfg != run.model:
             import dataclasses
             run = dataclasses.replace(run, model=init.cfg)
@@ -244,13 +264,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     import jax
 
-    from vpo import checkpoint
     from vpo.policy_eval import default_ks, evaluate_policy, write_report
 
     results = {}
     task = None
     for path in args.policy:
-        model, info = checkpoint.load_policy(path)
+        model, info = load_model(path)
         task = _make_task(args.task or info.get("task", "maze"))
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
@@ -280,11 +299,62 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
+# -- search ---------------------------------------------------------------------------------
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Evolutionary search (islands, the policy as mutation operator) vs best-of-N vs sequential
+    revision at an equal candidate budget; writes search_traces.json and search_solved.png."""
+    import jax
+
+    from vpo import search, sharding
+    from vpo.tasks import program
+
+    model, info = load_model(args.policy, max_seq_len=4096)
+    task = (program.make_program_task(args.difficulty) if args.task == "program"
+            else _make_task(args.task))
+    cfg = search.SearchConfig(islands=args.islands, members=args.members,
+                              children=args.children, generations=args.generations,
+                              num_answers=args.answers or int(info.get("num_answers", 1)),
+                              temperature=args.temperature)
+    problems = task.make_problems(args.seed, args.problems)
+    traces = {}
+    print(f"{task.name}: {args.problems} problems, budget {cfg.budget} candidates per problem "
+          f"and method")
+    for method in search.METHODS:
+        mesh = sharding.make_mesh() if method == "search" else None
+        if mesh is not None and cfg.islands % mesh.shape["data"]:
+            mesh = None  # islands must split evenly over the data devices; else one device
+        _, traces[method] = search.run_method(method, model, task, problems, cfg,
+                                              jax.random.key(args.seed), mesh=mesh)
+    search.write_report(args.out, traces, title=f"{task.name}, {args.problems} problems")
+    for name, s in search.summarize(traces).items():
+        print(f"{name:>10}: solved {s['solved_count'][-1]}/{args.problems}, mean best fitness "
+              f"{s['mean_best_fitness'][-1]:.3f}")
+    print(f"written to {args.out}")
+    return 0
+
+
+def _add_search(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True, help="policy folder or hf:/path")
+    p.add_argument("--task", choices=("program", "maze", "bandit"), default="program")
+    p.add_argument("--difficulty", choices=("easy", "hard"), default="hard")
+    p.add_argument("--answers", type=int, default=None, help="answers per call (m)")
+    p.add_argument("--problems", type=int, default=8)
+    p.add_argument("--islands", type=int, default=4)
+    p.add_argument("--members", type=int, default=8)
+    p.add_argument("--children", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=4242)
+    p.add_argument("--out", required=True)
+
+
 COMMANDS = {
     "sample": (cmd_sample, _add_sample),
     "sft": (cmd_sft, _add_sft),
     "train": (cmd_train, _add_train),
     "eval": (cmd_eval, _add_eval),
+    "search": (cmd_search, _add_search),
 }
 
 

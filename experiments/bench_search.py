@@ -1,0 +1,126 @@
+"""Evolutionary search throughput: one jit (lax.scan over generations) vs a host-driven loop.
+
+Run:  python experiments/bench_search.py            (add --quick for a short smoke run)
+
+Both arms run the same search (same model, task, problem, config, keys and candidate budget) on
+the program task with a randomly initialised decoder. The host arm is the usual driver: per
+generation, a jitted parent-selection + prompt-building call, the library's jitted sampler
+(`vpo.sampler._generate_jit`), a jitted reward + replacement + migration call, and a device→host
+read of the best fitness (logging / early stop). Compile time is measured separately (first
+call); throughput = candidates evaluated per second, median over repetitions. No assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import jax
+import jax.numpy as jnp
+from bench_sampler import _time  # experiments/ is sys.path[0] when run as a script
+from flax import nnx
+
+from vpo import _search_ops as ops
+from vpo import search
+from vpo.config import model_preset
+from vpo.model import Decoder
+from vpo.sampler import _generate_jit
+from vpo.tasks import program
+from vpo.tasks import vocab as vocab_lib
+
+
+def get_config(quick: bool):
+    """Two points: a mid-size population, and a small one where per-generation work is tiny
+    (so the host loop's per-generation dispatch and sync dominate)."""
+    gens = 4 if quick else 16
+    points = [dict(islands=4, members=8, children=8), dict(islands=2, members=2, children=2)]
+    return dict(searches=[search.SearchConfig(parents=2 if p["members"] > 2 else 1,
+                                              generations=gens, migration_interval=2,
+                                              migration_count=1, num_answers=2, **p)
+                          for p in points[:1 if quick else 2]],
+                preset="tiny", repeats=2 if quick else 5)
+
+
+@functools.partial(jax.jit, static_argnames=("task", "cfg"))
+def select_and_prompt(task, cfg, state, key, problem):
+    idx_IBK, present_IBK, fresh_IB, k_prop = search.select_step(cfg, state, key)
+    I, B, K = idx_IBK.shape
+    par = jax.vmap(ops.take)(state.population, idx_IBK)
+    flat = lambda x: x.reshape((I * B,) + x.shape[2:])  # noqa: E731
+    prompts_BP, mask_BP = search.lm_prompts(
+        task, cfg, problem, flat(par.tokens_IQA), flat(par.mask_IQA & present_IBK[..., None]),
+        flat(par.rewards_IQR), flat(fresh_IB))
+    keys_B1 = jax.random.split(k_prop, I * B).reshape(I * B, 1)
+    return idx_IBK, present_IBK, fresh_IB, prompts_BP, mask_BP, keys_B1
+
+
+@functools.partial(jax.jit, static_argnames=("task", "cfg"))
+def score_and_replace(task, cfg, state, idx_IBK, present_IBK, fresh_IB, tokens_BT, mask_BT,
+                      problem):
+    answers = search.split_completions(task, cfg, tokens_BT, mask_BT)
+    state = search.absorb(task, cfg, None, state, idx_IBK, present_IBK, fresh_IB, None,
+                          lambda *a, **k: answers, problem, jax.random.key(0))
+    return search.island_step(cfg, state)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "task", "cfg"))
+def init_jit(graphdef, params, task, cfg, problem, key):
+    return search.init_population(nnx.merge(graphdef, params), task, problem, cfg, key)
+
+
+def host_loop(model, task, problem, cfg, key):
+    """The same search, one Python iteration (3 dispatches + 1 host read) per generation."""
+    graphdef, params = nnx.split(model)
+    k_init, k_run = jax.random.split(jax.random.fold_in(key, 0))
+    state = init_jit(graphdef, params, task, cfg, problem, k_init)
+    best = []
+    for k in jax.random.split(k_run, cfg.generations):
+        idx, present, fresh, prompts, mask, keys = select_and_prompt(task, cfg, state, k, problem)
+        roll = _generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
+                             jnp.float32(cfg.top_p), jnp.int32(0),
+                             max_new_tokens=task.completion_len(cfg.num_answers),
+                             eos_id=vocab_lib.EOS, pad_id=vocab_lib.PAD)
+        state = score_and_replace(task, cfg, state, idx, present, fresh, roll.tokens_BGT[:, 0],
+                                  roll.mask_BGT[:, 0], problem)
+        best.append(float(state.best_fitness))  # the host read a Python driver does
+    return state
+
+
+def timed(fn, repeats):
+    """(result, first-call seconds, median seconds) with bench_sampler's timing helper."""
+    first, median = _time(fn, repeats)
+    return fn(), first, median
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    conf = get_config(args.quick)
+    task = program.make_program_task("easy")
+    model = Decoder(model_preset(conf["preset"], vocab_size=task.vocab.size, max_seq_len=128),
+                    rngs=nnx.Rngs(0))
+    problems = task.make_problems(0, 1)
+    problem = jax.tree.map(lambda x: jnp.asarray(x[0]), problems)
+    key = jax.random.key(0)
+    for cfg in conf["searches"]:
+        print(f"device={jax.devices()[0].platform} preset={conf['preset']} I={cfg.islands} "
+              f"Q={cfg.members} C={cfg.children} m={cfg.num_answers} G={cfg.generations} "
+              f"budget={cfg.budget} candidates")
+        (g_state, _), g_first, g_med = timed(
+            lambda cfg=cfg: search.run_method("search", model, task, problems, cfg, key),
+            conf["repeats"])
+        h_state, h_first, h_med = timed(lambda cfg=cfg: host_loop(model, task, problem, cfg, key),
+                                        conf["repeats"])
+        assert int(g_state.evaluated[0]) == int(h_state.evaluated) == cfg.budget
+        same = bool(jnp.array_equal(g_state.population.id_IQ[0], h_state.population.id_IQ))
+        for name, first, med in [("in-graph (1 jit)", g_first, g_med),
+                                 ("host loop", h_first, h_med)]:
+            print(f"  {name:18s} first call {first:7.2f}s  median {med * 1e3:8.1f} ms  "
+                  f"{cfg.budget / med:9.0f} candidates/s")
+        print(f"  same final population ids in both arms: {same}")
+        print(f"  speed-up in-graph / host loop: {h_med / g_med:.2f}x (target >= 3x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""In-graph evolutionary search: operators on hand-made populations, exact budget, search vs
+best-of-N with a random-edit policy stand-in, 8-device island sharding, the real LM path."""
+
+import json
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vpo import _search_ops as ops
+from vpo import search, sharding
+from vpo.config import ConfigError, model_preset
+from vpo.model import Decoder
+from vpo.tasks import answers as answers_lib
+from vpo.tasks import base, program, prompting
+from vpo.tasks import vocab as vocab_lib
+
+A, SYM = 6, 10
+
+
+class MatchProblems(NamedTuple):
+    target: np.ndarray  # int32 [N, A]
+
+
+def make_match_task():
+    """Guess a hidden string of A symbols; reward a = symbol a is right (known optimum)."""
+    vocab = vocab_lib.make_vocab(vocab_lib.common_tokens(4) + tuple(f"s{i}" for i in range(SYM))
+                                 + ("guess",))
+    s0 = vocab.id("s0")
+    prompts = prompting.prompt_functions(
+        vocab, lambda p: [prompting.fixed([vocab.id("guess")])], statement_len=1, answer_len=A,
+        num_rewards=A, max_answers=4)
+
+    def reward(problem, completion_T, mask_T, num_answers):
+        ans, am, valid = answers_lib.split_answers(completion_T, mask_T, num_answers=num_answers,
+                                                   answer_len=A)
+        ok = jnp.all(((ans >= s0) & (ans < s0 + SYM)) | ~am, axis=-1)
+        valid = answers_lib.first_occurrence(ans, am, valid & ok & (am.sum(-1) == A))
+        hit = (ans == jnp.asarray(problem.target)[None, :]) & valid[:, None]
+        return hit.astype(jnp.float32), valid
+
+    def make_problems(seed, num):
+        rng = np.random.default_rng(seed)
+        return MatchProblems((s0 + rng.integers(0, SYM, (num, A))).astype(np.int32))
+
+    return base.Task(
+        name="match", vocab=vocab, reward_names=tuple(f"pos{i}" for i in range(A)),
+        eval_weights_R=np.full((A,), 1.0 / A), answer_len=A, make_problems=make_problems,
+        reward=reward, solved=lambda r: jnp.all(r >= 1.0), demonstrations=lambda *a: [],
+        max_answers=4, **prompts._asdict())
+
+
+TASK = make_match_task()
+S0 = TASK.vocab.id("s0")
+
+
+def edit_propose(model, key, problem, parents_BKA, pmask_BKA, prew_BKR, fresh_B, *, task, cfg):
+    """Policy stand-in: a random string where fresh, else one random point edit of a parent."""
+    B, K, _ = parents_BKA.shape
+    M = cfg.num_answers
+    k_sym, k_par, k_pos = jax.random.split(key, 3)
+    rand_BMA = S0 + jax.random.randint(k_sym, (B, M, A), 0, SYM)
+    logits_BMK = jnp.broadcast_to(jnp.where(jnp.any(pmask_BKA, -1), 0.0, -jnp.inf)[:, None, :],
+                                  (B, M, K))
+    pick_BM = jax.random.categorical(k_par, logits_BMK)
+    base_BMA = jnp.take_along_axis(parents_BKA, pick_BM[..., None], axis=1)
+    pos_BM = jax.random.randint(k_pos, (B, M), 0, A)
+    edit = jnp.arange(A)[None, None, :] == pos_BM[..., None]
+    out = jnp.where(fresh_B[:, None, None] | edit, rand_BMA, base_BMA)
+    return out.astype(jnp.int32), jnp.ones((B, M, A), bool)
+
+
+def pop_of(rows, fitness, ids=None):
+    """Hand-made population [X] of A-token answers (None = empty slot)."""
+    X = len(rows)
+    tok = np.zeros((X, A), np.int32)
+    valid = np.array([r is not None for r in rows])
+    for i, r in enumerate(rows):
+        if r is not None:
+            tok[i] = r
+    f = np.where(valid, np.asarray(fitness, np.float32), -np.inf).astype(np.float32)
+    ids = np.arange(X) if ids is None else np.asarray(ids)
+    return ops.Population(jnp.asarray(tok), jnp.asarray(valid[:, None] & (tok > 0)),
+                          jnp.asarray(np.repeat(f[:, None], 2, 1).clip(0)), jnp.asarray(f),
+                          jnp.asarray(valid), jnp.zeros(X, jnp.int32),
+                          jnp.asarray(np.where(valid, ids, -1), jnp.int32))
+
+
+def row(v):
+    return [v] * A
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="search.children"):
+        search.SearchConfig(children=3, num_answers=2)
+    with pytest.raises(ConfigError, match="search.selection"):
+        search.SearchConfig(selection="roulette")
+    with pytest.raises(ConfigError, match="search.migration_count"):
+        search.SearchConfig(members=4, migration_count=3)
+    with pytest.raises(ConfigError, match="search.fresh_rate"):
+        search.SearchConfig(fresh_rate=1.5)
+    assert search.SearchConfig(islands=2, members=4, children=6, generations=3).budget == 44
+
+
+def test_elitist_replacement_and_dedup():
+    members = pop_of([row(5), row(6), None, row(7)], [0.5, 0.9, 0, 0.1], ids=[0, 1, 2, 3])
+    # child 0 duplicates a member, child 2 duplicates child 1, child 3 is empty
+    children = pop_of([row(6), row(8), row(8), None, row(9)], [0.9, 0.7, 0.7, 0, 0.3],
+                      ids=[10, 11, 12, 13, 14])
+    keep = np.asarray(ops.dedup_children(members, children))
+    assert keep.tolist() == [False, True, False, False, True]
+    out = ops.replace_elitist(members, children)
+    assert np.asarray(out.id_IQ).tolist() == [1, 11, 0, 14]  # the best 4 distinct, best first
+    np.testing.assert_allclose(out.fitness_IQ, [0.9, 0.7, 0.5, 0.3])
+    assert np.asarray(out.age_IQ).tolist() == [1, 0, 1, 0]
+    # a child tied with the worst member loses the tie
+    full = pop_of([row(5), row(6), row(7), row(4)], [0.5, 0.9, 0.3, 0.3])
+    same = ops.replace_elitist(full, pop_of([row(9)], [0.3], ids=[20]))
+    assert np.asarray(same.id_IQ).tolist() == [1, 0, 2, 3]
+
+
+def test_selection_prefers_fitness_and_skips_empty_slots():
+    f = jnp.array([0.1, 0.9, -jnp.inf, 0.5])
+    v = jnp.array([True, True, False, True])
+    for method, kw in [("boltzmann", dict(temperature=1e-3, tournament_size=1)),
+                       ("tournament", dict(temperature=1.0, tournament_size=64))]:
+        idx, present = ops.select_parents(jax.random.key(0), f, v, num_calls=16, num_parents=2,
+                                          method=method, **kw)
+        idx, present = np.asarray(idx), np.asarray(present)
+        assert np.all(idx[:, 0] == 1) and np.all(present[:, 0])
+        assert not np.any((idx == 2) & present)
+    idx, present = ops.select_parents(jax.random.key(1), f, v, num_calls=64, num_parents=4,
+                                      method="boltzmann", temperature=1.0, tournament_size=1)
+    assert np.asarray(present).sum(-1).tolist() == [3] * 64  # 3 valid distinct parents
+
+
+def test_ring_migration_moves_exactly_the_best_k():
+    isl = [pop_of([row(4 + 4 * i + j) for j in range(4)], [0.1, 0.4, 0.3, 0.2],
+                  ids=[10 * i + j for j in range(4)]) for i in range(3)]
+    pop = jax.tree.map(lambda *x: jnp.stack(x), *isl)
+    out = ops.migrate(pop, 2)
+    ids = np.asarray(out.id_IQ)
+    # island i receives ids {10(i-1)+1, 10(i-1)+2} into its two worst slots (0 and 3)
+    for i in range(3):
+        src = 10 * ((i - 1) % 3)
+        assert sorted(ids[i].tolist()) == sorted([src + 1, src + 2, 10 * i + 1, 10 * i + 2])
+        assert ids[i][1] == 10 * i + 1 and ids[i][2] == 10 * i + 2  # the best stay put
+    # a migrant already present in the destination is skipped
+    dup = pop._replace(tokens_IQA=pop.tokens_IQA.at[1, 0].set(pop.tokens_IQA[0, 1]))
+    ids = np.asarray(ops.migrate(dup, 1).id_IQ)
+    assert ids[1].tolist() == [10, 11, 12, 13]  # unchanged
+    assert np.asarray(ops.migrate(pop, 1).id_IQ)[1].tolist() == [1, 11, 12, 13]
+
+
+def test_reset_seeds_weakest_island_with_global_elites():
+    isl = [pop_of([row(4 + 4 * i + j) for j in range(4)], np.array([1, 2, 3, 4]) / (10 * (i + 1)),
+                  ids=[10 * i + j for j in range(4)]) for i in range(3)]
+    pop = jax.tree.map(lambda *x: jnp.stack(x), *isl)
+    ids = np.asarray(ops.reset_weakest(pop, 1).id_IQ)
+    assert ids[0].tolist() == [0, 1, 2, 3] and ids[1].tolist() == [10, 11, 12, 13]
+    assert ids[2].tolist() == [3, 2, 1, 13]  # global top-4 by fitness: .4, .3, .2, .2
+
+
+CFG = search.SearchConfig(islands=4, members=8, parents=2, children=8, generations=10,
+                          migration_interval=2, migration_count=1, reset_interval=5,
+                          reset_count=1, num_answers=2, selection="tournament")
+
+
+@pytest.fixture(scope="module")
+def match_runs():
+    problems = TASK.make_problems(0, 4)
+    key = jax.random.key(0)
+    return {m: search.run_method(m, None, TASK, problems, CFG, key, propose=edit_propose)
+            for m in search.METHODS}
+
+
+def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
+    want = [CFG.islands * (CFG.members + g * CFG.children) for g in range(CFG.generations + 1)]
+    for method, (state, trace) in match_runs.items():
+        assert np.asarray(trace.evaluated).tolist() == [want] * 4, method
+        assert np.asarray(state.evaluated).tolist() == [CFG.budget] * 4
+        best = np.asarray(trace.best_fitness)
+        assert np.all(np.diff(best, axis=-1) >= 0), method  # best-so-far never drops
+    state, _ = match_runs["search"]
+    pop = state.population
+    np.testing.assert_array_equal(np.asarray(pop.fitness_IQ).max(axis=(1, 2)),
+                                  np.asarray(state.best_fitness))  # elitism keeps the best
+    ids = np.asarray(pop.id_IQ)
+    assert np.all((ids >= 0) & (ids < CFG.budget))
+    for n in range(4):  # no duplicates inside an island
+        for i in range(CFG.islands):
+            keys = {tuple(t) for t in np.asarray(pop.tokens_IQA[n, i])}
+            assert len(keys) == CFG.members
+
+
+def test_search_beats_best_of_n_at_equal_budget(match_runs):
+    s, b = match_runs["search"][1], match_runs["best_of_n"][1]
+    assert np.asarray(s.solved)[:, -1].sum() > np.asarray(b.solved)[:, -1].sum()
+    assert np.asarray(s.best_fitness)[:, -1].mean() > np.asarray(b.best_fitness)[:, -1].mean()
+    assert np.all(np.asarray(s.diversity) >= 0)
+
+
+def test_islands_sharded_on_8_devices_match_single_device():
+    cfg = search.SearchConfig(islands=8, members=4, parents=2, children=4, generations=3,
+                              migration_interval=1, num_answers=2)
+    problems = TASK.make_problems(1, 2)
+    mesh = sharding.make_mesh()
+    key = jax.random.key(3)
+    one = search.run_method("search", None, TASK, problems, cfg, key, propose=edit_propose)
+    many = search.run_method("search", None, TASK, problems, cfg, key, propose=edit_propose,
+                             mesh=mesh)
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    tok = many[0].population.tokens_IQA
+    assert len(tok.sharding.device_set) == 8 and not tok.sharding.is_fully_replicated
+    with pytest.raises(ConfigError, match="search.islands"):
+        search.run_method("search", None, TASK, problems,
+                          search.SearchConfig(islands=4, members=4, children=4), key,
+                          propose=edit_propose, mesh=mesh)
+
+
+def test_lm_end_to_end_on_program_task(tmp_path):
+    task = program.make_program_task("easy")
+    model = Decoder(model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=96),
+                    rngs=nnx.Rngs(0))
+    cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
+                              migration_interval=1, num_answers=2, temperature=1.0)
+    problems = task.make_problems(0, 2)
+    key = jax.random.key(0)
+    traces = {}
+    for method in search.METHODS:
+        state, trace = search.run_method(method, model, task, problems, cfg, key)
+        assert np.asarray(trace.evaluated).tolist() == [[4, 8, 12]] * 2
+        assert np.asarray(state.evaluated).tolist() == [cfg.budget] * 2
+        traces[method] = trace
+    state, trace = search.run_search(model, task, jax.tree.map(lambda x: x[0], problems), cfg,
+                                     key)
+    pop = state.population
+    assert pop.tokens_IQA.shape == (2, 2, task.answer_len) and int(state.evaluated) == 12
+    f, v = np.asarray(pop.fitness_IQ), np.asarray(pop.valid_IQ)
+    assert np.all(np.where(v, (f >= 0) & (f <= 1), np.isneginf(f)))
+    json_path, png = search.write_report(str(tmp_path), traces)
+    with open(json_path) as fh:
+        summary = json.load(fh)
+    assert summary["search"]["evaluated"] == [4, 8, 12]
+    assert png == str(tmp_path / "search_solved.png") and (tmp_path / "search_solved.png").exists()
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        small = Decoder(model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=32),
+                        rngs=nnx.Rngs(0))
+        search.run_method("search", small, task, problems, cfg, key)

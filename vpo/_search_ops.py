@@ -1,0 +1,189 @@
+"""Population operators of the in-graph evolutionary search (pure jnp, one problem, no config).
+
+A `Population` holds X candidate slots (Q members of an island, or C children; a leading I axis
+for all islands). Empty slots have `valid = False`, `fitness = -inf`, `id = -1` and pad tokens.
+Two candidates are the same when their answer tokens (under their masks) agree exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from vpo.tasks import vocab as vocab_lib
+
+
+class Population(NamedTuple):
+    """Candidate slots; the suffix names the member layout [I, Q] (children use C for Q)."""
+
+    tokens_IQA: jax.Array  # int32 answer tokens, pad outside the mask
+    mask_IQA: jax.Array  # bool
+    rewards_IQR: jax.Array  # float32, zero rows for empty slots
+    fitness_IQ: jax.Array  # float32 w*ᵀr, -inf for empty slots
+    valid_IQ: jax.Array  # bool
+    age_IQ: jax.Array  # int32 generations survived
+    id_IQ: jax.Array  # int32 evaluation index of the candidate, -1 for empty slots
+
+
+def empty_population(lead: tuple[int, ...], answer_len: int, num_rewards: int) -> Population:
+    """All-empty slots of shape `lead` (e.g. (I, Q))."""
+    return Population(
+        jnp.full((*lead, answer_len), vocab_lib.PAD, jnp.int32),
+        jnp.zeros((*lead, answer_len), bool), jnp.zeros((*lead, num_rewards), jnp.float32),
+        jnp.full(lead, -jnp.inf, jnp.float32), jnp.zeros(lead, bool),
+        jnp.zeros(lead, jnp.int32), jnp.full(lead, -1, jnp.int32))
+
+
+def clear_invalid(pop: Population) -> Population:
+    """Empty every slot whose `valid` is False (pad tokens, zero rewards, -inf fitness, id -1)."""
+    v = pop.valid_IQ
+    return Population(
+        jnp.where(v[..., None] & pop.mask_IQA, pop.tokens_IQA, vocab_lib.PAD),
+        v[..., None] & pop.mask_IQA, jnp.where(v[..., None], pop.rewards_IQR, 0.0),
+        jnp.where(v, pop.fitness_IQ, -jnp.inf), v, jnp.where(v, pop.age_IQ, 0),
+        jnp.where(v, pop.id_IQ, -1))
+
+
+def fitness(rewards_XR: jax.Array, valid_X: jax.Array, weights_R) -> jax.Array:
+    """w*ᵀr for valid candidates, -inf for the rest."""
+    f_X = jnp.einsum("...r,r->...", rewards_XR.astype(jnp.float32),
+                     jnp.asarray(weights_R, jnp.float32))
+    return jnp.where(valid_X, f_X, -jnp.inf)
+
+
+def score_answers(task, problem, answers_NA: jax.Array, mask_NA: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Score single answers with the task's in-graph reward → (rewards_NR, valid_N).
+
+    Each answer is re-encoded as the one-answer completion `ans <eos>` (T = A + 1), so every
+    candidate goes through exactly the reward the policy is trained on.
+    """
+    N, A = answers_NA.shape
+    len_N1 = jnp.sum(mask_NA.astype(jnp.int32), axis=-1, keepdims=True)
+    pos_1T = jnp.arange(A + 1, dtype=jnp.int32)[None, :]
+    tokens_NT = jnp.concatenate([jnp.where(mask_NA, answers_NA, vocab_lib.PAD),
+                                 jnp.full((N, 1), vocab_lib.PAD, jnp.int32)], axis=-1)
+    tokens_NT = jnp.where(pos_1T == len_N1, vocab_lib.EOS, tokens_NT).astype(jnp.int32)
+    tmask_NT = pos_1T <= len_N1
+    rewards_N1R, valid_N1 = jax.vmap(lambda c, m: task.reward(problem, c, m, 1))(
+        tokens_NT, tmask_NT)
+    return rewards_N1R[:, 0].astype(jnp.float32), valid_N1[:, 0]
+
+
+def _keys(tokens_XA, mask_XA):
+    return jnp.where(mask_XA, tokens_XA, -1)
+
+
+def same_answers(tokens_XA, mask_XA, tokens_YA, mask_YA) -> jax.Array:
+    """[X, Y] True where candidate x and y have identical answers."""
+    a, b = _keys(tokens_XA, mask_XA), _keys(tokens_YA, mask_YA)
+    return jnp.all(a[:, None, :] == b[None, :, :], axis=-1)
+
+
+def first_unique(tokens_XA, mask_XA, valid_X) -> jax.Array:
+    """valid_X with later duplicates of an earlier valid candidate removed."""
+    X = valid_X.shape[0]
+    same_XX = same_answers(tokens_XA, mask_XA, tokens_XA, mask_XA)
+    earlier_XX = jnp.arange(X)[None, :] < jnp.arange(X)[:, None]  # [j, i]: i < j
+    return valid_X & ~jnp.any(same_XX & earlier_XX & valid_X[None, :], axis=-1)
+
+
+def dedup_children(members: Population, children: Population) -> jax.Array:
+    """valid_C of the children that differ from every valid member and every earlier child."""
+    in_members_C = jnp.any(same_answers(children.tokens_IQA, children.mask_IQA,
+                                        members.tokens_IQA, members.mask_IQA)
+                           & members.valid_IQ[None, :], axis=-1)
+    unique_C = first_unique(children.tokens_IQA, children.mask_IQA, children.valid_IQ)
+    return unique_C & ~in_members_C
+
+
+def take(pop: Population, idx) -> Population:
+    """Slots `idx` (any shape of indices into the leading axis)."""
+    return jax.tree.map(lambda x: x[idx], pop)
+
+
+def replace_elitist(members: Population, children: Population) -> Population:
+    """The best Q of members ∪ (de-duplicated) children; ties keep members, then earlier slots.
+
+    Survivors age by one generation; children enter with age 0.
+    """
+    keep_C = dedup_children(members, children)
+    children = clear_invalid(children._replace(valid_IQ=keep_C))
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), members, children)
+    both = both._replace(age_IQ=jnp.concatenate([members.age_IQ + 1, children.age_IQ]))
+    Q = members.valid_IQ.shape[0]
+    _, idx_Q = jax.lax.top_k(both.fitness_IQ, Q)  # lower index first on ties
+    return clear_invalid(take(both, idx_Q))
+
+
+def select_parents(key, fitness_Q, valid_Q, *, num_calls: int, num_parents: int,
+                   method: str, temperature: float, tournament_size: int
+                   ) -> tuple[jax.Array, jax.Array]:
+    """Parents of `num_calls` mutations → (idx_BK int32, present_BK bool).
+
+    boltzmann: K distinct members drawn without replacement with probability ∝
+      softmax(fitness / temperature) (Gumbel top-K). tournament: each parent is the fittest of
+      `tournament_size` members drawn uniformly (with replacement) among the valid ones; a parent
+      picked twice in one call is kept once. Empty slots are never present.
+    """
+    Q, B, K = fitness_Q.shape[0], num_calls, num_parents
+    if method == "boltzmann":
+        logits_Q = jnp.where(valid_Q, fitness_Q / temperature, -jnp.inf)
+        g_BQ = jax.random.gumbel(key, (B, Q))
+        _, idx_BK = jax.lax.top_k(logits_Q[None, :] + g_BQ, K)
+    else:
+        log_valid_Q = jnp.where(valid_Q, 0.0, -jnp.inf)
+        logits_BKSQ = jnp.broadcast_to(log_valid_Q, (B, K, tournament_size, Q))
+        contest_BKS = jax.random.categorical(key, logits_BKSQ)
+        best_BK = jnp.argmax(fitness_Q[contest_BKS], axis=-1)
+        idx_BK = jnp.take_along_axis(contest_BKS, best_BK[..., None], axis=-1)[..., 0]
+    idx_BK = idx_BK.astype(jnp.int32)
+    earlier_KK = jnp.arange(K)[None, :] < jnp.arange(K)[:, None]
+    repeat_BK = jnp.any((idx_BK[:, :, None] == idx_BK[:, None, :]) & earlier_KK[None], axis=-1)
+    return idx_BK, valid_Q[idx_BK] & ~repeat_BK
+
+
+def migrate(pop: Population, count: int) -> Population:
+    """Ring migration over islands: the best `count` of island i replace the worst `count` of
+    island i+1 (mod I). A migrant that is empty or already present in the destination is skipped
+    (the destination keeps that slot)."""
+    k = count
+    order_IQ = jnp.argsort(-pop.fitness_IQ, axis=-1, stable=True)
+    best_Ik, worst_Ik = order_IQ[:, :k], order_IQ[:, ::-1][:, :k]
+    migrants = jax.tree.map(lambda x: jnp.take_along_axis(
+        x, best_Ik.reshape(best_Ik.shape + (1,) * (x.ndim - 2)), axis=1), pop)
+    incoming = jax.tree.map(lambda x: jnp.roll(x, 1, axis=0), migrants)
+    present_Ik = jax.vmap(lambda a, am, b, bm, bv: jnp.any(
+        same_answers(a, am, b, bm) & bv[None, :], axis=-1))(
+        incoming.tokens_IQA, incoming.mask_IQA, pop.tokens_IQA, pop.mask_IQA, pop.valid_IQ)
+    write_Ik = incoming.valid_IQ & ~present_Ik
+
+    def put(dst, src):
+        cur = jnp.take_along_axis(dst, worst_Ik.reshape(worst_Ik.shape + (1,) * (dst.ndim - 2)),
+                                  axis=1)
+        w = write_Ik.reshape(write_Ik.shape + (1,) * (dst.ndim - 2))
+        new = jnp.where(w, src, cur)
+        return jax.vmap(lambda d, i, n: d.at[i].set(n))(dst, worst_Ik, new)
+
+    return jax.tree.map(put, pop, incoming)
+
+
+def reset_weakest(pop: Population, count: int) -> Population:
+    """Re-seed the `count` islands of lowest mean member fitness (empty islands first) with the
+    global elites: the Q best distinct candidates over all islands."""
+    I, Q = pop.valid_IQ.shape
+    n_I = jnp.sum(pop.valid_IQ.astype(jnp.float32), axis=-1)
+    mean_I = jnp.sum(jnp.where(pop.valid_IQ, pop.fitness_IQ, 0.0), axis=-1) / jnp.maximum(n_I, 1)
+    mean_I = jnp.where(n_I > 0, mean_I, -jnp.inf)
+    weakest = jnp.argsort(mean_I, stable=True)[:count]
+    reset_I = jnp.zeros((I,), bool).at[weakest].set(True)
+    flat = jax.tree.map(lambda x: x.reshape((I * Q,) + x.shape[2:]), pop)
+    flat = clear_invalid(flat._replace(
+        valid_IQ=first_unique(flat.tokens_IQA, flat.mask_IQA, flat.valid_IQ)))
+    _, idx_Q = jax.lax.top_k(flat.fitness_IQ, Q)
+    elites = take(flat, idx_Q)
+    return jax.tree.map(
+        lambda x, e: jnp.where(reset_I.reshape((I,) + (1,) * (x.ndim - 1)), e[None], x),
+        pop, elites)

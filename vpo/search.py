@@ -1,0 +1,442 @@
+"""In-graph evolutionary search with the policy as mutation operator (islands on the mesh).
+
+Mind Evolution (Lee et al., arXiv 2501.09891; digest §5) and the AlphaEvolve-style test-time
+search of VPO (digest §1.9): I islands of Q members. One generation, per island: select parents
+(tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with `task.mutation_prompt`
+(or, with probability `fresh_rate`, the plain task prompt), sample children with the policy (m
+answers per call, each one candidate), score them with `task.reward`, drop duplicates, keep the
+best Q of members ∪ children; every `migration_interval` generations the best
+`migration_count` of island i replace the worst of island i+1 (ring); optionally the weakest
+islands are re-seeded from the global elites. `lax.scan` over generations inside one jit, vmapped
+over problems, with the island axis sharded over the mesh's data axes.
+
+The children come from an injectable `propose(model, key, problem, parents_BKA, parent_mask_BKA,
+parent_rewards_BKR, fresh_B, *, task, cfg) -> (answers_BMA, answer_mask_BMA)` (B policy calls,
+M = num_answers candidates each); `lm_propose` samples the LM. The baselines (best-of-N and
+sequential revision) use the same proposer and reward at the same candidate budget, and every
+method returns the same `SearchTrace`. Budget: `evaluated` counts every candidate slot the
+proposer returns (m per call), valid or not; it is exact: I·Q + g·I·C after generation g.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vpo import _search_ops as ops
+from vpo import evaluation, plots, sharding
+from vpo._search_ops import Population
+from vpo.config import ConfigError
+from vpo.sampler import generate
+from vpo.tasks import answers as answers_lib
+from vpo.tasks import vocab as vocab_lib
+
+SELECTIONS = ("tournament", "boltzmann")
+METHODS = ("search", "best_of_n", "revision")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Island-model search settings (library defaults, not a paper's setting)."""
+
+    islands: int = 4  # I
+    members: int = 8  # Q, population per island
+    parents: int = 2  # K, parents shown in one mutation prompt
+    children: int = 8  # C, candidates per island per generation (C / num_answers policy calls)
+    generations: int = 8
+    migration_interval: int = 2  # 0: never migrate
+    migration_count: int = 1
+    reset_interval: int = 0  # 0: never reset
+    reset_count: int = 0
+    fresh_rate: float = 1 / 6  # probability that a call samples the plain task prompt
+    selection: str = "boltzmann"
+    selection_temperature: float = 0.1  # Boltzmann temperature on fitness
+    tournament_size: int = 3
+    temperature: float = 1.0  # sampler
+    top_p: float = 1.0  # sampler
+    num_answers: int = 2  # m answers per policy call, each one candidate
+
+    def __post_init__(self):
+        def need(cond, field, msg):
+            if not cond:
+                raise ConfigError(f"search.{field}: {msg}")
+
+        for f in ("islands", "members", "parents", "children", "generations", "num_answers",
+                  "tournament_size"):
+            need(getattr(self, f) >= 1, f, f"must be >= 1; got {getattr(self, f)}")
+        need(self.parents <= self.members, "parents",
+             f"must be <= search.members ({self.members}); got {self.parents}")
+        m = self.num_answers
+        need(self.members % m == 0, "members",
+             f"must be a multiple of search.num_answers ({m}); got {self.members}")
+        need(self.children % m == 0, "children",
+             f"must be a multiple of search.num_answers ({m}); got {self.children}")
+        for f in ("migration_interval", "reset_interval", "migration_count", "reset_count"):
+            need(getattr(self, f) >= 0, f, f"must be >= 0; got {getattr(self, f)}")
+        need(2 * self.migration_count <= self.members, "migration_count",
+             f"must be <= search.members / 2 ({self.members // 2}); got {self.migration_count}")
+        need(self.reset_count < self.islands or self.reset_interval == 0, "reset_count",
+             f"must be < search.islands ({self.islands}) when resets are on")
+        need(0.0 <= self.fresh_rate <= 1.0, "fresh_rate", f"must be in [0, 1]; got "
+             f"{self.fresh_rate}")
+        need(self.selection in SELECTIONS, "selection",
+             f"{self.selection!r} is not one of {', '.join(SELECTIONS)}")
+        need(self.selection_temperature > 0, "selection_temperature", "must be > 0")
+        need(self.temperature >= 0, "temperature", "must be >= 0 (0 is greedy)")
+        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+
+    @property
+    def budget(self) -> int:
+        """Candidates evaluated by a whole run: I·Q (initial) + generations·I·C."""
+        return self.islands * (self.members + self.generations * self.children)
+
+
+class SearchState(NamedTuple):
+    """Device state of one problem's search (a leading N axis when batched)."""
+
+    population: Population  # [I, Q] slots
+    evaluated: jax.Array  # int32, candidates scored so far (exact)
+    generation: jax.Array  # int32
+    best_tokens_A: jax.Array
+    best_mask_A: jax.Array
+    best_rewards_R: jax.Array
+    best_fitness: jax.Array  # -inf until a valid candidate appears
+    solved: jax.Array  # bool, some evaluated candidate satisfies task.solved
+
+
+class SearchTrace(NamedTuple):
+    """Per-point curves [G + 1] (point 0 = after initialisation); [N, G + 1] when batched."""
+
+    best_fitness: jax.Array
+    solved: jax.Array
+    diversity: jax.Array  # mean pairwise reward L1 distance inside islands (pools for baselines)
+    evaluated: jax.Array
+
+
+def lm_prompts(task, cfg: SearchConfig, problem, parents_BKA, parent_mask_BKA,
+               parent_rewards_BKR, fresh_B) -> tuple[jax.Array, jax.Array]:
+    """Mutation prompts (or, where `fresh`, the plain prompt left-padded to the same length)
+    → (prompts_BP, mask_BP), P = task.mutation_prompt_len(K)."""
+    m, K = cfg.num_answers, parents_BKA.shape[1]
+    P2 = task.mutation_prompt_len(K)
+    mut_BP = jax.vmap(lambda a, am, r: task.mutation_prompt(problem, a, am, r, m))(
+        parents_BKA, parent_mask_BKA, parent_rewards_BKR)
+    plain_P = task.prompt_tokens(problem, m)
+    plain_P = jnp.concatenate([jnp.full((P2 - plain_P.shape[0],), vocab_lib.PAD, jnp.int32),
+                               plain_P.astype(jnp.int32)])
+    prompts_BP = jnp.where(fresh_B[:, None], plain_P[None, :], mut_BP.astype(jnp.int32))
+    return prompts_BP, jnp.cumsum((prompts_BP != vocab_lib.PAD).astype(jnp.int32), axis=-1) > 0
+
+
+def split_completions(task, cfg: SearchConfig, tokens_BT, mask_BT):
+    """m answers of each generation → (answers_BMA, answer_mask_BMA)."""
+    split = functools.partial(answers_lib.split_answers, num_answers=cfg.num_answers,
+                              answer_len=task.answer_len)
+    answers_BMA, amask_BMA, _ = jax.vmap(split)(tokens_BT, mask_BT)
+    return answers_BMA, amask_BMA
+
+
+def lm_propose(model, key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B,
+               *, task, cfg: SearchConfig):
+    """The policy as mutation operator: one sampler call per row, m candidates from each."""
+    prompts_BP, mask_BP = lm_prompts(task, cfg, problem, parents_BKA, parent_mask_BKA,
+                                     parent_rewards_BKR, fresh_B)
+    B = prompts_BP.shape[0]
+    keys_B1 = jax.random.split(key, B).reshape(B, 1)
+    roll = generate(model, prompts_BP, mask_BP, keys_B1, jnp.float32(cfg.temperature),
+                    jnp.float32(cfg.top_p), jnp.int32(0),
+                    max_new_tokens=task.completion_len(cfg.num_answers), eos_id=vocab_lib.EOS,
+                    pad_id=vocab_lib.PAD)
+    return split_completions(task, cfg, roll.tokens_BGT[:, 0], roll.mask_BGT[:, 0])
+
+
+def _children(model, task, cfg, propose, problem, key, parents: Population, present_BK, fresh_B,
+              evaluated) -> Population:
+    """Propose B·m candidates (one flat batch of calls) and score them → children [B·m]."""
+    ans_BMA, amask_BMA = propose(model, key, problem, parents.tokens_IQA,
+                                 parents.mask_IQA & present_BK[..., None], parents.rewards_IQR,
+                                 fresh_B, task=task, cfg=cfg)
+    B, M, A = ans_BMA.shape
+    ans_NA, amask_NA = ans_BMA.reshape(B * M, A), amask_BMA.reshape(B * M, A)
+    rewards_NR, valid_N = ops.score_answers(task, problem, ans_NA, amask_NA)
+    return ops.clear_invalid(Population(
+        ans_NA.astype(jnp.int32), amask_NA, rewards_NR,
+        ops.fitness(rewards_NR, valid_N, task.eval_weights_R), valid_N,
+        jnp.zeros((B * M,), jnp.int32), evaluated + jnp.arange(B * M, dtype=jnp.int32)))
+
+
+def _record(task, state: SearchState, kids: Population) -> SearchState:
+    """Count the flat children [N] and update best-so-far and the solved flag."""
+    i = jnp.argmax(kids.fitness_IQ)
+    better = kids.fitness_IQ[i] > state.best_fitness
+    solved_N = kids.valid_IQ & jax.vmap(task.solved)(kids.rewards_IQR)
+    return state._replace(
+        evaluated=state.evaluated + kids.valid_IQ.shape[0],
+        best_tokens_A=jnp.where(better, kids.tokens_IQA[i], state.best_tokens_A),
+        best_mask_A=jnp.where(better, kids.mask_IQA[i], state.best_mask_A),
+        best_rewards_R=jnp.where(better, kids.rewards_IQR[i], state.best_rewards_R),
+        best_fitness=jnp.where(better, kids.fitness_IQ[i], state.best_fitness),
+        solved=state.solved | jnp.any(solved_N))
+
+
+def _constrain(pop: Population, mesh) -> Population:
+    if mesh is None:
+        return pop
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+        x, sharding.batch_sharding(mesh, x.ndim)), pop)
+
+
+def _trace(state: SearchState, diversity) -> SearchTrace:
+    return SearchTrace(state.best_fitness, state.solved, diversity, state.evaluated)
+
+
+def _island_diversity(pop: Population):
+    return jnp.mean(evaluation.reward_diversity(pop.rewards_IQR, pop.valid_IQ))
+
+
+def _empty_state(task, lead) -> SearchState:
+    A, R = task.answer_len, task.num_rewards
+    return SearchState(ops.empty_population(lead, A, R), jnp.int32(0), jnp.int32(0),
+                       jnp.zeros((A,), jnp.int32), jnp.zeros((A,), bool),
+                       jnp.zeros((R,), jnp.float32), jnp.float32(-jnp.inf), jnp.bool_(False))
+
+
+def absorb(task, cfg, mesh, state: SearchState, idx_IBK, present_IBK, fresh_IB, model,
+           propose, problem, key) -> SearchState:
+    """Propose children for every island from the selected parents, score, replace."""
+    pop = state.population
+    I, B, K = idx_IBK.shape
+    parents = jax.vmap(ops.take)(pop, idx_IBK)  # [I, B, K]
+    parents = jax.tree.map(lambda x: x.reshape((I * B,) + x.shape[2:]), parents)
+    kids = _children(model, task, cfg, propose, problem, key, parents,
+                     present_IBK.reshape(I * B, K), fresh_IB.reshape(I * B), state.evaluated)
+    state = _record(task, state, kids)
+    kids_IC = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
+    return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IC),
+                                                mesh))
+
+
+def init_population(model, task, problem, cfg: SearchConfig, key, *, propose=lm_propose,
+                    mesh=None) -> SearchState:
+    """I·Q candidates sampled from the plain task prompt (Q / m calls per island), de-duplicated
+    per island, as the initial population (traceable; call inside jit)."""
+    I, B, K = cfg.islands, cfg.members // cfg.num_answers, cfg.parents
+    state = _empty_state(task, (I, cfg.members))
+    state = state._replace(population=_constrain(state.population, mesh))
+    idx_IBK = jnp.zeros((I, B, K), jnp.int32)
+    return absorb(task, cfg, mesh, state, idx_IBK, jnp.zeros((I, B, K), bool),
+                   jnp.ones((I, B), bool), model, propose, problem, key)
+
+
+def select_step(cfg: SearchConfig, state: SearchState, key):
+    """Parents of every island's C / m calls → (idx_IBK, present_IBK, fresh_IB, proposal key)."""
+    pop = state.population
+    I, B = cfg.islands, cfg.children // cfg.num_answers
+    k_sel, k_fresh, k_prop = jax.random.split(key, 3)
+    select = functools.partial(
+        ops.select_parents, num_calls=B, num_parents=cfg.parents, method=cfg.selection,
+        temperature=cfg.selection_temperature, tournament_size=cfg.tournament_size)
+    idx_IBK, present_IBK = jax.vmap(select)(jax.random.split(k_sel, I), pop.fitness_IQ,
+                                            pop.valid_IQ)
+    fresh_IB = jax.random.bernoulli(k_fresh, cfg.fresh_rate, (I, B)) | ~jnp.any(present_IBK, -1)
+    return idx_IBK, present_IBK & ~fresh_IB[..., None], fresh_IB, k_prop
+
+
+def island_step(cfg: SearchConfig, state: SearchState, mesh=None) -> SearchState:
+    """End of a generation: ring migration and island resets when due; count the generation."""
+    g = state.generation + 1
+    pop = state.population
+    if cfg.migration_interval and cfg.migration_count and cfg.islands > 1:
+        moved = ops.migrate(pop, cfg.migration_count)
+        pop = jax.tree.map(lambda a, b: jnp.where(g % cfg.migration_interval == 0, a, b),
+                           moved, pop)
+    if cfg.reset_interval and cfg.reset_count:
+        reset = ops.reset_weakest(pop, cfg.reset_count)
+        pop = jax.tree.map(lambda a, b: jnp.where(g % cfg.reset_interval == 0, a, b),
+                           reset, pop)
+    return state._replace(population=_constrain(pop, mesh), generation=g)
+
+
+def generation_step(model, task, problem, cfg: SearchConfig, state: SearchState, key, *,
+                    propose=lm_propose, mesh=None) -> SearchState:
+    """One generation on all islands: select, mutate, score, replace, migrate, reset."""
+    idx_IBK, present_IBK, fresh_IB, k_prop = select_step(cfg, state, key)
+    state = absorb(task, cfg, mesh, state, idx_IBK, present_IBK, fresh_IB, model, propose,
+                   problem, k_prop)
+    return island_step(cfg, state, mesh)
+
+
+def _search(model, task, cfg, propose, mesh, problem, key):
+    k_init, k_run = jax.random.split(key)
+    state = init_population(model, task, problem, cfg, k_init, propose=propose, mesh=mesh)
+
+    def body(s, k):
+        s = generation_step(model, task, problem, cfg, s, k, propose=propose, mesh=mesh)
+        return s, _trace(s, _island_diversity(s.population))
+
+    keys = jax.random.split(k_run, cfg.generations)
+    final, trace = jax.lax.scan(body, state, keys)
+    first = _trace(state, _island_diversity(state.population))
+    return final, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, trace)
+
+
+def _pool_state(task, state, kids_N):
+    """Best-of-N step: count and record a pool of fresh candidates."""
+    return _record(task, state, kids_N), evaluation.reward_diversity(
+        kids_N.rewards_IQR[None], kids_N.valid_IQ[None])[0]
+
+
+def _best_of_n(model, task, cfg, propose, mesh, problem, key):
+    """Independent samples from the plain prompt, in chunks matching the search's generations."""
+    K = cfg.parents
+    A, R = task.answer_len, task.num_rewards
+
+    def chunk(state, calls, k):
+        dummy = ops.empty_population((calls, K), A, R)
+        kids = _children(model, task, cfg, propose, problem, k, dummy, jnp.zeros((calls, K), bool),
+                         jnp.ones((calls,), bool), state.evaluated)
+        state, div = _pool_state(task, state, kids)
+        return state, _trace(state, div)
+
+    k_init, k_run = jax.random.split(key)
+    state, first = chunk(_empty_state(task, (1, 1)), cfg.islands * cfg.members // cfg.num_answers,
+                         k_init)
+    calls = cfg.islands * cfg.children // cfg.num_answers
+    final, trace = jax.lax.scan(lambda s, k: chunk(s, calls, k), state,
+                                jax.random.split(k_run, cfg.generations))
+    return final, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, trace)
+
+
+def _revision(model, task, cfg, propose, mesh, problem, key):
+    """Sequential revision: H = I·Q/m lineages start from fresh samples (best of the call's m);
+    each step makes I·C/m calls, round-robin over lineages, feeding the lineage's best back as
+    the single parent of `mutation_prompt`; a lineage keeps its best candidate."""
+    m, A, R = cfg.num_answers, task.answer_len, task.num_rewards
+    H, B = cfg.islands * cfg.members // m, cfg.islands * cfg.children // m
+    k_init, k_run = jax.random.split(key)
+    state = _empty_state(task, (H, 1))
+    kids = _children(model, task, cfg, propose, problem, k_init,
+                     ops.empty_population((H, 1), A, R), jnp.zeros((H, 1), bool),
+                     jnp.ones((H,), bool), state.evaluated)
+    state = _record(task, state, kids)
+    best_H = ops.take(jax.tree.map(lambda x: x.reshape((H, m) + x.shape[1:]), kids),
+                      (jnp.arange(H), jnp.argmax(kids.fitness_IQ.reshape(H, m), axis=-1)))
+
+    def step(carry, xs):
+        state, lines = carry
+        t, k = xs
+        line_B = (t * B + jnp.arange(B)) % H
+        parents = jax.tree.map(lambda x: x[line_B][:, None], lines)  # [B, 1]
+        kids = _children(model, task, cfg, propose, problem, k, parents, parents.valid_IQ,
+                         ~parents.valid_IQ[:, 0], state.evaluated)
+        state = _record(task, state, kids)
+        own_HN = jnp.repeat(line_B[None, :] == jnp.arange(H)[:, None], m, axis=1)
+        cand_HN = jnp.where(own_HN, kids.fitness_IQ[None, :], -jnp.inf)
+        j_H = jnp.argmax(cand_HN, axis=-1)
+        better_H = jnp.max(cand_HN, axis=-1) > lines.fitness_IQ
+        lines = jax.tree.map(lambda old, new: jnp.where(
+            better_H.reshape((H,) + (1,) * (old.ndim - 1)), new[j_H], old), lines, kids)
+        div = evaluation.reward_diversity(lines.rewards_IQR[None], lines.valid_IQ[None])[0]
+        return (state, lines), _trace(state, div)
+
+    first = _trace(state, evaluation.reward_diversity(best_H.rewards_IQR[None],
+                                                      best_H.valid_IQ[None])[0])
+    (final, _), trace = jax.lax.scan(step, (state, best_H),
+                                     (jnp.arange(cfg.generations),
+                                      jax.random.split(k_run, cfg.generations)))
+    return final, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, trace)
+
+
+_METHOD_FNS = {"search": _search, "best_of_n": _best_of_n, "revision": _revision}
+
+
+@functools.partial(jax.jit, static_argnames=("method", "graphdef", "task", "cfg", "propose",
+                                             "mesh"))
+def _run_jit(method, graphdef, params, task, cfg, propose, mesh, problems, keys_N):
+    model = None if graphdef is None else nnx.merge(graphdef, params)
+    fn = functools.partial(_METHOD_FNS[method], model, task, cfg, propose, mesh)
+    return jax.vmap(fn)(problems, keys_N)
+
+
+def run_method(method: str, model, task, problems, cfg: SearchConfig, key, *, propose=lm_propose,
+               mesh=None) -> tuple[SearchState, SearchTrace]:
+    """Run `method` ("search" | "best_of_n" | "revision") on a BATCH of problems (leading N axis)
+    in one jit → (final state, trace), both with a leading N axis. Keys: fold_in(key, problem)."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+    if task.is_host:
+        raise ValueError(f"task {task.name!r} has a host reward; in-graph search needs "
+                         "task.reward (jnp)")
+    task.check_num_answers(cfg.num_answers)
+    if mesh is not None:
+        d = int(np.prod([mesh.shape[a] for a in sharding.RULES["batch"] if a in mesh.shape]))
+        if cfg.islands % d:
+            raise ConfigError(f"search.islands: {cfg.islands} islands must divide evenly over "
+                              f"the mesh's {d} data-parallel devices")
+    graphdef = params = None
+    if model is not None:
+        need = task.mutation_prompt_len(cfg.parents if method == "search" else 1)
+        need += task.completion_len(cfg.num_answers)
+        if need > model.cfg.max_seq_len:
+            raise ConfigError(f"model.max_seq_len: search needs {need} positions (mutation "
+                              f"prompt + completion); got {model.cfg.max_seq_len}")
+        graphdef, params = nnx.split(model)
+    problems = jax.tree.map(lambda x: jnp.asarray(x), problems)
+    n = jax.tree.leaves(problems)[0].shape[0]
+    keys_N = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
+    return _run_jit(method, graphdef, params, task, cfg, propose, mesh, problems, keys_N)
+
+
+def run_search(model, task, problem, cfg: SearchConfig, key, *, propose=lm_propose, mesh=None
+               ) -> tuple[SearchState, SearchTrace]:
+    """Evolutionary search on ONE problem (no leading axis) → (final state, trace [G + 1])."""
+    problems = jax.tree.map(lambda x: jnp.asarray(x)[None], problem)
+    out = run_method("search", model, task, problems, cfg, key, propose=propose, mesh=mesh)
+    return jax.tree.map(lambda x: x[0], out)
+
+
+def best_of_n(model, task, problems, cfg: SearchConfig, key, *, propose=lm_propose):
+    """Best-of-N at the search's budget (batched problems)."""
+    return run_method("best_of_n", model, task, problems, cfg, key, propose=propose)
+
+
+def sequential_revision(model, task, problems, cfg: SearchConfig, key, *, propose=lm_propose):
+    """Sequential revision at the search's budget (batched problems)."""
+    return run_method("revision", model, task, problems, cfg, key, propose=propose)
+
+
+def summarize(traces: dict[str, SearchTrace]) -> dict:
+    """JSON-ready per-point curves of batched traces: solved count, mean best fitness, ..."""
+    out = {}
+    for name, t in traces.items():
+        t = jax.tree.map(np.asarray, t)
+        best = np.where(np.isfinite(t.best_fitness), t.best_fitness, 0.0)
+        out[name] = {"evaluated": t.evaluated[0].tolist(),
+                     "solved_count": t.solved.sum(0).astype(int).tolist(),
+                     "mean_best_fitness": best.mean(0).tolist(),
+                     "mean_diversity": t.diversity.mean(0).tolist(),
+                     "best_fitness_per_problem": best.tolist()}
+    return out
+
+
+def write_report(out_dir: str, traces: dict[str, SearchTrace], *, title: str | None = None
+                 ) -> tuple[str, str]:
+    """`search_traces.json` and `search_solved.png` (solved problems vs candidates evaluated)."""
+    summary = summarize(traces)
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, "search_traces.json")
+    with open(json_path, "w") as f:
+        json.dump(summary, f, indent=1)
+    curves = {n: (s["evaluated"], s["solved_count"]) for n, s in summary.items()}
+    png = plots.plot_metric_vs_k(os.path.join(out_dir, "search_solved.png"), curves,
+                                 metric="solved problems", log_x=False,
+                                 title=title or "solved problems vs candidates evaluated")
+    return json_path, png
