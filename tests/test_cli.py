@@ -65,3 +65,18 @@ def test_sft_then_eval_writes_report(tmp_path):
         assert os.path.getsize(os.path.join(ev, name)) > 0
     metrics = json.load(open(os.path.join(ev, "eval.json")))["sft (m=2)"]
     assert 0.0 <= metrics["best@1"] <= metrics["best@4"] <= 1.0
+
+
+def test_search_writes_curves(tmp_path):
+    sft = str(tmp_path / "sft")
+    assert cli.main(["sft", "--task", "program", "--steps", "5", "--batch", "8", "--answers",
+                     "2", "--out", sft]) == 0
+    out = str(tmp_path / "search")
+    assert cli.main(["search", "--policy", sft, "--difficulty", "easy", "--problems", "2",
+                     "--islands", "2", "--members", "2", "--children", "2", "--generations", "2",
+                     "--out", out]) == 0
+    traces = json.load(open(os.path.join(out, "search_traces.json")))
+    assert set(traces) == {"search", "best_of_n", "revision"}
+    budgets = {tuple(t["evaluated"]) for t in traces.values()}
+    assert len(budgets) == 1  # the same candidate budget at every point for every method
+    assert os.path.getsize(os.path.join(out, "search_solved.png")) > 0
