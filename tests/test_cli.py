@@ -10,7 +10,7 @@ from vpo.config import ConfigError
 
 
 def test_overrides_are_typed_and_fitted_to_the_task():
-    run, task = cli.build_run_config("smoke", None, ["train.steps=6", "objective.advantage=vpo",
+    run, task, _ = cli.build_run_config("smoke", None, ["train.steps=6", "objective.advantage=vpo",
                                                      "objective.dual_clip=3", "task=maze"])
     assert run.train.steps == 6 and run.objective.advantage == "vpo"
     assert run.objective.dual_clip == 3.0 and run.task == "maze" and task.name.startswith("maze")
