@@ -1,0 +1,94 @@
+"""RL step time split into sampling and update, and tokens/s, on the maze task.
+
+Run:  python experiments/bench_train.py            (add --quick for one point)
+
+For each (model preset, G): the fused `rl_step` (one jit: sample -> in-graph reward ->
+advantages -> update) timed as a whole, and the same work split at the sampling boundary into
+two jits (sampling alone; reward + advantages + update alone) to show where the time goes.
+Medians over repetitions; compile time reported separately. tokens/s counts generated tokens
+(before EOS) per second of the fused step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+
+import jax
+
+from vpo import cli
+from vpo import data as data_lib
+from vpo import sharding
+from vpo import train as train_lib
+from vpo.loop import shard_batch
+
+
+def get_config():
+    return dict(points=[("tiny", 4), ("tiny", 8), ("tiny", 16), ("small", 8)], batch_size=8,
+                num_answers=3, repeats=5, advantage="vpo")
+
+
+def _median_time(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_point(preset: str, G: int, cfg: dict):
+    run, task, _ = cli.build_run_config("maze", None, [
+        f"model={preset}", f"sampler.num_samples={G}", f"train.batch_size={cfg['batch_size']}",
+        f"train.num_answers={cfg['num_answers']}", f"objective.advantage={cfg['advantage']}"])
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    tx = train_lib.make_optimizer(run.train)
+    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)
+    step_cfg = train_lib.step_config(run, task)
+    it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers,
+                                   num_problems=64, seed=0)
+    batch = shard_batch(next(it), mesh)
+
+    fused = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
+                                      cfg=step_cfg))
+    sample = jax.jit(functools.partial(train_lib._sample, graphdef=graphdef, cfg=step_cfg))
+
+    @jax.jit
+    def update(state, batch, rollout):
+        rewards, smask = train_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
+                                                    rollout.mask_BGT, run.train.num_answers)
+        return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
+                                 task=task, cfg=step_cfg)
+
+    t0 = time.perf_counter()
+    _, metrics = jax.block_until_ready(fused(state, batch))
+    compile_s = time.perf_counter() - t0
+    rollout = jax.block_until_ready(sample(state, batch))
+    jax.block_until_ready(update(state, batch, rollout))
+    reps = cfg["repeats"]
+    t_fused = _median_time(lambda: fused(state, batch), reps)
+    t_sample = _median_time(lambda: sample(state, batch), reps)
+    t_update = _median_time(lambda: update(state, batch, rollout), reps)
+    tokens = int(rollout.mask_BGT.sum())
+    print(f"{preset:6s} ({run.model.num_params:>9,} params) B={run.train.batch_size} G={G:2d} "
+          f"m={run.train.num_answers} T={run.sampler.max_new_tokens} | step {t_fused:6.3f}s "
+          f"(compile+first {compile_s:5.1f}s) | sampling {t_sample:6.3f}s "
+          f"({t_sample / (t_sample + t_update):4.0%}) update {t_update:6.3f}s | "
+          f"{tokens / t_fused:8,.0f} generated tok/s | loss {float(metrics['loss']):+.3f}",
+          flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = get_config()
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}; objective {cfg['advantage']}")
+    for preset, G in cfg["points"][:1] if args.quick else cfg["points"]:
+        bench_point(preset, G, cfg)
+
+
+if __name__ == "__main__":
+    main()
