@@ -11,6 +11,7 @@ from flax import nnx
 
 from vpo import data as data_lib
 from vpo import sharding as sharding_lib
+from vpo.config import ConfigError
 from vpo.model import Decoder
 from vpo.tasks.base import Task
 from vpo.train import (
@@ -60,7 +61,6 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
     dp = int(np.prod([mesh.shape[a] for a in sharding_lib.RULES["batch"] if a in mesh.shape]))
     if tcfg.batch_size % dp:
-        from vpo.config import ConfigError
         raise ConfigError(f"train.batch_size: {tcfg.batch_size} prompts do not split over the "
                           f"{dp} data-parallel devices of the mesh; use a multiple of {dp} or "
                           "set mesh_data smaller")

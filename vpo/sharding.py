@@ -110,7 +110,9 @@ def initialize_distributed(cfg: DistributedConfig) -> None:
     """Start JAX's multi-process runtime when configured; a no-op for single-process runs."""
     if not cfg.enabled:
         return
-    if jax.default_backend() == "cpu" or cfg.cpu_collectives:
+    # Only config updates before `initialize`: querying devices or the backend here would start
+    # the runtime single-process and make the call fail.
+    if cfg.cpu_collectives:
         jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
     if cfg.coordinator:
         jax.distributed.initialize(coordinator_address=cfg.coordinator,
