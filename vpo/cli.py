@@ -6,6 +6,7 @@
                --out DIR [--resume]
     vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
     vpo search --policy DIR [--task program] [--difficulty hard] [--problems 8] --out DIR
+    vpo compare [--preset smoke|default|paper] [section.key=value ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -220,10 +221,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     import json
     import os
 
+    from vpo import sharding
     from vpo.config import from_dict
     from vpo.loop import train
     from vpo.train_config import RunConfig
 
+    # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
+    sharding.initialize_distributed(sharding.DistributedConfig(
+        enabled=args.distributed, coordinator=args.coordinator,
+        num_processes=args.num_processes, process_id=args.process_id))
     if args.resume and os.path.exists(os.path.join(args.out, "config.json")):
         with open(os.path.join(args.out, "config.json")) as f:
             run = from_dict(RunConfig, json.load(f))
@@ -255,6 +261,12 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--distributed", action="store_true", help="multi-host: run the same command "
+                   "on every host; calls jax.distributed.initialize() first")
+    p.add_argument("--coordinator", default="", help="host:port of process 0 (GPU hosts; empty "
+                   "on TPU / SLURM, where it is discovered)")
+    p.add_argument("--num-processes", type=int, default=1)
+    p.add_argument("--process-id", type=int, default=0)
 
 
 # -- eval -----------------------------------------------------------------------------------
@@ -351,12 +363,50 @@ def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True)
 
 
+# -- compare --------------------------------------------------------------------------------
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) -> equal-
+    budget evaluation -> island search on the hardest problems; writes --out/report.md."""
+    import os
+
+    import jax
+
+    from vpo import compare
+
+    if args.compile_cache and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.compile_cache))
+    cfg = compare.make_config(args.preset, args.overrides)
+    command = " ".join(["vpo compare", f"--preset {args.preset}", *args.overrides,
+                        f"--out {args.out}"])
+    print(f"{command}: arms {', '.join(cfg.arm_names)} x seeds {cfg.seeds}, {cfg.train.steps} "
+          f"RL steps each -> {args.out}")
+    summary = compare.run_compare(cfg, args.out, command=command,
+                                  with_search=not args.no_search)
+    for c in summary["claims"]:
+        print(f"  {'reproduced' if c['holds'] else 'NOT reproduced'}: {c['claim']} "
+              f"({c['evidence']})")
+    return 0
+
+
+def _add_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=50 "
+                   "num_seeds=1 arms=grpo,vpo,kl_cov search.generations=4")
+    p.add_argument("--preset", default="default", help="smoke (CI, ~1 min), default (<= 20 min "
+                   "on 2 CPU cores) or paper (accelerators, Qwen3; see tpu_setup.sh)")
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--no-search", action="store_true", help="skip the search stage")
+    p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
+                   help="persistent XLA compile cache ('' to disable)")
+
+
 COMMANDS = {
     "sample": (cmd_sample, _add_sample),
     "sft": (cmd_sft, _add_sft),
     "train": (cmd_train, _add_train),
     "eval": (cmd_eval, _add_eval),
     "search": (cmd_search, _add_search),
+    "compare": (cmd_compare, _add_compare),
 }
 
 

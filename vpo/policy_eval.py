@@ -74,12 +74,23 @@ def sample_pool(model: Decoder, task: Task, problems, *, num_answers: int, budge
 def evaluate_policy(model: Decoder, task: Task, problems, *, num_answers: int, budget: int,
                     ks: Sequence[int], key, temperature: float = 1.0) -> dict[str, float]:
     """Problem-averaged metrics of one policy (see `evaluation.summarize_pool`) + entropy."""
+    return evaluate_policy_per_problem(model, task, problems, num_answers=num_answers,
+                                       budget=budget, ks=ks, key=key, temperature=temperature)[0]
+
+
+def evaluate_policy_per_problem(model: Decoder, task: Task, problems, *, num_answers: int,
+                                budget: int, ks: Sequence[int], key, temperature: float = 1.0
+                                ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """`evaluate_policy`'s metrics and per-problem arrays {"best_P": max_n w*ᵀr over the N
+    candidates (0 if none valid), "solved_P": some candidate solves the problem}."""
     pool, answers, amask, entropy = sample_pool(model, task, problems, num_answers=num_answers,
                                                 budget=budget, key=key, temperature=temperature)
     out = evaluation.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
                                     answer_mask_PNA=amask)
     out["entropy"] = entropy
-    return out
+    per_problem = {"best_P": np.asarray(jnp.max(pool.scores_PN, axis=-1)),
+                   "solved_P": np.asarray(jnp.any(pool.correct_PN, axis=-1))}
+    return out, per_problem
 
 
 def write_report(out_dir: str, results: Mapping[str, Mapping[str, float]], ks: Sequence[int],

@@ -1,0 +1,92 @@
+"""vpo compare: config validation, the entropy-law fit, t-intervals, and the smoke preset end to
+end (report, PNGs, finite and consistent numbers)."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from vpo import cli, compare
+from vpo.config import ConfigError
+
+
+def test_entropy_law_fit_recovers_known_coefficients():
+    H = np.linspace(1.5, 0.1, 40)
+    a, b = 0.3, 1.2
+    R = b - a * np.exp(H)
+    assert compare.fit_entropy_law(H, R) == pytest.approx((a, b), abs=1e-9)
+    noisy = R + np.random.default_rng(0).normal(0, 0.01, H.shape)
+    rep = compare.entropy_law_report(H, noisy, bins=10)
+    assert rep["a"] == pytest.approx(a, abs=0.05) and rep["b"] == pytest.approx(b, abs=0.05)
+    assert rep["ceiling"] == pytest.approx(rep["b"] - rep["a"])
+    assert rep["r2"] > 0.95 and rep["rmse_heldout"] < rep["rmse_constant"]
+    flat = compare.entropy_law_report(H, np.full_like(H, 0.5) + np.sin(np.arange(40)), bins=10)
+    assert flat["r2"] < 0.5  # no entropy-reward relation: the law does not fit
+
+
+def test_mean_ci_is_a_student_t_interval():
+    mean, hw = compare.mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and hw == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)
+    assert math.isnan(compare.mean_ci([0.7])[1])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("arms=grpo,ppo", "unknown arm"),
+    ("eval_budget=7", "eval_budget: 7 must be a multiple"),
+    ("search.members=4", r"search\.members: 4 must be a multiple"),
+    ("search_problems=99", "search_problems"),
+    ("sft_steps=0", "sft_steps"),
+])
+def test_bad_compare_config_names_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        compare.make_config("default", [override])
+
+
+def test_presets_and_arm_configs():
+    paper = compare.make_config("paper")
+    assert paper.objective.kl_coef == 1e-3 and paper.train.learning_rate == 1e-6
+    assert paper.sampler.num_samples == 8 and paper.num_answers == 3
+    assert paper.objective.num_weights == 100 and paper.objective.alpha == 1.0
+    cfg = compare.make_config("default", ["arms=grpo,multi_rlvr,vpo,kl_cov"])
+    task = compare.make_task("maze")
+    from vpo.config import model_preset
+    mcfg = model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=512)
+    runs = {a: compare.arm_run_config(cfg, task, a, 3, mcfg) for a in cfg.arm_names}
+    assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3
+    assert runs["multi_rlvr"].objective.advantage == "grpo"
+    assert runs["vpo"].objective.advantage == "vpo"
+    assert runs["kl_cov"].objective.cov_control == "kl_cov"
+    assert {r.train.seed for r in runs.values()} == {3}
+    assert {(r.train.steps, r.sampler.num_samples, r.train.batch_size) for r in runs.values()} \
+        == {(cfg.train.steps, cfg.sampler.num_samples, cfg.train.batch_size)}
+
+
+@pytest.mark.slow
+def test_compare_smoke_writes_a_consistent_report(tmp_path):
+    out = str(tmp_path / "cmp")
+    assert cli.main(["compare", "--preset", "smoke", "arms=grpo,vpo", "sft_steps=20",
+                     "train.steps=2", "--compile-cache", "", "--out", out]) == 0
+    for name in ("report.md", "summary.json", "best_at_k.png", "pass_at_k.png", "training.png",
+                 "search_solved.png", "eval.md"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    s = json.load(open(os.path.join(out, "summary.json")))
+    assert set(s["headline"]) == {"sft (m=1)", "sft (m=3)", "grpo", "vpo"}
+    N, ks = s["config"]["eval_budget"], s["eval"]["ks"]
+    for name, rows in s["eval"]["rows"].items():
+        for r in rows:
+            best = [r[f"best@{k}"] for k in ks]
+            assert all(np.isfinite(best)) and best == sorted(best), name  # best@k rises with k
+            assert 0.0 <= r[f"pass@{N}"] <= 1.0 and r["entropy"] > 0
+            assert len(r["best_P"]) == s["config"]["eval_problems"]
+    budget = s["search"]["budget"]
+    for name, rows in s["search"]["rows"].items():
+        assert rows[0]["evaluated"][-1] == budget, name  # equal candidate budget for every row
+    for arm in ("grpo", "vpo"):
+        rows = s["train"][arm][0]["metrics"]
+        assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
+    assert all(isinstance(c["holds"], bool) for c in s["claims"]) and s["claims"]
+    report = open(os.path.join(out, "report.md")).read()
+    assert "| vpo | 3 | 1 |" in report and "What reproduced" in report
+    assert s["wall_s"]["total"] > 0
