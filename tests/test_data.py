@@ -58,14 +58,18 @@ def test_state_round_trip_resumes_the_stream(bandit):
 
 
 def test_processes_get_disjoint_shards(bandit, monkeypatch):
-    seen = []
+    """Two processes feed contiguous halves of the one-process global batches."""
+    single = indices(data_lib.problem_iterator(bandit, 4, 1, num_problems=8), 2)
+    per_process = []
     for pid in range(2):
         monkeypatch.setattr(jax, "process_count", lambda: 2)
         monkeypatch.setattr(jax, "process_index", lambda pid=pid: pid)
         it = data_lib.problem_iterator(bandit, 4, 1, num_problems=8)
-        seen.append(sum(indices(it, 2), []))  # one epoch: 2 batches of 2 per process
+        per_process.append(indices(it, 2))  # one epoch: 2 batches of 2 per process
+    seen = [sum(b, []) for b in per_process]
     assert not set(seen[0]) & set(seen[1])
     assert sorted(seen[0] + seen[1]) == list(range(8))
+    assert [a + b for a, b in zip(*per_process, strict=True)] == single
     with pytest.raises(ValueError, match="batch_size"):
         data_lib.problem_dataset(bandit, 3, 1, num_problems=8)
 

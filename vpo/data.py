@@ -1,8 +1,9 @@
 """grain pipelines of problems: shuffled per epoch, sharded per process, batched, checkpointable.
 
 A batch is `{"problems": Problems (B rows), "prompt_BP": int32, "prompt_mask_BP": bool}` as numpy;
-B is the per-process batch (global batch / process count). Prompts are computed once for the whole
-problem set (the task's jnp `prompt_tokens`, vmapped), so the pipeline only gathers rows.
+B is the per-process batch (global batch / process count), this process's contiguous slice of
+the global batch. Prompts are computed once for the whole problem set (the task's jnp
+`prompt_tokens`, vmapped), so the pipeline only gathers rows.
 The iterator's position is `it.get_state()` / `it.set_state(s)` (a small JSON-able dict).
 Host tasks may read their problems from JSONL (`load_jsonl_problems`).
 """
@@ -16,6 +17,7 @@ import grain
 import jax
 import numpy as np
 
+from vpo import sharding as sharding_lib
 from vpo.tasks import vocab as vocab_lib
 from vpo.tasks.base import Problem, Task
 
@@ -33,10 +35,12 @@ def problem_dataset(task: Task, batch_size: int, num_answers: int, *, num_proble
                     seed: int = 0, problems: Problem | None = None) -> grain.IterDataset:
     """Infinite dataset of batches over `problems` (default `task.make_problems(seed, N)`).
 
-    Problem indices are shuffled by `seed`, reshuffled every epoch, and split across processes
-    (process i takes every process_count-th index), then batched by the per-process batch size.
+    Problem indices are shuffled by `seed` and reshuffled every epoch, batched into global
+    batches of `batch_size`, and each process takes its contiguous slice of every global batch
+    (`vpo.sharding.host_local_batch`), so the global batch, and with it every result, does not
+    depend on the number of processes.
     """
-    n_proc, i_proc = jax.process_count(), jax.process_index()
+    n_proc = jax.process_count()
     if batch_size % n_proc:
         raise ValueError(f"train.batch_size: {batch_size} must be divisible by the "
                          f"{n_proc} processes")
@@ -48,13 +52,15 @@ def problem_dataset(task: Task, batch_size: int, num_answers: int, *, num_proble
         raise ValueError("the problem set is empty; give at least one problem")
     prompts, mask = prompt_arrays(task, problems, num_answers)
 
-    def gather(idx):
-        idx = np.asarray(idx)
+    rows = sharding_lib.host_local_batch(batch_size)
+
+    def gather(global_idx):
+        idx = np.asarray(global_idx)[rows]
         return {"problems": jax.tree.map(lambda x: x[idx], problems), "prompt_BP": prompts[idx],
                 "prompt_mask_BP": mask[idx]}
 
     ds = grain.MapDataset.range(n).shuffle(seed=seed).repeat(None)
-    ds = ds[i_proc::n_proc].batch(batch_size // n_proc, drop_remainder=True).map(gather)
+    ds = ds.batch(batch_size, drop_remainder=True).map(gather)
     return ds.to_iter_dataset()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -21,6 +22,7 @@ from vpo.train import (
     make_host_rl_step,
     make_optimizer,
     make_rl_step,
+    make_sample_step,
     state_from_model,
     step_config,
 )
@@ -72,7 +74,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     else:
         graphdef, state, _ = state_from_model(init, tx, mesh,
                                               seed=tcfg.seed, with_ref=with_ref)
-    data_it = data_lib.problem_iterator(task, tcfg.batch_size, tcfg.num_answers,
+    data_it = data_lib.problem_iterator(task, tcfg.batch_size * config.objective.oversample,
+                                        tcfg.num_answers,
                                         num_problems=tcfg.num_problems, seed=tcfg.seed)
     os.makedirs(out_dir, exist_ok=True)
     manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
@@ -89,10 +92,17 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
     bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
                     disable=not progress or jax.process_index() != 0)
+    sample_fn = make_sample_step(graphdef, cfg) if tcfg.profile_every else None
     try:
         for step in bar:
-            state, metrics = step_fn(state, shard_batch(next(data_it), mesh))
-            done = logger.log(step + 1, metrics)  # fetches the previous step's metrics
+            batch = shard_batch(next(data_it), mesh)
+            host = None
+            if sample_fn is not None and (step + 1) % tcfg.profile_every == 0:
+                logger.flush()  # the previous step's row first: its time excludes this probe
+                state, metrics, host = profile_step(step_fn, sample_fn, state, batch)
+            else:
+                state, metrics = step_fn(state, batch)
+            done = logger.log(step + 1, metrics, host)  # fetches the previous step's metrics
             if done is not None:
                 bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
             if (step + 1) % tcfg.checkpoint_every == 0:
@@ -111,6 +121,24 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
                               "advantage": config.objective.advantage,
                               "steps": int(jax.device_get(state.step))})
     return graphdef, state
+
+
+def profile_step(step_fn, sample_fn, state, batch):
+    """Run one step with the sampling vs update split measured → (state, metrics, timings).
+
+    The fused step cannot be timed in parts, so the sampling is timed on its own first (a
+    separate jit on the same state and batch: the same samples the step draws), then the
+    unchanged step; `update_time_s` = step − sampling (rewards, advantages and the updates).
+    Training is the same as without profiling; the probe costs one extra sampling pass.
+    """
+    jax.block_until_ready(state)  # the previous step is done
+    t0 = time.perf_counter()
+    jax.block_until_ready(sample_fn(state, batch))
+    t1 = time.perf_counter()
+    state, metrics = jax.block_until_ready(step_fn(state, batch))
+    t2 = time.perf_counter()
+    return state, metrics, {"step_time_s": t2 - t1, "sampling_time_s": t1 - t0,
+                            "update_time_s": max(t2 - t1 - (t1 - t0), 0.0)}
 
 
 def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:

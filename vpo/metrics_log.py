@@ -3,6 +3,11 @@
 `log(step, metrics)` keeps this step's metrics (device arrays, still being computed) and writes
 the previous step's, whose values are ready by the time the next step has been dispatched: the
 host never waits on the device just to log. `close()` writes the last one.
+
+Every row gets `step_time_s`: wall time between the moments two logged steps' metrics became
+ready, per step (the device runs steps back to back, so in steady state this is the step's
+time; the first row after start-up includes compilation), and `tokens_per_s` =
+`generated_tokens` / `step_time_s` when the step reports `generated_tokens`.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from typing import Any
 
 import jax
@@ -36,7 +42,8 @@ class MetricsLogger:
         self.active = jax.process_index() == 0
         self.every = every
         self.path = os.path.join(out_dir, JSONL)
-        self._pending: tuple[int, Any] | None = None
+        self._pending: tuple[int, Any, dict[str, float]] | None = None
+        self._ready = (resume_from or 0, time.perf_counter())  # (step, time) last seen ready
         self.history: list[dict[str, Any]] = []
         self._tb = None
         if not self.active:
@@ -55,20 +62,30 @@ class MetricsLogger:
 
             self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
 
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any] | None:
-        """Queue `metrics` of `step`; write and return the previously queued step's (or None)."""
-        done = self._flush()
+    def log(self, step: int, metrics: dict[str, Any], host: dict[str, float] | None = None
+            ) -> dict[str, Any] | None:
+        """Queue `metrics` of `step` (and host-measured scalars `host`, which override the
+        derived ones); write and return the previously queued step's row (or None)."""
+        done = self.flush()
         if step % self.every == 0:
-            self._pending = (step, metrics)
+            self._pending = (step, metrics, host or {})
         return done
 
-    def _flush(self) -> dict[str, Any] | None:
+    def flush(self) -> dict[str, Any] | None:
+        """Write the queued step's row now (waits for its values); None if nothing is queued."""
         if self._pending is None:
             return None
-        step, metrics = self._pending
+        step, metrics, host = self._pending
         self._pending = None
         row = {"step": int(step)}
         row.update({k: _scalar(v) for k, v in jax.device_get(metrics).items()})
+        now = time.perf_counter()
+        last_step, last_time = self._ready
+        self._ready = (step, now)
+        row["step_time_s"] = (now - last_time) / max(step - last_step, 1)
+        row.update(host)
+        if "generated_tokens" in row:
+            row["tokens_per_s"] = row["generated_tokens"] / max(row["step_time_s"], 1e-9)
         self.history.append(row)
         if self.active:
             self._file.write(json.dumps(row) + "\n")
@@ -80,7 +97,7 @@ class MetricsLogger:
         return row
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         if self.active:
             self._file.close()
             if self._tb is not None:

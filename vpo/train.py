@@ -32,6 +32,7 @@ from flax import nnx
 from vpo import evaluation, objectives
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig, SamplerConfig
+from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import Decoder
 from vpo.sampler import generate
 from vpo.tasks import vocab as vocab_lib
@@ -132,25 +133,50 @@ def model_of(graphdef: nnx.GraphDef, state: TrainState) -> Decoder:
 # the training forward
 
 
-def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT):
-    """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
+def unembedding_DV(model: Decoder) -> jax.Array:
+    """The LM head as [D, V] in the compute dtype (the tied embedding transposed, or lm_head)."""
+    w = model.embed[...].T if model.lm_head is None else model.lm_head[...]
+    return w.astype(model.dtype)
 
+
+def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT):
+    """Final hidden state that predicts each completion token → hidden_BGTD.
+
+    Position t is predicted from the prompt's last state (t = 0) or from completion token t-1.
     Each prompt is prefilled once and its G completions attend to the shared prefix, exactly as
     the sampler computed them.
     """
     B, G, T = tokens_BGT.shape
     hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP)
-    first_BV = model.logits(hidden_BPD[:, -1])
-    first_BG1V = jnp.broadcast_to(first_BV[:, None, None], (B, G, 1, first_BV.shape[-1]))
-    if T > 1:
-        hidden_BGSD, _ = model.extend(tokens_BGT[:, :, :-1], prefix)
-        logits_BGTV = jnp.concatenate([first_BG1V, model.logits(hidden_BGSD)], axis=2)
+    first_BG1D = jnp.broadcast_to(hidden_BPD[:, None, -1:], (B, G, 1, hidden_BPD.shape[-1]))
+    if T == 1:
+        return first_BG1D
+    hidden_BGSD, _ = model.extend(tokens_BGT[:, :, :-1], prefix)
+    return jnp.concatenate([first_BG1D, hidden_BGSD], axis=2)
+
+
+def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
+                    vocab_block: int = 4096, impl: str = "chunked"):
+    """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
+
+    Computed from the hidden states in vocabulary tiles of `vocab_block` columns
+    (`vpo.kernels.logprob_entropy`: online log-sum-exp), so only [B·G·T, vocab_block] logits
+    exist at a time, never [B, G, T, V]; a vocabulary of at most `vocab_block` tokens is one
+    tile. `impl="pallas"` runs the Pallas kernel instead of the `lax.scan` path (GPU / TPU,
+    single device: XLA cannot partition the kernel over a mesh).
+    """
+    B, G, T = tokens_BGT.shape
+    hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT)
+    hidden_ND = hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1])
+    w_DV, targets_N = unembedding_DV(model), tokens_BGT.reshape(-1)
+    if impl == "pallas":
+        block = logprob_lib.BlockSizes(block_v=min(vocab_block, w_DV.shape[1]))
+        logp_N, entropy_N = logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N,
+                                                        block_sizes=block)
     else:
-        logits_BGTV = first_BG1V
-    logp_BGTV = jax.nn.log_softmax(logits_BGTV, axis=-1)
-    logp_BGT = jnp.take_along_axis(logp_BGTV, tokens_BGT[..., None], axis=-1)[..., 0]
-    entropy_BGT = -jnp.sum(jnp.exp(logp_BGTV) * logp_BGTV, axis=-1)
-    return logp_BGT, entropy_BGT
+        logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(
+            hidden_ND, w_DV, targets_N, block_v=min(vocab_block, w_DV.shape[1]))
+    return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,24 +189,75 @@ def scalarize(rewards_BGMR, solution_mask_BGM, weights_R):
     return jnp.sum(jnp.where(solution_mask_BGM, score_BGM, 0.0), axis=-1)
 
 
-def advantages(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, key):
-    """adv_BG and advantage metrics for the configured estimator."""
-    reward_BG = scalarize(rewards_BGMR, solution_mask_BGM, weights_R)
+def overlong_penalty(length_BG, max_len: int, cache_len: int):
+    """DAPO soft overlong punishment (Yu et al., 2025, arXiv 2503.14476) → penalty_BG ≤ 0.
+
+        R_len(L) = 0                            L ≤ L_max − L_cache
+                 = ((L_max − L_cache) − L) / L_cache   L_max − L_cache < L ≤ L_max
+                 = −1                           L > L_max
+    """
+    L = length_BG.astype(jnp.float32)
+    start = max_len - cache_len
+    soft = (start - L) / max(cache_len, 1)
+    return jnp.where(L <= start, 0.0, jnp.where(L <= max_len, soft, -1.0))
+
+
+def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
+                    penalty_BG):
+    """The reward the configured estimator sees, with `penalty_BG` (overlong) added.
+
+    vpo: the vectors, penalty added to every component of every answer (Dirichlet weights sum
+    to 1, so each valid answer's wᵀr moves by the penalty; an empty answer set still scores 0)
+    → rewards_BGMR. gdpo: per-component sums over valid answers, penalty on each → reward_BGR.
+    Others: the scalarised reward plus the penalty → reward_BG.
+    """
+    if cfg.advantage == "vpo":
+        return rewards_BGMR + penalty_BG[:, :, None, None]
+    if cfg.advantage == "gdpo":
+        per_comp_BGR = jnp.sum(jnp.where(solution_mask_BGM[..., None], rewards_BGMR, 0.0), 2)
+        return per_comp_BGR + penalty_BG[..., None]
+    return scalarize(rewards_BGMR, solution_mask_BGM, weights_R) + penalty_BG
+
+
+def advantages(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, key,
+               penalty_BG=None):
+    """adv_BG and advantage metrics for the configured estimator (optional reward penalty_BG)."""
+    if penalty_BG is None:
+        penalty_BG = jnp.zeros(rewards_BGMR.shape[:2], jnp.float32)
+    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG)
     name = cfg.advantage
     if name == "vpo":
-        return objectives.vpo_advantages(rewards_BGMR, solution_mask_BGM, key=key,
+        return objectives.vpo_advantages(x, solution_mask_BGM, key=key,
                                          num_weights=cfg.num_weights, alpha=cfg.alpha,
                                          sampler=cfg.weight_sampler)
     if name in ("grpo", "dr_grpo"):
         scale = "none" if name == "dr_grpo" else cfg.grpo_scale
-        return objectives.grpo_advantages(reward_BG, scale=scale, std=cfg.grpo_std), {}
+        return objectives.grpo_advantages(x, scale=scale, std=cfg.grpo_std), {}
     if name == "rloo":
-        return objectives.rloo_advantages(reward_BG), {}
+        return objectives.rloo_advantages(x), {}
     if name == "maxrl":
-        return objectives.maxrl_advantages(reward_BG), {}
-    per_comp_BGR = jnp.sum(jnp.where(solution_mask_BGM[..., None], rewards_BGMR, 0.0), axis=2)
-    return objectives.gdpo_advantages(per_comp_BGR, weights_R=jnp.asarray(weights_R),
-                                      std=cfg.grpo_std), {}
+        return objectives.maxrl_advantages(x), {}
+    return objectives.gdpo_advantages(x, weights_R=jnp.asarray(weights_R), std=cfg.grpo_std), {}
+
+
+def group_varies(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG):
+    """keep_B: the estimator's input is not identical across the G samples of a group (for vpo
+    the valid-answer pattern counts too). A group without variation has zero advantage."""
+    B, G = rewards_BGMR.shape[:2]
+    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG)
+    if cfg.advantage == "vpo":
+        x = jnp.concatenate([jnp.where(solution_mask_BGM[..., None], x, 0.0).reshape(B, G, -1),
+                             solution_mask_BGM.astype(jnp.float32)], axis=-1)
+    x_BGX = x.reshape(B, G, -1)
+    return jnp.any(jnp.max(x_BGX, axis=1) > jnp.min(x_BGX, axis=1), axis=-1)
+
+
+def dynamic_selection(keep_N, batch_size: int):
+    """DAPO dynamic sampling with static shapes: of N sampled groups, the first `batch_size`
+    that vary, filled up in order with the others if too few → (idx_B, valid_B); valid_B is
+    False on the fillers, which the loss masks out."""
+    idx_B = jnp.argsort(~keep_N, stable=True)[:batch_size]
+    return idx_B, keep_N[idx_B]
 
 
 def in_graph_rewards(task: Task, problems, tokens_BGT, mask_BGT, num_answers: int):
@@ -242,28 +319,52 @@ def _split(tree, n: int):
 
 def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_mask_BGM, *,
             graphdef, tx, task: Task, cfg: StepConfig):
-    """Advantages, then the scanned PPO epochs × minibatches. Returns (state, metrics)."""
+    """Overlong shaping, dynamic group selection, advantages, then the scanned PPO epochs ×
+    minibatches. The inputs hold oversample × batch_size groups. Returns (state, metrics)."""
     ocfg, tcfg = cfg.objective, cfg.train
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     _, k_adv, k_perm, k_loss = jax.random.split(key, 4)
     weights_R = task.eval_weights_R
-    B, G, T = rollout.tokens_BGT.shape
-    rewards_BGMR = jnp.asarray(rewards_BGMR, jnp.float32)
-    solution_mask_BGM = jnp.asarray(solution_mask_BGM, bool)
-    adv_BG, adv_metrics = advantages(ocfg, rewards_BGMR, solution_mask_BGM, weights_R, k_adv)
+    N, G, T = rollout.tokens_BGT.shape
+    B = N // ocfg.oversample
+    rewards_NGMR = jnp.asarray(rewards_BGMR, jnp.float32)
+    smask_NGM = jnp.asarray(solution_mask_BGM, bool)
+    sampled_metrics = rollout_metrics(task, rollout, rewards_NGMR, smask_NGM)
+    if ocfg.overlong_cache_len:
+        penalty_NG = overlong_penalty(rollout.length_BG,
+                                      ocfg.overlong_max_len or cfg.sampler.max_new_tokens,
+                                      ocfg.overlong_cache_len)
+    else:
+        penalty_NG = jnp.zeros((N, G), jnp.float32)
+    keep_N = group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG)
+    chosen = (batch["prompt_BP"], batch["prompt_mask_BP"], rollout, rewards_NGMR, smask_NGM,
+              penalty_NG)
+    if ocfg.dynamic_sampling:
+        idx_B, valid_B = dynamic_selection(keep_N, B)
+        chosen = jax.tree.map(lambda x: x[idx_B], chosen)
+    else:
+        valid_B = jnp.ones((B,), bool)
+    prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG = chosen
+    adv_BG, adv_metrics = advantages(ocfg, rewards_BGMR, solution_mask_BGM, weights_R, k_adv,
+                                     penalty_BG)
+    loss_mask_BGT = rollout.mask_BGT & valid_B[:, None, None]
+    if ocfg.overlong_mask:
+        loss_mask_BGT = loss_mask_BGT & rollout.finished_BG[:, :, None]
 
-    data = dict(prompt_BP=batch["prompt_BP"], prompt_mask_BP=batch["prompt_mask_BP"],
+    data = dict(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP,
                 tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
-                mask_BGT=rollout.mask_BGT, adv_BG=adv_BG)
+                mask_BGT=loss_mask_BGT, adv_BG=adv_BG)
     if state.ref_params is not None:
         ref = nnx.merge(graphdef, state.ref_params)
         data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
-            ref, batch["prompt_BP"], batch["prompt_mask_BP"], rollout.tokens_BGT)[0])
+            ref, prompt_BP, prompt_mask_BP, rollout.tokens_BGT,
+            vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl)[0])
 
     def micro_loss(params, mb, den, key):
         model = nnx.merge(graphdef, params)
         logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
-                                    mb["tokens_BGT"])
+                                    mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
+                                    impl=tcfg.logprob_impl)
         return objectives.policy_loss(
             logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
             ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
@@ -310,24 +411,33 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
         jax.random.split(k_perm, tcfg.ppo_epochs))
     metrics = jax.tree.map(jnp.mean, upd_metrics)
     metrics.update(adv_metrics)
-    metrics.update(rollout_metrics(task, rollout, rewards_BGMR, solution_mask_BGM, adv_BG))
+    metrics.update(sampled_metrics)
+    valid_BG = jnp.broadcast_to(valid_B[:, None], adv_BG.shape)
+    adv_mean = _masked_mean(adv_BG, valid_BG)
+    metrics.update(
+        adv_mean=adv_mean,
+        adv_std=jnp.sqrt(_masked_mean(jnp.square(adv_BG - adv_mean), valid_BG)),
+        overlong_penalty=jnp.mean(penalty_NG),
+        zero_variance_frac=jnp.mean((~keep_N).astype(jnp.float32)),
+        kept_frac=jnp.mean(valid_B.astype(jnp.float32)),
+        loss_token_frac=jnp.mean(loss_mask_BGT) / jnp.maximum(jnp.mean(rollout.mask_BGT), 1e-9),
+    )
     metrics["skipped_updates"] = skipped
     metrics["lr"] = make_schedule(tcfg)(state.step * tcfg.updates_per_step)
     new_state = state._replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
 
-def rollout_metrics(task: Task, rollout: Rollout, rewards_BGMR, solution_mask_BGM, adv_BG):
+def rollout_metrics(task: Task, rollout: Rollout, rewards_BGMR, solution_mask_BGM):
     """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved)."""
     B, G, M, R = rewards_BGMR.shape
     reward_BG = scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
     solved_BGM = jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR) & solution_mask_BGM
     out = {
         "reward": jnp.mean(reward_BG),
-        "adv_mean": jnp.mean(adv_BG),
-        "adv_std": jnp.std(adv_BG),
         "entropy": _masked_mean(rollout.entropy_BGT, rollout.mask_BGT),
         "response_length": jnp.mean(rollout.length_BG.astype(jnp.float32)),
+        "generated_tokens": jnp.sum(rollout.mask_BGT.astype(jnp.int32)),
         "truncation_rate": jnp.mean((~rollout.finished_BG).astype(jnp.float32)),
         "answers_per_rollout": jnp.mean(jnp.sum(solution_mask_BGM, -1).astype(jnp.float32)),
         "solved_rate": jnp.mean(jnp.any(solved_BGM, -1).astype(jnp.float32)),
@@ -373,9 +483,15 @@ def make_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
                    donate_argnums=0)
 
 
+def make_sample_step(graphdef, cfg: StepConfig) -> Callable:
+    """The sampling part of a step, jitted: (state, batch) -> Rollout (the state is not donated;
+    it draws the same samples as the step itself)."""
+    return jax.jit(functools.partial(_sample, graphdef=graphdef, cfg=cfg))
+
+
 def make_host_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
     """The host-reward step: jitted sample → task.host_reward (numpy) → jitted, donated update."""
-    sample_step = jax.jit(functools.partial(_sample, graphdef=graphdef, cfg=cfg))
+    sample_step = make_sample_step(graphdef, cfg)
 
     def update(state, batch, rollout, rewards, smask):
         return _update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
@@ -412,5 +528,9 @@ def check_run(run: RunConfig, task: Task) -> None:
         raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
                           f"{task.prompt_len} + sampler.max_new_tokens "
                           f"{run.sampler.max_new_tokens}; raise it")
+    max_len = run.objective.overlong_max_len or run.sampler.max_new_tokens
+    if run.objective.overlong_cache_len > max_len:
+        raise ConfigError(f"objective.overlong_cache_len: {run.objective.overlong_cache_len} "
+                          f"exceeds L_max = {max_len} tokens; make it smaller")
     if run.sampler.num_samples < 2:
         raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")

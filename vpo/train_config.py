@@ -43,6 +43,12 @@ class ObjectiveConfig:
     entropy_coef: float = 0.0
     entropy_top_frac: float | None = None
     cov_control: str = "none"  # "none" | "clip_cov" | "kl_cov"
+    # DAPO (Yu et al., 2025, arXiv 2503.14476): dynamic sampling and overlong shaping
+    dynamic_sampling: bool = False  # train only on groups whose rewards differ
+    oversample: int = 1  # sample oversample × train.batch_size groups to choose from
+    overlong_mask: bool = False  # truncated responses (no EOS) get zero loss weight
+    overlong_cache_len: int = 0  # soft overlong penalty buffer L_cache in tokens (0: off)
+    overlong_max_len: int | None = None  # L_max in tokens (None: sampler.max_new_tokens)
 
     def __post_init__(self):
         _require(self.advantage in ADVANTAGES, "objective.advantage",
@@ -50,6 +56,17 @@ class ObjectiveConfig:
         _require(self.num_weights > 0, "objective.num_weights", "must be positive")
         _require(self.alpha > 0, "objective.alpha", "must be positive")
         _require(self.kl_coef >= 0, "objective.kl_coef", "must be >= 0")
+        _require(self.oversample >= 1, "objective.oversample", "must be >= 1")
+        _require(self.oversample == 1 or self.dynamic_sampling, "objective.oversample",
+                 f"{self.oversample} samples extra groups only dynamic sampling uses; set "
+                 "objective.dynamic_sampling=true or oversample=1")
+        _require(self.overlong_cache_len >= 0, "objective.overlong_cache_len", "must be >= 0")
+        _require(self.overlong_max_len is None or self.overlong_max_len > 0,
+                 "objective.overlong_max_len", "must be positive (or None)")
+        _require(self.overlong_max_len is None
+                 or self.overlong_cache_len <= self.overlong_max_len,
+                 "objective.overlong_cache_len", f"{self.overlong_cache_len} exceeds "
+                 f"overlong_max_len {self.overlong_max_len}; the buffer lies inside L_max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +95,16 @@ class TrainConfig:
     b2: float = 0.999
     max_grad_norm: float = 1.0
     log_every: int = 1
+    profile_every: int = 10  # time sampling vs update every this many steps (0: never)
     checkpoint_every: int = 50  # steps; also saved at exit
     keep_checkpoints: int = 3
+    vocab_block: int = 4096  # training forward: vocabulary tile of the log-prob/entropy scan
+    logprob_impl: str = "chunked"  # "chunked" (lax.scan, any backend, any mesh) | "pallas"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "num_answers", "num_problems", "ppo_epochs",
                      "num_minibatches", "grad_accum", "log_every", "checkpoint_every",
-                     "keep_checkpoints"):
+                     "keep_checkpoints", "vocab_block"):
             _require(getattr(self, name) > 0, f"train.{name}", "must be a positive integer")
         split = self.num_minibatches * self.grad_accum
         _require(self.batch_size % split == 0, "train.batch_size",
@@ -92,9 +112,12 @@ class TrainConfig:
                  "(minibatches and micro-batches hold whole prompt groups)")
         _require(self.schedule in ("constant", "cosine"), "train.schedule",
                  f"must be 'constant' or 'cosine'; got {self.schedule!r}")
+        _require(self.profile_every >= 0, "train.profile_every", "must be >= 0 (0: never)")
         _require(self.learning_rate > 0, "train.learning_rate", "must be positive")
         _require(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _require(self.max_grad_norm > 0, "train.max_grad_norm", "must be positive")
+        _require(self.logprob_impl in ("chunked", "pallas"), "train.logprob_impl",
+                 f"must be 'chunked' or 'pallas' (GPU/TPU, one device); got {self.logprob_impl!r}")
 
     @property
     def updates_per_step(self) -> int:
