@@ -34,19 +34,28 @@ _MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
 
 
 class Prefix(NamedTuple):
-    """Keys/values of each prompt, computed once and shared by its G continuations."""
+    """Keys/values of each prompt, computed once and shared by its G continuations.
 
-    k_LBPNE: jax.Array
-    v_LBPNE: jax.Array
+    One [B, N, P, E] array per layer (a tuple, not a stacked [L, ...] array: reading a layer then
+    costs no slice copy), laid out so that attention contracts E with (B, N) as batch dims.
+    """
+
+    k_BNPE: tuple[jax.Array, ...]  # one per layer
+    v_BNPE: tuple[jax.Array, ...]
     mask_BP: jax.Array  # True on real prompt tokens (prompts are left-padded)
     length_B: jax.Array  # number of real prompt tokens = position of the first new token
 
 
 class KVCache(NamedTuple):
-    """Per-continuation keys/values of generated tokens, written at slots [0, C)."""
+    """Per-continuation keys/values of generated tokens, written at slots [0, C).
 
-    k_LBGCNE: jax.Array
-    v_LBGCNE: jax.Array
+    One [B, G, N, C, E] buffer per layer: inside the decode `while_loop` each is updated in place
+    by one dynamic-update-slice per step (a stacked [L, ...] cache would be re-stacked, i.e.
+    copied whole, every step) and read by attention without a transpose.
+    """
+
+    k_BGNCE: tuple[jax.Array, ...]  # one per layer
+    v_BGNCE: tuple[jax.Array, ...]
 
 
 def _lead(x, ndim: int):
@@ -110,28 +119,31 @@ def apply_rope(x_BGSHE, cos_BGSE, sin_BGSE):
     return out.astype(x_BGSHE.dtype)
 
 
-def attend(q_BGSHE, k_BGCNE, v_BGCNE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None):
+def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None):
     """softmax(q·kᵀ/√E + mask)·v over [prefix keys ‖ suffix keys], one softmax over both.
 
     Grouped-query attention: query head h reads KV head h // (H/N). prefix_kv, if given, is
-    (k_BPNE, v_BPNE), shared by the G continuations of each prompt. Softmax in float32.
+    (k_BNPE, v_BNPE), shared by the G continuations of each prompt. Softmax in float32.
+    Returns out_BGNHSE (H = H/N query heads per KV head), the layout the output projection
+    contracts directly.
     """
     B, G, S, H, E = q_BGSHE.shape
-    N = k_BGCNE.shape[-2]
-    q = q_BGSHE.reshape(B, G, S, N, H // N, E) * (1.0 / math.sqrt(E))
-    scores = jnp.einsum("bgsnhe,bgcne->bgnhsc", q, k_BGCNE, preferred_element_type=jnp.float32)
+    N = k_BGNCE.shape[2]
+    q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, N, H // N, E)
+    q = q.transpose(0, 1, 3, 4, 2, 5)  # bgnhse
+    scores = jnp.einsum("bgnhse,bgnce->bgnhsc", q, k_BGNCE, preferred_element_type=jnp.float32)
     scores = jnp.where(mask_BGSC[:, :, None, None], scores, _MASKED)
     if prefix_kv is not None:
         kp, vp = prefix_kv
-        sp = jnp.einsum("bgsnhe,bpne->bgnhsp", q, kp, preferred_element_type=jnp.float32)
+        sp = jnp.einsum("bgnhse,bnpe->bgnhsp", q, kp, preferred_element_type=jnp.float32)
         sp = jnp.where(prefix_mask_BP[:, None, None, None, None, :], sp, _MASKED)
         scores = jnp.concatenate([sp, scores], axis=-1)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGCNE.dtype)
-    P = 0 if prefix_kv is None else prefix_kv[0].shape[1]
-    out = jnp.einsum("bgnhsc,bgcne->bgsnhe", probs[..., P:], v_BGCNE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGNCE.dtype)
+    P = 0 if prefix_kv is None else prefix_kv[0].shape[2]
+    out = jnp.einsum("bgnhsc,bgnce->bgnhse", probs[..., P:], v_BGNCE)
     if prefix_kv is not None:
-        out = out + jnp.einsum("bgnhsp,bpne->bgsnhe", probs[..., :P], prefix_kv[1])
-    return out.reshape(B, G, S, H, E)
+        out = out + jnp.einsum("bgnhsp,bnpe->bgnhse", probs[..., :P], prefix_kv[1])
+    return out
 
 
 class Attention(nnx.Module):
@@ -168,12 +180,16 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = k.transpose(0, 1, 3, 2, 4), v.transpose(0, 1, 3, 2, 4)  # BGSNE -> BGNSE
         if cache_kv is not None:  # write the new keys at slots [start, start + S)
-            at = (0, 0, start, 0, 0)
+            at = (0, 0, 0, start, 0)
             k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
             v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
-        out = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP)
-        y = jnp.einsum("bgshe,hed->bgsd", out, self.wo[...].astype(self.dtype))
+        out_BGNHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP)
+        H, E, D = self.wo.shape
+        N = k.shape[2]
+        wo_NHED = self.wo[...].astype(self.dtype).reshape(N, H // N, E, D)
+        y = jnp.einsum("bgnhse,nhed->bgsd", out_BGNHSE, wo_NHED)
         return y, (k, v)
 
 
@@ -237,13 +253,13 @@ class Decoder(nnx.Module):
         cos, sin = rope_cos_sin(positions_BGS, rope_inv_freq(self.cfg))
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
-            cache_kv = None if cache is None else (cache.k_LBGCNE[i], cache.v_LBGCNE[i])
-            prefix_kv = None if prefix is None else (prefix.k_LBPNE[i], prefix.v_LBPNE[i])
+            cache_kv = None if cache is None else (cache.k_BGNCE[i], cache.v_BGNCE[i])
+            prefix_kv = None if prefix is None else (prefix.k_BNPE[i], prefix.v_BNPE[i])
             x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
                               None if prefix is None else prefix.mask_BP)
             ks.append(k)
             vs.append(v)
-        return self.final_norm(x), jnp.stack(ks), jnp.stack(vs)
+        return self.final_norm(x), tuple(ks), tuple(vs)
 
     # -- entry points -------------------------------------------------------------------------
     def prefill(self, tokens_BP, mask_BP=None):
@@ -254,7 +270,8 @@ class Decoder(nnx.Module):
         causal_PP = jnp.tril(jnp.ones((P, P), bool))
         mask_B1PP = (causal_PP[None] & mask_BP[:, None, :])[:, None]
         h, k, v = self._run(tokens_BP[:, None], positions_BP[:, None], mask_B1PP, None, 0, None)
-        prefix = Prefix(k[:, :, 0], v[:, :, 0], mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
+        prefix = Prefix(tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v), mask_BP,
+                        mask_BP.sum(axis=1).astype(jnp.int32))
         return h[:, 0], prefix
 
     def __call__(self, tokens_BS, mask_BS=None):
@@ -269,7 +286,7 @@ class Decoder(nnx.Module):
         Returns (hidden_BGSD, KVCache with the new keys written).
         """
         B, G, S = tokens_BGS.shape
-        C = S if cache is None else cache.k_LBGCNE.shape[3]
+        C = S if cache is None else cache.k_BGNCE[0].shape[3]
         pos_S = start + jnp.arange(S)
         positions = prefix.length_B[:, None, None] + pos_S[None, None, :]
         mask_SC = jnp.arange(C)[None, :] <= pos_S[:, None]
@@ -281,5 +298,6 @@ class Decoder(nnx.Module):
     def init_cache(self, batch: int, group: int, length: int) -> KVCache:
         """Zeroed suffix cache for `group` continuations of `batch` prompts, `length` slots."""
         c = self.cfg
-        shape = (c.num_layers, batch, group, length, c.num_kv_heads, c.head_dim)
-        return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))
+        shape = (batch, group, c.num_kv_heads, length, c.head_dim)
+        zeros = tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers))
+        return KVCache(zeros, tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers)))
