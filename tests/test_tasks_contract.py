@@ -120,3 +120,48 @@ def test_completion_len_and_contract_validation(task):
         base.Task(**{**fields, "eval_weights_R": np.ones(task.num_rewards + 1)})
     with pytest.raises(ValueError, match="exactly one"):
         base.Task(**{**fields, "reward": None, "host_reward": None})
+
+
+def test_mutation_demonstrations_show_real_scores_and_children_beat_parents(task):
+    """Decode the SFT mutation demonstrations back from tokens and re-score every shown parent
+    and every child on its own with the task's reward: the prompt's score tokens are the
+    parent's real rewards (tenths), and each child beats each parent on w*ᵀr."""
+    from vpo.sft import mutation_demonstration_set
+
+    if task.mutation_demonstrations is None:
+        with pytest.raises(ValueError, match="mutation_fraction=0"):
+            mutation_demonstration_set(task, 2, 2, 2, 0)
+        return
+    K, m, n, seed = 2, 2, 6, 5
+    demos, stats = mutation_demonstration_set(task, n, m, K, seed)
+    assert demos["prompt_BP"].shape == (n, task.mutation_prompt_len(K))
+    assert 1 <= stats["mean_parents"] <= K
+    assert stats["kept_fraction"] == 1.0  # so row i is problem i of make_problems(seed, n)
+    problems = task.make_problems(seed, n)
+    score = jax.jit(lambda p, c, mk: task.reward(p, c, mk, 1))
+    T1 = task.completion_len(1)
+
+    def fitness(i, words):
+        c, mk = base.encode_completion(task.vocab, task.vocab.encode(words) + [vocab_lib.EOS], T1)
+        r, v = score(base.index_problem(problems, i), c, mk)
+        assert bool(v[0])
+        return np.asarray(r[0]), float(np.asarray(r[0]) @ task.eval_weights_R)
+
+    for i in range(n):
+        p = demos["prompt_BP"][i]
+        words = task.vocab.decode(p[demos["prompt_mask_BP"][i]]).split()
+        assert words[:2] == [task.vocab.tokens[vocab_lib.BOS], vocab_lib.EVOLVE]
+        assert words[-1] == vocab_lib.answer_count_token(m)
+        parents = " ".join(words).split(f" {vocab_lib.PARENT} ")[1:]
+        assert 1 <= len(parents) <= K
+        t = demos["target_BT"][i][demos["target_mask_BT"][i]]
+        children = task.vocab.decode(t).replace(vocab_lib.SPECIAL_TOKENS[vocab_lib.EOS], "")
+        children = [c.split() for c in children.split(vocab_lib.SPECIAL_TOKENS[vocab_lib.SEP])]
+        assert len(children) == m and len({tuple(c) for c in children}) == m
+        worst_child = min(fitness(i, c)[1] for c in children)
+        for par in parents:
+            answer, shown = par.split(f" {vocab_lib.SCORE} ")
+            r_R, f = fitness(i, answer.split())
+            tenths = [int(q[1:]) for q in shown.split()[:task.num_rewards]]
+            assert tenths == np.round(10 * r_R).astype(int).tolist()
+            assert worst_child > f

@@ -55,6 +55,12 @@ class Task:
       mutation_prompt_len(num_parents) -> int: the static length P2 of `mutation_prompt`.
       host_reward(problem, text, num_answers) -> (rewards_MR np.float32, solution_mask_M
         np.bool_): host tasks only, on the decoded generation text. None for in-graph tasks.
+      mutation_demonstrations(problem, rng, num_parents, num_answers) -> (parents, children):
+        host-side material for SFT on mutation prompts (`vpo.sft.mutation_demonstration_set`):
+        1..num_parents weaker parent answers and num_answers distinct improved child answers
+        (lists of ids), drawn from the task's reference solutions. The scores the prompt shows
+        are computed later by `reward`. None where the task has none (SFT then uses plain
+        prompts only).
       max_answers: the largest num_answers the vocabulary can request (tokens `m1..m<max>`).
     """
 
@@ -72,6 +78,7 @@ class Task:
     mutation_prompt: Callable[..., Any]
     mutation_prompt_len: Callable[[int], int]
     host_reward: Callable[..., Any] | None = None
+    mutation_demonstrations: Callable[..., tuple[list[list[int]], list[list[int]]]] | None = None
     max_answers: int = 8
 
     def __post_init__(self):

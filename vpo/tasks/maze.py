@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.tasks import answers as answers_lib
-from vpo.tasks import base, maze_world, prompting
+from vpo.tasks import base, maze_world, mutation_demos, prompting
 from vpo.tasks import vocab as vocab_lib
 from vpo.tasks.maze_world import DIAMOND, EXIT, GOLD, LAVA, WALL
 
@@ -144,11 +144,31 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Tas
         routes = demo_routes(np.asarray(problem.grid), int(problem.budget), rng, num_answers)
         return base.join_answers([vocab.encode(r) for r in routes])
 
+    def mutation_demonstrations(problem, rng: np.random.Generator, num_parents: int,
+                                num_answers: int) -> tuple[list[list[int]], list[list[int]]]:
+        # Children: the best distinct routes found (full-zone tours first). Parents: 0..3 random
+        # edits of a child, a demonstration route or a child cut short (`shortcut_route`) that
+        # score below every child.
+        grid, budget = np.asarray(problem.grid), int(problem.budget)
+
+        def fitness(route):
+            return float(np.mean(maze_world.route_reward(grid, budget, route)))
+
+        demos = demo_routes(grid, budget, rng, 3)
+        children = better_routes(grid, budget, rng, num_answers, fitness, demos)
+        sources = children + [r for r in demos if r not in children] + [
+            shortcut_route(grid, children[rng.integers(len(children))], rng) for _ in range(3)]
+        parents = mutation_demos.weaker_parents(
+            sources, fitness, min(map(fitness, children)), MOVE_TOKENS, rng,
+            num_parents=num_parents, max_len=A, exclude=children)
+        return [vocab.encode(p) for p in parents], [vocab.encode(c) for c in children]
+
     return base.Task(
         name=f"maze{n}", vocab=vocab, reward_names=maze_world.REWARD_NAMES,
         eval_weights_R=np.full((4,), 0.25, np.float32), answer_len=A,
         make_problems=make_problems, reward=reward, solved=solved,
-        demonstrations=demonstrations, max_answers=max_answers, **prompts._asdict())
+        demonstrations=demonstrations, mutation_demonstrations=mutation_demonstrations,
+        max_answers=max_answers, **prompts._asdict())
 
 
 def make_paper_maze_task(*, max_answers: int = 8) -> base.Task:
@@ -196,3 +216,45 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
                 break
         routes.append(route)
     return routes
+
+
+def better_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_answers: int,
+                  fitness, fallback: list[list[str]], tries: int = 6) -> list[list[str]]:
+    """`num_answers` distinct routes, best first: lava-free full tours of the gold and of the
+    diamond zone with random shortest legs (each scores >= 0.75, see `solved`), topped up with
+    the best `fallback` routes when the tours have too few distinct variants."""
+    orders = [maze_world.best_tour(grid, maze_world.zone_items(grid, kind), avoid_lava=True)[1]
+              for kind in (GOLD, DIAMOND)]
+    found: list[list[str]] = []
+    for t in range(tries * num_answers):
+        route = maze_world.plan_route(grid, orders[t % 2], rng)
+        if route not in found and len(route) <= budget:
+            found.append(route)
+        if len(found) == num_answers:
+            break
+    extra = [r for r in fallback if r not in found]
+    found += sorted(extra, key=fitness, reverse=True)[:num_answers - len(found)]
+    return sorted(found, key=fitness, reverse=True)
+
+
+def shortcut_route(grid: np.ndarray, route: list[str], rng: np.random.Generator) -> list[str]:
+    """A random prefix of `route`, then a random shortest path to E from where it stands (through
+    lava half of the time): a complete route that usually misses items or steps on lava."""
+    n = grid.shape[0]
+    k = int(rng.integers(1, len(route)))
+    pos = maze_world.corners(n)["start"]
+    for m in route[:k]:
+        nr, nc = pos[0] + maze_world.MOVES[m][0], pos[1] + maze_world.MOVES[m][1]
+        if 0 <= nr < n and 0 <= nc < n and grid[nr, nc] != WALL:
+            pos = (nr, nc)
+    inverse = {d: m for m, d in maze_world.MOVES.items()}
+    out, cur = list(route[:k]), pos
+    try:
+        path = maze_world._random_path(grid, pos, maze_world.corners(n)["exit"], rng,
+                                       avoid_lava=bool(rng.random() < 0.5))
+    except ValueError:
+        return out
+    for nxt in path:
+        out.append(inverse[(nxt[0] - cur[0], nxt[1] - cur[1])])
+        cur = nxt
+    return out

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.tasks import answers as answers_lib
-from vpo.tasks import base, program_lang, prompting
+from vpo.tasks import base, mutation_demos, program_lang, prompting
 from vpo.tasks import vocab as vocab_lib
 from vpo.tasks.program_lang import MOD
 
@@ -124,12 +124,30 @@ def make_program_task(difficulty: str = "easy", *, num_tests: int = 5, answer_le
         progs = equivalent_programs(target, rng, num_answers, A)
         return base.join_answers([vocab.encode(p) for p in progs])
 
+    def mutation_demonstrations(problem, rng: np.random.Generator, num_parents: int,
+                                num_answers: int) -> tuple[list[list[int]], list[list[int]]]:
+        # Children: programs equivalent to the target (all tests pass). Parents: 1..3 random
+        # edits of a child that fail at least one shown test (the host twin of the reward).
+        target = [vocab.tokens[i] for i in np.asarray(problem.target) if i != vocab_lib.PAD]
+        children = equivalent_programs(target, rng, num_answers, A)
+        xs, ys = np.asarray(problem.inputs).tolist(), np.asarray(problem.outputs).tolist()
+
+        def pass_rate(prog):
+            return float(np.mean([program_lang.run_py(prog, x) == y for x, y in zip(xs, ys)]))
+
+        parents = mutation_demos.weaker_parents(children, pass_rate, 1.0,
+                                                program_lang.PROGRAM_TOKENS, rng,
+                                                num_parents=num_parents, max_len=A,
+                                                exclude=children)
+        return [vocab.encode(p) for p in parents], [vocab.encode(c) for c in children]
+
     return base.Task(
         name=f"program-{difficulty}", vocab=vocab,
         reward_names=tuple(f"test_{i}" for i in range(R)),
         eval_weights_R=np.full((R,), 1.0 / R, np.float32), answer_len=A,
         make_problems=make_problems, reward=reward, solved=solved,
-        demonstrations=demonstrations, max_answers=max_answers, **prompts._asdict())
+        demonstrations=demonstrations, mutation_demonstrations=mutation_demonstrations,
+        max_answers=max_answers, **prompts._asdict())
 
 
 def _rewrite(prog: list[str], rng: np.random.Generator) -> list[str]:
