@@ -80,3 +80,11 @@ def test_search_writes_curves(tmp_path):
     budgets = {tuple(t["evaluated"]) for t in traces.values()}
     assert len(budgets) == 1  # the same candidate budget at every point for every method
     assert os.path.getsize(os.path.join(out, "search_solved.png")) > 0
+
+
+def test_compare_reports_config_errors(capsys, tmp_path):
+    assert cli.main(["compare", "--preset", "nope", "--out", str(tmp_path)]) == 2
+    assert "--preset: unknown preset 'nope'" in capsys.readouterr().err
+    assert cli.main(["compare", "--preset", "smoke", "arms=grpo,ppo", "--out",
+                     str(tmp_path)]) == 2
+    assert "arms: unknown arm(s) ppo" in capsys.readouterr().err

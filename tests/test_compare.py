@@ -24,6 +24,8 @@ def test_entropy_law_fit_recovers_known_coefficients():
     assert rep["r2"] > 0.95 and rep["rmse_heldout"] < rep["rmse_constant"]
     flat = compare.entropy_law_report(H, np.full_like(H, 0.5) + np.sin(np.arange(40)), bins=10)
     assert flat["r2"] < 0.5  # no entropy-reward relation: the law does not fit
+    with pytest.raises(ValueError, match="need >= 4 steps"):
+        compare.entropy_law_report(H[:3], R[:3])
 
 
 def test_mean_ci_is_a_student_t_interval():
@@ -66,13 +68,14 @@ def test_presets_and_arm_configs():
 @pytest.mark.slow
 def test_compare_smoke_writes_a_consistent_report(tmp_path):
     out = str(tmp_path / "cmp")
-    assert cli.main(["compare", "--preset", "smoke", "arms=grpo,vpo", "sft_steps=20",
+    # both arms answer m = 3: one warm start, one evaluation and one search compile
+    assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
                      "train.steps=2", "--compile-cache", "", "--out", out]) == 0
     for name in ("report.md", "summary.json", "best_at_k.png", "pass_at_k.png", "training.png",
-                 "search_solved.png", "eval.md"):
+                 "search_solved.png", "eval.md", "report.png"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     s = json.load(open(os.path.join(out, "summary.json")))
-    assert set(s["headline"]) == {"sft (m=1)", "sft (m=3)", "grpo", "vpo"}
+    assert set(s["headline"]) == {"sft (m=3)", "multi_rlvr", "vpo"}
     N, ks = s["config"]["eval_budget"], s["eval"]["ks"]
     for name, rows in s["eval"]["rows"].items():
         for r in rows:
@@ -83,10 +86,10 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     budget = s["search"]["budget"]
     for name, rows in s["search"]["rows"].items():
         assert rows[0]["evaluated"][-1] == budget, name  # equal candidate budget for every row
-    for arm in ("grpo", "vpo"):
+    for arm in ("multi_rlvr", "vpo"):
         rows = s["train"][arm][0]["metrics"]
         assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
     assert all(isinstance(c["holds"], bool) for c in s["claims"]) and s["claims"]
     report = open(os.path.join(out, "report.md")).read()
     assert "| vpo | 3 | 1 |" in report and "What reproduced" in report
-    assert s["wall_s"]["total"] > 0
+    assert s["wall_s"]["total"] > 0 and s["entropy_law"] == {}  # 2 steps: too few to fit

@@ -77,7 +77,7 @@ class CompareConfig:
     search_problems: int = 8  # the hardest eval problems for the warm start
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=150, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
+        steps=300, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
     sampler: SamplerConfig = dataclasses.field(default_factory=lambda: SamplerConfig(
         num_samples=8, temperature=1.0))
     search: SearchConfig = dataclasses.field(default_factory=lambda: SearchConfig(
@@ -207,7 +207,10 @@ def entropy_law_report(entropy_S, reward_S, *, bins: int = 10, fit_frac: float =
     the first `fit_frac` of the chunks and report the RMSE of its prediction on the rest
     (`rmse_heldout`) next to the RMSE of predicting the early mean (`rmse_constant`)."""
     H, R = np.asarray(entropy_S, float), np.asarray(reward_S, float)
-    n = max(2, min(bins, H.size))
+    if H.size < 4:
+        raise ValueError(f"entropy_law_report: need >= 4 steps (2 to fit, 2 held out); got "
+                         f"{H.size}")
+    n = min(bins, H.size)
     Hb = np.array([c.mean() for c in np.array_split(H, n)])
     Rb = np.array([c.mean() for c in np.array_split(R, n)])
     a, b = fit_entropy_law(Hb, Rb)
@@ -343,11 +346,13 @@ def evaluate_arms(cfg: CompareConfig, task, policies, runs) -> dict[str, Any]:
 
 
 def hardest_problems(evals: dict[str, Any], num: int) -> list[int]:
-    """Indices of the `num` eval problems the warm start(s) did worst on: unsolved first, then
-    by the best candidate score (averaged over the warm starts); ties keep the problem order."""
-    sft = [r for name, rs in evals["rows"].items() if name.startswith("sft") for r in rs]
-    solved = np.mean([r["solved_P"] for r in sft], axis=0)
-    best = np.mean([r["best_P"] for r in sft], axis=0)
+    """Indices of the `num` eval problems that were hardest for all evaluated policies (warm
+    starts and every arm and seed, equally weighted per row): lowest solved fraction first, then
+    lowest mean best candidate score; ties keep the problem order."""
+    per_row = [(np.mean([r["solved_P"] for r in rs], 0), np.mean([r["best_P"] for r in rs], 0))
+               for rs in evals["rows"].values()]
+    solved = np.mean([s for s, _ in per_row], axis=0)
+    best = np.mean([b for _, b in per_row], axis=0)
     return [int(i) for i in np.lexsort((np.arange(best.size), best, solved))[:num]]
 
 
@@ -467,8 +472,8 @@ def claims(cfg: CompareConfig, head, evals, searches, law) -> list[dict[str, Any
 
 def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[str, float],
                  runs, evals, searches, law, load: str = "") -> dict[str, Any]:
-    """report.md, summary.json and the PNGs (best@k, pass@k, training curves, search) in
-    out_dir; returns the summary."""
+    """report.md, summary.json and the PNGs (best@k, pass@k, training curves, search, and all
+    four in report.png) in out_dir; returns the summary."""
     head = headline(cfg, runs, evals, searches)
     checked = claims(cfg, head, evals, searches, law)
     ks, N = evals["ks"], cfg.eval_budget
@@ -496,6 +501,10 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         plots.plot_metric_vs_k(os.path.join(out_dir, "search_solved.png"), curves,
                                metric=f"solved (of {len(searches['problems'])})", log_x=False,
                                title="island search on the hardest problems (mean over seeds)")
+    pngs = [os.path.join(out_dir, n) for n in ("best_at_k.png", "pass_at_k.png", "training.png",
+                                                "search_solved.png")]
+    plots.combine_pngs(os.path.join(out_dir, "report.png"), [p for p in pngs if os.path.exists(p)],
+                       title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
                "load": load, "headline": head, "claims": checked, "entropy_law": law,
                "eval": evals, "search": searches,
@@ -546,6 +555,13 @@ def _report_text(cfg, command, wall, head, checked, law, searches, load) -> str:
     for c in checked:
         lines.append(f"- **{'reproduced' if c['holds'] else 'not reproduced'}**: {c['claim']}. "
                      f"{c['evidence']}.")
+    warm = [n for n in head if n.startswith("sft")]
+    if warm:
+        lines += ["", "RL against its warm start (same m, mean over seeds): " + "; ".join(
+            f"{arm} best@1 {_delta(head, arm, sft, 'best@1')}, best@{N} "
+            f"{_delta(head, arm, sft, f'best@{N}')}, pass@{N} {_delta(head, arm, sft, f'pass@{N}')}"
+            for arm in head if not arm.startswith("sft")
+            for sft in [f"sft (m={head[arm]['m']})"] if sft in head) + "."]
     if law:
         lines += ["", "## Entropy law", "",
                   "R = -a·exp(H) + b fitted by least squares on [-exp(H), 1], H = mean token "
@@ -569,6 +585,11 @@ def _report_text(cfg, command, wall, head, checked, law, searches, load) -> str:
     lines += ["", "Per-run metrics: `arms/<arm>/seed<k>/metrics.jsonl` (and TensorBoard under "
               "`tb/`); warm starts: `sft_m<m>/`; all numbers: `summary.json`.", ""]
     return "\n".join(lines)
+
+
+def _delta(head, arm: str, base: str, metric: str) -> str:
+    a, b = _mean(head, arm, metric), _mean(head, base, metric)
+    return f"{b:.3f} -> {a:.3f}"
 
 
 def _arm_text(arm: str, cfg: CompareConfig) -> str:
@@ -621,7 +642,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
         searches = stage("search", lambda: search_arms(cfg, task, policies, runs, idx))
     law = {}
     for arm in ("grpo", "clip_cov", "kl_cov", "entropy_mask", "multi_rlvr", "vpo"):
-        if arm in runs:
+        if arm in runs and cfg.train.steps >= 4:
             rs = runs[arm]
             H = np.mean([[r["entropy"] for r in s.metrics] for s in rs], axis=0)
             R = np.mean([[r["reward"] for r in s.metrics] for s in rs], axis=0) / rs[0].num_answers

@@ -67,3 +67,23 @@ def plot_metrics_over_steps(path: str, panels: Mapping[str, Series], *,
     if title:
         fig.suptitle(title)
     return _save(fig, path)
+
+
+def combine_pngs(path: str, pngs: Sequence[str], *, columns: int = 2,
+                 title: str | None = None) -> str:
+    """The given PNG files tiled into one figure (row-major, `columns` per row), axes hidden."""
+    from matplotlib.image import imread
+
+    if not pngs:
+        raise ValueError("pngs is empty: give at least one PNG path")
+    rows = -(-len(pngs) // columns)
+    fig = Figure(figsize=(6.0 * columns, 4.2 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False).reshape(-1)
+    for ax in axes:
+        ax.axis("off")
+    for ax, png in zip(axes, pngs, strict=False):
+        ax.imshow(imread(png))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
