@@ -1,0 +1,398 @@
+"""Race the peers: vpo against HF `generate`, Tunix and TRL on the same random Qwen2 checkpoints.
+
+Run:  python experiments/bench_peers.py                 (both sizes, peers included when built)
+      python experiments/bench_peers.py --sizes tiny --rounds 1 --no-peers      (vpo side only)
+
+Workloads (the peer scripts' constants, `../shared/peers/*.py`):
+  * sampling: B=8 prompts x G=8 samples, P=32 prompt tokens (the Tunix scripts' random strings over
+    "abcdefghij", through the checkpoint's tokenizer), exactly T=64 new tokens at temperature 1
+    (vpo: an EOS id no token takes, so no sequence stops early); warm generated tokens/s.
+  * GRPO step: B=8 x G=8, T=64, one optimiser update per batch, no KL, reward = fraction of
+    completion tokens that are "a" (the peers' string reward, computed on token ids in-graph);
+    vpo runs `vpo.train.make_rl_step` (sample -> reward -> advantages -> update, one jit, state
+    donated); seconds per step.
+  * VPO advantage: B=128 G=8 M=3 R=5 K=100, `experiments/bench_advantages.py` (exact Dirichlet(1)
+    and lattice weights) against the peers' NumPy loop.
+
+The checkpoints (`make_ckpt.py`) are loaded through `vpo.hf.from_pretrained`. When the peer venvs
+exist (`../shared/peers/venvs.sh all`), every round runs vpo and then each peer script as a
+subprocess (same machine load, interleaved), and the table shows medians over rounds of each
+side's median over repetitions; compile / first-call times are reported separately. The speed
+ratio is vpo speed / peer speed (tokens/s ratio, or peer s/step / vpo s/step): > 1 means vpo is
+faster. No assertions: the script prints measurements.
+Environment: VPO_PEERS_DIR, VPO_VENVS, VPO_PEER_CKPTS override the default locations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vpo import hf, sharding
+from vpo import train as train_lib
+from vpo.config import SamplerConfig
+from vpo.sampler import left_pad, sample_with_keys
+from vpo.tasks import base
+from vpo.tasks import vocab as vocab_lib
+from vpo.train_config import ObjectiveConfig, TrainConfig
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import bench_advantages  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TMP = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
+PEERS = pathlib.Path(os.environ.get("VPO_PEERS_DIR", REPO.parent / "shared" / "peers"))
+VENVS = pathlib.Path(os.environ.get("VPO_VENVS", TMP / "vpo-venvs"))
+CKPTS = pathlib.Path(os.environ.get("VPO_PEER_CKPTS", TMP / "vpo-peer"))
+B, G, P, T = 8, 8, 32, 64
+NO_EOS = -1  # an EOS id no token takes: every sample generates exactly T tokens
+GOALS = {  # (workload, size) -> (peers, required speed ratio vpo / fastest listed peer)
+    ("sampling", "tiny"): [("hf_generate", 3.0), ("tunix_sampler", 2.0)],
+    ("sampling", "small"): [("hf_generate", 3.0), ("tunix_sampler", 1.3)],
+    ("grpo_step", "tiny"): [("trl|tunix", 3.0)],
+    ("grpo_step", "small"): [("trl|tunix", 1.3)],
+    ("vpo_advantage", "-"): [("vpo_numpy_loop", 50.0)],
+}
+# Dense bf16 peak FLOP/s for the MFU line on accelerators (by jax device_kind substring).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "v5e": 197e12, "v5p": 459e12,
+              "v6e": 918e12, "v4": 275e12}
+
+
+def get_config() -> dict:
+    return dict(sizes=("tiny", "small"), rounds=3, sample_reps=5, step_reps=5, dtype="float32")
+
+
+# ---------------------------------------------------------------------------------------------
+# the vpo side
+
+
+def prompt_strings(num: int) -> list[str]:
+    """The peers' prompts: random strings over "abcdefghij" of P characters, seed 0."""
+    rnd = random.Random(0)
+    return ["".join(rnd.choice("abcdefghij") for _ in range(P)) for _ in range(num)]
+
+
+def encode_prompts(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    return left_pad(ids, P, tok.pad_id, truncate=True)
+
+
+class CountA(NamedTuple):
+    """Problems of the benchmark task: nothing but the prompt tokens."""
+
+    prompt_P: np.ndarray
+
+
+def count_a_task(a_id: int, prompts_NP: np.ndarray) -> base.Task:
+    """GRPO benchmark task on a checkpoint's own token ids: reward = fraction of the completion's
+    tokens that are `a_id` (the peers' `c.count("a") / len(c)`). R = 1, one answer.
+
+    It has no SFT demonstrations or mutation prompts (it only times the RL step); its `vocab` is
+    the bare special-token vocabulary since nothing in the in-graph step decodes text.
+    """
+
+    def make_problems(seed: int, num: int) -> CountA:
+        rows = np.random.default_rng(seed).integers(0, len(prompts_NP), num)
+        return CountA(prompts_NP[rows])
+
+    def reward(problem, completion_T, mask_T, num_answers: int):
+        del problem, num_answers
+        n = jnp.maximum(mask_T.sum(), 1)
+        frac = jnp.sum((completion_T == a_id) & mask_T) / n
+        return frac.reshape(1, 1).astype(jnp.float32), jnp.ones((1,), bool)
+
+    def unsupported(*_, **__):
+        raise ValueError("the count-a benchmark task only times the RL step: it has no "
+                         "demonstrations or mutation prompts")
+
+    return base.Task(
+        name="count_a", vocab=vocab_lib.make_vocab(()), reward_names=("frac_a",),
+        eval_weights_R=np.ones((1,), np.float32), prompt_len=P, answer_len=T,
+        make_problems=make_problems, prompt_tokens=lambda problem, num_answers: problem.prompt_P,
+        reward=reward, solved=lambda rewards_R: rewards_R[0] >= 0.5,
+        demonstrations=unsupported, mutation_prompt=unsupported,
+        mutation_prompt_len=unsupported, max_answers=1)
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    return out, time.perf_counter() - t0
+
+
+class VpoSize:
+    """One checkpoint loaded through `vpo.hf`, with its compiled sampling call and RL step."""
+
+    def __init__(self, size: str, dtype: str):
+        self.size = size
+        folder = CKPTS / size
+        self.model = hf.from_pretrained(folder, dtype=dtype)
+        self.tok = hf.load_tokenizer(folder)
+        self.prompts_BP, self.mask_BP = encode_prompts(self.tok, prompt_strings(B))
+        self.cfg = SamplerConfig(max_new_tokens=T, num_samples=G, temperature=1.0)
+        self.compile_s: dict[str, float] = {}
+        self.calls = 0
+        self._build_step()
+
+    # -- sampling -------------------------------------------------------------------------------
+    def _sample(self):
+        self.calls += 1
+        keys = jax.random.split(jax.random.key(self.calls), B * G).reshape(B, G)
+        return sample_with_keys(self.model, self.prompts_BP, self.mask_BP, keys, self.cfg,
+                                eos_id=NO_EOS, pad_id=self.tok.pad_id)
+
+    def sampling(self, reps: int) -> float:
+        """Median warm generated tokens/s over `reps` calls (first call: compile, reported)."""
+        if "sampling" not in self.compile_s:
+            rollout, self.compile_s["sampling"] = _timed(self._sample)
+            n = int(rollout.mask_BGT.sum())
+            if n != B * G * T:
+                raise RuntimeError(f"vpo sampled {n} tokens, expected exactly {B * G * T}")
+        return B * G * T / statistics.median(_timed(self._sample)[1] for _ in range(reps))
+
+    # -- GRPO step ------------------------------------------------------------------------------
+    def _build_step(self):
+        a_id = self.tok.encode("a", add_special_tokens=False)[0]
+        prompts, _ = encode_prompts(self.tok, prompt_strings(B * 4))
+        self.task = count_a_task(a_id, prompts)
+        tcfg = TrainConfig(batch_size=B, num_answers=1, learning_rate=1e-5, steps=10**6)
+        self.step_cfg = train_lib.StepConfig(self.cfg, ObjectiveConfig(advantage="grpo"), tcfg,
+                                             eos_id=NO_EOS, pad_id=self.tok.pad_id)
+        self.tx = train_lib.make_optimizer(tcfg)
+        self.mesh = sharding.make_mesh(devices=jax.devices()[:1])
+        self.graphdef, self.state, _ = train_lib.state_from_model(self.model, self.tx, self.mesh)
+        problems = self.task.make_problems(0, B)
+        self.batch = dict(problems=problems, prompt_BP=jnp.asarray(problems.prompt_P),
+                          prompt_mask_BP=jnp.asarray(problems.prompt_P != self.tok.pad_id))
+        self.step = train_lib.make_rl_step(self.graphdef, self.tx, self.task, self.step_cfg)
+
+    def _one_step(self):
+        self.state, metrics = self.step(self.state, self.batch)
+        return metrics
+
+    def grpo_step(self, reps: int) -> float:
+        """Median seconds per fused RL step (sample -> reward -> GRPO advantage -> one update)."""
+        if "grpo_step" not in self.compile_s:
+            metrics, self.compile_s["grpo_step"] = _timed(self._one_step)
+            if not np.isfinite(float(metrics["loss"])):
+                raise RuntimeError(f"vpo GRPO step gave a non-finite loss: {metrics['loss']}")
+        return statistics.median(_timed(self._one_step)[1] for _ in range(reps))
+
+    def step_split(self, reps: int) -> dict:
+        """Where a step's time goes: the sampling jit alone and the update jit alone (reward,
+        advantages, training forward/backward, optimiser), plus the update's XLA FLOP count."""
+        sample = train_lib.make_sample_step(self.graphdef, self.step_cfg)
+        task, cfg, graphdef, tx = self.task, self.step_cfg, self.graphdef, self.tx
+
+        @jax.jit
+        def update(state, batch, rollout):
+            rewards, smask = train_lib.in_graph_rewards(task, batch["problems"],
+                                                        rollout.tokens_BGT, rollout.mask_BGT, 1)
+            return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef,
+                                     tx=tx, task=task, cfg=cfg)
+
+        rollout = jax.block_until_ready(sample(self.state, self.batch))
+        compiled = update.lower(self.state, self.batch, rollout).compile()
+        jax.block_until_ready(compiled(self.state, self.batch, rollout))
+        t_sample = statistics.median(
+            _timed(lambda: sample(self.state, self.batch))[1] for _ in range(reps))
+        t_update = statistics.median(
+            _timed(lambda: compiled(self.state, self.batch, rollout))[1] for _ in range(reps))
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return dict(sample_s=t_sample, update_s=t_update, update_flops=float(cost["flops"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# the peers (subprocesses in their own venvs)
+
+
+def peers_available() -> bool:
+    return all((VENVS / v / ".ok").exists() for v in ("hf", "tunix", "jax")) and PEERS.is_dir()
+
+
+def ensure_checkpoint(size: str) -> None:
+    if (CKPTS / size / "config.json").exists():
+        return
+    if not (VENVS / "hf" / ".ok").exists():
+        raise SystemExit(f"no checkpoint at {CKPTS / size} and no hf venv to make one; run "
+                         f"bash {PEERS / 'venvs.sh'} all (or set VPO_PEER_CKPTS)")
+    subprocess.run([str(VENVS / "hf/bin/python"), str(PEERS / "make_ckpt.py"), "--size", size,
+                    "--out", str(CKPTS / size)], check=True, capture_output=True)
+
+
+def _run_peer(venv: str, script: str, *args: str, env: dict | None = None) -> dict:
+    cmd = [str(VENVS / venv / "bin/python"), str(PEERS / script), *args]
+    full_env = {**os.environ, **(env or {})}
+    for k in ("XLA_FLAGS", "JAX_PLATFORMS"):  # ours must not leak into the peer's process
+        if k not in (env or {}):
+            full_env.pop(k, None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=1800)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{") and '"peer"' in ln]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"peer {script} failed (rc {proc.returncode}): {proc.stderr[-800:]}")
+    return json.loads(lines[-1])
+
+
+def peer_sampling(size: str) -> dict:
+    ck = str(CKPTS / size)
+    out = {}
+    r = _run_peer("hf", "hf_generate.py", "--ckpt", ck)
+    out["hf_generate"] = (r["tok_per_s_median"], r["first_s"])
+    r = _run_peer("tunix", "tunix_sample.py", "--ckpt", ck, env={"JAX_PLATFORMS": "cpu"})
+    out["tunix_sampler"] = (r["tok_per_s_median"], r["first_s"])
+    return out
+
+
+def peer_grpo(size: str) -> dict:
+    """Seconds per step: TRL's median step; Tunix's (train 6 steps - train 2 steps) / 4."""
+    ck = str(CKPTS / size)
+    r = _run_peer("hf", "trl_grpo.py", "--ckpt", ck, "--steps", "6")
+    out = {"trl_grpo": (r["median_step_s"], r["total_s"])}
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    t = {n: _run_peer("tunix", "tunix_grpo.py", "--ckpt", ck, "--steps", str(n), env=env)
+         ["train_s"] for n in (2, 6)}
+    out["tunix_grpo"] = ((t[6] - t[2]) / 4, t[2])
+    return out
+
+
+def peer_numpy_loop() -> float:
+    return _run_peer("jax", "vpo_numpy_loop.py")["median_ms"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the run and the table
+
+
+def _med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def run(cfg: dict, with_peers: bool) -> dict:
+    res: dict = {"vpo": {}, "peer": {}, "compile": {}, "split": {}}
+    add = lambda d, key, v: d.setdefault(key, []).append(v)  # noqa: E731
+    for size in cfg["sizes"]:
+        ensure_checkpoint(size)
+        v = VpoSize(size, cfg["dtype"])
+        for r in range(cfg["rounds"]):
+            add(res["vpo"], ("sampling", size), v.sampling(cfg["sample_reps"]))
+            add(res["vpo"], ("grpo_step", size), v.grpo_step(cfg["step_reps"]))
+            if with_peers:
+                for name, (x, first) in peer_sampling(size).items():
+                    add(res["peer"], (name, size), x)
+                    res["compile"].setdefault((name, size), first)
+                for name, (x, first) in peer_grpo(size).items():
+                    add(res["peer"], (name, size), x)
+                    res["compile"].setdefault((name, size), first)
+            print(f"  [{size} round {r + 1}/{cfg['rounds']} done]", flush=True)
+        for k, s in v.compile_s.items():
+            res["compile"][(f"vpo_{k}", size)] = s
+        res["split"][size] = v.step_split(cfg["step_reps"])
+    for _ in range(cfg["rounds"]):
+        adv = bench_advantages.main(dict(bench_advantages.get_config(), reps=15))
+        add(res["vpo"], ("vpo_advantage_iid", "-"), adv["iid"]["ms"])
+        add(res["vpo"], ("vpo_advantage_lattice", "-"), adv["lattice"]["ms"])
+        add(res["peer"], ("numpy_loop_inprocess", "-"), adv["numpy_ms"])
+        if with_peers:
+            add(res["peer"], ("vpo_numpy_loop", "-"), peer_numpy_loop())
+    return res
+
+
+def table(res: dict) -> list[str]:
+    vpo = {k: _med(x) for k, x in res["vpo"].items()}
+    peer = {k: _med(x) for k, x in res["peer"].items()}
+    rows = ["| workload | size | vpo | peer | peer value | speed ratio vpo/peer | goal | met |",
+            "|---|---|---|---|---|---|---|---|"]
+
+    def row(work, size, vval, unit, pname, pval, ratio, goal):
+        met = "" if goal is None or ratio != ratio else ("yes" if ratio >= goal else "NO")
+        rows.append(f"| {work} | {size} | {vval} {unit} | {pname} | {pval} {unit} | "
+                    f"{ratio:.2f}x | {'' if goal is None else f'>= {goal}x'} | {met} |")
+
+    for size in ("tiny", "small"):
+        if ("sampling", size) in vpo:
+            x = vpo[("sampling", size)]
+            for pname, goal in GOALS[("sampling", size)]:
+                if (pname, size) in peer:
+                    p = peer[(pname, size)]
+                    row("sampling", size, f"{x:,.0f}", "tok/s", pname, f"{p:,.0f}", x / p, goal)
+            if not any((p, size) in peer for p, _ in GOALS[("sampling", size)]):
+                rows.append(f"| sampling | {size} | {x:,.0f} tok/s | (peers not run) | | | | |")
+        if ("grpo_step", size) in vpo:
+            x = vpo[("grpo_step", size)]
+            goal = GOALS[("grpo_step", size)][0][1]
+            peers = {n: peer[(n, size)] for n in ("trl_grpo", "tunix_grpo") if (n, size) in peer}
+            for n, p in peers.items():
+                row("grpo step", size, f"{x:.3f}", "s", n, f"{p:.3f}", p / x, None)
+            if peers:
+                n, p = min(peers.items(), key=lambda kv: kv[1])
+                row("grpo step", size, f"{x:.3f}", "s", f"faster ({n})", f"{p:.3f}", p / x, goal)
+            else:
+                rows.append(f"| grpo step | {size} | {x:.3f} s | (peers not run) | | | | |")
+    for name in ("vpo_advantage_iid", "vpo_advantage_lattice"):
+        if (name, "-") in vpo:
+            x = vpo[(name, "-")]
+            for pname in ("vpo_numpy_loop", "numpy_loop_inprocess"):
+                if (pname, "-") in peer:
+                    p = peer[(pname, "-")]
+                    goal = 50.0 if name.endswith("iid") and pname == "vpo_numpy_loop" else None
+                    row(name.replace("_", " "), "B128 G8 M3 R5 K100", f"{x:.3f}", "ms", pname,
+                        f"{p:.3f}", p / x, goal)
+    return rows
+
+
+def main(argv=None):
+    cfg = get_config()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=list(cfg["sizes"]), choices=["tiny", "small"])
+    ap.add_argument("--rounds", type=int, default=cfg["rounds"])
+    ap.add_argument("--reps", type=int, default=cfg["sample_reps"])
+    ap.add_argument("--dtype", default=cfg["dtype"], help="vpo param/compute dtype")
+    ap.add_argument("--no-peers", action="store_true", help="vpo side only")
+    ap.add_argument("--json", help="also write the raw measurements here")
+    a = ap.parse_args(argv)
+    cfg.update(sizes=tuple(a.sizes), rounds=a.rounds, sample_reps=a.reps, step_reps=a.reps,
+               dtype=a.dtype)
+    with_peers = not a.no_peers and peers_available()
+    if not a.no_peers and not with_peers:
+        print(f"peer venvs not found under {VENVS} (run bash {PEERS / 'venvs.sh'} all): "
+              "vpo side only")
+    dev = jax.devices()[0]
+    print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}) x{jax.device_count()}; "
+          f"load {os.getloadavg()[0]:.2f} at start; B={B} G={G} P={P} T={T}", flush=True)
+    res = run(cfg, with_peers)
+    print("\n".join(["", *table(res), ""]))
+    print("compile / first call (s): " + ", ".join(
+        f"{n} {s}: {t:.1f}" for (n, s), t in sorted(res["compile"].items())))
+    for size, sp in res["split"].items():
+        step = _med(res["vpo"][("grpo_step", size)])
+        line = (f"vpo {size} step split: sampling {sp['sample_s']:.3f} s, update (reward + "
+                f"advantage + forward/backward + AdamW) {sp['update_s']:.3f} s, fused step "
+                f"{step:.3f} s; update {sp['update_flops']:.3g} FLOPs = "
+                f"{sp['update_flops'] / sp['update_s'] / 1e9:.1f} GFLOP/s")
+        peak = next((f for k, f in PEAK_FLOPS.items() if k in dev.device_kind), None)
+        if peak and dev.platform != "cpu":
+            line += f", MFU {sp['update_flops'] / sp['update_s'] / peak:.1%} of bf16 peak"
+        print(line)
+    print(f"load {os.getloadavg()[0]:.2f} at end (uptime 1-min average)")
+    if a.json:
+        flat = {k: {f"{n}|{s}": v for (n, s), v in d.items()} if k != "split" else d
+                for k, d in res.items()}
+        pathlib.Path(a.json).write_text(json.dumps(flat, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
