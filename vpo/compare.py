@@ -71,6 +71,7 @@ class CompareConfig:
     sft_steps: int = 300  # SFT warm start per m (skipped when `init` is set)
     sft_batch: int = 32
     sft_lr: float = 3e-3
+    sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
     eval_problems: int = 64
     eval_budget: int = 12  # candidates per problem, a multiple of every arm's m
     eval_seed: int = 4242  # held-out problem set (the paper's test seed)
@@ -257,8 +258,9 @@ def _seq_len(cfg: CompareConfig, task, m: int) -> int:
 
 
 def warm_start(cfg: CompareConfig, task, out_dir: str, log=print) -> dict[int, Any]:
-    """{m: policy} for every m the arms use: `run_sft` on m-answer demonstrations (same steps,
-    batch, lr and seed), saved to out_dir/sft_m<m>; or the `init` policy for every m."""
+    """{m: policy} for every m the arms use: `run_sft` on m-answer demonstrations, a share
+    `sft_mutation_fraction` of them search mutation prompts (same steps, batch, lr and seed),
+    saved to out_dir/sft_m<m>; or the `init` policy for every m."""
     policies = {}
     for m in sorted({cfg.arm_answers(a) for a in cfg.arm_names}):
         if cfg.init:
@@ -270,7 +272,9 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print) -> dict[int, A
                             max_seq_len=_seq_len(cfg, task, m))
         graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
                                           learning_rate=cfg.sft_lr, num_answers=m,
-                                          seed=cfg.train.seed)
+                                          seed=cfg.train.seed,
+                                          mutation_fraction=cfg.sft_mutation_fraction,
+                                          mutation_parents=cfg.search.parents)
         path = os.path.join(out_dir, f"sft_m{m}")
         checkpoint.save_policy(path, mcfg, state.params,
                                {"task": cfg.task, "num_answers": m, "sft_steps": cfg.sft_steps,
