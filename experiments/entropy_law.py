@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
         f.write(text)
     plots.plot_metrics_over_steps(os.path.join(args.out, "entropy_law.png"),
                                   {"entropy": entropy, "reward per answer": reward},
-                                  title="entropy law R = -a exp(H) + b")
+                                  title="entropy law R = -a exp(H) + b",
+                                  dashed=[k for k in reward if k.endswith("early fit")])
     print(text)
     return fits
 

@@ -93,3 +93,23 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     report = open(os.path.join(out, "report.md")).read()
     assert "| vpo | 3 | 1 |" in report and "What reproduced" in report
     assert s["wall_s"]["total"] > 0 and s["entropy_law"] == {}  # 2 steps: too few to fit
+
+
+def test_dashed_fit_shares_its_data_colour_and_pngs_combine(tmp_path):
+    from matplotlib.figure import Figure
+
+    from vpo import plots
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    plots._draw(ax, {"grpo": ([1, 2], [1, 2]), "grpo fit": ([1, 2], [1, 1.5]),
+                     "vpo": ([1, 2], [0, 1])}, marker=None, dashed=["grpo fit"])
+    data, fit, other = ax.get_lines()
+    assert fit.get_linestyle() == "--" and fit.get_color() == data.get_color()
+    assert other.get_color() != data.get_color() and other.get_linestyle() == "-"
+    a = plots.plot_metric_vs_k(str(tmp_path / "a.png"), {"x": ([1, 2], [0.1, 0.2])})
+    b = plots.plot_metrics_over_steps(str(tmp_path / "b.png"), {"e": {"x": ([1, 2], [1, 0])}})
+    out = plots.combine_pngs(str(tmp_path / "ab.png"), [a, b], title="both")
+    assert os.path.getsize(out) > max(os.path.getsize(a), os.path.getsize(b)) / 2
+    with pytest.raises(ValueError, match="pngs is empty"):
+        plots.combine_pngs(str(tmp_path / "none.png"), [])

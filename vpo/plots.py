@@ -11,7 +11,7 @@ Series are `{arm or run name: (xs, ys)}` mappings, e.g. `{"grpo": ([1, 3, 10], [
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -27,12 +27,18 @@ def _save(fig: Figure, path: str) -> str:
     return path
 
 
-def _draw(ax, series: Series, *, marker: str | None) -> None:
+def _draw(ax, series: Series, *, marker: str | None, dashed: Collection[str] = ()) -> None:
+    """One line per series; a series named in `dashed` is dashed in the colour of the series
+    drawn just before it (e.g. a fit after its data)."""
+    color = None
     for name, (xs, ys) in series.items():
         xs, ys = np.asarray(xs, float), np.asarray(ys, float)
         if xs.shape != ys.shape:
             raise ValueError(f"series {name!r}: {xs.shape[0]} x values but {ys.shape[0]} y values")
-        ax.plot(xs, ys, marker=marker, label=name)
+        if name in dashed:
+            ax.plot(xs, ys, linestyle="--", color=color, label=name)
+        else:
+            color = ax.plot(xs, ys, marker=marker, label=name)[0].get_color()
     if len(series) > 1:
         ax.legend()
     ax.grid(alpha=0.3)
@@ -53,14 +59,15 @@ def plot_metric_vs_k(path: str, curves: Series, *, metric: str = "best@k",
 
 
 def plot_metrics_over_steps(path: str, panels: Mapping[str, Series], *,
-                            title: str | None = None) -> str:
-    """One panel per metric (e.g. "entropy", "diversity"), one line per run, against the step."""
+                            title: str | None = None, dashed: Collection[str] = ()) -> str:
+    """One panel per metric (e.g. "entropy", "diversity"), one line per run, against the step;
+    series named in `dashed` are dashed in the colour of the series before them."""
     if not panels:
         raise ValueError("panels is empty: give at least one {metric: {run: (steps, values)}}")
     fig = Figure(figsize=(4.2 * len(panels), 3.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (metric, series) in zip(axes, panels.items(), strict=True):
-        _draw(ax, series, marker=None)
+        _draw(ax, series, marker=None, dashed=dashed)
         ax.set_xlabel("training step")
         ax.set_ylabel(metric)
         ax.set_title(metric)
