@@ -9,9 +9,13 @@ w*ᵀr (no separate periodic evaluation: R is the on-policy training reward). Bo
 seeds and into equal chunks of steps, then R = -a·exp(H) + b is fitted by least squares on
 [-exp(H), 1] (vpo.compare.fit_entropy_law). Printed and written to entropy_law.md: a, b, the
 predicted ceiling b - a at H = 0, R² of the fit, and the RMSE on the later half of the chunks of
-the fit made on the first half (next to the RMSE of predicting the early mean); the last-chunk entropy
-of each arm shows the floor Clip-Cov / KL-Cov keep. entropy_law.png: entropy and reward over
-steps with the early fit's prediction.
+the fit made on the first half (next to the RMSE of predicting the early mean); the last-chunk
+entropy of each arm shows the floor Clip-Cov / KL-Cov keep. entropy_law.png: entropy and reward
+over steps with the early fit's prediction (dashed).
+
+At this scale (8 prompts x 8 samples x ~16 tokens per step) Clip-Cov and KL-Cov act on
+max(floor(2e-4 · N), 1) = 1 token per batch (their paper ratio); the ratios are not yet
+ObjectiveConfig fields, so they cannot be raised from here.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ class CompareConfig:
     eval_problems: int = 64
     eval_budget: int = 12  # candidates per problem, a multiple of every arm's m
     eval_seed: int = 4242  # held-out problem set (the paper's test seed)
-    search_problems: int = 8  # the hardest eval problems for the warm start
+    search_problems: int = 8  # the hardest eval problems for the evaluated policies
+    devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=300, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
@@ -92,6 +93,8 @@ class CompareConfig:
                               f"from {', '.join(ARMS)} (comma-separated)")
         if self.task not in TASKS:
             raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
+        if self.devices == 0 or self.devices < -1:
+            raise ConfigError(f"devices: must be >= 1 or -1 (all); got {self.devices}")
         for f in ("num_answers", "num_seeds", "sft_batch", "eval_problems",
                   "eval_budget", "search_problems"):
             if getattr(self, f) < 1:
@@ -146,12 +149,13 @@ PRESETS: dict[str, CompareConfig] = {
     # --local-dir ~/ckpt/Qwen3-4B`, or init=hf:<folder>); see tpu_setup.sh.
     "paper": CompareConfig(
         task="maze9", model="qwen3-4b", arms="grpo,multi_rlvr,vpo", num_answers=3, num_seeds=3,
-        init="hf:~/ckpt/Qwen3-4B", sft_steps=0, eval_problems=100, eval_budget=30,
+        init="hf:~/ckpt/Qwen3-4B", sft_steps=0, devices=-1, eval_problems=100, eval_budget=30,
         search_problems=32,
         objective=_paper_objective(),
-        train=TrainConfig(steps=500, batch_size=128, num_minibatches=2, num_problems=1000,
+        # 2 epochs of the 1000 training mazes at 128 prompts per step (VPO §1.4, §1.6).
+        train=TrainConfig(steps=16, batch_size=128, num_minibatches=2, num_problems=1000,
                           learning_rate=1e-6, weight_decay=0.01, max_grad_norm=1.0,
-                          checkpoint_every=50, seed=42),
+                          checkpoint_every=8, seed=42),
         sampler=SamplerConfig(num_samples=8, temperature=1.0, top_p=1.0),
         search=SearchConfig(islands=8, members=12, parents=2, children=12, generations=20,
                             num_answers=1)),
@@ -300,13 +304,14 @@ def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, model_cfg):
         sampler=dataclasses.replace(cfg.sampler, max_new_tokens=task.completion_len(m)),
         objective=dataclasses.replace(cfg.objective, **changes),
         train=dataclasses.replace(cfg.train, seed=seed, num_answers=m),
-        task=cfg.task, mesh_data=1)
+        task=cfg.task, mesh_data=-1 if cfg.devices == -1 else cfg.devices)
 
 
 def train_arms(cfg: CompareConfig, task, policies: dict[int, Any], out_dir: str, log=print
                ) -> dict[str, list[ArmRun]]:
     """RL for every arm and seed from its m's warm start → {arm: [ArmRun per seed]}."""
-    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    devices = jax.devices() if cfg.devices == -1 else jax.devices()[:cfg.devices]
+    mesh = sharding.make_mesh(devices=devices)
     runs: dict[str, list[ArmRun]] = {}
     for arm in cfg.arm_names:
         m = cfg.arm_answers(arm)
