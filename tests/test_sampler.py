@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vpo import sharding
+from vpo import _prng, sharding
 from vpo.config import ConfigError, SamplerConfig, model_preset
 from vpo.model import Decoder
 from vpo.sampler import choose_tokens, left_pad, sample, sample_with_keys
@@ -90,12 +90,37 @@ def test_filters_never_leave_allowed_set(top_k, top_p, allowed):
     probs = jnp.array([0.5, 0.3, 0.1, 0.06, 0.04])
     n = 4096
     logits = jnp.broadcast_to(jnp.log(probs), (1, n, 5))
-    keys = jax.random.split(jax.random.key(0), n).reshape(1, n)
-    tok, _, slogp, _ = jax.jit(choose_tokens)(logits, keys, 1.0, top_p, top_k)
+    u = jax.random.uniform(jax.random.key(0), (1, n))
+    tok, _, slogp, _ = jax.jit(choose_tokens)(logits, u, 1.0, top_p, top_k)
     seen = set(np.unique(np.asarray(tok)).tolist())
     assert seen == allowed
     renorm = probs[jnp.array(sorted(allowed))].sum()
     np.testing.assert_allclose(np.exp(slogp[0, 0]), probs[tok[0, 0]] / renorm, rtol=1e-5)
+
+
+def test_inverse_cdf_draw_follows_the_distribution():
+    """Token frequencies of the one-uniform-per-row draw match softmax(logits) (and a zero-mass
+    token is never drawn, even at u -> 1)."""
+    probs = np.array([0.5, 0.3, 0.1, 0.06, 0.04, 0.0])
+    n = 20000
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(probs)), (1, n, 6))
+    u = _prng.uniform(jax.random.key(3), (1, n)).at[0, 0].set(1.0 - 2**-24)
+    tok = np.asarray(jax.jit(choose_tokens)(logits, u, 1.0, 1.0, 0)[0])
+    freq = np.bincount(tok.ravel(), minlength=6) / n
+    np.testing.assert_allclose(freq, probs, atol=4 * np.sqrt(0.25 / n))
+    assert freq[5] == 0 and tok[0, 0] == 4
+
+
+def test_unrolled_threefry_matches_jax():
+    from jax.extend.random import threefry_2x32
+    kd = jax.random.key_data(jax.random.key(7))
+    c = jnp.arange(257, dtype=jnp.uint32)
+    ref = threefry_2x32(kd, jnp.concatenate([jnp.zeros_like(c), c]))
+    ours = jnp.concatenate(_prng.threefry2x32(kd[0], kd[1], jnp.zeros_like(c), c))
+    np.testing.assert_array_equal(ours, ref)
+    u = np.asarray(_prng.uniform(jax.random.key(1), (3, 1001)))
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.02
+    assert len(np.unique(u)) > 2990  # both hash words used, no repeats
 
 
 def test_prefix_sharing_equals_separate_runs(model, prompts):

@@ -3,7 +3,8 @@
 The prompt's keys/values are computed once and shared by its G samples (`Decoder.extend` attends
 to the shared prefix), so prefill work and prefix memory do not grow with G. Temperature, top-p
 and top-k are traced scalars: changing them never recompiles. `temperature == 0` is greedy.
-Every (prompt, sample) pair owns a key; the token at step t is drawn with `fold_in(key, t)`, so
+Every (prompt, sample) pair owns a key; the token at step t is drawn by inverting the sampling
+distribution's CDF at the uniform hash(key, t) (`vpo._prng`, one random number per token), so
 the same keys give the same tokens whatever the batch layout, mesh or group sharing.
 """
 
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from vpo import _prng
 from vpo.config import ConfigError, SamplerConfig
 from vpo.model import Decoder, KVCache
 from vpo.types import Rollout
@@ -63,8 +65,8 @@ def _filter_logits(scaled_xV, top_k, top_p):
     return jnp.where(scaled_xV >= threshold, scaled_xV, -jnp.inf)
 
 
-def _inverse_cdf_draw(key_BG, scores_BGV):
-    """One draw per row from softmax(scores) by inverting its CDF with ONE uniform per row.
+def _inverse_cdf_draw(u_BG, scores_BGV):
+    """One draw per row from softmax(scores) by inverting its CDF with one uniform u per row.
 
     token = first v with q_v > 0 and cumsum(q)_v > u·sum(q), q = exp(scores - max). Exactly the
     categorical distribution (up to float32 rounding of the cumulative sums), but it needs one
@@ -75,7 +77,6 @@ def _inverse_cdf_draw(key_BG, scores_BGV):
     max_BG1 = jnp.max(scores_BGV, axis=-1, keepdims=True)
     q_BGV = jnp.exp(scores_BGV - max_BG1)
     total_BG = jnp.sum(q_BGV, axis=-1)
-    u_BG = jax.vmap(jax.vmap(jax.random.uniform))(key_BG)
     above_BGV = (jnp.cumsum(q_BGV, axis=-1) > (u_BG * total_BG)[..., None]) & (q_BGV > 0)
     V = scores_BGV.shape[-1]
     last_BG = V - 1 - jnp.argmax(q_BGV[..., ::-1] > 0, axis=-1)  # rounding: u·total ≥ cumsum
@@ -83,9 +84,10 @@ def _inverse_cdf_draw(key_BG, scores_BGV):
     return token_BG.astype(jnp.int32), max_BG1[..., 0] + jnp.log(total_BG)
 
 
-def choose_tokens(logits_BGV, keys_BG, temperature, top_p, top_k):
+def choose_tokens(logits_BGV, u_BG, temperature, top_p, top_k):
     """Draw one token per row → (token_BG, logp_BG, sample_logp_BG, entropy_BG).
 
+    u_BG: one uniform on [0, 1) per row (the row's random number for this step).
     logp / entropy are under softmax(logits) (temperature 1); sample_logp is under the sampled
     distribution softmax(filter(logits / temperature)), and 0 for greedy (temperature 0).
     The top-k/top-p sort runs only when a filter is on, and greedy skips the draw (`lax.cond`).
@@ -99,7 +101,7 @@ def choose_tokens(logits_BGV, keys_BG, temperature, top_p, top_k):
         use_filter = (top_k > 0) | (top_p < 1.0)
         filtered = jax.lax.cond(use_filter, _filter_logits, lambda x, k, p: x, scaled, top_k,
                                 top_p)
-        token_BG, norm_BG = _inverse_cdf_draw(keys_BG, filtered)
+        token_BG, norm_BG = _inverse_cdf_draw(u_BG, filtered)
         return token_BG, _pick(filtered, token_BG) - norm_BG
 
     def greedy(_):
@@ -148,11 +150,10 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
                     jnp.zeros((B, G, T), bool), jnp.zeros((B, G), jnp.int32),
                     jnp.zeros((B, G), bool)),
     )
-    step_keys = jax.vmap(jax.vmap(jax.random.fold_in, (0, None)), (0, None))
 
     def body(s: _Loop) -> _Loop:
-        tok, logp, slogp, ent = choose_tokens(s.logits_BGV, step_keys(keys_BG, s.t),
-                                              temperature, top_p, top_k)
+        u_BG = _prng.uniform_per_key(keys_BG, s.t)
+        tok, logp, slogp, ent = choose_tokens(s.logits_BGV, u_BG, temperature, top_p, top_k)
         live = ~s.done_BG
         tok = jnp.where(live, tok, pad_id)
         write = lambda a, x: a.at[:, :, s.t].set(x)  # noqa: E731
