@@ -6,7 +6,9 @@ For each (model preset, G): the fused `rl_step` (one jit: sample -> in-graph rew
 advantages -> update) timed as a whole, and the same work split at the sampling boundary into
 two jits (sampling alone; reward + advantages + update alone) to show where the time goes.
 Medians over repetitions; compile time reported separately. tokens/s counts generated tokens
-(before EOS) per second of the fused step.
+(before EOS) per second of the fused step. Baseline in the same run: the fused step with the
+training forward materialising all [B, G, T, V] logits (`train.logprob_impl=reference`) against
+the vocabulary-tiled default (`chunked`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from vpo.loop import shard_batch
 
 
 def get_config():
-    return dict(points=[("tiny", 4), ("tiny", 8), ("tiny", 16), ("small", 8)], batch_size=8,
-                num_answers=3, repeats=5, advantage="vpo")
+    return dict(points=[(preset, G) for preset in ("tiny", "small") for G in (4, 8, 16)],
+                batch_size=8, num_answers=3, repeats=5, advantage="vpo")
 
 
 def _median_time(fn, repeats):
@@ -40,9 +42,12 @@ def _median_time(fn, repeats):
 
 
 def bench_point(preset: str, G: int, cfg: dict):
-    run, task, _ = cli.build_run_config("maze", None, [
-        f"model={preset}", f"sampler.num_samples={G}", f"train.batch_size={cfg['batch_size']}",
-        f"train.num_answers={cfg['num_answers']}", f"objective.advantage={cfg['advantage']}"])
+    overrides = [f"model={preset}", f"sampler.num_samples={G}",
+                 f"train.batch_size={cfg['batch_size']}",
+                 f"train.num_answers={cfg['num_answers']}",
+                 f"objective.advantage={cfg['advantage']}"]
+    run, task, _ = cli.build_run_config("maze", None, overrides)
+    ref_run, _, _ = cli.build_run_config("maze", None, overrides + ["train.logprob_impl=reference"])
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)
@@ -53,7 +58,9 @@ def bench_point(preset: str, G: int, cfg: dict):
 
     fused = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
                                       cfg=step_cfg))
-    sample = jax.jit(functools.partial(train_lib._sample, graphdef=graphdef, cfg=step_cfg))
+    fused_ref = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
+                                          cfg=train_lib.step_config(ref_run, task)))
+    sample = train_lib.make_sample_step(graphdef, step_cfg)
 
     @jax.jit
     def update(state, batch, rollout):
@@ -67,16 +74,19 @@ def bench_point(preset: str, G: int, cfg: dict):
     compile_s = time.perf_counter() - t0
     rollout = jax.block_until_ready(sample(state, batch))
     jax.block_until_ready(update(state, batch, rollout))
+    jax.block_until_ready(fused_ref(state, batch))
     reps = cfg["repeats"]
     t_fused = _median_time(lambda: fused(state, batch), reps)
     t_sample = _median_time(lambda: sample(state, batch), reps)
     t_update = _median_time(lambda: update(state, batch, rollout), reps)
+    t_ref = _median_time(lambda: fused_ref(state, batch), reps)
     tokens = int(rollout.mask_BGT.sum())
     print(f"{preset:6s} ({run.model.num_params:>9,} params) B={run.train.batch_size} G={G:2d} "
           f"m={run.train.num_answers} T={run.sampler.max_new_tokens} | step {t_fused:6.3f}s "
           f"(compile+first {compile_s:5.1f}s) | sampling {t_sample:6.3f}s "
           f"({t_sample / (t_sample + t_update):4.0%}) update {t_update:6.3f}s | "
-          f"{tokens / t_fused:8,.0f} generated tok/s | loss {float(metrics['loss']):+.3f}",
+          f"{tokens / t_fused:8,.0f} generated tok/s | full-logits step {t_ref:6.3f}s "
+          f"(tiled/full {t_fused / t_ref:4.2f}) | loss {float(metrics['loss']):+.3f}",
           flush=True)
 
 

@@ -91,7 +91,11 @@ class CheckpointManager:
 # -- a policy on its own: the hand-off between `vpo sft`, `vpo train`, `vpo eval`, `vpo search` --
 
 def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None) -> None:
-    """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`)."""
+    """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`).
+
+    Multi-process: every process calls it (the orbax save is collective); process 0 writes the
+    JSON.
+    """
     import dataclasses
     import json
     import os
@@ -101,12 +105,14 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(target, params, force=True)
         ckptr.wait_until_finished()
-    with open(os.path.join(directory, "policy.json"), "w") as f:
-        json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
+    if jax.process_index() == 0:
+        with open(os.path.join(directory, "policy.json"), "w") as f:
+            json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
 
 
 def load_policy(directory: str, mesh=None, **overrides):
-    """(Decoder, info dict) from a folder written by `save_policy`; params placed on `mesh`.
+    """(Decoder, info dict) from a folder written by `save_policy`; params placed on `mesh`
+    (default: on this process's first device, whatever topology saved them).
 
     `overrides` replace ModelConfig fields that do not change the parameters (max_seq_len).
     """
@@ -133,6 +139,10 @@ def load_policy(directory: str, mesh=None, **overrides):
         shardings = sharding.param_shardings(abs_params, mesh)
         abs_params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abs_params, shardings)
+    else:
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        abs_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                                  abs_params)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(os.path.join(os.path.abspath(directory), "params"), abs_params)
     model = nnx.merge(graphdef, abs_state)

@@ -83,6 +83,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     start = 0
     if resume and manager.latest_step() is not None:
         state, start = manager.restore(state, data_it)
+        if jax.process_index() == 0:
+            print(f"resuming: restored step {start} from {manager.directory}", flush=True)
     else:
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(config.to_json(), f, indent=1)
@@ -93,12 +95,16 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
                     disable=not progress or jax.process_index() != 0)
     sample_fn = make_sample_step(graphdef, cfg) if tcfg.profile_every else None
+    compiled = False  # the sampling probe's first call compiles it: done once, untimed
     try:
         for step in bar:
             batch = shard_batch(next(data_it), mesh)
             host = None
             if sample_fn is not None and (step + 1) % tcfg.profile_every == 0:
                 logger.flush()  # the previous step's row first: its time excludes this probe
+                if not compiled:
+                    jax.block_until_ready(sample_fn(state, batch))
+                    compiled = True
                 state, metrics, host = profile_step(step_fn, sample_fn, state, batch)
             else:
                 state, metrics = step_fn(state, batch)
@@ -114,12 +120,11 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
         logger.close()
     _save_at_exit(manager, state, data_it, config, start)
     manager.close()
-    if jax.process_index() == 0:
-        ckpt_lib.save_policy(os.path.join(out_dir, "policy"), config.model, state.params,
-                             {"task": config.task, "task_kwargs": config.task_kwargs,
-                              "num_answers": config.train.num_answers,
-                              "advantage": config.objective.advantage,
-                              "steps": int(jax.device_get(state.step))})
+    ckpt_lib.save_policy(os.path.join(out_dir, "policy"), config.model, state.params,
+                         {"task": config.task, "task_kwargs": config.task_kwargs,
+                          "num_answers": config.train.num_answers,
+                          "advantage": config.objective.advantage,
+                          "steps": int(jax.device_get(state.step))})  # all processes take part
     return graphdef, state
 
 

@@ -163,19 +163,22 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     (`vpo.kernels.logprob_entropy`: online log-sum-exp), so only [B·G·T, vocab_block] logits
     exist at a time, never [B, G, T, V]; a vocabulary of at most `vocab_block` tokens is one
     tile. `impl="pallas"` runs the Pallas kernel instead of the `lax.scan` path (GPU / TPU,
-    single device: XLA cannot partition the kernel over a mesh).
+    single device: XLA cannot partition the kernel over a mesh); `impl="reference"`
+    materialises all the logits (the definition; a baseline for benchmarks).
     """
     B, G, T = tokens_BGT.shape
     hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT)
     hidden_ND = hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1])
     w_DV, targets_N = unembedding_DV(model), tokens_BGT.reshape(-1)
+    block_v = min(vocab_block, w_DV.shape[1])
     if impl == "pallas":
-        block = logprob_lib.BlockSizes(block_v=min(vocab_block, w_DV.shape[1]))
-        logp_N, entropy_N = logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N,
-                                                        block_sizes=block)
+        logp_N, entropy_N = logprob_lib.logprob_entropy(
+            hidden_ND, w_DV, targets_N, block_sizes=logprob_lib.BlockSizes(block_v=block_v))
+    elif impl == "reference":
+        logp_N, entropy_N = logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N)
     else:
-        logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(
-            hidden_ND, w_DV, targets_N, block_v=min(vocab_block, w_DV.shape[1]))
+        logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N,
+                                                                block_v=block_v)
     return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
 
 

@@ -99,7 +99,7 @@ class TrainConfig:
     checkpoint_every: int = 50  # steps; also saved at exit
     keep_checkpoints: int = 3
     vocab_block: int = 4096  # training forward: vocabulary tile of the log-prob/entropy scan
-    logprob_impl: str = "chunked"  # "chunked" (lax.scan, any backend, any mesh) | "pallas"
+    logprob_impl: str = "chunked"  # "chunked" (lax.scan, any backend/mesh) | "pallas" | "reference"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "num_answers", "num_problems", "ppo_epochs",
@@ -116,8 +116,9 @@ class TrainConfig:
         _require(self.learning_rate > 0, "train.learning_rate", "must be positive")
         _require(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _require(self.max_grad_norm > 0, "train.max_grad_norm", "must be positive")
-        _require(self.logprob_impl in ("chunked", "pallas"), "train.logprob_impl",
-                 f"must be 'chunked' or 'pallas' (GPU/TPU, one device); got {self.logprob_impl!r}")
+        _require(self.logprob_impl in ("chunked", "pallas", "reference"), "train.logprob_impl",
+                 "must be 'chunked', 'pallas' (GPU/TPU, one device) or 'reference' (full "
+                 f"logits); got {self.logprob_impl!r}")
 
     @property
     def updates_per_step(self) -> int:
