@@ -109,7 +109,7 @@ def test_dashed_fit_shares_its_data_colour_and_pngs_combine(tmp_path):
     assert other.get_color() != data.get_color() and other.get_linestyle() == "-"
     a = plots.plot_metric_vs_k(str(tmp_path / "a.png"), {"x": ([1, 2], [0.1, 0.2])})
     b = plots.plot_metrics_over_steps(str(tmp_path / "b.png"), {"e": {"x": ([1, 2], [1, 0])}})
-    out = plots.combine_pngs(str(tmp_path / "ab.png"), [a, b], title="both")
+    out = plots.combine_pngs(str(tmp_path / "ab.png"), [[a, b], [b]], title="both")
     assert os.path.getsize(out) > max(os.path.getsize(a), os.path.getsize(b)) / 2
-    with pytest.raises(ValueError, match="pngs is empty"):
-        plots.combine_pngs(str(tmp_path / "none.png"), [])
+    with pytest.raises(ValueError, match="rows is empty"):
+        plots.combine_pngs(str(tmp_path / "none.png"), [[]])

@@ -486,7 +486,7 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
     head = headline(cfg, runs, evals, searches)
     checked = claims(cfg, head, evals, searches, law)
     ks, N = evals["ks"], cfg.eval_budget
-    means = {f"{name} (m={h['m']})": {k: float(np.mean([r[k] for r in evals["rows"][name]]))
+    means = {name if name.startswith("sft") else f"{name} (m={h['m']})": {k: float(np.mean([r[k] for r in evals["rows"][name]]))
                                       for k in evals["rows"][name][0]
                                       if isinstance(evals["rows"][name][0][k], float)}
              for name, h in head.items()}
@@ -509,10 +509,13 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                   for name, rows in searches["rows"].items()}
         plots.plot_metric_vs_k(os.path.join(out_dir, "search_solved.png"), curves,
                                metric=f"solved (of {len(searches['problems'])})", log_x=False,
+                               xlabel="candidates evaluated per problem",
                                title="island search on the hardest problems (mean over seeds)")
-    pngs = [os.path.join(out_dir, n) for n in ("best_at_k.png", "pass_at_k.png", "training.png",
-                                                "search_solved.png")]
-    plots.combine_pngs(os.path.join(out_dir, "report.png"), [p for p in pngs if os.path.exists(p)],
+    layout = [["best_at_k.png", "pass_at_k.png"]
+              + (["search_solved.png"] if searches is not None else []), ["training.png"]]
+    plots.combine_pngs(os.path.join(out_dir, "report.png"),
+                       [[os.path.join(out_dir, n) for n in row if n != "training.png" or runs]
+                        for row in layout],
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
                "load": load, "headline": head, "claims": checked, "entropy_law": law,

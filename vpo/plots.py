@@ -45,14 +45,15 @@ def _draw(ax, series: Series, *, marker: str | None, dashed: Collection[str] = (
 
 
 def plot_metric_vs_k(path: str, curves: Series, *, metric: str = "best@k",
-                     title: str | None = None, log_x: bool = True) -> str:
+                     title: str | None = None, log_x: bool = True,
+                     xlabel: str = "k (candidate solutions)") -> str:
     """One line per arm of `metric` (best@k, pass@k, ...) against the candidate budget k."""
     fig = Figure(figsize=(5.0, 3.6))
     ax = fig.add_subplot()
     _draw(ax, curves, marker="o")
     if log_x:
         ax.set_xscale("log")
-    ax.set_xlabel("k (candidate solutions)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(metric)
     ax.set_title(title or f"{metric} vs k")
     return _save(fig, path)
@@ -76,21 +77,24 @@ def plot_metrics_over_steps(path: str, panels: Mapping[str, Series], *,
     return _save(fig, path)
 
 
-def combine_pngs(path: str, pngs: Sequence[str], *, columns: int = 2,
-                 title: str | None = None) -> str:
-    """The given PNG files tiled into one figure (row-major, `columns` per row), axes hidden."""
+def combine_pngs(path: str, rows: Sequence[Sequence[str]], *, title: str | None = None) -> str:
+    """PNG files tiled into one figure, one figure row per entry of `rows` (each row split
+    evenly between its images, so a wide plot can have a row to itself), axes hidden."""
     from matplotlib.image import imread
 
-    if not pngs:
-        raise ValueError("pngs is empty: give at least one PNG path")
-    rows = -(-len(pngs) // columns)
-    fig = Figure(figsize=(6.0 * columns, 4.2 * rows))
-    axes = fig.subplots(rows, columns, squeeze=False).reshape(-1)
-    for ax in axes:
-        ax.axis("off")
-    for ax, png in zip(axes, pngs, strict=False):
-        ax.imshow(imread(png))
+    rows = [list(r) for r in rows if len(r)]
+    if not rows:
+        raise ValueError("rows is empty: give at least one row with one PNG path")
+    images = [[imread(p) for p in r] for r in rows]
+    heights = [max(im.shape[0] / im.shape[1] * (1.0 / len(r)) for im in r) for r in images]
+    width = 12.0
+    fig = Figure(figsize=(width, width * sum(heights) + (0.4 if title else 0.0)))
+    grid = fig.add_gridspec(len(rows), 1, height_ratios=heights)
+    for i, row in enumerate(images):
+        axes = grid[i].subgridspec(1, len(row)).subplots(squeeze=False)[0]
+        for ax, im in zip(axes, row, strict=True):
+            ax.imshow(im)
+            ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     return _save(fig, path)
