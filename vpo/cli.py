@@ -366,8 +366,9 @@ def _add_search(p: argparse.ArgumentParser) -> None:
 # -- compare --------------------------------------------------------------------------------
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) -> equal-
-    budget evaluation -> island search on the hardest problems; writes --out/report.md."""
+    """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) ->
+    evaluation at an equal candidate budget -> island search on the hardest problems; writes
+    --out/report.md."""
     import os
 
     import jax
