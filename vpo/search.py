@@ -254,14 +254,14 @@ def island_step(cfg: SearchConfig, state: SearchState, mesh=None) -> SearchState
     """End of a generation: ring migration and island resets when due; count the generation."""
     g = state.generation + 1
     pop = state.population
+    # lax.cond: the generation counter is not batched over problems, so off-generations skip
+    # the migration / reset work instead of computing it and discarding it.
     if cfg.migration_interval and cfg.migration_count and cfg.islands > 1:
-        moved = ops.migrate(pop, cfg.migration_count)
-        pop = jax.tree.map(lambda a, b: jnp.where(g % cfg.migration_interval == 0, a, b),
-                           moved, pop)
+        pop = jax.lax.cond(g % cfg.migration_interval == 0,
+                           lambda p: ops.migrate(p, cfg.migration_count), lambda p: p, pop)
     if cfg.reset_interval and cfg.reset_count:
-        reset = ops.reset_weakest(pop, cfg.reset_count)
-        pop = jax.tree.map(lambda a, b: jnp.where(g % cfg.reset_interval == 0, a, b),
-                           reset, pop)
+        pop = jax.lax.cond(g % cfg.reset_interval == 0,
+                           lambda p: ops.reset_weakest(p, cfg.reset_count), lambda p: p, pop)
     return state._replace(population=_constrain(pop, mesh), generation=g)
 
 
