@@ -123,27 +123,35 @@ def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=
     """softmax(q·kᵀ/√E + mask)·v over [prefix keys ‖ suffix keys], one softmax over both.
 
     Grouped-query attention: query head h reads KV head h // (H/N). prefix_kv, if given, is
-    (k_BNPE, v_BNPE), shared by the G continuations of each prompt. Softmax in float32.
-    Returns out_BGNHSE (H = H/N query heads per KV head), the layout the output projection
-    contracts directly.
+    (k_BNPE, v_BNPE), shared by the G continuations of each prompt. Scores and softmax in float32.
+    The two key blocks are never concatenated: with m the row max over both,
+    out = (Σ_p e^(s_p - m) v_p + Σ_c e^(s_c - m) v_c) / (Σ_p e^(s_p - m) + Σ_c e^(s_c - m)),
+    normalised after the value products (fewer elements than the scores). Returns out_BGNHSE
+    (H = H/N query heads per KV head), the layout the output projection contracts directly.
     """
     B, G, S, H, E = q_BGSHE.shape
     N = k_BGNCE.shape[2]
     q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, N, H // N, E)
     q = q.transpose(0, 1, 3, 4, 2, 5)  # bgnhse
-    scores = jnp.einsum("bgnhse,bgnce->bgnhsc", q, k_BGNCE, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask_BGSC[:, :, None, None], scores, _MASKED)
+    s_own = jnp.einsum("bgnhse,bgnce->bgnhsc", q, k_BGNCE, preferred_element_type=jnp.float32)
+    s_own = jnp.where(mask_BGSC[:, :, None, None], s_own, _MASKED)
+    m = jnp.max(s_own, axis=-1, keepdims=True)
     if prefix_kv is not None:
         kp, vp = prefix_kv
-        sp = jnp.einsum("bgnhse,bnpe->bgnhsp", q, kp, preferred_element_type=jnp.float32)
-        sp = jnp.where(prefix_mask_BP[:, None, None, None, None, :], sp, _MASKED)
-        scores = jnp.concatenate([sp, scores], axis=-1)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGNCE.dtype)
-    P = 0 if prefix_kv is None else prefix_kv[0].shape[2]
-    out = jnp.einsum("bgnhsc,bgnce->bgnhse", probs[..., P:], v_BGNCE)
+        s_pre = jnp.einsum("bgnhse,bnpe->bgnhsp", q, kp, preferred_element_type=jnp.float32)
+        s_pre = jnp.where(prefix_mask_BP[:, None, None, None, None, :], s_pre, _MASKED)
+        m = jnp.maximum(m, jnp.max(s_pre, axis=-1, keepdims=True))
+    m = jax.lax.stop_gradient(m)  # any shift gives the same softmax
+    e_own = jnp.exp(s_own - m)
+    z = jnp.sum(e_own, axis=-1, keepdims=True)
+    out = jnp.einsum("bgnhsc,bgnce->bgnhse", e_own.astype(v_BGNCE.dtype), v_BGNCE,
+                     preferred_element_type=jnp.float32)
     if prefix_kv is not None:
-        out = out + jnp.einsum("bgnhsp,bnpe->bgnhse", probs[..., :P], prefix_kv[1])
-    return out
+        e_pre = jnp.exp(s_pre - m)
+        z = z + jnp.sum(e_pre, axis=-1, keepdims=True)
+        out = out + jnp.einsum("bgnhsp,bnpe->bgnhse", e_pre.astype(vp.dtype), vp,
+                               preferred_element_type=jnp.float32)
+    return (out / z).astype(v_BGNCE.dtype)
 
 
 class Attention(nnx.Module):
