@@ -282,7 +282,11 @@ def _med(xs):
 
 def run(cfg: dict, with_peers: bool) -> dict:
     res: dict = {"vpo": {}, "peer": {}, "compile": {}, "split": {}}
-    add = lambda d, key, v: d.setdefault(key, []).append(v)  # noqa: E731
+
+    def add(d, key, v):  # record, and print at once (a long run shows its progress)
+        d.setdefault(key, []).append(v)
+        side = "vpo" if d is res["vpo"] else "peer"
+        print(f"  {side} {key[0]} {key[1]}: {v:.4g} (load {os.getloadavg()[0]:.1f})", flush=True)
     for size in cfg["sizes"]:
         ensure_checkpoint(size)
         v = VpoSize(size, cfg["dtype"])
