@@ -200,8 +200,9 @@ def run_sft(task: Task, model_cfg: ModelConfig, steps: int, *, batch_size: int =
                       "them, or pass mutation_fraction=0 to silence this.", stacklevel=2)
         n_mut = 0
     if n_mut:
-        mut, _ = mutation_demonstration_set(task, num_demos, num_answers, mutation_parents,
-                                            seed + 1)
+        # never more rows than the run can draw (short smoke runs stay cheap)
+        mut, _ = mutation_demonstration_set(task, min(num_demos, steps * n_mut), num_answers,
+                                            mutation_parents, seed + 1)
         sets = [_left_pad(sets[0], mut["prompt_BP"].shape[1]), mut]
     sizes = [batch_size - n_mut, n_mut]
     step = jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
