@@ -161,9 +161,10 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
 
     Computed from the hidden states in vocabulary tiles of `vocab_block` columns
     (`vpo.kernels.logprob_entropy`: online log-sum-exp), so only [B·G·T, vocab_block] logits
-    exist at a time, never [B, G, T, V]; a vocabulary of at most `vocab_block` tokens is one
-    tile. `impl="pallas"` runs the Pallas kernel instead of the `lax.scan` path (GPU / TPU,
-    single device: XLA cannot partition the kernel over a mesh); `impl="reference"`
+    exist at a time, never [B, G, T, V]. A vocabulary of at most `vocab_block` tokens is one
+    tile, computed directly (no scan, no rematerialisation: the same memory, less time).
+    `impl="pallas"` runs the Pallas kernel instead of the `lax.scan` path (GPU / TPU, single
+    device: XLA cannot partition the kernel over a mesh); `impl="reference"` always
     materialises all the logits (the definition; a baseline for benchmarks).
     """
     B, G, T = tokens_BGT.shape
@@ -174,7 +175,7 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     if impl == "pallas":
         logp_N, entropy_N = logprob_lib.logprob_entropy(
             hidden_ND, w_DV, targets_N, block_sizes=logprob_lib.BlockSizes(block_v=block_v))
-    elif impl == "reference":
+    elif impl == "reference" or block_v == w_DV.shape[1]:
         logp_N, entropy_N = logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N)
     else:
         logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N,
