@@ -546,7 +546,8 @@ def _report_text(cfg, command, wall, head, checked, law, searches, load) -> str:
              f"Evaluation: {cfg.eval_problems} held-out problems (seed {cfg.eval_seed}), N = {N} "
              f"candidates per problem for every policy (N/m generations of m answers). Search: "
              f"island search with the policy as mutation operator on the "
-             f"{cfg.search_problems} problems the warm start did worst on, "
+             f"{cfg.search_problems} eval problems hardest for all policies above (fewest "
+             f"solved, then lowest best score), "
              f"{searches['budget'] if searches else 0} candidates per problem. Cells: mean "
              + ("± half-width of a 95% Student-t interval over seeds." if seeds > 1 else
                 "(one seed)."), "",
