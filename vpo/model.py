@@ -256,9 +256,13 @@ class Decoder(nnx.Module):
         return jnp.einsum("...d,dv->...v", hidden_xD, w.astype(self.dtype),
                           preferred_element_type=jnp.float32)
 
-    def _run(self, tokens_BGS, positions_BGS, mask_BGSC, cache, start, prefix):
+    def rope(self, positions):
+        """(cos, sin) of RoPE at integer `positions` (any shape) → positions.shape + (E,)."""
+        return rope_cos_sin(positions, rope_inv_freq(self.cfg))
+
+    def _run(self, tokens_BGS, mask_BGSC, cache, start, prefix, cos_sin):
         x = self.embed[...].astype(self.dtype)[tokens_BGS]
-        cos, sin = rope_cos_sin(positions_BGS, rope_inv_freq(self.cfg))
+        cos, sin = cos_sin  # [B or 1, G or 1, S, E]: broadcast over the dims they lack
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
             cache_kv = None if cache is None else (cache.k_BGNCE[i], cache.v_BGNCE[i])
@@ -277,7 +281,8 @@ class Decoder(nnx.Module):
         positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1) - 1, 0)
         causal_PP = jnp.tril(jnp.ones((P, P), bool))
         mask_B1PP = (causal_PP[None] & mask_BP[:, None, :])[:, None]
-        h, k, v = self._run(tokens_BP[:, None], positions_BP[:, None], mask_B1PP, None, 0, None)
+        h, k, v = self._run(tokens_BP[:, None], mask_B1PP, None, 0, None,
+                            self.rope(positions_BP[:, None]))
         prefix = Prefix(tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v), mask_BP,
                         mask_BP.sum(axis=1).astype(jnp.int32))
         return h[:, 0], prefix
@@ -286,21 +291,26 @@ class Decoder(nnx.Module):
         """Full causal forward → logits_BSV (float32)."""
         return self.logits(self.prefill(tokens_BS, mask_BS)[0])
 
-    def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0):
+    def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0,
+               rope=None):
         """G continuations per prompt: new tokens at suffix slots [start, start+S).
 
         Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
         ≤ start + s, or with `cache=None` only the S new tokens (then `start` must be 0).
+        `rope`: optional precomputed (cos, sin) [B, 1, S, E] of the new tokens' positions
+        `prefix.length_B + start + s` (`self.rope(...)`); a decode loop computes them once for
+        all steps instead of evaluating sin/cos every step. Computed per prompt, not per
+        continuation (the G continuations share positions).
         Returns (hidden_BGSD, KVCache with the new keys written).
         """
         B, G, S = tokens_BGS.shape
         C = S if cache is None else cache.k_BGNCE[0].shape[3]
         pos_S = start + jnp.arange(S)
-        positions = prefix.length_B[:, None, None] + pos_S[None, None, :]
         mask_SC = jnp.arange(C)[None, :] <= pos_S[:, None]
         mask_BGSC = jnp.broadcast_to(mask_SC, (B, G, S, C))
-        h, k, v = self._run(tokens_BGS, jnp.broadcast_to(positions, (B, G, S)), mask_BGSC,
-                            cache, start, prefix)
+        if rope is None:
+            rope = self.rope(prefix.length_B[:, None, None] + pos_S[None, None, :])
+        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope)
         return h, KVCache(k, v)
 
     def init_cache(self, batch: int, group: int, length: int) -> KVCache:

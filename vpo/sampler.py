@@ -151,6 +151,8 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
                     jnp.zeros((B, G), bool)),
     )
 
+    rope_B1TE = model.rope(prefix.length_B[:, None, None] + jnp.arange(T)[None, None, :])
+
     def body(s: _Loop) -> _Loop:
         u_BG = _prng.uniform_per_key(keys_BG, s.t)
         tok, logp, slogp, ent = choose_tokens(s.logits_BGV, u_BG, temperature, top_p, top_k)
@@ -165,7 +167,8 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
             entropy_BGT=write(o.entropy_BGT, jnp.where(live, ent, 0.0)),
             mask_BGT=write(o.mask_BGT, live),
         )
-        hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t)
+        rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.t, 1, axis=2), rope_B1TE)
+        hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope)
         return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache,
                      s.done_BG | (live & (tok == eos_id)), out)
 
