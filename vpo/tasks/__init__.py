@@ -10,6 +10,7 @@ returns one (pass the task object around; there is no registry):
     arithmetic.make_arithmetic_task()     host reward on decoded text, R = 3
 
 Shared pieces: `vocab` (word-level vocabularies and their HF tokenizer), `answers` (splitting a
-generation into its m answers), `prompting` (left-padded in-graph prompt assembly).
+generation into its m answers), `prompting` (left-padded in-graph prompt assembly),
+`mutation_demos` (weaker parents for SFT on search mutation prompts).
 A prompt's attention mask is `tokens_P != vocab.PAD`.
 """
