@@ -7,7 +7,7 @@ plain, with Clip-Cov and with KL-Cov (vpo.compare.train_arms: same seeds, steps,
 the trainer logs H = mean token entropy of the training rollouts and R = the mean training reward
 w*ᵀr (no separate periodic evaluation: R is the on-policy training reward). Both are averaged over
 seeds and into equal chunks of steps, then R = -a·exp(H) + b is fitted by least squares on
-[-exp(H), 1] (vpo.compare.fit_entropy_law). Printed and written to entropy_law.md: a, b, the
+[-exp(H), 1] (vpo.entropy_law.fit_entropy_law). Printed and written to entropy_law.md: a, b, the
 predicted ceiling b - a at H = 0, R² of the fit, and the RMSE on the later half of the chunks of
 the fit made on the first half (next to the RMSE of predicting the early mean); the last-chunk
 entropy of each arm shows the floor Clip-Cov / KL-Cov keep. entropy_law.png: entropy and reward
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from vpo import compare, plots
+from vpo import compare, compare_report, entropy_law, plots
 
 
 def get_config(overrides: list[str] | None = None) -> compare.CompareConfig:
@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
         steps = [r["step"] for r in rs[0].metrics]
         H = np.mean([[r["entropy"] for r in s.metrics] for s in rs], axis=0)
         R = np.mean([[r["reward"] for r in s.metrics] for s in rs], axis=0) / rs[0].num_answers
-        fits[arm] = fit = compare.entropy_law_report(H, R)
+        fits[arm] = fit = entropy_law.entropy_law_report(H, R)
         window = max(1, len(steps) // 15)
-        entropy[arm] = (steps, compare.smooth(H, window))
-        reward[arm] = (steps, compare.smooth(R, window))
-        pred = fit["early_b"] - fit["early_a"] * np.exp(compare.smooth(H, window))
+        entropy[arm] = (steps, compare_report.smooth(H, window))
+        reward[arm] = (steps, compare_report.smooth(R, window))
+        pred = fit["early_b"] - fit["early_a"] * np.exp(compare_report.smooth(H, window))
         reward[f"{arm}: law, early fit"] = (steps, pred)
     lines = ["| arm | a | b | ceiling b-a | R² | held-out RMSE | constant RMSE | entropy first "
              "-> last |", "|---|---|---|---|---|---|---|---|"]
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{'yes' if floor[arm] > floor['grpo'] else 'no'} ({floor[arm]:.3f} vs "
                 f"{floor['grpo']:.3f})" for arm in fits if arm != "grpo" and "grpo" in fits]
     cmd = " ".join(["python experiments/entropy_law.py", *args.overrides, f"--out {args.out}"])
-    text = (f"# Entropy law on {cfg.task}\n\n`{cmd}` ({wall:.0f} s; {compare.machine_load()})\n\n"
+    load = compare_report.machine_load()
+    text = (f"# Entropy law on {cfg.task}\n\n`{cmd}` ({wall:.0f} s; {load})\n\n"
             f"{cfg.train.steps} steps x {cfg.train.batch_size} prompts x G = "
             f"{cfg.sampler.num_samples}, seeds {cfg.seeds}, R = training reward w*ᵀr, H = "
             f"training-rollout token entropy, {fits[next(iter(fits))]['chunks']} chunks.\n\n"

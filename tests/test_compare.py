@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from vpo import cli, compare
+from vpo import cli, compare, compare_report, entropy_law
 from vpo.config import ConfigError
 
 
@@ -16,22 +16,22 @@ def test_entropy_law_fit_recovers_known_coefficients():
     H = np.linspace(1.5, 0.1, 40)
     a, b = 0.3, 1.2
     R = b - a * np.exp(H)
-    assert compare.fit_entropy_law(H, R) == pytest.approx((a, b), abs=1e-9)
+    assert entropy_law.fit_entropy_law(H, R) == pytest.approx((a, b), abs=1e-9)
     noisy = R + np.random.default_rng(0).normal(0, 0.01, H.shape)
-    rep = compare.entropy_law_report(H, noisy, bins=10)
+    rep = entropy_law.entropy_law_report(H, noisy, bins=10)
     assert rep["a"] == pytest.approx(a, abs=0.05) and rep["b"] == pytest.approx(b, abs=0.05)
     assert rep["ceiling"] == pytest.approx(rep["b"] - rep["a"])
     assert rep["r2"] > 0.95 and rep["rmse_heldout"] < rep["rmse_constant"]
-    flat = compare.entropy_law_report(H, np.full_like(H, 0.5) + np.sin(np.arange(40)), bins=10)
+    flat = entropy_law.entropy_law_report(H, np.full_like(H, 0.5) + np.sin(np.arange(40)), bins=10)
     assert flat["r2"] < 0.5  # no entropy-reward relation: the law does not fit
     with pytest.raises(ValueError, match="need >= 4 steps"):
-        compare.entropy_law_report(H[:3], R[:3])
+        entropy_law.entropy_law_report(H[:3], R[:3])
 
 
 def test_mean_ci_is_a_student_t_interval():
-    mean, hw = compare.mean_ci([1.0, 2.0, 3.0])
+    mean, hw = compare_report.mean_ci([1.0, 2.0, 3.0])
     assert mean == 2.0 and hw == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)
-    assert math.isnan(compare.mean_ci([0.7])[1])
+    assert math.isnan(compare_report.mean_ci([0.7])[1])
 
 
 @pytest.mark.parametrize("override, message", [
