@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo import hf, sharding
+from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.config import SamplerConfig
 from vpo.sampler import left_pad, sample_with_keys
@@ -198,7 +199,7 @@ class VpoSize:
 
         @jax.jit
         def update(state, batch, rollout):
-            rewards, smask = train_lib.in_graph_rewards(task, batch["problems"],
+            rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"],
                                                         rollout.tokens_BGT, rollout.mask_BGT, 1)
             return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef,
                                      tx=tx, task=task, cfg=cfg)

@@ -20,9 +20,9 @@ import time
 
 import jax
 
-from vpo import cli
+from vpo import cli, sharding
 from vpo import data as data_lib
-from vpo import sharding
+from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.loop import shard_batch
 
@@ -67,7 +67,7 @@ def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
 
     @jax.jit
     def update(state, batch, rollout):
-        rewards, smask = train_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
+        rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
                                                     rollout.mask_BGT, run.train.num_answers)
         return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
                                  task=task, cfg=step_cfg)

@@ -18,6 +18,7 @@ import pytest
 
 from vpo import data as data_lib
 from vpo import loop as loop_lib
+from vpo import rewards as rewards_lib
 from vpo import sft as sft_lib
 from vpo import sharding
 from vpo import train as train_lib
@@ -197,7 +198,7 @@ def test_sft_learns_maze_demonstrations():
     rollout = sampler.sample(train_lib.model_of(graphdef, state), prompts, mask,
                              jax.random.key(0), SamplerConfig(maze.completion_len(1), 4),
                              eos_id=2, pad_id=0)
-    r, ok = train_lib.in_graph_rewards(maze, problems, rollout.tokens_BGT, rollout.mask_BGT, 1)
+    r, ok = rewards_lib.in_graph_rewards(maze, problems, rollout.tokens_BGT, rollout.mask_BGT, 1)
     solved = jax.vmap(jax.vmap(jax.vmap(maze.solved)))(r) & ok
     assert float(jnp.mean(solved)) > 0.05
 
@@ -273,7 +274,7 @@ def test_chunked_completion_logp_matches_full_logits():
 def test_overlong_penalty_formula():
     """DAPO soft punishment with L_max = 10, L_cache = 4: free up to 6 tokens, then -1/4 per
     token, -1 beyond L_max."""
-    got = train_lib.overlong_penalty(jnp.array([[5, 6, 7, 8, 10, 11]]), 10, 4)
+    got = rewards_lib.overlong_penalty(jnp.array([[5, 6, 7, 8, 10, 11]]), 10, 4)
     np.testing.assert_allclose(got, [[0.0, 0.0, -0.25, -0.5, -1.0, -1.0]])
 
 
@@ -285,19 +286,19 @@ def test_dynamic_selection_keeps_varying_groups_first():
     smask = jnp.ones((4, 2, 1), bool)
     w = jnp.array([0.5, 0.5])
     zero = jnp.zeros((4, 2))
-    keep = train_lib.group_varies(ObjectiveConfig(), rewards_NGMR, smask, w, zero)
+    keep = rewards_lib.group_varies(ObjectiveConfig(), rewards_NGMR, smask, w, zero)
     np.testing.assert_array_equal(keep, [False, True, False, True])
-    idx, valid = train_lib.dynamic_selection(keep, 3)
+    idx, valid = rewards_lib.dynamic_selection(keep, 3)
     np.testing.assert_array_equal(idx, [1, 3, 0])
     np.testing.assert_array_equal(valid, [True, True, False])
     # a length penalty that differs inside group 0 makes it vary for the scalar estimators
     pen = zero.at[0, 1].set(-0.5)
-    keep = train_lib.group_varies(ObjectiveConfig(), rewards_NGMR, smask, w, pen)
+    keep = rewards_lib.group_varies(ObjectiveConfig(), rewards_NGMR, smask, w, pen)
     np.testing.assert_array_equal(keep, [True, True, False, True])
     # vpo: equal vectors but a different valid-answer pattern varies; equal everything does not
     vpo = ObjectiveConfig(advantage="vpo")
     smask2 = smask.at[2, 0, 0].set(False)
-    keep = train_lib.group_varies(vpo, rewards_NGMR, smask2, w, zero)
+    keep = rewards_lib.group_varies(vpo, rewards_NGMR, smask2, w, zero)
     np.testing.assert_array_equal(keep, [False, True, True, True])
 
 

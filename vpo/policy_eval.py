@@ -20,10 +20,10 @@ from vpo import data as data_lib
 from vpo import evaluation, plots
 from vpo.config import SamplerConfig
 from vpo.model import Decoder
+from vpo.rewards import host_rewards, in_graph_rewards
 from vpo.sampler import sample
 from vpo.tasks.answers import split_answers
 from vpo.tasks.base import Task
-from vpo.train import host_rewards, in_graph_rewards
 
 
 def default_ks(budget: int) -> list[int]:

@@ -12,7 +12,7 @@ One RL step, as data (DESIGN.md):
       ─► TrainState' + scalar metrics
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
-`sample_step` (jit) → `host_rewards` (numpy) → `update_step` (jit, donated).
+`sample_step` (jit) → `vpo.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
 The host loop (`vpo.loop.train`) and supervised warm start (`vpo.sft`) build on this module.
 """
 
@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
 from vpo import evaluation, objectives
+from vpo import rewards as rewards_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig, SamplerConfig
 from vpo.kernels import logprob_entropy as logprob_lib
@@ -184,111 +184,6 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
 
 
 # ---------------------------------------------------------------------------------------------
-# rewards and advantages
-
-
-def scalarize(rewards_BGMR, solution_mask_BGM, weights_R):
-    """sum over valid answers of w*ᵀ r (the single answer when M = 1) → reward_BG."""
-    score_BGM = jnp.einsum("bgmr,r->bgm", rewards_BGMR, jnp.asarray(weights_R, jnp.float32))
-    return jnp.sum(jnp.where(solution_mask_BGM, score_BGM, 0.0), axis=-1)
-
-
-def overlong_penalty(length_BG, max_len: int, cache_len: int):
-    """DAPO soft overlong punishment (Yu et al., 2025, arXiv 2503.14476) → penalty_BG ≤ 0.
-
-        R_len(L) = 0                            L ≤ L_max − L_cache
-                 = ((L_max − L_cache) − L) / L_cache   L_max − L_cache < L ≤ L_max
-                 = −1                           L > L_max
-    """
-    L = length_BG.astype(jnp.float32)
-    start = max_len - cache_len
-    soft = (start - L) / max(cache_len, 1)
-    return jnp.where(L <= start, 0.0, jnp.where(L <= max_len, soft, -1.0))
-
-
-def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
-                    penalty_BG):
-    """The reward the configured estimator sees, with `penalty_BG` (overlong) added.
-
-    vpo: the vectors, penalty added to every component of every answer (Dirichlet weights sum
-    to 1, so each valid answer's wᵀr moves by the penalty; an empty answer set still scores 0)
-    → rewards_BGMR. gdpo: per-component sums over valid answers, penalty on each → reward_BGR.
-    Others: the scalarised reward plus the penalty → reward_BG.
-    """
-    if cfg.advantage == "vpo":
-        return rewards_BGMR + penalty_BG[:, :, None, None]
-    if cfg.advantage == "gdpo":
-        per_comp_BGR = jnp.sum(jnp.where(solution_mask_BGM[..., None], rewards_BGMR, 0.0), 2)
-        return per_comp_BGR + penalty_BG[..., None]
-    return scalarize(rewards_BGMR, solution_mask_BGM, weights_R) + penalty_BG
-
-
-def advantages(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, key,
-               penalty_BG=None):
-    """adv_BG and advantage metrics for the configured estimator (optional reward penalty_BG)."""
-    if penalty_BG is None:
-        penalty_BG = jnp.zeros(rewards_BGMR.shape[:2], jnp.float32)
-    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG)
-    name = cfg.advantage
-    if name == "vpo":
-        return objectives.vpo_advantages(x, solution_mask_BGM, key=key,
-                                         num_weights=cfg.num_weights, alpha=cfg.alpha,
-                                         sampler=cfg.weight_sampler)
-    if name in ("grpo", "dr_grpo"):
-        scale = "none" if name == "dr_grpo" else cfg.grpo_scale
-        return objectives.grpo_advantages(x, scale=scale, std=cfg.grpo_std), {}
-    if name == "rloo":
-        return objectives.rloo_advantages(x), {}
-    if name == "maxrl":
-        return objectives.maxrl_advantages(x), {}
-    return objectives.gdpo_advantages(x, weights_R=jnp.asarray(weights_R), std=cfg.grpo_std), {}
-
-
-def group_varies(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG):
-    """keep_B: the estimator's input is not identical across the G samples of a group (for vpo
-    the valid-answer pattern counts too). A group without variation has zero advantage."""
-    B, G = rewards_BGMR.shape[:2]
-    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG)
-    if cfg.advantage == "vpo":
-        x = jnp.concatenate([jnp.where(solution_mask_BGM[..., None], x, 0.0).reshape(B, G, -1),
-                             solution_mask_BGM.astype(jnp.float32)], axis=-1)
-    x_BGX = x.reshape(B, G, -1)
-    return jnp.any(jnp.max(x_BGX, axis=1) > jnp.min(x_BGX, axis=1), axis=-1)
-
-
-def dynamic_selection(keep_N, batch_size: int):
-    """DAPO dynamic sampling with static shapes: of N sampled groups, the first `batch_size`
-    that vary, filled up in order with the others if too few → (idx_B, valid_B); valid_B is
-    False on the fillers, which the loss masks out."""
-    idx_B = jnp.argsort(~keep_N, stable=True)[:batch_size]
-    return idx_B, keep_N[idx_B]
-
-
-def in_graph_rewards(task: Task, problems, tokens_BGT, mask_BGT, num_answers: int):
-    """jax.vmap(task.reward) over B problems × G completions → (rewards_BGMR, solution_mask_BGM)."""
-    per_sample = jax.vmap(lambda p, t, m: task.reward(p, t, m, num_answers),
-                          in_axes=(None, 0, 0))
-    return jax.vmap(per_sample)(problems, tokens_BGT, mask_BGT)
-
-
-def host_rewards(task: Task, problems, rollout: Rollout, num_answers: int):
-    """task.host_reward on decoded text, in numpy → (rewards_BGMR, solution_mask_BGM)."""
-    tokens_BGT = np.asarray(rollout.tokens_BGT)
-    mask_BGT = np.asarray(rollout.mask_BGT)
-    problems = jax.tree.map(np.asarray, problems)
-    B, G, _ = tokens_BGT.shape
-    R = task.num_rewards
-    rewards = np.zeros((B, G, num_answers, R), np.float32)
-    smask = np.zeros((B, G, num_answers), np.bool_)
-    for b in range(B):
-        problem = jax.tree.map(lambda x: x[b], problems)
-        for g in range(G):
-            text = task.vocab.decode(tokens_BGT[b, g][mask_BGT[b, g]].tolist(), strict=False)
-            rewards[b, g], smask[b, g] = task.host_reward(problem, text, num_answers)
-    return rewards, smask
-
-
-# ---------------------------------------------------------------------------------------------
 # the update
 
 
@@ -335,22 +230,22 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
     smask_NGM = jnp.asarray(solution_mask_BGM, bool)
     sampled_metrics = rollout_metrics(task, rollout, rewards_NGMR, smask_NGM)
     if ocfg.overlong_cache_len:
-        penalty_NG = overlong_penalty(rollout.length_BG,
+        penalty_NG = rewards_lib.overlong_penalty(rollout.length_BG,
                                       ocfg.overlong_max_len or cfg.sampler.max_new_tokens,
                                       ocfg.overlong_cache_len)
     else:
         penalty_NG = jnp.zeros((N, G), jnp.float32)
-    keep_N = group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG)
+    keep_N = rewards_lib.group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG)
     chosen = (batch["prompt_BP"], batch["prompt_mask_BP"], rollout, rewards_NGMR, smask_NGM,
               penalty_NG)
     if ocfg.dynamic_sampling:
-        idx_B, valid_B = dynamic_selection(keep_N, B)
+        idx_B, valid_B = rewards_lib.dynamic_selection(keep_N, B)
         chosen = jax.tree.map(lambda x: x[idx_B], chosen)
     else:
         valid_B = jnp.ones((B,), bool)
     prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG = chosen
-    adv_BG, adv_metrics = advantages(ocfg, rewards_BGMR, solution_mask_BGM, weights_R, k_adv,
-                                     penalty_BG)
+    adv_BG, adv_metrics = rewards_lib.advantages(ocfg, rewards_BGMR, solution_mask_BGM,
+                                                 weights_R, k_adv, penalty_BG)
     loss_mask_BGT = rollout.mask_BGT & valid_B[:, None, None]
     if ocfg.overlong_mask:
         loss_mask_BGT = loss_mask_BGT & rollout.finished_BG[:, :, None]
@@ -435,7 +330,7 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
 def rollout_metrics(task: Task, rollout: Rollout, rewards_BGMR, solution_mask_BGM):
     """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved)."""
     B, G, M, R = rewards_BGMR.shape
-    reward_BG = scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
+    reward_BG = rewards_lib.scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
     solved_BGM = jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR) & solution_mask_BGM
     out = {
         "reward": jnp.mean(reward_BG),
@@ -473,8 +368,8 @@ def rl_step(state: TrainState, batch, *, graphdef, tx, task: Task, cfg: StepConf
     Jit it with `make_rl_step` (state donated).
     """
     rollout = _sample(state, batch, graphdef=graphdef, cfg=cfg)
-    rewards_BGMR, smask_BGM = in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
-                                               rollout.mask_BGT, cfg.train.num_answers)
+    rewards_BGMR, smask_BGM = rewards_lib.in_graph_rewards(
+        task, batch["problems"], rollout.tokens_BGT, rollout.mask_BGT, cfg.train.num_answers)
     return _update(state, batch, rollout, rewards_BGMR, smask_BGM, graphdef=graphdef, tx=tx,
                    task=task, cfg=cfg)
 
@@ -505,7 +400,8 @@ def make_host_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
 
     def step(state, batch):
         rollout = sample_step(state, batch)
-        rewards, smask = host_rewards(task, batch["problems"], rollout, cfg.train.num_answers)
+        rewards, smask = rewards_lib.host_rewards(task, batch["problems"], rollout,
+                                                  cfg.train.num_answers)
         return update_step(state, batch, rollout, rewards, smask)
 
     return step
