@@ -95,3 +95,44 @@ def test_jsonl_problems_load_and_errors(tmp_path):
         bad.write_text('{"numbers": [3, 4, 5], "target": 35}\n' + row + "\n")
         with pytest.raises(ValueError, match=msg):
             data_lib.load_jsonl_problems(str(bad), task)
+
+
+def test_mutation_prompts_mixed_in_by_row_and_resumable():
+    maze = make_maze_task()
+    P2 = maze.mutation_prompt_len(2)
+    kw = dict(num_problems=16, seed=3, mutation_fraction=0.5, mutation_parents=2)
+    all_problems = maze.make_problems(3, 16)
+    mutation, _ = data_lib.mutation_prompt_arrays(maze, all_problems, 2, 2, seed=3)
+    assert mutation.shape == (16, P2)
+    it = data_lib.problem_iterator(maze, 8, 2, **kw)
+    kinds = []
+    for _ in range(4):
+        batch = next(it)
+        assert batch["prompt_BP"].shape == (8, P2)
+        np.testing.assert_array_equal(batch["prompt_mask_BP"], batch["prompt_BP"] != 0)
+        for b in range(8):
+            problem = jax.tree.map(lambda x: x[b], batch["problems"])
+            row = batch["prompt_BP"][b]
+            plain = np.asarray(maze.prompt_tokens(problem, 2))
+            same = [j for j in range(16) if all(  # the generator may repeat a maze
+                np.array_equal(np.asarray(x)[j], np.asarray(y))
+                for x, y in zip(all_problems, problem, strict=True))]
+            assert same
+            if any(np.array_equal(row, mutation[j]) for j in same):
+                kinds.append("mutation")
+            else:  # the plain prompt, left-padded to P2
+                np.testing.assert_array_equal(row[P2 - plain.size:], plain)
+                assert not row[:P2 - plain.size].any()
+                kinds.append("plain")
+    assert 8 <= kinds.count("mutation") <= 24  # 32 rows at rate 0.5
+    state = it.get_state()
+    expected = next(it)["prompt_BP"]
+    it2 = data_lib.problem_iterator(maze, 8, 2, **kw)
+    it2.set_state(state)
+    np.testing.assert_array_equal(next(it2)["prompt_BP"], expected)
+
+
+def test_mutation_prompts_need_an_in_graph_task():
+    with pytest.raises(ValueError, match="mutation_fraction"):
+        data_lib.problem_iterator(make_arithmetic_task(), 4, 1, num_problems=8,
+                                  mutation_fraction=0.5)

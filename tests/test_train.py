@@ -182,6 +182,32 @@ def test_config_errors_name_the_field(task):
     bad = dataclasses.replace(run_config(task), sampler=SamplerConfig(max_new_tokens=1))
     with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
         train_lib.check_run(bad, task)
+    with pytest.raises(ConfigError, match="train.mutation_fraction"):
+        TrainConfig(mutation_fraction=1.5)
+
+
+def test_mutation_prompts_need_room_and_an_in_graph_task():
+    from vpo.config import ConfigError
+    from vpo.tasks.arithmetic import make_arithmetic_task
+    from vpo.tasks.maze import make_maze_task
+
+    maze = make_maze_task()
+    T = maze.completion_len(M)
+    P2 = maze.mutation_prompt_len(2)
+    run = RunConfig(model=model_preset("tiny", vocab_size=maze.vocab.size,
+                                       max_seq_len=maze.prompt_len + T),
+                    sampler=SamplerConfig(max_new_tokens=T),
+                    train=TrainConfig(num_answers=M, mutation_fraction=0.25))
+    assert P2 > maze.prompt_len
+    with pytest.raises(ConfigError, match=f"prompt {P2}"):
+        train_lib.check_run(run, maze)
+    train_lib.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze)
+    arith = make_arithmetic_task()
+    host = dataclasses.replace(run, model=model_preset("tiny", vocab_size=arith.vocab.size,
+                                                       max_seq_len=4096),
+                               sampler=SamplerConfig(max_new_tokens=arith.completion_len(M)))
+    with pytest.raises(ConfigError, match="no in-graph mutation prompts"):
+        train_lib.check_run(host, arith)
 
 
 def test_sft_learns_maze_demonstrations():

@@ -244,7 +244,8 @@ def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, model_cfg):
         model=model_cfg,
         sampler=dataclasses.replace(cfg.sampler, max_new_tokens=task.completion_len(m)),
         objective=dataclasses.replace(cfg.objective, **changes),
-        train=dataclasses.replace(cfg.train, seed=seed, num_answers=m),
+        train=dataclasses.replace(cfg.train, seed=seed, num_answers=m,
+                                  mutation_parents=cfg.search.parents),
         task=cfg.task, mesh_data=-1 if cfg.devices == -1 else cfg.devices)
 
 

@@ -76,7 +76,9 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
                                               seed=tcfg.seed, with_ref=with_ref)
     data_it = data_lib.problem_iterator(task, tcfg.batch_size * config.objective.oversample,
                                         tcfg.num_answers,
-                                        num_problems=tcfg.num_problems, seed=tcfg.seed)
+                                        num_problems=tcfg.num_problems, seed=tcfg.seed,
+                                        mutation_fraction=tcfg.mutation_fraction,
+                                        mutation_parents=tcfg.mutation_parents)
     os.makedirs(out_dir, exist_ok=True)
     manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
                                          keep=tcfg.keep_checkpoints)

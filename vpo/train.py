@@ -424,9 +424,15 @@ def check_run(run: RunConfig, task: Task) -> None:
     if run.sampler.max_new_tokens < need:
         raise ConfigError(f"sampler.max_new_tokens: {run.sampler.max_new_tokens} < {need}, the "
                           f"{task.name} budget for {run.train.num_answers} answers; raise it")
-    if task.prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
+    prompt_len = task.prompt_len
+    if run.train.mutation_fraction > 0:
+        if task.mutation_demonstrations is None or task.is_host:
+            raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
+                              "mutation prompts; set train.mutation_fraction=0")
+        prompt_len = max(prompt_len, task.mutation_prompt_len(run.train.mutation_parents))
+    if prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
         raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
-                          f"{task.prompt_len} + sampler.max_new_tokens "
+                          f"{prompt_len} + sampler.max_new_tokens "
                           f"{run.sampler.max_new_tokens}; raise it")
     max_len = run.objective.overlong_max_len or run.sampler.max_new_tokens
     if run.objective.overlong_cache_len > max_len:

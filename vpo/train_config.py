@@ -83,6 +83,8 @@ class TrainConfig:
     batch_size: int = 8  # B prompts per step (global, over all processes)
     num_answers: int = 1  # M answers requested per generation
     num_problems: int = 4096  # size of the problem set the data pipeline cycles through
+    mutation_fraction: float = 0.0  # share of prompts that are search mutation prompts
+    mutation_parents: int = 2  # parent slots of those prompts (match search.parents)
     ppo_epochs: int = 1
     num_minibatches: int = 1
     grad_accum: int = 1
@@ -104,8 +106,10 @@ class TrainConfig:
     def __post_init__(self):
         for name in ("steps", "batch_size", "num_answers", "num_problems", "ppo_epochs",
                      "num_minibatches", "grad_accum", "log_every", "checkpoint_every",
-                     "keep_checkpoints", "vocab_block"):
+                     "keep_checkpoints", "vocab_block", "mutation_parents"):
             _require(getattr(self, name) > 0, f"train.{name}", "must be a positive integer")
+        _require(0.0 <= self.mutation_fraction <= 1.0, "train.mutation_fraction",
+                 f"{self.mutation_fraction} must be in [0, 1]")
         split = self.num_minibatches * self.grad_accum
         _require(self.batch_size % split == 0, "train.batch_size",
                  f"{self.batch_size} must be divisible by num_minibatches * grad_accum = {split} "
