@@ -1,15 +1,17 @@
-"""Maze: generator invariants, hand-written routes, in-graph reward == plain-Python reference."""
+"""Maze: generator invariants, records and text, hand-written routes, in-graph reward == host."""
+
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vpo.tasks import base, maze, maze_world
+from vpo.tasks import answers, base, maze, maze_world
 from vpo.tasks.maze_world import DIAMOND, EMPTY, EXIT, GOLD, LAVA, START, WALL
 
 # A hand-made 5x5 maze (budget 11):      S . . g g
-#                                         . # ~ # g
+#                                         . # x # g
 #                                         . . . . .
 #                                         d # . # .
 #                                         d d . . E
@@ -20,6 +22,7 @@ GRID = np.array([[START, _, _, GOLD, GOLD],
                  [DIAMOND, WALL, _, WALL, _],
                  [DIAMOND, DIAMOND, _, _, EXIT]], np.int8)
 BUDGET = 11
+RECORD = {"grid": ["S..gg", ".#x#g", ".....", "d#.#.", "dd..E"], "budget": BUDGET}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +57,30 @@ HAND_ROUTES = {  # route -> (completion, gold, diamond, avoid_lava)
 }
 
 
+def test_record_round_trip_and_arrays(task):
+    assert maze.grid_to_record(GRID, np.int64(BUDGET)) == RECORD
+    np.testing.assert_array_equal(maze.record_grid(RECORD), GRID)
+    assert maze.record_grid(RECORD).dtype == np.int8
+    records = task.make_problems(5, 4)
+    assert records == task.make_problems(5, 4)  # deterministic in the seed
+    assert json.loads(json.dumps(records)) == records
+    for r in records:
+        assert maze.grid_to_record(maze.record_grid(r), r["budget"]) == r
+    arrays = task.arrays(records)
+    assert arrays.grid.shape == (4, 5, 5) and arrays.grid.dtype == np.int8
+    assert arrays.budget.shape == (4,) and arrays.budget.dtype == np.int32
+    with pytest.raises(ValueError, match="cell chars"):
+        maze.record_grid({"grid": ["S.", ".Q"], "budget": 3})
+
+
+def test_same_mazes_as_the_generator(task):
+    rng = np.random.default_rng(3)
+    cfg = maze_world.MazeConfig()
+    for record in task.make_problems(3, 3):
+        grid, budget = maze_world.generate(rng, cfg)
+        assert record == maze.grid_to_record(grid, budget)
+
+
 def test_hand_written_routes(simulate):
     routes = list(HAND_ROUTES)
     moves, mask = _routes_to_arrays(routes, 16)
@@ -64,30 +91,58 @@ def test_hand_written_routes(simulate):
             HAND_ROUTES[route]), route
 
 
-def test_reward_parses_answers_and_masks_duplicates_and_foreign_tokens(task):
-    problem = maze.MazeProblems(GRID, np.int32(BUDGET))
-    text = "R R R R D D D D <sep> R R R R D D D D <sep> D D budget D D R R R R <eos>"
-    tokens, mask = base.encode_completion(task.vocab, text, task.completion_len(3))
-    rewards, valid = jax.jit(task.reward, static_argnums=3)(problem, tokens, mask, 3)
-    np.testing.assert_array_equal(valid, [True, False, False])
-    np.testing.assert_allclose(rewards, [[1, 1, 0, 1], [0] * 4, [0] * 4])
-    assert bool(task.solved(rewards[0]))
+def test_score_parses_answers_and_masks_duplicates_and_foreign_words(task):
+    text = answers.format_answers(["R R R R D D D D", "R R R R  D D D D", "U X R"]) + "\n"
+    slots = answers.parse_answers(text, 5)
+    assert slots[3:] == [None, None]
+    rewards, valid = task.score([RECORD], [slots])
+    assert rewards.shape == (1, 5, 4) and rewards.dtype == np.float32
+    np.testing.assert_array_equal(valid, [[True, False, False, False, False]])
+    np.testing.assert_allclose(rewards[0], [[1, 1, 0, 1]] + [[0] * 4] * 4)
+    assert bool(task.solved(rewards[0, 0]))
+    assert float(task.eval_weights_R @ rewards[0, 0]) >= 0.75
     assert not bool(task.solved(jnp.array([1.0, 1 / 3, 0, 1])))
-    assert not bool(task.solved(jnp.array([1.0, 1, 0, 0])))  # full zone but through lava
+    assert not bool(task.solved(np.array([1.0, 1, 0, 0])))  # full zone but through lava
+    np.testing.assert_array_equal(task.solved(rewards[0]), [True] + [False] * 4)
+    assert bool(jax.jit(task.solved)(jnp.asarray(rewards[0, 0])))
 
 
-def test_in_graph_reward_equals_reference_on_random_routes(task, simulate):
-    problems = task.make_problems(11, 6)
+@pytest.mark.parametrize("answer", ["", "   ", "U D x", "U <answer 2> D", "move U",
+                                    " ".join("U" * 17), "u d", None])
+def test_malformed_answers_are_invalid(task, answer):
+    rewards, valid = task.score([RECORD], [["D D D D R R R R", answer]])
+    np.testing.assert_array_equal(valid, [[True, False]])
+    assert not rewards[0, 1].any()
+
+
+def test_in_graph_reward_equals_host_score(task):
+    records = task.make_problems(11, 8)
+    arrays = task.arrays(records)
     rng = np.random.default_rng(0)
-    A = task.answer_len
-    for i in range(len(problems.budget)):
-        grid, budget = problems.grid[i], int(problems.budget[i])
-        routes = [list(rng.choice(list("UDLR"), size=rng.integers(1, A + 1))) for _ in range(40)]
-        routes += maze.demo_routes(grid, budget, rng, 3)  # routes that do reach the exit
-        moves, mask = _routes_to_arrays(routes, A)
-        got = np.asarray(simulate(jnp.asarray(grid), jnp.int32(budget), moves, mask))
-        want = np.array([maze_world.route_reward(grid, budget, r) for r in routes])
-        np.testing.assert_allclose(got, want, atol=1e-6)
+    A, S = task.answer_len, len(task.symbols)
+    routes_NK = []
+    for r in records:
+        routes = [" ".join(rng.choice(task.symbols, size=rng.integers(1, A + 1)))
+                  for _ in range(40)]
+        routes += task.demonstrations(r, rng, 3)  # routes that do reach the exit
+        routes_NK.append(list(dict.fromkeys(routes)))
+    K = max(map(len, routes_NK))
+    moves_NKA = np.zeros((len(records), K, A), np.int32)
+    mask_NKA = np.zeros((len(records), K, A), bool)
+    for n, routes in enumerate(routes_NK):
+        moves, mask = _routes_to_arrays([r.split() for r in routes], A)
+        moves_NKA[n, :len(routes)], mask_NKA[n, :len(routes)] = moves, mask
+    reward = jax.jit(jax.vmap(jax.vmap(task.symbol_reward, in_axes=(None, 0, 0))))
+    got = np.asarray(reward(arrays, moves_NKA, mask_NKA))
+    assert got.dtype == np.float32 and S == 4
+    want, valid = task.score(records, routes_NK)
+    for n, routes in enumerate(routes_NK):
+        assert valid[n, :len(routes)].all()
+        np.testing.assert_allclose(got[n, :len(routes)], want[n, :len(routes)], atol=1e-6)
+        for k, route in enumerate(routes):
+            grid = maze.record_grid(records[n])
+            np.testing.assert_allclose(
+                want[n, k], maze_world.route_reward(grid, records[n]["budget"], route.split()))
 
 
 @pytest.mark.parametrize("size", [5, 7])
@@ -120,19 +175,68 @@ def test_best_tour_on_the_hand_maze():
     assert maze_world.best_tour(GRID, both, avoid_lava=False)[0] > BUDGET
 
 
-def test_prompt_renders_grid_budget_and_answer_count(task):
-    prompt = task.prompt_tokens(maze.MazeProblems(GRID, np.int32(BUDGET)), 3)
-    text = task.vocab.decode(np.asarray(prompt))
-    assert text.startswith("<bos> start . . gold gold / . # lava # gold /")
-    assert text.endswith("diamond diamond . . exit / budget 11 m3")
+def test_statement_renders_grid_and_budget(task):
+    text = task.statement(RECORD)
+    assert text == text.strip()
+    lines = text.split("\n")
+    assert lines[0] == "Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava):"
+    assert lines[1:6] == ["S . . g g", ". # x # g", ". . . . .", "d # . # .", "d d . . E"]
+    assert lines[6] == ("Go from S to E in at most 11 moves; collect all gold or all diamonds; "
+                        "avoid lava.")
+    for r in task.make_problems(1, 6) + [RECORD]:
+        text = task.statement(r)
+        rows = text.split("\n")[1:-1]
+        assert len(rows) == 5 and all(len(row.split()) == 5 for row in rows)
+        assert f" {r['budget']} moves" in text
+        assert set(text.split()) <= set(task.words)
+    assert set(maze.CELL_CHARS) | set(task.symbols) <= set(task.words)
+    assert {str(i) for i in range(task.answer_len + 1)} <= set(task.words)
+    assert task.answer_hint == maze.ANSWER_HINT and task.symbols == ("U", "D", "L", "R")
+
+
+def test_demonstrations_are_distinct_valid_and_scoring(task):
+    rng = np.random.default_rng(0)
+    for record in task.make_problems(2, 8):
+        demos = task.demonstrations(record, rng, 3)
+        assert len(demos) == 3 and len(set(demos)) == 3
+        rewards, valid = task.score([record], [demos])
+        assert valid.all() and (rewards[0, :, 0] == 1).all() and (rewards[0, :, 3] == 1).all()
+        assert all(len(d.split()) <= record["budget"] for d in demos)
+
+
+def test_demonstrations_on_a_maze_with_two_simple_routes(task):
+    # Only R R R R D D D D and D D D D R R R R are loop-free and lava-free: later slots detour.
+    record = {"grid": ["S...g", ".#x#g", ".#.#.", "d#x#.", "dd..E"], "budget": 11}
+    for seed in range(5):
+        demos = task.demonstrations(record, np.random.default_rng(seed), 8)
+        assert len(set(demos)) == 8
+        rewards, valid = task.score([record], [demos])
+        assert valid.all() and (rewards[0, :, 0] == 1).all() and (rewards[0, :, 3] == 1).all()
+
+
+def test_mutation_children_beat_every_parent(task):
+    rng = np.random.default_rng(1)
+    w_R = task.eval_weights_R
+    for record in task.make_problems(4, 8):
+        parents, children = task.mutation_demonstrations(record, rng, 3, 3)
+        assert 1 <= len(parents) <= 3 and len(children) == 3 and len(set(children)) == 3
+        assert not set(parents) & set(children)
+        rp, vp = task.score([record], [parents])
+        rc, vc = task.score([record], [children])
+        assert vp.all() and vc.all()
+        assert (rc[0] @ w_R).min() > (rp[0] @ w_R).max()
+        assert bool(task.solved(rc[0, 0]))
 
 
 def test_paper_preset_builds_a_9x9_instance():
     task = maze.make_paper_maze_task()
-    problems = task.make_problems(0, 1)
-    assert problems.grid.shape == (1, 9, 9) and task.prompt_len == 94
-    demo = task.demonstrations(base.index_problem(problems, 0), np.random.default_rng(0), 3)
-    assert demo.count(task.vocab.sep_id) == 2
+    (record,) = task.make_problems(0, 1)
+    assert len(record["grid"]) == 9 and all(len(row) == 9 for row in record["grid"])
+    assert task.name == "maze9" and task.answer_len == 40
+    demos = task.demonstrations(record, np.random.default_rng(0), 3)
+    _, valid = task.score([record], [demos])
+    assert len(demos) == 3 and valid.all()
+    assert set(task.statement(record).split()) <= set(task.words)
 
 
 def test_bad_config_names_the_field():
@@ -140,3 +244,10 @@ def test_bad_config_names_the_field():
         maze.make_maze_task(6)
     with pytest.raises(ValueError, match="open_frac"):
         maze.make_maze_task(open_frac=2.0)
+
+
+def test_task_contract(task):
+    assert isinstance(task, base.Task) and not task.is_host
+    assert task.name == "maze5" and task.reward_names == maze_world.REWARD_NAMES
+    np.testing.assert_allclose(task.eval_weights_R, 0.25)
+    assert task.max_answers == 8 and maze.make_maze_task(max_answers=3).max_answers == 3

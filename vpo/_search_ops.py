@@ -1,8 +1,9 @@
 """Population operators of the in-graph evolutionary search (pure jnp, one problem, no config).
 
 A `Population` holds X candidate slots (Q members of an island, or C children; a leading I axis
-for all islands). Empty slots have `valid = False`, `fitness = -inf`, `id = -1` and pad tokens.
-Two candidates are the same when their answer tokens (under their masks) agree exactly.
+for all islands). A candidate is one answer as symbol ids of the task's alphabet
+(`Task.symbols`), with a mask. Empty slots have `valid = False`, `fitness = -inf`, `id = -1`
+and zero symbols. Two candidates are the same when their symbols (under their masks) agree.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from vpo.tasks import vocab as vocab_lib
 
 
 class Population(NamedTuple):
     """Candidate slots; the suffix names the member layout [I, Q] (children use C for Q)."""
 
-    tokens_IQA: jax.Array  # int32 answer tokens, pad outside the mask
+    tokens_IQA: jax.Array  # int32 answer symbol ids, 0 outside the mask
     mask_IQA: jax.Array  # bool
     rewards_IQR: jax.Array  # float32, zero rows for empty slots
     fitness_IQ: jax.Array  # float32 w*ᵀr, -inf for empty slots
@@ -30,17 +30,17 @@ class Population(NamedTuple):
 def empty_population(lead: tuple[int, ...], answer_len: int, num_rewards: int) -> Population:
     """All-empty slots of shape `lead` (e.g. (I, Q))."""
     return Population(
-        jnp.full((*lead, answer_len), vocab_lib.PAD, jnp.int32),
+        jnp.zeros((*lead, answer_len), jnp.int32),
         jnp.zeros((*lead, answer_len), bool), jnp.zeros((*lead, num_rewards), jnp.float32),
         jnp.full(lead, -jnp.inf, jnp.float32), jnp.zeros(lead, bool),
         jnp.zeros(lead, jnp.int32), jnp.full(lead, -1, jnp.int32))
 
 
 def clear_invalid(pop: Population) -> Population:
-    """Empty every slot whose `valid` is False (pad tokens, zero rewards, -inf fitness, id -1)."""
+    """Empty every slot whose `valid` is False (zero symbols and rewards, -inf fitness, id -1)."""
     v = pop.valid_IQ
     return Population(
-        jnp.where(v[..., None] & pop.mask_IQA, pop.tokens_IQA, vocab_lib.PAD),
+        jnp.where(v[..., None] & pop.mask_IQA, pop.tokens_IQA, 0),
         v[..., None] & pop.mask_IQA, jnp.where(v[..., None], pop.rewards_IQR, 0.0),
         jnp.where(v, pop.fitness_IQ, -jnp.inf), v, jnp.where(v, pop.age_IQ, 0),
         jnp.where(v, pop.id_IQ, -1))
@@ -51,25 +51,6 @@ def fitness(rewards_XR: jax.Array, valid_X: jax.Array, weights_R) -> jax.Array:
     f_X = jnp.einsum("...r,r->...", rewards_XR.astype(jnp.float32),
                      jnp.asarray(weights_R, jnp.float32))
     return jnp.where(valid_X, f_X, -jnp.inf)
-
-
-def score_answers(task, problem, answers_NA: jax.Array, mask_NA: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
-    """Score single answers with the task's in-graph reward → (rewards_NR, valid_N).
-
-    Each answer is re-encoded as the one-answer completion `ans <eos>` (T = A + 1), so every
-    candidate goes through exactly the reward the policy is trained on.
-    """
-    N, A = answers_NA.shape
-    len_N1 = jnp.sum(mask_NA.astype(jnp.int32), axis=-1, keepdims=True)
-    pos_1T = jnp.arange(A + 1, dtype=jnp.int32)[None, :]
-    tokens_NT = jnp.concatenate([jnp.where(mask_NA, answers_NA, vocab_lib.PAD),
-                                 jnp.full((N, 1), vocab_lib.PAD, jnp.int32)], axis=-1)
-    tokens_NT = jnp.where(pos_1T == len_N1, vocab_lib.EOS, tokens_NT).astype(jnp.int32)
-    tmask_NT = pos_1T <= len_N1
-    rewards_N1R, valid_N1 = jax.vmap(lambda c, m: task.reward(problem, c, m, 1))(
-        tokens_NT, tmask_NT)
-    return rewards_N1R[:, 0].astype(jnp.float32), valid_N1[:, 0]
 
 
 def _keys(tokens_XA, mask_XA):

@@ -90,8 +90,10 @@ class CheckpointManager:
 
 # -- a policy on its own: the hand-off between `vpo sft`, `vpo train`, `vpo eval`, `vpo search` --
 
-def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None) -> None:
-    """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`).
+def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None, *,
+                tokenizer=None) -> None:
+    """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`) + the
+    policy's tokenizer files (`vpo.tokenizer.Tokenizer.save`), so the folder is self-contained.
 
     Multi-process: every process calls it (the orbax save is collective); process 0 writes the
     JSON.
@@ -108,6 +110,8 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
     if jax.process_index() == 0:
         with open(os.path.join(directory, "policy.json"), "w") as f:
             json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
+        if tokenizer is not None:
+            tokenizer.save(directory)
 
 
 def load_policy(directory: str, mesh=None, **overrides):
@@ -148,3 +152,40 @@ def load_policy(directory: str, mesh=None, **overrides):
     model = nnx.merge(graphdef, abs_state)
     nnx.update(model, params)
     return model, info
+
+
+def load_model(spec: str, *, mesh=None, **overrides):
+    """(Decoder, Tokenizer, info) of a policy folder (`vpo sft` / `vpo train`, its tokenizer
+    beside it) or `hf:/path/to/checkpoint-folder`; `overrides` are ModelConfig fields that do not
+    change the parameters (e.g. a longer max_seq_len). The one loader every entry point uses."""
+    import os
+
+    from vpo import hf
+    from vpo.tokenizer import load_tokenizer
+
+    if hf.is_hf_spec(spec):
+        path = hf.hf_spec_path(spec)
+        model = hf.from_pretrained(path, mesh=mesh, **{"param_dtype": "float32", **overrides})
+        return model, load_tokenizer(path), {"source": spec}
+    model, info = load_policy(spec, mesh=mesh, **overrides)
+    if not os.path.exists(os.path.join(spec, "tokenizer.json")):
+        raise FileNotFoundError(f"{spec}: no tokenizer.json beside the policy; it was written by "
+                                "an older vpo; retrain it (vpo sft / vpo train)")
+    return model, load_tokenizer(spec), info
+
+
+def tokenizer_for(task, model_spec: str | None = None):
+    """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` or a policy
+    folder), or, for a model preset trained from scratch (None or a preset name), the task's
+    word-level tokenizer (`vpo.tasks.bound.task_word_tokenizer`)."""
+    import os
+
+    from vpo import hf
+    from vpo.tasks.bound import task_word_tokenizer
+    from vpo.tokenizer import load_tokenizer
+
+    if model_spec and hf.is_hf_spec(model_spec):
+        return load_tokenizer(hf.hf_spec_path(model_spec))
+    if model_spec and os.path.isdir(model_spec):
+        return load_tokenizer(model_spec)
+    return task_word_tokenizer(task)

@@ -15,15 +15,18 @@ import argparse
 import sys
 import time
 
-TASKS = ("maze", "program", "bandit", "arithmetic")
+TASKS = ("maze", "maze9", "program", "bandit", "arithmetic")  # vpo.tasks.make_task
 
 
-def _make_task(name: str):
-    from vpo.tasks import arithmetic, bandit, maze, program
+def bound_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
+    """The task `name` read through the tokenizer of `model_spec` (a policy folder or
+    `hf:/path`: the checkpoint's own; a preset name or None: the task's word-level tokenizer)."""
+    from vpo.checkpoint import tokenizer_for
+    from vpo.tasks import make_task
+    from vpo.tasks.bound import bind
 
-    factories = {"maze": maze.make_maze_task, "program": program.make_program_task,
-                 "bandit": bandit.make_bandit_task, "arithmetic": arithmetic.make_arithmetic_task}
-    return factories[name]()
+    task = make_task(name, **(task_kwargs or {}))
+    return bind(task, tokenizer_for(task, model_spec))
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -36,21 +39,20 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from vpo import sampler
     from vpo.config import SamplerConfig, model_preset
     from vpo.model import Decoder
-    from vpo.tasks import base
 
-    task = _make_task(args.task)
+    task = bound_task(args.task, args.preset)
+    tok = task.tokenizer
     M = args.answers
     T = task.completion_len(M)
-    problems = task.make_problems(args.seed, args.prompts)
-    prompts = jax.vmap(lambda p: task.prompt_tokens(p, M))(problems)
-    mask = prompts != task.vocab.pad_id
-    model_cfg = model_preset(args.preset, vocab_size=task.vocab.size,
-                             max_seq_len=task.prompt_len + T)
+    records = task.make_problems(args.seed, args.prompts)
+    prompts, mask = task.prompt_arrays(records, M)
+    model_cfg = model_preset(args.preset, vocab_size=tok.size,
+                             max_seq_len=prompts.shape[1] + T)
     model = Decoder(model_cfg, rngs=nnx.Rngs(args.seed))
     cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     key = jax.random.key(args.seed)
-    kw = dict(eos_id=task.vocab.eos_id, pad_id=task.vocab.pad_id)
+    kw = dict(stop_ids=tok.stop_ids, pad_id=tok.pad_id)
     t0 = time.perf_counter()
     rollout = jax.block_until_ready(sampler.sample(model, prompts, mask, key, cfg, **kw))
     first = time.perf_counter() - t0
@@ -61,25 +63,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
     print(f"task {task.name}: {args.prompts} prompts x {args.samples} samples x {M} answers, "
           f"policy '{args.preset}' ({model_cfg.num_params:,} params, random init, seed "
           f"{args.seed})")
+    tokens = np.asarray(rollout.tokens_BGT)
+    gmask = np.asarray(rollout.mask_BGT)
     for b in range(args.prompts):
-        problem = base.index_problem(problems, b)
-        print(f"\nprompt {b}: {task.vocab.decode(np.asarray(prompts[b]))}")
+        print(f"\nprompt {b}: {tok.decode(prompts[b][mask[b]])}")
+        texts = task.completion_texts(tokens[b], gmask[b])
+        rewards, valid = task.host_score([records[b]] * args.samples, tokens[b], gmask[b], M)
         for g in range(args.samples):
-            toks = np.asarray(rollout.tokens_BGT[b, g])[np.asarray(rollout.mask_BGT[b, g])]
-            text = task.vocab.decode(toks, strict=False)
-            if task.is_host:
-                rewards, valid = task.host_reward(problem, text, M)
-            else:
-                rewards, valid = task.reward(problem, rollout.tokens_BGT[b, g],
-                                             rollout.mask_BGT[b, g], M)
-            scores = np.asarray(rewards) @ task.eval_weights_R
-            best = float(np.max(np.where(np.asarray(valid), scores, 0.0)))
-            print(f"  sample {g}: {text}\n    valid answers {int(np.sum(valid))}/{M}, "
+            scores = rewards[g] @ task.eval_weights_R
+            best = float(np.max(np.where(valid[g], scores, 0.0)))
+            print(f"  sample {g}: {texts[g]!r}\n    valid answers {int(np.sum(valid[g]))}/{M}, "
                   f"best w*·r {best:.2f}")
-    n_tok = int(rollout.mask_BGT.sum())
+    n_tok = int(gmask.sum())
     print(f"\ncompile + first call {first:.2f}s; warm call {warm * 1e3:.1f} ms "
           f"({args.prompts * args.samples * T / warm:,.0f} tokens/s at the full budget T={T}; "
-          f"{n_tok} tokens before EOS)")
+          f"{n_tok} tokens before a stop token)")
     return 0
 
 
@@ -95,37 +93,36 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def load_model(spec: str, **overrides):
-    """(Decoder, info) from a policy folder (`vpo sft` / `vpo train`) or `hf:/path/to/folder`;
-    `overrides` are ModelConfig fields (e.g. a longer max_seq_len)."""
-    from vpo import checkpoint, hf
-
-    if hf.is_hf_spec(spec):
-        model = hf.from_pretrained(hf.hf_spec_path(spec), **{"param_dtype": "float32",
-                                                              **overrides})
-        return model, {"source": spec}
-    return checkpoint.load_policy(spec, **overrides)
-
-
 # -- sft ------------------------------------------------------------------------------------
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    """Supervised warm start on a task's demonstrations; writes a policy folder to --out."""
+    """Supervised warm start on a task's demonstrations; writes a policy folder (weights and
+    the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
+    tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
     from vpo import checkpoint
-    from vpo.config import model_preset
+    from vpo.config import MODEL_PRESETS, model_preset
     from vpo.sft import run_sft
+    from vpo.tasks.bound import seq_len_for
 
-    task = _make_task(args.task)
-    T = task.completion_len(args.answers)
-    cfg = model_preset(args.preset, vocab_size=task.vocab.size,
-                       max_seq_len=max(512, task.prompt_len + T))
-    print(f"SFT {task.name}: '{args.preset}' policy ({cfg.num_params:,} params), {args.steps} "
+    spec = args.model or args.preset
+    task = bound_task(args.task, spec)
+    need = max(512, seq_len_for(task, task.make_problems(args.seed, 64), args.answers,
+                                num_parents=2) + 64)
+    init = None
+    if spec in MODEL_PRESETS:
+        cfg = model_preset(spec, vocab_size=task.tokenizer.size, max_seq_len=need)
+    else:
+        init, _, _ = checkpoint.load_model(spec, max_seq_len=need)
+        cfg = init.cfg
+    print(f"SFT {task.name}: {spec} policy ({cfg.num_params:,} params), {args.steps} "
           f"steps of {args.batch} demonstrations with {args.answers} answers each")
     _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
-                               learning_rate=args.lr, num_answers=args.answers, seed=args.seed)
+                               learning_rate=args.lr, num_answers=args.answers, seed=args.seed,
+                               init=init)
     checkpoint.save_policy(args.out, cfg, state.params,
                            {"task": args.task, "num_answers": args.answers, "sft_steps": args.steps,
-                            "sft_loss_first": losses[0], "sft_loss_last": losses[-1]})
+                            "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
+                            "source": spec}, tokenizer=task.tokenizer)
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; policy written to {args.out}")
     return 0
 
@@ -133,6 +130,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def _add_sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default="maze")
     p.add_argument("--preset", default="tiny", help="model preset (vpo.config.MODEL_PRESETS)")
+    p.add_argument("--model", default=None, help="instead of --preset: a policy folder or "
+                   "hf:/path/to/checkpoint (its own tokenizer and chat template)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -161,14 +160,18 @@ TRAIN_PRESETS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def build_run_config(preset: str | None, config_file: str | None, overrides: list[str]):
+def build_run_config(preset: str | None, config_file: str | None, overrides: list[str],
+                     init: str | None = None):
     """RunConfig from a preset or a JSON file, then `section.key=value` overrides, then fitted
-    to the task (vocabulary, generation budget, sequence length). Returns (run, task)."""
+    to the task read through the policy's tokenizer (`init`, or `model=hf:PATH`, or the task's
+    word-level one for a preset model): vocabulary, generation budget, sequence length.
+    Returns (run, bound task, the model spec to start from or None)."""
     import dataclasses
     import json
     import os
 
     from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
+    from vpo.tasks.bound import seq_len_for
     from vpo.train_config import RunConfig
 
     run = RunConfig()
@@ -203,13 +206,16 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         else:
             rest.append(item)
     run = apply_overrides(run, rest)
-    task = _make_task(run.task)
-    T = task.completion_len(run.train.num_answers)
+    init_spec = init or init_spec
+    task = bound_task(run.task, init_spec, run.task_kwargs)
+    m = run.train.num_answers
+    T = task.completion_len(m)
+    parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
+    need = seq_len_for(task, task.make_problems(run.train.seed, 64), m, num_parents=parents)
     run = dataclasses.replace(
         run, model=dataclasses.replace(run.model, vocab_size=max(run.model.vocab_size,
-                                                                 task.vocab.size),
-                                       max_seq_len=max(run.model.max_seq_len,
-                                                       task.prompt_len + T)),
+                                                                 task.tokenizer.size),
+                                       max_seq_len=max(run.model.max_seq_len, need + 32)),
         sampler=dataclasses.replace(run.sampler, max_new_tokens=max(run.sampler.max_new_tokens,
                                                                     T)))
     return run, task, init_spec
@@ -222,8 +228,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     import os
 
     from vpo import sharding
+    from vpo.checkpoint import load_model
     from vpo.config import from_dict
     from vpo.loop import train
+    from vpo.tasks import make_task
+    from vpo.tasks.bound import bind
+    from vpo.tokenizer import load_tokenizer
     from vpo.train_config import RunConfig
 
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
@@ -233,17 +243,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and os.path.exists(os.path.join(args.out, "config.json")):
         with open(os.path.join(args.out, "config.json")) as f:
             run = from_dict(RunConfig, json.load(f))
-        task = _make_task(run.task)
+        task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(args.out))
     else:
-        run, task, hf_spec = build_run_config(args.preset, args.config, args.overrides)
-        args.init = args.init or hf_spec
+        run, task, args.init = build_run_config(args.preset, args.config, args.overrides,
+                                                init=args.init)
     init = None
     if args.init:
-        init, info = load_model(args.init)
+        init, _, info = load_model(args.init, max_seq_len=run.model.max_seq_len)
         if init.cfg != run.model:
             import dataclasses
             run = dataclasses.replace(run, model=init.cfg)
-        print(f"starting from the policy in {args.init} ({info.get('task')})")
+        print(f"starting from the policy in {args.init} ({info.get('task', info.get('source'))})")
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
           f"{run.train.num_answers} answers; model {run.model.num_params:,} params -> {args.out}")
@@ -282,11 +292,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     results = {}
     task = None
+    from vpo.checkpoint import load_model
+    from vpo.tasks.bound import seq_len_for
+
     for path in args.policy:
-        model, info = load_model(path)
-        task = _make_task(args.task or info.get("task", "maze"))
+        model, _, info = load_model(path)
+        task = bound_task(args.task or info.get("task", "maze"), path,
+                          info.get("task_kwargs"))
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
+        need = seq_len_for(task, problems, m)
+        if need > model.cfg.max_seq_len:
+            model, _, _ = load_model(path, max_seq_len=need)
         name = os.path.basename(os.path.normpath(path))
         if name == "policy":
             name = os.path.basename(os.path.dirname(os.path.normpath(path)))
@@ -321,16 +338,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     import jax
 
     from vpo import search, sharding
-    from vpo.tasks import program
+    from vpo.checkpoint import load_model
 
-    model, info = load_model(args.policy, max_seq_len=4096)
-    task = (program.make_program_task(args.difficulty) if args.task == "program"
-            else _make_task(args.task))
+    model, _, info = load_model(args.policy, max_seq_len=4096)
+    kwargs = {"difficulty": args.difficulty} if args.task == "program" else {}
+    task = bound_task(args.task, args.policy, kwargs)
     cfg = search.SearchConfig(islands=args.islands, members=args.members,
                               children=args.children, generations=args.generations,
                               num_answers=args.answers or int(info.get("num_answers", 1)),
                               temperature=args.temperature)
-    problems = task.make_problems(args.seed, args.problems)
+    problems = search.search_problems(task, task.make_problems(args.seed, args.problems),
+                                      cfg.num_answers)
     traces = {}
     print(f"{task.name}: {args.problems} problems, budget {cfg.budget} candidates per problem "
           f"and method")

@@ -36,12 +36,14 @@ import numpy as np
 from flax import nnx
 
 from vpo import checkpoint, compare_report, entropy_law, policy_eval, search, sharding
+from vpo.checkpoint import load_model
 from vpo.config import ConfigError, SamplerConfig, apply_overrides, model_preset
 from vpo.loop import train
 from vpo.metrics_log import JSONL
 from vpo.search import SearchConfig
 from vpo.sft import run_sft
 from vpo.train import model_of
+from vpo.tasks.bound import bind, seq_len_for
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
 # Arm name -> (ObjectiveConfig field overrides, answers per generation; None = the run's m).
@@ -171,13 +173,14 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
     return apply_overrides(PRESETS[preset], list(overrides))
 
 
-def make_task(name: str):
-    """The comparison's task: "maze" (5x5), "maze9" (the paper's 9x9 maze) or "program"."""
-    from vpo.tasks import maze, program
+def make_task(cfg: "CompareConfig"):
+    """The comparison's task bound to its tokenizer: the `init` checkpoint's own tokenizer, or
+    the task's word-level tokenizer for a preset model trained from scratch."""
+    from vpo.checkpoint import tokenizer_for
+    from vpo.tasks import make_task as make_text_task
 
-    if name == "maze9":
-        return maze.make_paper_maze_task()
-    return {"maze": maze.make_maze_task, "program": program.make_program_task}[name]()
+    task = make_text_task(cfg.task)
+    return bind(task, tokenizer_for(task, cfg.init or None))
 
 
 # -- statistics -------------------------------------------------------------------------------
@@ -196,10 +199,10 @@ class ArmRun:
 
 
 def _seq_len(cfg: CompareConfig, task, m: int) -> int:
-    """Positions a policy needs: prompt + m answers, and a search mutation prompt + m answers."""
-    need = task.prompt_len + task.completion_len(m)
-    need = max(need, task.mutation_prompt_len(cfg.search.parents) + task.completion_len(m))
-    return max(512, need)
+    """Positions a policy needs: prompt + m answers, and a search mutation prompt + m answers
+    (measured on the evaluation problems, with a margin for longer ones)."""
+    records = task.make_problems(cfg.eval_seed, 16)
+    return max(512, seq_len_for(task, records, m, num_parents=cfg.search.parents) + 64)
 
 
 def warm_start(cfg: CompareConfig, task, out_dir: str, log=print) -> dict[int, Any]:
@@ -209,11 +212,9 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print) -> dict[int, A
     policies = {}
     for m in sorted({cfg.arm_answers(a) for a in cfg.arm_names}):
         if cfg.init:
-            from vpo.cli import load_model
-
             policies[m] = load_model(cfg.init, max_seq_len=_seq_len(cfg, task, m))[0]
             continue
-        mcfg = model_preset(cfg.model, vocab_size=task.vocab.size,
+        mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size,
                             max_seq_len=_seq_len(cfg, task, m))
         graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
                                           learning_rate=cfg.sft_lr, num_answers=m,
@@ -223,7 +224,8 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print) -> dict[int, A
         path = os.path.join(out_dir, f"sft_m{m}")
         checkpoint.save_policy(path, mcfg, state.params,
                                {"task": cfg.task, "num_answers": m, "sft_steps": cfg.sft_steps,
-                                "sft_loss_first": losses[0], "sft_loss_last": losses[-1]})
+                                "sft_loss_first": losses[0], "sft_loss_last": losses[-1]},
+                               tokenizer=task.tokenizer)
         log(f"  SFT m={m}: loss {losses[0]:.3f} -> {losses[-1]:.3f} ({path})")
         policies[m] = model_of(graphdef, state)
     return policies
@@ -284,12 +286,12 @@ def _policy_rows(cfg, policies, runs):
 def evaluate_arms(cfg: CompareConfig, task, policies, runs) -> dict[str, Any]:
     """Budget-fair evaluation on cfg.eval_problems held-out problems: per row and seed the
     metrics of `evaluation.summarize_pool` + entropy, and per-problem best score / solved."""
-    problems = task.make_problems(cfg.eval_seed, cfg.eval_problems)
+    records = task.make_problems(cfg.eval_seed, cfg.eval_problems)
     ks = policy_eval.default_ks(cfg.eval_budget)
     out: dict[str, Any] = {"ks": ks, "rows": {}}
     for name, _, seed, m, model in _policy_rows(cfg, policies, runs):
         metrics, per = policy_eval.evaluate_policy_per_problem(
-            model, task, problems, num_answers=m, budget=cfg.eval_budget, ks=ks,
+            model, task, records, num_answers=m, budget=cfg.eval_budget, ks=ks,
             key=jax.random.fold_in(jax.random.key(cfg.eval_seed), seed))
         out["rows"].setdefault(name, []).append(
             {"seed": seed, "m": m, **metrics, **{k: v.tolist() for k, v in per.items()}})
@@ -311,12 +313,13 @@ def search_arms(cfg: CompareConfig, task, policies, runs, problem_idx: list[int]
                 ) -> dict[str, Any]:
     """Island search (`vpo.search.run_method`) with each row's policy as mutation operator on
     the chosen eval problems at the same budget (the search key is shared by all rows)."""
-    problems = task.make_problems(cfg.eval_seed, cfg.eval_problems)
-    sub = jax.tree.map(lambda x: np.asarray(x)[np.asarray(problem_idx)], problems)
+    records = task.make_problems(cfg.eval_seed, cfg.eval_problems)
+    sub = [records[i] for i in problem_idx]
     out: dict[str, Any] = {"problems": problem_idx, "budget": cfg.search.budget, "rows": {}}
     for name, _, seed, m, model in _policy_rows(cfg, policies, runs):
         scfg = dataclasses.replace(cfg.search, num_answers=m)
-        _, trace = search.run_method("search", model, task, sub, scfg,
+        problems = search.search_problems(task, sub, m)
+        _, trace = search.run_method("search", model, task, problems, scfg,
                                      jax.random.key(cfg.eval_seed))
         s = search.summarize({name: trace})[name]
         out["rows"].setdefault(name, []).append(
@@ -334,7 +337,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1)
-    task = make_task(cfg.task)
+    task = make_task(cfg)
     wall: dict[str, float] = {}
     loads = [compare_report.machine_load()]
 

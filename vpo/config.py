@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and how to fix it."""
+from vpo.errors import ConfigError  # noqa: F401  (re-exported: vpo.config.ConfigError)
 
 
 def _require(cond: bool, field: str, msg: str) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from vpo.config import ModelConfig, RopeScaling
+from vpo.errors import CheckpointError  # noqa: F401  (re-exported: vpo.hf.CheckpointError)
 from vpo.model import Decoder
 from vpo.sharding import param_shardings
 
@@ -48,8 +49,6 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.ji
                     "tokenizer.model")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint folder cannot be read as configured; the message names the file and tensor."""
 
 
 def is_hf_spec(spec: Any) -> bool:
@@ -394,7 +393,7 @@ def save_pretrained(model: Decoder, path, *, model_type: str | None = None,
 
 
 def load_tokenizer(path):
-    """The checkpoint's tokenizer (see `vpo.hf_tokenizer.load_tokenizer`)."""
-    from vpo.hf_tokenizer import load_tokenizer as _load
+    """The checkpoint's tokenizer (see `vpo.tokenizer.load_tokenizer`)."""
+    from vpo.tokenizer import load_tokenizer as _load
 
     return _load(path)

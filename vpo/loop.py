@@ -14,7 +14,7 @@ from vpo import data as data_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError
 from vpo.model import Decoder
-from vpo.tasks.base import Task
+from vpo.tasks.bound import BoundTask
 from vpo.train import (
     TrainState,
     check_run,
@@ -41,7 +41,7 @@ def shard_batch(batch, mesh):
     return jax.tree.map(put, batch)
 
 
-def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
+def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundTask,
           mesh=None, progress: bool = True, init: Decoder | None = None,
           stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
@@ -57,9 +57,13 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     from vpo import checkpoint as ckpt_lib
     from vpo.metrics_log import MetricsLogger
 
-    check_run(config, task)
-    out_dir = os.path.abspath(out_dir)
     tcfg = config.train
+    records = task.make_problems(tcfg.seed, tcfg.num_problems)
+    tables = data_lib.prompt_tables(task, records, tcfg.num_answers,
+                                    mutation_fraction=tcfg.mutation_fraction,
+                                    mutation_parents=tcfg.mutation_parents, seed=tcfg.seed)
+    check_run(config, task, tables.prompt_len)
+    out_dir = os.path.abspath(out_dir)
     mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
     dp = int(np.prod([mesh.shape[a] for a in sharding_lib.RULES["batch"] if a in mesh.shape]))
     if tcfg.batch_size % dp:
@@ -76,7 +80,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
                                               seed=tcfg.seed, with_ref=with_ref)
     data_it = data_lib.problem_iterator(task, tcfg.batch_size * config.objective.oversample,
                                         tcfg.num_answers,
-                                        num_problems=tcfg.num_problems, seed=tcfg.seed,
+                                        seed=tcfg.seed, records=records, tables=tables,
                                         mutation_fraction=tcfg.mutation_fraction,
                                         mutation_parents=tcfg.mutation_parents)
     os.makedirs(out_dir, exist_ok=True)
@@ -90,8 +94,11 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
     else:
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(config.to_json(), f, indent=1)
+        if jax.process_index() == 0:
+            task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
     cfg = step_config(config, task)
-    step_fn = (make_host_rl_step if task.is_host else make_rl_step)(graphdef, tx, task, cfg)
+    step_fn = (make_host_rl_step(graphdef, tx, task, cfg, records) if task.is_host
+               else make_rl_step(graphdef, tx, task, cfg))
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every)
     end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
     bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
@@ -126,7 +133,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: Task,
                          {"task": config.task, "task_kwargs": config.task_kwargs,
                           "num_answers": config.train.num_answers,
                           "advantage": config.objective.advantage,
-                          "steps": int(jax.device_get(state.step))})  # all processes take part
+                          "steps": int(jax.device_get(state.step))},
+                         tokenizer=task.tokenizer)  # all processes take part
     return graphdef, state
 
 

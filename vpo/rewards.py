@@ -1,5 +1,5 @@
 """Rewards to advantages for one RL step: task rewards in-graph (`jax.vmap(task.reward)`) or on
-the host (decoded text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty and dynamic
+the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty and dynamic
 sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator (GRPO family or
 VPO, `vpo.objectives`). Pure functions; `vpo.train` calls them inside its jitted step.
 """
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo import objectives
-from vpo.tasks.base import Task
+from vpo.tasks.bound import BoundTask
 from vpo.train_config import ObjectiveConfig
 from vpo.types import Rollout
 
@@ -93,25 +93,22 @@ def dynamic_selection(keep_N, batch_size: int):
     return idx_B, keep_N[idx_B]
 
 
-def in_graph_rewards(task: Task, problems, tokens_BGT, mask_BGT, num_answers: int):
-    """jax.vmap(task.reward) over B problems × G completions → (rewards_BGMR, solution_mask_BGM)."""
+def in_graph_rewards(task: BoundTask, problems, tokens_BGT, mask_BGT, num_answers: int):
+    """`task.reward` over B problems × G completions (problems: `BoundTask.problem_arrays`
+    rows) → (rewards_BGMR, solution_mask_BGM)."""
     per_sample = jax.vmap(lambda p, t, m: task.reward(p, t, m, num_answers),
                           in_axes=(None, 0, 0))
-    return jax.vmap(per_sample)(problems, tokens_BGT, mask_BGT)
+    return jax.vmap(per_sample)(problems["task"], tokens_BGT, mask_BGT)
 
 
-def host_rewards(task: Task, problems, rollout: Rollout, num_answers: int):
-    """task.host_reward on decoded text, in numpy → (rewards_BGMR, solution_mask_BGM)."""
+def host_rewards(task: BoundTask, records, problems, rollout: Rollout, num_answers: int):
+    """`task.host_score` on the generations' text (one batched call), the records looked up by
+    `problems["index"]` → (rewards_BGMR, solution_mask_BGM) as numpy."""
     tokens_BGT = np.asarray(rollout.tokens_BGT)
     mask_BGT = np.asarray(rollout.mask_BGT)
-    problems = jax.tree.map(np.asarray, problems)
-    B, G, _ = tokens_BGT.shape
-    R = task.num_rewards
-    rewards = np.zeros((B, G, num_answers, R), np.float32)
-    smask = np.zeros((B, G, num_answers), np.bool_)
-    for b in range(B):
-        problem = jax.tree.map(lambda x: x[b], problems)
-        for g in range(G):
-            text = task.vocab.decode(tokens_BGT[b, g][mask_BGT[b, g]].tolist(), strict=False)
-            rewards[b, g], smask[b, g] = task.host_reward(problem, text, num_answers)
-    return rewards, smask
+    B, G, T = tokens_BGT.shape
+    index_B = np.asarray(problems["index"])
+    rows = [records[int(i)] for i in index_B for _ in range(G)]
+    rewards, smask = task.host_score(rows, tokens_BGT.reshape(B * G, T),
+                                     mask_BGT.reshape(B * G, T), num_answers)
+    return (rewards.reshape(B, G, num_answers, -1), smask.reshape(B, G, num_answers))

@@ -125,7 +125,7 @@ class _Loop(NamedTuple):
 
 
 def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
-             max_new_tokens: int, eos_id: int, pad_id: int) -> Rollout:
+             max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
     """Pure sampling function (call it inside your own jit, or use `sample`).
 
     Args:
@@ -133,8 +133,12 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
       prompts_BP, mask_BP: left-padded prompt tokens and their validity mask.
       keys_BG: one PRNG key per (prompt, sample); G is taken from its shape.
       temperature, top_p, top_k: traced scalars.
+      stop_ids: a sequence ends at the first of these tokens (which is kept and masked True);
+        from the tokenizer (`Tokenizer.stop_ids`).
+      pad_id: written after the end. It may be an ordinary token: `mask_BGT`, never the token
+        value, says which positions were generated.
     Returns a `Rollout` with [B, G, T] arrays, T = max_new_tokens. The loop stops early once
-    every sequence has emitted EOS; later positions are pad and masked.
+    every sequence has emitted a stop token; later positions are pad and masked.
     """
     B, G = keys_BG.shape
     T = max_new_tokens
@@ -151,6 +155,7 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
                     jnp.zeros((B, G), bool)),
     )
 
+    stop_S = jnp.asarray(stop_ids, jnp.int32)
     rope_B1TE = model.rope(prefix.length_B[:, None, None] + jnp.arange(T)[None, None, :])
 
     def body(s: _Loop) -> _Loop:
@@ -170,7 +175,7 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
         rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.t, 1, axis=2), rope_B1TE)
         hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope)
         return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache,
-                     s.done_BG | (live & (tok == eos_id)), out)
+                     s.done_BG | (live & jnp.any(tok[..., None] == stop_S, -1)), out)
 
     def cond(s: _Loop):
         return (s.t < T) & ~jnp.all(s.done_BG)
@@ -180,15 +185,16 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
                               finished_BG=final.done_BG)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "eos_id", "pad_id"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "stop_ids", "pad_id"))
 def _generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
-                  max_new_tokens, eos_id, pad_id):
+                  max_new_tokens, stop_ids, pad_id):
     return generate(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
-                    top_p, top_k, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+                    top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                    pad_id=pad_id)
 
 
 def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
-                     eos_id: int, pad_id: int) -> Rollout:
+                     stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
     """`generate` under jit with explicit per-(prompt, sample) keys."""
     P, T = prompts_BP.shape[1], cfg.max_new_tokens
     if P + T > model.cfg.max_seq_len:
@@ -198,13 +204,14 @@ def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerC
     return _generate_jit(graphdef, state, jnp.asarray(prompts_BP, jnp.int32),
                          jnp.asarray(mask_BP, bool), keys_BG, jnp.float32(cfg.temperature),
                          jnp.float32(cfg.top_p), jnp.int32(cfg.top_k),
-                         max_new_tokens=T, eos_id=eos_id, pad_id=pad_id)
+                         max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids),
+                         pad_id=int(pad_id))
 
 
-def sample(model: Decoder, prompts_BP, mask_BP, key, cfg: SamplerConfig, *, eos_id: int,
-           pad_id: int) -> Rollout:
+def sample(model: Decoder, prompts_BP, mask_BP, key, cfg: SamplerConfig, *,
+           stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
     """Sample `cfg.num_samples` completions per prompt. Same key, same output."""
     B, G = prompts_BP.shape[0], cfg.num_samples
     keys_BG = jax.random.split(key, B * G).reshape(B, G)
-    return sample_with_keys(model, prompts_BP, mask_BP, keys_BG, cfg, eos_id=eos_id,
+    return sample_with_keys(model, prompts_BP, mask_BP, keys_BG, cfg, stop_ids=stop_ids,
                             pad_id=pad_id)

@@ -4,7 +4,8 @@ Mind Evolution (Lee et al., arXiv 2501.09891; digest §5) and the AlphaEvolve-st
 search of VPO (digest §1.9): I islands of Q members. One generation, per island: select parents
 (tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with `task.mutation_prompt`
 (or, with probability `fresh_rate`, the plain task prompt), sample children with the policy (m
-answers per call, each one candidate), score them with `task.reward`, drop duplicates, keep the
+answers per call, each one candidate, read from the generated text as symbol ids), score them
+with the task's in-graph reward, drop duplicates, keep the
 best Q of members ∪ children; every `migration_interval` generations the best
 `migration_count` of island i replace the worst of island i+1 (ring); optionally the weakest
 islands are re-seeded from the global elites. `lax.scan` over generations inside one jit, vmapped
@@ -36,8 +37,8 @@ from vpo import evaluation, plots, sharding
 from vpo._search_ops import Population
 from vpo.config import ConfigError
 from vpo.sampler import generate
-from vpo.tasks import answers as answers_lib
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks.base import Record
+from vpo.tasks.bound import BoundTask
 
 SELECTIONS = ("tournament", "boltzmann")
 METHODS = ("search", "best_of_n", "revision")
@@ -121,26 +122,47 @@ class SearchTrace(NamedTuple):
     evaluated: jax.Array
 
 
-def lm_prompts(task, cfg: SearchConfig, problem, parents_BKA, parent_mask_BKA,
+def search_problems(task: BoundTask, records: list[Record], num_answers: int) -> dict:
+    """The problems as search reads them (numpy, leading N): {"task": the task's arrays,
+    "head_H"/"head_mask_H": mutation-prompt heads, "prompt_P"/"prompt_mask_P": plain prompts}."""
+    head, hmask = task.mutation_heads(records)
+    prompt, pmask = task.prompt_arrays(records, num_answers)
+    return {"task": task.problem_arrays(records)["task"], "head_H": head, "head_mask_H": hmask,
+            "prompt_P": prompt, "prompt_mask_P": pmask}
+
+
+def prompt_len(task: BoundTask, problems: dict, cfg: SearchConfig, num_parents: int) -> int:
+    """P2, the static prompt length of a search call (mutation or plain prompt)."""
+    return max(task.mutation_prompt_len(problems["head_H"].shape[-1], num_parents,
+                                        cfg.num_answers), problems["prompt_P"].shape[-1])
+
+
+def lm_prompts(task: BoundTask, cfg: SearchConfig, problem, parents_BKA, parent_mask_BKA,
                parent_rewards_BKR, fresh_B) -> tuple[jax.Array, jax.Array]:
-    """Mutation prompts (or, where `fresh`, the plain prompt left-padded to the same length)
-    → (prompts_BP, mask_BP), P = task.mutation_prompt_len(K)."""
+    """Mutation prompts (or, where `fresh`, the plain prompt), left-padded to the same length
+    → (prompts_BP, mask_BP), P = `prompt_len`."""
     m, K = cfg.num_answers, parents_BKA.shape[1]
-    P2 = task.mutation_prompt_len(K)
-    mut_BP = jax.vmap(lambda a, am, r: task.mutation_prompt(problem, a, am, r, m))(
+    P2 = prompt_len(task, problem, cfg, K)
+    pad = task.tokenizer.pad_id
+
+    def to_len(t, msk):
+        extra = P2 - t.shape[-1]
+        return (jnp.concatenate([jnp.full((extra,), pad, jnp.int32), t.astype(jnp.int32)]),
+                jnp.concatenate([jnp.zeros((extra,), bool), msk]))
+
+    mut_BP, mmask_BP = jax.vmap(lambda a, am, r: to_len(*task.mutation_prompt(
+        problem["head_H"], problem["head_mask_H"], a, am, r, m)))(
         parents_BKA, parent_mask_BKA, parent_rewards_BKR)
-    plain_P = task.prompt_tokens(problem, m)
-    plain_P = jnp.concatenate([jnp.full((P2 - plain_P.shape[0],), vocab_lib.PAD, jnp.int32),
-                               plain_P.astype(jnp.int32)])
-    prompts_BP = jnp.where(fresh_B[:, None], plain_P[None, :], mut_BP.astype(jnp.int32))
-    return prompts_BP, jnp.cumsum((prompts_BP != vocab_lib.PAD).astype(jnp.int32), axis=-1) > 0
+    plain_P, pmask_P = to_len(problem["prompt_P"], problem["prompt_mask_P"])
+    prompts_BP = jnp.where(fresh_B[:, None], plain_P[None, :], mut_BP)
+    return prompts_BP, jnp.where(fresh_B[:, None], pmask_P[None, :], mmask_BP)
 
 
-def split_completions(task, cfg: SearchConfig, tokens_BT, mask_BT):
-    """m answers of each generation → (answers_BMA, answer_mask_BMA)."""
-    split = functools.partial(answers_lib.split_answers, num_answers=cfg.num_answers,
-                              answer_len=task.answer_len)
-    answers_BMA, amask_BMA, _ = jax.vmap(split)(tokens_BT, mask_BT)
+def split_completions(task: BoundTask, cfg: SearchConfig, tokens_BT, mask_BT):
+    """m answers of each generation as symbol ids → (answers_BMA, answer_mask_BMA); invalid and
+    duplicate slots have all-False masks."""
+    answers_BMA, amask_BMA, _ = jax.vmap(lambda t, msk: task.parse(t, msk, cfg.num_answers))(
+        tokens_BT, mask_BT)
     return answers_BMA, amask_BMA
 
 
@@ -153,8 +175,8 @@ def lm_propose(model, key, problem, parents_BKA, parent_mask_BKA, parent_rewards
     keys_B1 = jax.random.split(key, B).reshape(B, 1)
     roll = generate(model, prompts_BP, mask_BP, keys_B1, jnp.float32(cfg.temperature),
                     jnp.float32(cfg.top_p), jnp.int32(0),
-                    max_new_tokens=task.completion_len(cfg.num_answers), eos_id=vocab_lib.EOS,
-                    pad_id=vocab_lib.PAD)
+                    max_new_tokens=task.completion_len(cfg.num_answers),
+                    stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id)
     return split_completions(task, cfg, roll.tokens_BGT[:, 0], roll.mask_BGT[:, 0])
 
 
@@ -166,7 +188,7 @@ def _children(model, task, cfg, propose, problem, key, parents: Population, pres
                                  fresh_B, task=task, cfg=cfg)
     B, M, A = ans_BMA.shape
     ans_NA, amask_NA = ans_BMA.reshape(B * M, A), amask_BMA.reshape(B * M, A)
-    rewards_NR, valid_N = ops.score_answers(task, problem, ans_NA, amask_NA)
+    rewards_NR, valid_N = task.score_symbols(problem["task"], ans_NA, amask_NA)
     return ops.clear_invalid(Population(
         ans_NA.astype(jnp.int32), amask_NA, rewards_NR,
         ops.fitness(rewards_NR, valid_N, task.eval_weights_R), valid_N,
@@ -373,8 +395,8 @@ def run_method(method: str, model, task, problems, cfg: SearchConfig, key, *, pr
     if method not in METHODS:
         raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
     if task.is_host:
-        raise ValueError(f"task {task.name!r} has a host reward; in-graph search needs "
-                         "task.reward (jnp)")
+        raise ValueError(f"task {task.name!r} scores on the host; in-graph search needs a "
+                         "task with symbols and symbol_reward")
     task.check_num_answers(cfg.num_answers)
     if mesh is not None:
         d = int(np.prod([mesh.shape[a] for a in sharding.RULES["batch"] if a in mesh.shape]))
@@ -383,7 +405,7 @@ def run_method(method: str, model, task, problems, cfg: SearchConfig, key, *, pr
                               f"the mesh's {d} data-parallel devices")
     graphdef = params = None
     if model is not None:
-        need = task.mutation_prompt_len(cfg.parents if method == "search" else 1)
+        need = prompt_len(task, problems, cfg, cfg.parents if method == "search" else 1)
         need += task.completion_len(cfg.num_answers)
         if need > model.cfg.max_seq_len:
             raise ConfigError(f"model.max_seq_len: search needs {need} positions (mutation "

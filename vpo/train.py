@@ -35,8 +35,7 @@ from vpo.config import ConfigError, ModelConfig, SamplerConfig
 from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import Decoder
 from vpo.sampler import generate
-from vpo.tasks import vocab as vocab_lib
-from vpo.tasks.base import Task
+from vpo.tasks.bound import BoundTask
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 from vpo.types import Rollout
 
@@ -194,7 +193,7 @@ class StepConfig:
     sampler: SamplerConfig
     objective: ObjectiveConfig
     train: TrainConfig
-    eos_id: int
+    stop_ids: tuple[int, ...]  # from the tokenizer
     pad_id: int
 
 
@@ -217,7 +216,7 @@ def _split(tree, n: int):
 
 
 def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_mask_BGM, *,
-            graphdef, tx, task: Task, cfg: StepConfig):
+            graphdef, tx, task: BoundTask, cfg: StepConfig):
     """Overlong shaping, dynamic group selection, advantages, then the scanned PPO epochs ×
     minibatches. The inputs hold oversample × batch_size groups. Returns (state, metrics)."""
     ocfg, tcfg = cfg.objective, cfg.train
@@ -327,7 +326,7 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
     return new_state, metrics
 
 
-def rollout_metrics(task: Task, rollout: Rollout, rewards_BGMR, solution_mask_BGM):
+def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM):
     """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved)."""
     B, G, M, R = rewards_BGMR.shape
     reward_BG = rewards_lib.scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
@@ -358,10 +357,10 @@ def _sample(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Rollout:
     return generate(nnx.merge(graphdef, state.params), batch["prompt_BP"],
                     batch["prompt_mask_BP"], keys_BG, jnp.float32(s.temperature),
                     jnp.float32(s.top_p), jnp.int32(s.top_k), max_new_tokens=s.max_new_tokens,
-                    eos_id=cfg.eos_id, pad_id=cfg.pad_id)
+                    stop_ids=cfg.stop_ids, pad_id=cfg.pad_id)
 
 
-def rl_step(state: TrainState, batch, *, graphdef, tx, task: Task, cfg: StepConfig):
+def rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask, cfg: StepConfig):
     """One in-graph RL step: sample → task.reward → advantages → updates. Returns (state, metrics).
 
     batch: {"problems": B problems, "prompt_BP": int32, "prompt_mask_BP": bool}.
@@ -374,7 +373,7 @@ def rl_step(state: TrainState, batch, *, graphdef, tx, task: Task, cfg: StepConf
                    task=task, cfg=cfg)
 
 
-def make_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
+def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
     """`rl_step` jitted with the state donated: (state, batch) -> (state, metrics)."""
     if task.is_host:
         raise ConfigError(f"task {task.name!r} has a host reward; use make_host_rl_step")
@@ -388,8 +387,9 @@ def make_sample_step(graphdef, cfg: StepConfig) -> Callable:
     return jax.jit(functools.partial(_sample, graphdef=graphdef, cfg=cfg))
 
 
-def make_host_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
-    """The host-reward step: jitted sample → task.host_reward (numpy) → jitted, donated update."""
+def make_host_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -> Callable:
+    """The host-reward step: jitted sample → `task.host_score` on the text (numpy) → jitted,
+    donated update. `records`: the problems that batch["problems"]["index"] points into."""
     sample_step = make_sample_step(graphdef, cfg)
 
     def update(state, batch, rollout, rewards, smask):
@@ -400,36 +400,35 @@ def make_host_rl_step(graphdef, tx, task: Task, cfg: StepConfig) -> Callable:
 
     def step(state, batch):
         rollout = sample_step(state, batch)
-        rewards, smask = rewards_lib.host_rewards(task, batch["problems"], rollout,
+        rewards, smask = rewards_lib.host_rewards(task, records, batch["problems"], rollout,
                                                   cfg.train.num_answers)
         return update_step(state, batch, rollout, rewards, smask)
 
     return step
 
 
-def step_config(run: RunConfig, task: Task) -> StepConfig:
-    """The static step settings of a run (task specials from the shared vocabulary layout)."""
-    del task  # every task vocabulary puts eos / pad at the same ids
-    return StepConfig(run.sampler, run.objective, run.train, eos_id=vocab_lib.EOS,
-                      pad_id=vocab_lib.PAD)
+def step_config(run: RunConfig, task: BoundTask) -> StepConfig:
+    """The static step settings of a run (stop and pad ids from the task's tokenizer)."""
+    tok = task.tokenizer
+    return StepConfig(run.sampler, run.objective, run.train, stop_ids=tok.stop_ids,
+                      pad_id=tok.pad_id)
 
 
-def check_run(run: RunConfig, task: Task) -> None:
-    """Cross-field checks between the run config and its task, with the fix in the message."""
+def check_run(run: RunConfig, task: BoundTask, prompt_len: int) -> None:
+    """Cross-field checks between the run config and its task (whose longest prompt, mutation
+    prompts included, has `prompt_len` tokens), with the fix in the message."""
     task.check_num_answers(run.train.num_answers)
-    if run.model.vocab_size < task.vocab.size:
+    if run.model.vocab_size < task.tokenizer.size:
         raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
-                          f"{task.name} vocabulary ({task.vocab.size}); raise it")
+                          f"tokenizer's {task.tokenizer.size} tokens; raise it or use the "
+                          "checkpoint's own tokenizer")
     need = task.completion_len(run.train.num_answers)
     if run.sampler.max_new_tokens < need:
         raise ConfigError(f"sampler.max_new_tokens: {run.sampler.max_new_tokens} < {need}, the "
                           f"{task.name} budget for {run.train.num_answers} answers; raise it")
-    prompt_len = task.prompt_len
-    if run.train.mutation_fraction > 0:
-        if task.mutation_demonstrations is None or task.is_host:
-            raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
-                              "mutation prompts; set train.mutation_fraction=0")
-        prompt_len = max(prompt_len, task.mutation_prompt_len(run.train.mutation_parents))
+    if run.train.mutation_fraction > 0 and not task.has_mutation_demonstrations:
+        raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
+                          "mutation prompts; set train.mutation_fraction=0")
     if prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
         raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
                           f"{prompt_len} + sampler.max_new_tokens "

@@ -1,16 +1,32 @@
-"""Tasks with vector rewards: prompts, answer format, in-graph or host rewards, demonstrations.
+"""Tasks with vector rewards, defined over text (`vpo.tasks.base.Task`), and their binding to a
+tokenizer (`vpo.tasks.bound`). `make_task(name, **kwargs)` is the one table of built-in tasks:
 
-The contract is one frozen dataclass, `vpo.tasks.base.Task`; each task module has a factory that
-returns one (pass the task object around; there is no registry):
+    maze          in-graph; designed-conflict 5x5 maze, R = 4 (`maze.make_maze_task`)
+    maze9         in-graph; the 9x9 setting of the VPO paper (`maze.make_paper_maze_task`)
+    program       in-graph; program synthesis from examples, R = #tests
+    bandit        in-graph; the three-armed vector bandit toy, R = 2
+    arithmetic    host-scored; reach a target with + - *, R = 3
 
-    maze.make_maze_task(size=5)           in-graph; designed-conflict grid maze, R = 4
-    maze.make_paper_maze_task()           the 9x9 setting of the VPO paper
-    program.make_program_task("easy")     in-graph; program synthesis from examples, R = #tests
-    bandit.make_bandit_task()             in-graph; the three-armed vector bandit toy, R = 2
-    arithmetic.make_arithmetic_task()     host reward on decoded text, R = 3
-
-Shared pieces: `vocab` (word-level vocabularies and their HF tokenizer), `answers` (splitting a
-generation into its m answers), `prompting` (left-padded in-graph prompt assembly),
+Shared pieces: `answers` (the `<answer k>` format, read from text and from token bytes),
 `mutation_demos` (weaker parents for SFT on search mutation prompts).
-A prompt's attention mask is `tokens_P != vocab.PAD`.
 """
+
+from __future__ import annotations
+
+TASK_NAMES = ("maze", "maze9", "program", "bandit", "arithmetic")
+
+
+def make_task(name: str, **kwargs):
+    """The built-in task `name` (see the module docstring), its factory's keyword arguments
+    passed through; an unknown name is a ValueError that lists the known ones."""
+    from vpo.tasks import arithmetic, bandit, maze, program
+
+    factories = {"maze": maze.make_maze_task, "maze9": maze.make_paper_maze_task,
+                 "program": program.make_program_task, "bandit": bandit.make_bandit_task,
+                 "arithmetic": arithmetic.make_arithmetic_task}
+    if name not in factories:
+        raise ValueError(f"task: unknown task {name!r}; choose one of {', '.join(factories)}")
+    try:
+        return factories[name](**kwargs)
+    except TypeError as e:
+        raise ValueError(f"task_kwargs for {name!r}: {e}") from None

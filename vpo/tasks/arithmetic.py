@@ -1,8 +1,9 @@
-"""Reach-the-target arithmetic, a HOST task: the reward is computed in Python on decoded text.
+"""Reach-the-target arithmetic, a HOST task: the reward is computed in Python on the answer text.
 
 Each problem gives K numbers (1..9, repeats allowed) and a target (1..max_target) that some
-expression over all K numbers reaches. An answer is an expression over number tokens, `+ - *`
-and parentheses, written with spaces: `( 3 + 4 ) * 5`. Reward vector (R = 3), all in [0, 1]:
+expression over all K numbers reaches. An answer is an expression over integers, `+ - *` and
+parentheses, written with spaces: `( 3 + 4 ) * 5` (at most A = 4K - 1 words). Reward vector
+(R = 3), all in [0, 1]:
 
     well_formed   1 iff the answer parses as an expression (integers, + - *, parentheses)
     given_only    fraction of the numbers used that can be matched to distinct given numbers
@@ -10,43 +11,44 @@ and parentheses, written with spaces: `( 3 + 4 ) * 5`. Reward vector (R = 3), al
     closeness     max(0, 1 - |value - target| / max(target, 10))
 
 `given_only` and `closeness` are 0 when the answer is not well formed. An unparseable answer
-still occupies a valid slot (solution mask True, reward row 0); the mask only drops slots that
-the format rules of `answers` reject and duplicates. The components conflict:
-writing the target itself is exact but uses a number that was not given. w* = the mean;
-solved = all three equal 1 (exact, using only given numbers). This task exists to exercise the
-host-reward path (`reward=None`, `host_reward` set) with a real `tokenizers` tokenizer.
+still occupies a valid slot (valid True, reward row 0); only missing slots, answers of more than
+A words and later duplicates (same words) of an earlier valid slot are invalid. The components
+conflict: writing the target itself is exact but uses a number that was not given. w* = the
+mean; solved = all three equal 1 (exact, using only given numbers). This task exercises the
+host-scoring path (no `symbols`) with any tokenizer.
 
-Prompt (P = K + 5):  <bos> use n_1 .. n_K target t m<k>
+Record: {"numbers": [n_1..n_K], "target": t}.
+Statement: `Use the numbers n_1 .. n_K and + - * ( ) to reach t`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from vpo.tasks import answers as answers_lib
-from vpo.tasks import base, prompting
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks import base
 
 OPS = ("+", "-", "*")
-USE, TARGET = "use", "target"
+PARENS = ("(", ")")
+MAX_DIGITS = 100  # longer digit words do not parse (bounds int() on generated text)
+ANSWER_HINT = "an expression with numbers, operators and parentheses separated by spaces"
 
 
-class ArithmeticProblems(NamedTuple):
-    """numbers: int32 [N, K]; target: int32 [N]."""
-
-    numbers: np.ndarray
-    target: np.ndarray
+def arithmetic_statement(record: base.Record) -> str:
+    """`Use the numbers n_1 .. n_K and + - * ( ) to reach t`."""
+    numbers = " ".join(str(n) for n in record["numbers"])
+    return f"Use the numbers {numbers} and {' '.join(OPS + PARENS)} to reach {record['target']}"
 
 
 def parse(words: list[str]) -> tuple[int, list[int]] | None:
     """(value, numbers used) of an expression's tokens, or None when it does not parse.
 
     Grammar: expr := term (("+" | "-") term)* ; term := factor ("*" factor)* ;
-    factor := INTEGER | "(" expr ")".
+    factor := INTEGER | "(" expr ")";  INTEGER := 1..MAX_DIGITS ASCII digits.
     """
     pos = 0
     used: list[int] = []
@@ -57,7 +59,7 @@ def parse(words: list[str]) -> tuple[int, list[int]] | None:
     def factor():
         nonlocal pos
         tok = peek()
-        if tok is not None and tok.isdigit():
+        if tok is not None and tok.isascii() and tok.isdigit() and len(tok) <= MAX_DIGITS:
             pos += 1
             used.append(int(tok))
             return int(tok)
@@ -104,7 +106,8 @@ def score_expression(words: list[str], numbers: list[int], target: int) -> tuple
     pool = Counter(numbers)
     matched = sum(min(c, pool[n]) for n, c in Counter(used).items())
     given_only = matched / len(used) if used else 0.0
-    closeness = max(0.0, 1.0 - abs(value - target) / max(target, 10))
+    diff, scale = abs(value - target), max(target, 10)
+    closeness = 0.0 if diff >= scale else 1.0 - diff / scale  # no float of a huge value
     return (1.0, given_only, closeness)
 
 
@@ -128,14 +131,10 @@ def make_arithmetic_task(*, num_numbers: int = 3, max_target: int = 99, max_answ
         raise ValueError(f"num_numbers={K} must be >= 2 (an expression needs an operator)")
     if max_target < 10:
         raise ValueError(f"max_target={max_target} must be >= 10")
-    vocab = vocab_lib.make_vocab(vocab_lib.common_tokens(max_answers)
-                                 + tuple(str(i) for i in range(max_target + 1))
-                                 + OPS + ("(", ")", USE, TARGET))
-    num0 = vocab.id("0")
 
-    def make_problems(seed: int, num: int) -> ArithmeticProblems:
+    def make_problems(seed: int, num: int) -> list[base.Record]:
         rng = np.random.default_rng(seed)
-        numbers, targets = [], []
+        records = []
         for _ in range(num):
             for _ in range(max_tries):
                 nums = [int(v) for v in rng.integers(1, 10, size=K)]
@@ -144,42 +143,44 @@ def make_arithmetic_task(*, num_numbers: int = 3, max_target: int = 99, max_answ
                     break
             else:
                 raise RuntimeError(f"no target in 1..{max_target} in {max_tries} tries")
-            numbers.append(nums)
-            targets.append(parsed[0])
-        return ArithmeticProblems(np.asarray(numbers, np.int32), np.asarray(targets, np.int32))
+            records.append({"numbers": nums, "target": int(parsed[0])})
+        return records
 
-    def statement(problem):  # `use n_1 .. n_K target t`
-        nums = num0 + jnp.asarray(problem.numbers, jnp.int32)
-        target = num0 + jnp.asarray(problem.target, jnp.int32)
-        return [prompting.fixed([vocab.id(USE)]), prompting.fixed(nums),
-                prompting.fixed([vocab.id(TARGET)]), prompting.fixed(jnp.reshape(target, (1,)))]
-
-    prompts = prompting.prompt_functions(vocab, statement, statement_len=K + 3, answer_len=A,
-                                         num_rewards=3, max_answers=max_answers)
-
-    def host_reward(problem, text: str, num_answers: int):
-        slots = answers_lib.split_answer_words(text, num_answers=num_answers, answer_len=A)
-        numbers = [int(v) for v in np.asarray(problem.numbers)]
-        target = int(problem.target)
-        rewards_MR = np.zeros((num_answers, 3), np.float32)
-        for m, words in enumerate(slots):
-            if words is not None:
-                rewards_MR[m] = score_expression(words, numbers, target)
-        return rewards_MR, np.array([s is not None for s in slots], np.bool_)
+    def score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]]
+              ) -> tuple[np.ndarray, np.ndarray]:
+        N, M = len(records), max((len(a) for a in answers), default=0)
+        rewards_NMR = np.zeros((N, M, 3), np.float32)
+        valid_NM = np.zeros((N, M), bool)
+        for n, (record, slots) in enumerate(zip(records, answers, strict=True)):
+            numbers = [int(v) for v in record["numbers"]]
+            seen: list[list[str]] = []
+            for m, text in enumerate(slots):
+                words = None if text is None else answers_lib.answer_words(text)
+                if not words or len(words) > A or words in seen:
+                    continue
+                seen.append(words)
+                valid_NM[n, m] = True
+                rewards_NMR[n, m] = score_expression(words, numbers, int(record["target"]))
+        return rewards_NMR, valid_NM
 
     def solved(rewards_R):
-        return jnp.all(rewards_R >= 1.0 - 1e-6)
+        return jnp.all(jnp.asarray(rewards_R) >= 1.0 - 1e-6)
 
-    def demonstrations(problem, rng: np.random.Generator, num_answers: int) -> list[int]:
-        numbers = [int(v) for v in np.asarray(problem.numbers)]
-        return base.join_answers([vocab.encode(e) for e in demo_expressions(
-            numbers, int(problem.target), rng, num_answers)])
+    def demonstrations(record: base.Record, rng: np.random.Generator,
+                       num_answers: int) -> list[str]:
+        exprs = demo_expressions([int(v) for v in record["numbers"]], int(record["target"]), rng,
+                                 num_answers)
+        return [" ".join(e) for e in exprs]
 
+    example = {"numbers": [1] * K, "target": 1}
+    words = tuple(dict.fromkeys([*arithmetic_statement(example).split(),
+                                 *(str(i) for i in range(max(max_target, 9) + 1)), *OPS, *PARENS,
+                                 *ANSWER_HINT.split()]))
     return base.Task(
-        name="arithmetic", vocab=vocab, reward_names=("well_formed", "given_only", "closeness"),
-        eval_weights_R=np.full((3,), 1.0 / 3.0, np.float32), answer_len=A,
-        make_problems=make_problems, reward=None, solved=solved, demonstrations=demonstrations,
-        host_reward=host_reward, max_answers=max_answers, **prompts._asdict())
+        name="arithmetic", reward_names=("well_formed", "given_only", "closeness"),
+        eval_weights_R=np.full((3,), 1.0 / 3.0, np.float32), make_problems=make_problems,
+        statement=arithmetic_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers)
 
 
 def demo_expressions(numbers: list[int], target: int, rng: np.random.Generator, num: int,

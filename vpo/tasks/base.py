@@ -1,29 +1,30 @@
-"""The task contract: one frozen dataclass of data and pure functions (no subclassing, no registry).
+"""The task contract, over text: one frozen dataclass of data and pure functions (no subclassing,
+no registry). Tokenizers never appear here; `vpo.tasks.bound.bind(task, tokenizer)` turns a
+task into token arrays and in-graph functions for one tokenizer.
 
-A task is built by a factory (`maze.make_maze_task(...)`, `program.make_program_task(...)`, ...)
-that closes its configuration over the functions below. Conventions (DESIGN.md dimension key):
-N problems, P prompt tokens, T generated tokens, M answers per generation, A tokens per answer,
-R reward components, Q parents in a mutation prompt.
+A problem is a JSON-able record (a dict). A generation holds m answers in numbered tags,
+`<answer 1> ... </answer 1>` ... (`vpo.tasks.answers`); missing, empty, truncated, malformed and
+duplicate answers are invalid slots (zero reward row, masked), never errors.
 
-Answer format (see `vpo.tasks.answers`): `ans_1 <sep> ans_2 <sep> ... ans_M <eos>`, so the
-generation budget is `completion_len(M) = M * (A + 1)` tokens.
+Dimension key (DESIGN.md): N problems, M answers per generation, A symbols per answer, R reward
+components, Q parents in a mutation prompt.
 
-Problems are pytrees (NamedTuples) of numpy arrays with a leading N axis; the in-graph functions
-take ONE problem (the same pytree without the N axis) and callers `jax.vmap` them. `num_answers`
-(and the task's A) are static Python ints.
+Tasks whose answers are words of a fixed alphabet (`symbols`: maze moves, program tokens, bandit
+arms) also score in the graph: `arrays(records)` gives each problem as numeric arrays, and
+`symbol_reward(problem, symbols_A, mask_A) -> rewards_R` is the pure-jnp twin of `score` for one
+well-formed answer (symbol ids into `symbols`, at most A = `answer_len` of them). Tasks without
+`symbol_reward` (arithmetic, a user's reward functions) score on the host once per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from vpo.tasks import vocab as vocab_lib
-
-Problem = Any  # a pytree (NamedTuple) of arrays; with a leading N axis from make_problems
+Record = dict[str, Any]  # one problem, JSON-able
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,53 +33,54 @@ class Task:
 
     Fields:
       name: short identifier (logs, file names).
-      vocab: the task's word-level vocabulary (ids 0..3 = pad, bos, eos, sep).
       reward_names: names of the R reward components, in order.
       eval_weights_R: the fixed scalarization w* (non-negative, sums to 1): what GRPO trains on
         and what best@k scores (`score = w*ᵀ r`).
-      prompt_len: P; `prompt_tokens` returns exactly P tokens, LEFT-padded with pad.
-      answer_len: A, the most tokens of one answer, delimiter excluded.
-      make_problems(seed, num) -> Problems: host-side and deterministic in `seed`; numpy arrays
-        with leading dim N = num.
-      prompt_tokens(problem, num_answers) -> tokens_P: pure jnp, int32; ends with the `m<k>`
-        token that requests k = num_answers answers.
-      reward(problem, completion_T, mask_T, num_answers) -> (rewards_MR float32,
-        solution_mask_M bool): pure jnp; invalid and duplicate slots get zero rows and False.
-        None for host tasks.
-      solved(rewards_R) -> bool: pure jnp predicate counted by pass@k.
-      demonstrations(problem, rng, num_answers) -> list[int]: host-side SFT target completion
-        (answer ids with `sep` between answers and a final `eos`), diverse valid answers.
-      mutation_prompt(problem, parent_answers_QA, parent_mask_QA, parent_rewards_QR,
-        num_answers) -> tokens_P2: pure jnp prompt for evolutionary search that shows the Q
-        parents (answer tokens + rewards quantised to tenths as `q0..q10` tokens) and asks for
-        `num_answers` improved answers; LEFT-padded to `mutation_prompt_len(Q)`.
-      mutation_prompt_len(num_parents) -> int: the static length P2 of `mutation_prompt`.
-      host_reward(problem, text, num_answers) -> (rewards_MR np.float32, solution_mask_M
-        np.bool_): host tasks only, on the decoded generation text. None for in-graph tasks.
-      mutation_demonstrations(problem, rng, num_parents, num_answers) -> (parents, children):
-        host-side material for SFT on mutation prompts (`vpo.sft.mutation_demonstration_set`):
-        1..num_parents weaker parent answers and num_answers distinct improved child answers
-        (lists of ids), drawn from the task's reference solutions. The scores the prompt shows
-        are computed later by `reward`. None where the task has none (SFT then uses plain
-        prompts only).
-      max_answers: the largest num_answers the vocabulary can request (tokens `m1..m<max>`).
+      make_problems(seed, num) -> list[Record]: deterministic in `seed`.
+      statement(record) -> str: the problem as text, the body of every prompt (no leading or
+        trailing whitespace).
+      answer_hint: what one answer is, completing "Each answer is ...", e.g. "a route: moves
+        U D L R separated by spaces".
+      score(records, answers) -> (rewards_NMR float32, valid_NM bool): the host scorer, batched.
+        `answers[n][m]` is the text inside slot m's tags (stripped), or None when the slot is
+        missing / empty / truncated. The task marks malformed answers and later duplicates of an
+        earlier valid answer invalid (zero rows).
+      solved(rewards_R) -> bool: predicate counted by pass@k (jnp; numpy inputs work too).
+      demonstrations(record, rng, num_answers) -> list[str]: `num_answers` distinct valid answer
+        texts for SFT (diverse: e.g. maze routes via gold, via diamonds, direct).
+      symbols: the answer alphabet of in-graph tasks (an answer is 1..answer_len of these words
+        separated by whitespace); None for host-only tasks.
+      answer_len: A, the most symbols in one answer (in-graph tasks); also bounds the generation
+        budget (see `vpo.tasks.bound`).
+      arrays(records) -> pytree of numpy arrays with a leading N axis: the problems for
+        `symbol_reward` (in-graph tasks).
+      symbol_reward(problem, symbols_A int32, mask_A bool) -> rewards_R float32: pure jnp, ONE
+        problem (the `arrays` pytree without its N axis) and one well-formed answer; callers vmap.
+        Must equal `score` on the same answer.
+      mutation_demonstrations(record, rng, num_parents, num_answers) -> (parents, children):
+        answer texts for SFT on search mutation prompts: 1..num_parents weaker parents and
+        num_answers distinct improved children (None: the task has none).
+      words: words beyond those of its prompts' fixed text that the task's texts can contain
+        (numbers, grid symbols); the built-in word-level tokenizer is built from them.
+      max_answers: the most answers one generation may be asked for.
     """
 
     name: str
-    vocab: vocab_lib.Vocab
     reward_names: tuple[str, ...]
     eval_weights_R: np.ndarray
-    prompt_len: int
-    answer_len: int
-    make_problems: Callable[[int, int], Problem]
-    prompt_tokens: Callable[..., Any]
-    reward: Callable[..., Any] | None
+    make_problems: Callable[[int, int], list[Record]]
+    statement: Callable[[Record], str]
+    answer_hint: str
+    score: Callable[[Sequence[Record], Sequence[Sequence[str | None]]],
+                    tuple[np.ndarray, np.ndarray]]
     solved: Callable[[Any], Any]
-    demonstrations: Callable[..., list[int]]
-    mutation_prompt: Callable[..., Any]
-    mutation_prompt_len: Callable[[int], int]
-    host_reward: Callable[..., Any] | None = None
-    mutation_demonstrations: Callable[..., tuple[list[list[int]], list[list[int]]]] | None = None
+    demonstrations: Callable[..., list[str]]
+    symbols: tuple[str, ...] | None = None
+    answer_len: int = 0
+    arrays: Callable[[Sequence[Record]], Any] | None = None
+    symbol_reward: Callable[..., Any] | None = None
+    mutation_demonstrations: Callable[..., tuple[list[str], list[str]]] | None = None
+    words: tuple[str, ...] = ()
     max_answers: int = 8
 
     def __post_init__(self):
@@ -91,12 +93,22 @@ class Task:
         if np.any(w < 0) or not np.isclose(w.sum(), 1.0, atol=1e-5):
             raise ValueError(f"{self.name}: eval_weights_R must be non-negative and sum to 1; "
                              f"got {w.tolist()}")
-        if (self.reward is None) == (self.host_reward is None):
-            raise ValueError(f"{self.name}: set exactly one of `reward` (in-graph jnp) and "
-                             "`host_reward` (Python on decoded text)")
-        for field in ("prompt_len", "answer_len", "max_answers"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{self.name}: {field} must be >= 1; got {getattr(self, field)}")
+        graph = (self.symbols is not None, self.arrays is not None,
+                 self.symbol_reward is not None)
+        if any(graph) and not all(graph):
+            raise ValueError(f"{self.name}: in-graph scoring needs all of symbols, arrays and "
+                             "symbol_reward (or none of them for a host-scored task)")
+        if self.symbols is not None:
+            if self.answer_len < 1:
+                raise ValueError(f"{self.name}: answer_len must be >= 1; got {self.answer_len}")
+            bad = [s for s in self.symbols if not s or any(c.isspace() or c in "<>" for c in s)
+                   or not s.isascii()]
+            if bad or len(set(self.symbols)) != len(self.symbols):
+                raise ValueError(f"{self.name}: symbols must be distinct non-empty ASCII words "
+                                 f"without whitespace or < >; got {bad or self.symbols}")
+        if not 1 <= self.max_answers <= 9:
+            raise ValueError(f"{self.name}: max_answers must be in 1..9 (one-digit answer "
+                             f"tags); got {self.max_answers}")
 
     @property
     def num_rewards(self) -> int:
@@ -105,43 +117,51 @@ class Task:
 
     @property
     def is_host(self) -> bool:
-        """True when the reward runs in Python on decoded text (one host boundary per step)."""
-        return self.reward is None
-
-    def completion_len(self, num_answers: int) -> int:
-        """T budget for `num_answers` answers: M * (A + 1) (each answer plus its delimiter)."""
-        self.check_num_answers(num_answers)
-        return num_answers * (self.answer_len + 1)
+        """True when rewards need Python on decoded text (one host boundary per RL step)."""
+        return self.symbol_reward is None
 
     def check_num_answers(self, num_answers: int) -> None:
-        """Raise a ValueError naming `num_answers` when the vocabulary cannot request it."""
+        """Raise a ValueError naming `num_answers` when it is outside 1..max_answers."""
         if not 1 <= num_answers <= self.max_answers:
             raise ValueError(f"{self.name}: num_answers={num_answers} must be in 1.."
                              f"{self.max_answers}; build the task with a larger max_answers")
 
 
-def join_answers(answers: list[list[int]]) -> list[int]:
-    """The completion ids of answers: `a_1 <sep> a_2 ... a_m <eos>`."""
-    out: list[int] = []
-    for i, a in enumerate(answers):
-        out.extend(a)
-        out.append(vocab_lib.EOS if i == len(answers) - 1 else vocab_lib.SEP)
-    return out
+def symbol_words(answer: str | None, symbols: Sequence[str], answer_len: int
+                 ) -> list[str] | None:
+    """The words of one answer if it is well formed for a symbol alphabet, else None.
+
+    Words are split as the in-graph reader splits them (`vpo.tasks.answers.answer_words`);
+    an answer is well formed iff it has 1..answer_len words and each is in `symbols`.
+    """
+    from vpo.tasks.answers import answer_words
+
+    if answer is None:
+        return None
+    words = answer_words(answer)
+    if not 1 <= len(words) <= answer_len or any(w not in symbols for w in words):
+        return None
+    return words
 
 
-def index_problem(problems: Problem, i: int) -> Problem:
-    """Problem i of a batched Problems pytree (numpy), e.g. for `demonstrations`/`host_reward`."""
-    return type(problems)(*(np.asarray(x)[i] for x in problems))
-
-
-def encode_completion(vocab: vocab_lib.Vocab, completion: str | list[int], length: int
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens_T int32, mask_T bool) of a completion (text or ids) right-padded to T = length,
-    as the sampler returns it; e.g. to score a hand-written or demonstrated completion."""
-    ids = vocab.encode(completion) if isinstance(completion, str) else list(completion)
-    if len(ids) > length:
-        raise ValueError(f"the completion has {len(ids)} tokens but length={length}; pass a "
-                         "larger length (task.completion_len(num_answers))")
-    tokens_T = np.zeros((length,), np.int32)
-    tokens_T[:len(ids)] = ids
-    return tokens_T, np.arange(length) < len(ids)
+def score_symbol_answers(records: Sequence[Record], answers: Sequence[Sequence[str | None]],
+                         symbols: Sequence[str], answer_len: int, num_rewards: int,
+                         reward_fn: Callable[[Record, list[str]], Sequence[float]]
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """The host `score` of a symbol task from a plain-Python reward of one well-formed answer
+    (`reward_fn(record, words) -> R floats`): malformed slots and later duplicates of an earlier
+    valid answer (same words) are invalid, with zero rows."""
+    N = len(records)
+    M = max((len(a) for a in answers), default=0)
+    rewards = np.zeros((N, M, num_rewards), np.float32)
+    valid = np.zeros((N, M), bool)
+    for n, (record, slots) in enumerate(zip(records, answers, strict=True)):
+        seen: list[list[str]] = []
+        for m, answer in enumerate(slots):
+            words = symbol_words(answer, symbols, answer_len)
+            if words is None or words in seen:
+                continue
+            seen.append(words)
+            valid[n, m] = True
+            rewards[n, m] = reward_fn(record, words)
+    return rewards, valid

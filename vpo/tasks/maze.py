@@ -1,19 +1,26 @@
-"""The designed-conflict maze as an in-graph task (VPO arXiv 2605.22817, digest §1.4 Maze row).
+"""The designed-conflict maze over text (VPO arXiv 2605.22817, digest §1.4 Maze row).
 
-World, generator and rules: `vpo.tasks.maze_world`. Here: the token layout, the jnp reward and
-the `Task` factory.
+World, generator and rules: `vpo.tasks.maze_world`. Here: the record and text formats, the jnp
+reward and the `Task` factory.
 
-Prompt (P = n(n+1) + 4 tokens for an n x n grid):
-    <bos> row_1 / row_2 / ... row_n / budget <B> m<k>
-with one cell token per tile (`.` `#` `lava` `gold` `diamond` `start` `exit`) and the step budget B
-as a number token. Answer: a route of move tokens `U D L R` (at most A = answer_len moves).
+Record (JSON-able): `{"grid": ["S.#.g", ...], "budget": 14}`, one string per row and one char
+per cell: `S` start, `E` exit, `#` wall, `.` floor, `g` gold, `d` diamond, `x` lava
+(`grid_to_record`, `record_grid`). Statement, cells and numbers as whitespace-separated words:
+
+    Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava):
+    S . # . g
+    ...
+    Go from S to E in at most 14 moves; collect all gold or all diamonds; avoid lava.
+
+Answer: a route of moves `U D L R` separated by spaces, 1..A = answer_len of them (symbol id i
+is move i in that order).
 
 Reward (linear PAPER_REPRO shape, digest §1.11 item 3), R = 4:
     r = completion * (1, gold_collected / gold_total, diamonds_collected / diamonds_total,
                       1 - lava_stepped / lava_total)
 completion = 1 iff the route reaches E within the budget; items and lava count only on tiles
-entered before E (the gate). Wall bumps stay in place and cost a step. A route containing a
-non-move token is invalid (zero row), and so is an exact duplicate of an earlier route in the same
+entered before E (the gate). Wall bumps stay in place and cost a step. A route with a word that
+is not a move is invalid (zero row), and so is an exact duplicate of an earlier route in the same
 generation. w* = the mean of the four components.
 
 Solved (pass@k): reach E with no lava and ALL items of at least one zone, i.e. the best a single
@@ -23,34 +30,57 @@ route can do given the designed conflict (both zones never fit). Such a route al
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo.tasks import answers as answers_lib
-from vpo.tasks import base, maze_world, mutation_demos, prompting
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks import base, maze_world, mutation_demos
 from vpo.tasks.maze_world import DIAMOND, EXIT, GOLD, LAVA, WALL
 
-CELL_TOKENS = (".", "#", "lava", "gold", "diamond", "start", "exit")
-ROW_SEP, BUDGET = "/", "budget"
-MOVE_TOKENS = tuple(maze_world.MOVES)  # U D L R
+CELL_CHARS = ".#xgdSE"  # CELL_CHARS[code] for the maze_world codes EMPTY..EXIT
+MOVES = tuple(maze_world.MOVES)  # U D L R
+ANSWER_HINT = "a route of moves U D L R separated by spaces"
 
 
-class MazeProblems(NamedTuple):
+class MazeArrays(NamedTuple):
     """grid: int8 [N, n, n] cell codes (maze_world.EMPTY..EXIT); budget: int32 [N] steps."""
 
     grid: np.ndarray
     budget: np.ndarray
 
 
-def maze_vocab(cfg: maze_world.MazeConfig, max_answers: int) -> vocab_lib.Vocab:
-    """Specials, common tokens, cells, `/`, `budget`, moves, numbers 0..answer_len."""
-    numbers = tuple(str(i) for i in range(cfg.answer_len + 1))
-    return vocab_lib.make_vocab(vocab_lib.common_tokens(max_answers) + CELL_TOKENS
-                                + (ROW_SEP, BUDGET) + MOVE_TOKENS + numbers)
+def grid_to_record(grid_HW: np.ndarray, budget: int) -> base.Record:
+    """The JSON-able record of one maze: rows as strings of cell chars, and the budget."""
+    return {"grid": ["".join(CELL_CHARS[int(v)] for v in row) for row in np.asarray(grid_HW)],
+            "budget": int(budget)}
+
+
+def record_grid(record: base.Record) -> np.ndarray:
+    """The int8 [n, n] cell codes of a record's grid."""
+    rows = record["grid"]
+    bad = sorted({ch for row in rows for ch in row if ch not in CELL_CHARS})
+    if bad or any(len(row) != len(rows) for row in rows):
+        raise ValueError(f"maze grid must be square rows of the cell chars {CELL_CHARS!r}; "
+                         f"got rows {rows}")
+    return np.array([[CELL_CHARS.index(ch) for ch in row] for row in rows], np.int8)
+
+
+def statement(record: base.Record) -> str:
+    """The maze as text: legend, one line of space-separated cells per row, the budget."""
+    rows = "\n".join(" ".join(row) for row in record["grid"])
+    return ("Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava):\n" + rows
+            + f"\nGo from S to E in at most {int(record['budget'])} moves; collect all gold or "
+            "all diamonds; avoid lava.")
+
+
+def solved(rewards_R):
+    """Reach E, no lava, all items of at least one zone (jnp; numpy and batched inputs work)."""
+    full = jnp.asarray(rewards_R) >= 1.0 - 1e-6
+    return full[..., 0] & full[..., 3] & (full[..., 1] | full[..., 2])
 
 
 def simulate_route(grid_HW: jax.Array, budget: jax.Array, moves_A: jax.Array,
@@ -102,54 +132,38 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Tas
     """The maze `Task` on an odd `size` grid; `config` overrides `maze_world.MazeConfig` fields.
 
     The default (5x5, 2-3 items per zone within radius 1, 1-2 lava tiles, budget slack 3, A = 16)
-    is small enough for a ~1M-parameter policy on CPU; `make_paper_maze_task()` is the 9x9 setting.
+    is small enough for a tiny policy on CPU; `make_paper_maze_task()` is the 9x9 setting.
     """
     cfg = maze_world.MazeConfig(size=size, **config)
-    vocab = maze_vocab(cfg, max_answers)
     n, A = cfg.size, cfg.answer_len
-    cell0, move0, num0 = vocab.id(CELL_TOKENS[0]), vocab.id(MOVE_TOKENS[0]), vocab.id("0")
 
-    def make_problems(seed: int, num: int) -> MazeProblems:
+    def make_problems(seed: int, num: int) -> list[base.Record]:
         rng = np.random.default_rng(seed)
-        grids, budgets = zip(*(maze_world.generate(rng, cfg) for _ in range(num)), strict=True)
-        return MazeProblems(np.stack(grids).astype(np.int8), np.asarray(budgets, np.int32))
+        return [grid_to_record(*maze_world.generate(rng, cfg)) for _ in range(num)]
 
-    def statement(problem):  # the grid row by row, then `budget <B>`
-        grid_HW = jnp.asarray(problem.grid, jnp.int32)
-        rows = jnp.concatenate([cell0 + grid_HW, jnp.full((n, 1), vocab.id(ROW_SEP))], axis=1)
-        budget = num0 + jnp.asarray(problem.budget, jnp.int32)
-        return [prompting.fixed(rows.reshape(-1)), prompting.fixed([vocab.id(BUDGET)]),
-                prompting.fixed(jnp.reshape(budget, (1,)))]
+    def arrays(records: Sequence[base.Record]) -> MazeArrays:
+        return MazeArrays(np.stack([record_grid(r) for r in records]).astype(np.int8),
+                          np.array([r["budget"] for r in records], np.int32))
 
-    prompts = prompting.prompt_functions(vocab, statement, statement_len=n * (n + 1) + 2,
-                                         answer_len=A, num_rewards=4, max_answers=max_answers)
+    def symbol_reward(problem: MazeArrays, symbols_A, mask_A):
+        return simulate_route(jnp.asarray(problem.grid, jnp.int32), problem.budget,
+                              symbols_A, mask_A)
 
-    def reward(problem, completion_T, mask_T, num_answers: int):
-        answers_MA, amask_MA, valid_M = answers_lib.split_answers(
-            completion_T, mask_T, num_answers=num_answers, answer_len=A)
-        move_MA = answers_MA - move0
-        is_move_MA = (move_MA >= 0) & (move_MA < 4)
-        valid_M = valid_M & jnp.all(is_move_MA | ~amask_MA, axis=-1)
-        valid_M = answers_lib.first_occurrence(answers_MA, amask_MA, valid_M)
-        grid_HW = jnp.asarray(problem.grid, jnp.int32)
-        rewards_MR = jax.vmap(simulate_route, in_axes=(None, None, 0, 0))(
-            grid_HW, problem.budget, jnp.clip(move_MA, 0, 3), amask_MA)
-        return jnp.where(valid_M[:, None], rewards_MR, 0.0), valid_M
+    def score(records, answers):
+        return base.score_symbol_answers(
+            records, answers, MOVES, A, 4,
+            lambda rec, words: maze_world.route_reward(record_grid(rec), rec["budget"], words))
 
-    def solved(rewards_R):
-        full = rewards_R >= 1.0 - 1e-6
-        return full[0] & full[3] & (full[1] | full[2])
+    def demonstrations(record, rng: np.random.Generator, num_answers: int) -> list[str]:
+        routes = demo_routes(record_grid(record), record["budget"], rng, num_answers)
+        return [" ".join(r) for r in routes]
 
-    def demonstrations(problem, rng: np.random.Generator, num_answers: int) -> list[int]:
-        routes = demo_routes(np.asarray(problem.grid), int(problem.budget), rng, num_answers)
-        return base.join_answers([vocab.encode(r) for r in routes])
-
-    def mutation_demonstrations(problem, rng: np.random.Generator, num_parents: int,
-                                num_answers: int) -> tuple[list[list[int]], list[list[int]]]:
+    def mutation_demonstrations(record, rng: np.random.Generator, num_parents: int,
+                                num_answers: int) -> tuple[list[str], list[str]]:
         # Children: the best distinct routes found (full-zone tours first). Parents: 0..3 random
         # edits of a child, a demonstration route or a child cut short (`shortcut_route`) that
         # score below every child.
-        grid, budget = np.asarray(problem.grid), int(problem.budget)
+        grid, budget = record_grid(record), record["budget"]
 
         def fitness(route):
             return float(np.mean(maze_world.route_reward(grid, budget, route)))
@@ -159,16 +173,20 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Tas
         sources = children + [r for r in demos if r not in children] + [
             shortcut_route(grid, children[rng.integers(len(children))], rng) for _ in range(3)]
         parents = mutation_demos.weaker_parents(
-            sources, fitness, min(map(fitness, children)), MOVE_TOKENS, rng,
+            sources, fitness, min(map(fitness, children)), MOVES, rng,
             num_parents=num_parents, max_len=A, exclude=children)
-        return [vocab.encode(p) for p in parents], [vocab.encode(c) for c in children]
+        return [" ".join(p) for p in parents], [" ".join(c) for c in children]
 
+    template = statement(grid_to_record(np.zeros((n, n), np.int8), 0)).split()
+    words = sorted(set(template) | set(CELL_CHARS) | set(MOVES)
+                   | {str(i) for i in range(A + 1)})
     return base.Task(
-        name=f"maze{n}", vocab=vocab, reward_names=maze_world.REWARD_NAMES,
-        eval_weights_R=np.full((4,), 0.25, np.float32), answer_len=A,
-        make_problems=make_problems, reward=reward, solved=solved,
-        demonstrations=demonstrations, mutation_demonstrations=mutation_demonstrations,
-        max_answers=max_answers, **prompts._asdict())
+        name=f"maze{n}", reward_names=maze_world.REWARD_NAMES,
+        eval_weights_R=np.full((4,), 0.25, np.float32), make_problems=make_problems,
+        statement=statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        demonstrations=demonstrations, symbols=MOVES, answer_len=A, arrays=arrays,
+        symbol_reward=symbol_reward, mutation_demonstrations=mutation_demonstrations,
+        words=tuple(words), max_answers=max_answers)
 
 
 def make_paper_maze_task(*, max_answers: int = 8) -> base.Task:
@@ -184,8 +202,10 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
     Slots take the kinds via-gold, via-diamond and direct (in random order), then `part` routes
     that collect a random non-empty part of one zone. A slot whose kind only reproduces earlier
     routes (a unique shortest path may pass the gold zone) falls back to `part` routes and to
-    `wander` routes through a random open tile. If even those repeat, the slot repeats a route
-    (the reward masks it as a duplicate); that needs num_answers far above 3 on a tiny grid.
+    `wander` routes through a random open tile. If every draw repeats, the slot takes the first
+    new route of a sweep with every open tile as the wander tile, then of earlier routes after
+    wall bumps at S (same reward; a grid may have only two loop-free lava-free routes). If the
+    budget leaves no room even for that, the slot repeats the first route (a duplicate).
     """
     gold, diamond = maze_world.zone_items(grid, GOLD), maze_world.zone_items(grid, DIAMOND)
     open_tiles = maze_world.zone_items(grid, maze_world.EMPTY)
@@ -202,6 +222,17 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
             items = [items[i] for i in sorted(keep)]
         return maze_world.best_tour(grid, items, avoid_lava=True)[1]
 
+    def fallback(routes: list[list[str]]):
+        for i in rng.permutation(len(open_tiles)):  # each open tile as the `wander` waypoint
+            try:
+                yield maze_world.plan_route(grid, [open_tiles[i]], rng)
+            except ValueError:
+                continue
+        room = budget - min(map(len, routes), default=budget)
+        for j in range(1, room + 1):  # j bumps at S (U and L both stay put), then a route
+            for bumps in itertools.product("UL", repeat=j):
+                yield from (list(bumps) + r for r in routes)
+
     kinds = [str(k) for k in rng.permutation(["gold", "diamond", "direct"])]
     routes: list[list[str]] = []
     for slot in range(num_answers):
@@ -214,6 +245,9 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
                 continue
             if route not in routes and len(route) <= budget:
                 break
+        else:  # every draw repeated
+            route = next((r for r in fallback(routes) if r not in routes and len(r) <= budget),
+                         routes[0] if routes else route)
         routes.append(route)
     return routes
 

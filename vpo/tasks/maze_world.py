@@ -223,7 +223,7 @@ def plan_route(grid: np.ndarray, waypoints: list[tuple[int, int]], rng: np.rando
 def route_reward(grid: np.ndarray, budget: int, moves: list[str]) -> tuple[float, ...]:
     """Plain-Python reward of one route: (completion, gold, diamond, avoid_lava), gated on E.
 
-    The reference for the in-graph `maze.maze_reward`; a route with a non-move token scores 0.
+    The reference for the in-graph `maze.simulate_route`; a route with a non-move word scores 0.
     """
     if any(m not in MOVES for m in moves):
         return (0.0, 0.0, 0.0, 0.0)

@@ -2,13 +2,16 @@
 
 Each problem hides a random target program (`program_lang`) and shows R input/output examples;
 an answer is a program; the reward vector is the per-test pass indicator (R components, as the
-LiveCodeBench case study of VPO, arXiv 2605.22817 §1.4 of the digest). w* = mean pass rate,
-solved = all tests pass. This is the main target of the in-graph evolutionary search (digest §1.9:
-fitness = pass fraction, the policy is the mutation operator).
+LiveCodeBench case study of VPO, arXiv 2605.22817 §1.4 of the digest):
 
-Prompt (P = 4R + 2):  <bos> x_1 -> y_1 ; ... x_R -> y_R ; m<k>
-Mutation prompt:      <bos> evolve <examples> parent <prog> score q.. (R tokens) ... m<k>
-Answer: program tokens `x 0..9 + - * dup swap` (A = answer_len); a foreign token makes the
+    r_i = [run(answer, x_i) == y_i],  i = 1..R;   w* = (1/R, ..., 1/R);   solved = all r_i = 1
+
+This is the main target of the in-graph evolutionary search (digest §1.9: fitness = pass
+fraction, the policy is the mutation operator).
+
+Record: {"inputs": [x_1..x_R], "outputs": [y_1..y_R], "target": "x 3 + dup *"}.
+Statement: the language in one sentence, then `Examples: x_1 -> y_1 ; ... ; x_R -> y_R`.
+Answer: 1..A program words `x 0..9 + - * dup swap` (A = answer_len); a foreign word makes the
 answer invalid (zero row, masked), a run-time error just fails every test.
 
 Difficulty (the `difficulty` argument or explicit `min_len/max_len/reject_short_len`): target
@@ -19,18 +22,21 @@ small policy rarely solves by sampling.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo.tasks import answers as answers_lib
-from vpo.tasks import base, mutation_demos, program_lang, prompting
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks import base, mutation_demos, program_lang
 from vpo.tasks.program_lang import MOD
 
 ARROW, END = "->", ";"
+LANGUAGE = ("Stack program: x pushes the input, 0 to 9 push themselves, + - * pop two and push "
+            "the result mod 10 on the stack, dup copies the top, swap swaps the top two; the "
+            "output is the top.")
+ANSWER_HINT = "a program: tokens separated by spaces"
 DIFFICULTIES = {  # (min_len, max_len, reject_short_len)
     "easy": (3, 5, 0),
     "medium": (5, 7, 3),
@@ -38,12 +44,18 @@ DIFFICULTIES = {  # (min_len, max_len, reject_short_len)
 }
 
 
-class ProgramProblems(NamedTuple):
-    """inputs, outputs: int32 [N, R] examples; target: int32 [N, A] token ids (pad-filled)."""
+class ProgramArrays(NamedTuple):
+    """inputs, outputs: int32 [N, R] examples (digits 0..9)."""
 
     inputs: np.ndarray
     outputs: np.ndarray
-    target: np.ndarray
+
+
+def program_statement(record: base.Record) -> str:
+    """The language, then `Examples: x_1 -> y_1 ; ... ; x_R -> y_R`."""
+    examples = f" {END} ".join(f"{x} {ARROW} {y}"
+                               for x, y in zip(record["inputs"], record["outputs"], strict=True))
+    return f"{LANGUAGE}\nExamples: {examples}"
 
 
 def make_program_task(difficulty: str = "easy", *, num_tests: int = 5, answer_len: int = 12,
@@ -61,17 +73,17 @@ def make_program_task(difficulty: str = "easy", *, num_tests: int = 5, answer_le
     if not 1 <= lo <= hi <= answer_len - 2:
         raise ValueError(f"target lengths {lo}..{hi} must satisfy 1 <= min_len <= max_len <= "
                          f"answer_len - 2 = {answer_len - 2} (demonstrations add up to 2 tokens)")
-    vocab = vocab_lib.make_vocab(vocab_lib.common_tokens(max_answers) + program_lang.PROGRAM_TOKENS
-                                 + (ARROW, END))
     R, A = num_tests, answer_len
-    opcode_V, const_V = program_lang.opcode_table(
-        {t: vocab.id(t) for t in program_lang.PROGRAM_TOKENS}, vocab.size)
-    digit0 = vocab.id("0")
-    shorts = program_lang.short_functions(short) if short > 0 else np.zeros((0, MOD), np.int64)
+    symbols = program_lang.PROGRAM_TOKENS
+    # Symbol id s (an index into `symbols`) -> interpreter opcode and pushed constant.
+    opcode_S, const_S = program_lang.opcode_table({t: i for i, t in enumerate(symbols)},
+                                                  len(symbols))
 
-    def make_problems(seed: int, num: int) -> ProgramProblems:
+    def make_problems(seed: int, num: int) -> list[base.Record]:
         rng = np.random.default_rng(seed)
-        inputs, outputs, targets = [], [], []
+        shorts = (program_lang.short_functions(short) if short > 0
+                  else np.zeros((0, MOD), np.int64))
+        records = []
         for _ in range(num):
             for _ in range(max_tries):
                 prog = program_lang.sample_program(rng, int(rng.integers(lo, hi + 1)))
@@ -85,69 +97,58 @@ def make_program_task(difficulty: str = "easy", *, num_tests: int = 5, answer_le
             else:
                 raise RuntimeError(f"no {difficulty} program found in {max_tries} tries; loosen "
                                    "min_len/max_len/reject_short_len")
-            inputs.append(xs)
-            outputs.append(table[xs])
-            targets.append(vocab.encode(prog) + [vocab_lib.PAD] * (A - len(prog)))
-        return ProgramProblems(np.asarray(inputs, np.int32), np.asarray(outputs, np.int32),
-                               np.asarray(targets, np.int32))
+            records.append({"inputs": [int(x) for x in xs],
+                            "outputs": [int(y) for y in table[xs]],
+                            "target": " ".join(prog)})
+        return records
 
-    def statement(problem):  # `x -> y ;` per example
-        ex_R4 = jnp.stack([digit0 + jnp.asarray(problem.inputs, jnp.int32),
-                           jnp.full((R,), vocab.id(ARROW), jnp.int32),
-                           digit0 + jnp.asarray(problem.outputs, jnp.int32),
-                           jnp.full((R,), vocab.id(END), jnp.int32)], axis=-1)
-        return [prompting.fixed(ex_R4.reshape(-1))]
+    def arrays(records: Sequence[base.Record]) -> ProgramArrays:
+        return ProgramArrays(np.asarray([r["inputs"] for r in records], np.int32).reshape(-1, R),
+                             np.asarray([r["outputs"] for r in records], np.int32).reshape(-1, R))
 
-    prompts = prompting.prompt_functions(vocab, statement, statement_len=4 * R, answer_len=A,
-                                         num_rewards=R, max_answers=max_answers)
-
-    def reward(problem, completion_T, mask_T, num_answers: int):
-        answers_MA, amask_MA, valid_M = answers_lib.split_answers(
-            completion_T, mask_T, num_answers=num_answers, answer_len=A)
-        # Ids beyond the task vocabulary (a model with a padded vocab) are foreign tokens.
-        opcode_MA = jnp.take(jnp.asarray(opcode_V), answers_MA, mode="fill",
-                             fill_value=program_lang.BAD)
-        valid_M = valid_M & jnp.all((opcode_MA != program_lang.BAD) | ~amask_MA, axis=-1)
-        valid_M = answers_lib.first_occurrence(answers_MA, amask_MA, valid_M)
-        const_MA = jnp.take(jnp.asarray(const_V), answers_MA, mode="fill", fill_value=0)
+    def symbol_reward(problem: ProgramArrays, symbols_A: jax.Array, mask_A: jax.Array
+                      ) -> jax.Array:
+        op_A = jnp.asarray(opcode_S)[symbols_A]
+        const_A = jnp.asarray(const_S)[symbols_A]
         run_R = jax.vmap(program_lang.run_jnp, in_axes=(None, None, None, 0))
-        out_MR = jax.vmap(run_R, in_axes=(0, 0, 0, None))(
-            opcode_MA, const_MA, amask_MA, jnp.asarray(problem.inputs, jnp.int32))
-        passed_MR = out_MR == jnp.asarray(problem.outputs, jnp.int32)[None, :]
-        return (passed_MR & valid_M[:, None]).astype(jnp.float32), valid_M
+        out_R = run_R(op_A, const_A, mask_A, jnp.asarray(problem.inputs, jnp.int32))
+        return (out_R == jnp.asarray(problem.outputs, jnp.int32)).astype(jnp.float32)
+
+    def pass_vector(record: base.Record, words: list[str]) -> list[float]:
+        return [float(program_lang.run_py(words, x) == y)
+                for x, y in zip(record["inputs"], record["outputs"], strict=True)]
+
+    def score(records, answers):
+        return base.score_symbol_answers(records, answers, symbols, A, R, pass_vector)
 
     def solved(rewards_R):
-        return jnp.all(rewards_R >= 1.0 - 1e-6)
+        return jnp.all(jnp.asarray(rewards_R) >= 1.0 - 1e-6)
 
-    def demonstrations(problem, rng: np.random.Generator, num_answers: int) -> list[int]:
-        target = [vocab.tokens[i] for i in np.asarray(problem.target) if i != vocab_lib.PAD]
-        progs = equivalent_programs(target, rng, num_answers, A)
-        return base.join_answers([vocab.encode(p) for p in progs])
+    def demonstrations(record: base.Record, rng: np.random.Generator,
+                       num_answers: int) -> list[str]:
+        progs = equivalent_programs(record["target"].split(), rng, num_answers, A)
+        return [" ".join(p) for p in progs]
 
-    def mutation_demonstrations(problem, rng: np.random.Generator, num_parents: int,
-                                num_answers: int) -> tuple[list[list[int]], list[list[int]]]:
+    def mutation_demonstrations(record: base.Record, rng: np.random.Generator, num_parents: int,
+                                num_answers: int) -> tuple[list[str], list[str]]:
         # Children: programs equivalent to the target (all tests pass). Parents: 1..3 random
         # edits of a child that fail at least one shown test (the host twin of the reward).
-        target = [vocab.tokens[i] for i in np.asarray(problem.target) if i != vocab_lib.PAD]
-        children = equivalent_programs(target, rng, num_answers, A)
-        xs, ys = np.asarray(problem.inputs).tolist(), np.asarray(problem.outputs).tolist()
+        children = equivalent_programs(record["target"].split(), rng, num_answers, A)
+        parents = mutation_demos.weaker_parents(
+            children, lambda prog: float(np.mean(pass_vector(record, prog))), 1.0, symbols, rng,
+            num_parents=num_parents, max_len=A, exclude=children)
+        return [" ".join(p) for p in parents], [" ".join(c) for c in children]
 
-        def pass_rate(prog):
-            return float(np.mean([program_lang.run_py(prog, x) == y for x, y in zip(xs, ys)]))
-
-        parents = mutation_demos.weaker_parents(children, pass_rate, 1.0,
-                                                program_lang.PROGRAM_TOKENS, rng,
-                                                num_parents=num_parents, max_len=A,
-                                                exclude=children)
-        return [vocab.encode(p) for p in parents], [vocab.encode(c) for c in children]
-
+    example = {"inputs": list(range(R)), "outputs": list(range(R)), "target": "x"}
+    words = tuple(dict.fromkeys([*program_statement(example).split(), *symbols, ARROW, END,
+                                 *program_lang.DIGITS, *ANSWER_HINT.split()]))
     return base.Task(
-        name=f"program-{difficulty}", vocab=vocab,
-        reward_names=tuple(f"test_{i}" for i in range(R)),
-        eval_weights_R=np.full((R,), 1.0 / R, np.float32), answer_len=A,
-        make_problems=make_problems, reward=reward, solved=solved,
-        demonstrations=demonstrations, mutation_demonstrations=mutation_demonstrations,
-        max_answers=max_answers, **prompts._asdict())
+        name=f"program-{difficulty}", reward_names=tuple(f"test_{i}" for i in range(R)),
+        eval_weights_R=np.full((R,), 1.0 / R, np.float32), make_problems=make_problems,
+        statement=program_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        demonstrations=demonstrations, symbols=symbols, answer_len=A, arrays=arrays,
+        symbol_reward=symbol_reward, mutation_demonstrations=mutation_demonstrations,
+        words=words, max_answers=max_answers)
 
 
 def _rewrite(prog: list[str], rng: np.random.Generator) -> list[str]:
@@ -178,7 +179,7 @@ def equivalent_programs(target: list[str], rng: np.random.Generator, num: int, a
                         tries: int = 50) -> list[list[str]]:
     """`num` distinct programs with the target's behaviour on every input (target first, then
     random rewrites in random order), each at most `answer_len` tokens. If no new distinct one
-    turns up in `tries` rewrites, the target repeats (the reward masks repeats as duplicates).
+    turns up in `tries` rewrites, the target repeats (scoring masks repeats as duplicates).
     """
     table = program_lang.function_table(target)
     progs = [target]

@@ -1,0 +1,431 @@
+"""A task bound to a tokenizer: prompts as token arrays, the generation budget, and rewards read
+from generated tokens, on the host (text) and in the graph (bytes), which agree exactly.
+
+    bound = bind(task, tokenizer)          # any `vpo.tokenizer.Tokenizer`
+    records = bound.make_problems(seed, n)
+    prompts_NP, mask_NP = bound.prompt_arrays(records, m)         # chat template, left-padded
+    rewards_MR, valid_M = bound.reward(problem, tokens_T, mask_T, m)   # in-graph, one completion
+    rewards_NMR, valid_NM = bound.host_score(records, tokens_NT, mask_NT, m)  # the host twin
+
+Prompt text (the user message; the tokenizer's chat template wraps it):
+
+    <statement>
+    Give 3 different answers, <answer 1> ... </answer 1> to <answer 3> ... </answer 3>, each <hint>.
+
+Search mutation prompt text (`mutation_text`; built in the graph by `mutation_prompt` from the
+parents' symbol ids, so the same prompt serves search, SFT and RL on mutation prompts):
+
+    <statement>
+    Earlier answers and their scores (completion, gold, diamond, avoid_lava):
+    Answer 1: U R R D | scores: 1.0 0.5 0.0 1.0
+    Give 3 better answers, <answer 1> ... </answer 1> to <answer 3> ... </answer 3>, each <hint>.
+
+The in-graph reader sees the first `T · byte_cap` bytes of a T-token generation, each token's
+bytes cut at `byte_cap` (`Tokenizer.token_bytes`); `host_score` reads the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vpo.tasks import answers as answers_lib
+from vpo.tasks.base import Record, Task, symbol_words
+from vpo.tokenizer import Tokenizer, word_tokenizer
+
+BYTE_CAP = 16  # bytes of one token the in-graph reader keeps (long whitespace runs are cut)
+
+
+def answer_instruction(task: Task, num_answers: int, *, better: bool = False) -> str:
+    """The line that asks for m answers in tags (see the module docstring)."""
+    m = num_answers
+    if m == 1:
+        what = "a better answer" if better else "one answer"
+        return f"Give {what}, <answer 1> ... </answer 1>, with {task.answer_hint} inside."
+    kind = "better" if better else "different"
+    return (f"Give {m} {kind} answers, <answer 1> ... </answer 1> to "
+            f"<answer {m}> ... </answer {m}>, each {task.answer_hint}.")
+
+
+def prompt_text(task: Task, record: Record, num_answers: int) -> str:
+    """The user message of a plain prompt."""
+    return f"{task.statement(record)}\n{answer_instruction(task, num_answers)}"
+
+
+def _parents_header(task: Task) -> str:
+    return f"\nEarlier answers and their scores ({', '.join(task.reward_names)}):"
+
+
+def _parent_line(k: int, answer: str, rewards_R: Sequence[float]) -> str:
+    scores = "".join(f" {_tenths(v) / 10:.1f}" for v in rewards_R)
+    return f"\nAnswer {k}: {answer} | scores:{scores}"
+
+
+def _tenths(v: float) -> int:
+    return int(np.clip(np.round(float(v) * 10.0), 0, 10))
+
+
+def mutation_text(task: Task, record: Record, parents: Sequence[tuple[str, Sequence[float]]],
+                  num_answers: int) -> str:
+    """The user message of a search mutation prompt: the parents (answer text, rewards_R) with
+    their scores in tenths, then the request for m better answers."""
+    lines = "".join(_parent_line(k, a, r) for k, (a, r) in enumerate(parents, 1))
+    return (f"{task.statement(record)}{_parents_header(task)}{lines}\n"
+            f"{answer_instruction(task, num_answers, better=True)}")
+
+
+def pack_left_padded(segments: Sequence[tuple[jax.Array, jax.Array]], length: int, pad_id: int
+                     ) -> tuple[jax.Array, jax.Array]:
+    """Concatenate the kept tokens of (tokens_X, keep_X) segments, left-padded to `length` →
+    (tokens_P int32, mask_P bool). `length` must cover the summed static segment sizes."""
+    tokens_L = jnp.concatenate([jnp.asarray(t, jnp.int32).reshape(-1) for t, _ in segments])
+    keep_L = jnp.concatenate([jnp.broadcast_to(jnp.asarray(k, bool), jnp.shape(t)).reshape(-1)
+                              for t, k in segments])
+    L = tokens_L.shape[0]
+    if length < L:
+        raise ValueError(f"length={length} is shorter than the {L} tokens the segments can hold")
+    n = jnp.sum(keep_L.astype(jnp.int32))
+    pos_L = jnp.where(keep_L, jnp.cumsum(keep_L.astype(jnp.int32)) - 1 + (length - n), length)
+    tokens_P = jnp.full((length,), pad_id, jnp.int32).at[pos_L].set(tokens_L, mode="drop")
+    return tokens_P, jnp.arange(length) >= length - n
+
+
+def _piece_table(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids_XL int32, keep_XL bool): each text's token ids, padded to the longest."""
+    ids = [tok.encode(t) for t in texts]
+    L = max(1, max(len(i) for i in ids))
+    table = np.zeros((len(ids), L), np.int32)
+    for x, i in enumerate(ids):
+        table[x, :len(i)] = i
+    return table, np.arange(L)[None, :] < np.array([len(i) for i in ids])[:, None]
+
+
+def left_pad(rows: Sequence[Sequence[int]], length: int | None, pad_id: int, *, what: str
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Token lists → (tokens_NP, mask_NP) left-padded to `length` (default: the longest)."""
+    P = max(len(r) for r in rows) if length is None else length
+    tokens = np.full((len(rows), P), pad_id, np.int32)
+    mask = np.zeros((len(rows), P), bool)
+    for i, r in enumerate(rows):
+        if len(r) > P:
+            raise ValueError(f"{what} {i} has {len(r)} tokens, more than the {P} allowed; "
+                             "raise the prompt length")
+        tokens[i, P - len(r):] = r
+        mask[i, P - len(r):] = True
+    return tokens, mask
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BoundTask:
+    """`task` read and written through `tokenizer` (hashable by identity: a static jit arg)."""
+
+    task: Task
+    tokenizer: Tokenizer
+
+    # -- the task's own fields ---------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    @property
+    def reward_names(self) -> tuple[str, ...]:
+        return self.task.reward_names
+
+    @property
+    def eval_weights_R(self) -> np.ndarray:
+        return self.task.eval_weights_R
+
+    @property
+    def num_rewards(self) -> int:
+        return self.task.num_rewards
+
+    @property
+    def answer_len(self) -> int:
+        return self.task.answer_len
+
+    @property
+    def is_host(self) -> bool:
+        return self.task.is_host
+
+    @property
+    def has_mutation_demonstrations(self) -> bool:
+        return self.task.mutation_demonstrations is not None and not self.task.is_host
+
+    def solved(self, rewards_R):
+        return self.task.solved(rewards_R)
+
+    def make_problems(self, seed: int, num: int) -> list[Record]:
+        return self.task.make_problems(seed, num)
+
+    def check_num_answers(self, num_answers: int) -> None:
+        self.task.check_num_answers(num_answers)
+
+    # -- budgets -----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _word_tokens(self) -> int:
+        """Most tokens one answer word takes (a leading space included)."""
+        words = self.task.symbols if self.task.symbols is not None else self.task.words
+        if not words:
+            raise ValueError(f"{self.name}: neither symbols nor words; set the generation "
+                             "budget (sampler.max_new_tokens) yourself")
+        return max(len(self.tokenizer.encode(" " + w)) for w in words)
+
+    def completion_len(self, num_answers: int) -> int:
+        """T budget for m answers in tags: per slot the open tag, A words, the close tag and a
+        newline, plus one stop token."""
+        self.check_num_answers(num_answers)
+        tok = self.tokenizer
+        A = self.answer_len if self.task.symbols is not None else max(self.answer_len, 1)
+        n = 1 + (num_answers - 1) * len(tok.encode("\n"))
+        for k in range(1, num_answers + 1):
+            n += (len(tok.encode(answers_lib.open_tag(k))) + A * self._word_tokens
+                  + len(tok.encode(" " + answers_lib.close_tag(k))))
+        return n
+
+    @functools.cached_property
+    def byte_cap(self) -> int:
+        """Bytes per token the in-graph reader keeps."""
+        return int(min(self.tokenizer.token_bytes()[0].shape[1], BYTE_CAP))
+
+    def num_bytes(self, num_tokens: int) -> int:
+        """X, the bytes of a T-token generation that the readers see."""
+        return num_tokens * self.byte_cap
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    def prompt_ids(self, record: Record, num_answers: int) -> list[int]:
+        return self.tokenizer.prompt_ids(prompt_text(self.task, record, num_answers))
+
+    def prompt_arrays(self, records: Sequence[Record], num_answers: int,
+                      length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens_NP int32, mask_NP bool): every record's prompt through the chat template,
+        left-padded with the pad id to `length` (default: the longest)."""
+        self.check_num_answers(num_answers)
+        return left_pad([self.prompt_ids(r, num_answers) for r in records], length,
+                        self.tokenizer.pad_id, what="prompt")
+
+    def demonstration_ids(self, record: Record, rng: np.random.Generator, num_answers: int
+                          ) -> list[int]:
+        """SFT target: the task's demonstrated answers in tags, then the first stop id."""
+        text = answers_lib.format_answers(self.task.demonstrations(record, rng, num_answers))
+        return [*self.tokenizer.encode(text), self.tokenizer.eos_id]
+
+    def answers_ids(self, answers: Sequence[str]) -> list[int]:
+        """Completion ids of given answer texts (tags, then the first stop id)."""
+        return [*self.tokenizer.encode(answers_lib.format_answers(answers)),
+                self.tokenizer.eos_id]
+
+    # -- mutation prompts (search) -----------------------------------------------------------
+
+    def mutation_heads(self, records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray]:
+        """(head_NH, head_mask_NH): chat prefix + statement + the parents header, left-padded."""
+        prefix, _ = self._affixes
+        rows = [prefix + self.tokenizer.encode(self.task.statement(r) + _parents_header(self.task))
+                for r in records]
+        return left_pad(rows, None, self.tokenizer.pad_id, what="mutation prompt head")
+
+    @functools.cached_property
+    def _affixes(self) -> tuple[list[int], list[int]]:
+        return self.tokenizer.chat_affixes()
+
+    @functools.cached_property
+    def _pieces(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        tok, task = self.tokenizer, self.task
+        if task.symbols is None:
+            raise ValueError(f"{self.name}: mutation prompts in the graph need a symbol task")
+        return {"answer_k": _piece_table(tok, [f"\nAnswer {k}:" for k in range(1, 65)]),
+                "symbol": _piece_table(tok, [" " + s for s in task.symbols]),
+                "scores": _piece_table(tok, [" | scores:"]),
+                "tenths": _piece_table(tok, [f" {q / 10:.1f}" for q in range(11)])}
+
+    def _tail(self, num_answers: int) -> list[int]:
+        _, suffix = self._affixes
+        return self.tokenizer.encode(
+            "\n" + answer_instruction(self.task, num_answers, better=True)) + suffix
+
+    def mutation_prompt_len(self, head_len: int, num_parents: int, num_answers: int) -> int:
+        """Static length of `mutation_prompt` with a head of `head_len` and Q parents."""
+        p = self._pieces
+        per_parent = (p["answer_k"][0].shape[1] + self.answer_len * p["symbol"][0].shape[1]
+                      + p["scores"][0].shape[1] + self.num_rewards * p["tenths"][0].shape[1])
+        return head_len + num_parents * per_parent + len(self._tail(num_answers))
+
+    def mutation_prompt(self, head_H, head_mask_H, parents_QA, parent_mask_QA,
+                        parent_rewards_QR, num_answers: int) -> tuple[jax.Array, jax.Array]:
+        """In-graph mutation prompt → (tokens_P2, mask_P2), left-padded to
+        `mutation_prompt_len`. parents_QA: symbol ids; a parent with an all-False mask is left
+        out; rewards are written in tenths. Decodes to `mutation_text` of the same parents."""
+        p = {k: (jnp.asarray(t), jnp.asarray(m)) for k, (t, m) in self._pieces.items()}
+        Q, A = parents_QA.shape
+        present_Q = jnp.any(parent_mask_QA, axis=-1)
+        segments = [(head_H, head_mask_H)]
+        tenths_QR = jnp.clip(jnp.round(parent_rewards_QR.astype(jnp.float32) * 10), 0, 10
+                             ).astype(jnp.int32)
+        for q in range(Q):
+            sym_A = jnp.clip(parents_QA[q], 0, p["symbol"][0].shape[0] - 1)
+            segments += [
+                (p["answer_k"][0][q], p["answer_k"][1][q] & present_Q[q]),
+                (p["symbol"][0][sym_A], p["symbol"][1][sym_A] & parent_mask_QA[q][:, None]),
+                (p["scores"][0][0], p["scores"][1][0] & present_Q[q]),
+                (p["tenths"][0][tenths_QR[q]], p["tenths"][1][tenths_QR[q]] & present_Q[q])]
+        tail = jnp.asarray(self._tail(num_answers), jnp.int32)
+        segments.append((tail, jnp.ones(tail.shape, bool)))
+        length = self.mutation_prompt_len(head_H.shape[-1], Q, num_answers)
+        return pack_left_padded(segments, length, self.tokenizer.pad_id)
+
+    def parent_symbols(self, parents: Sequence[Sequence[str]], num_parents: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Parent answer texts per problem → (symbols_NKA int32, mask_NKA bool), K slots (absent
+        or malformed parents: all-False masks)."""
+        K, A = num_parents, self.answer_len
+        index = {s: i for i, s in enumerate(self.task.symbols)}
+        sym = np.zeros((len(parents), K, A), np.int32)
+        mask = np.zeros((len(parents), K, A), bool)
+        for n, row in enumerate(parents):
+            for k, text in enumerate(row[:K]):
+                words = symbol_words(text, self.task.symbols, A)
+                if words:
+                    sym[n, k, :len(words)] = [index[w] for w in words]
+                    mask[n, k, :len(words)] = True
+        return sym, mask
+
+    def mutation_prompt_arrays(self, records: Sequence[Record],
+                               parents: Sequence[Sequence[str]], num_answers: int,
+                               num_parents: int) -> dict[str, np.ndarray]:
+        """Mutation prompts of given parent answer texts (at most K per problem), each scored by
+        the task as a one-answer generation, built by the in-graph `mutation_prompt` →
+        {"prompt_BP", "prompt_mask_BP", "parent_rewards_BKR", "parent_valid_BK"} (numpy)."""
+        K = num_parents
+        sym_NKA, mask_NKA = self.parent_symbols(parents, K)
+        texts = [[self.symbols_text(a, m) if m.any() else None for a, m in zip(s, k, strict=True)]
+                 for s, k in zip(sym_NKA, mask_NKA, strict=True)]
+        flat = [[t] for row in texts for t in row]
+        rew, valid = self.task.score([r for r in records for _ in range(K)], flat)
+        rew_NKR = rew[:, 0].reshape(len(records), K, -1)
+        valid_NK = valid[:, 0].reshape(len(records), K)
+        head_NH, hmask_NH = self.mutation_heads(records)
+        build = jax.jit(jax.vmap(functools.partial(self.mutation_prompt,
+                                                   num_answers=num_answers)))
+        tokens, mask = build(head_NH, hmask_NH, sym_NKA, mask_NKA & valid_NK[..., None],
+                             np.where(valid_NK[..., None], rew_NKR, 0.0))
+        return {"prompt_BP": np.asarray(tokens, np.int32), "prompt_mask_BP": np.asarray(mask),
+                "parent_rewards_BKR": rew_NKR, "parent_valid_BK": valid_NK}
+
+    # -- reading generations -----------------------------------------------------------------
+
+    @functools.cached_property
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        bytes_VL, len_V = self.tokenizer.token_bytes()
+        cap = self.byte_cap
+        sym_SW, sym_len_S = answers_lib.symbol_table(self.task.symbols or ("?",))
+        return (bytes_VL[:, :cap].astype(np.int32), np.minimum(len_V, cap).astype(np.int32),
+                sym_SW, sym_len_S)
+
+    def completion_texts(self, tokens_NT, mask_NT) -> list[str]:
+        """The host text of each generation: the bytes the in-graph reader sees, as UTF-8."""
+        bytes_VL, len_V, _, _ = self._tables
+        tokens_NT, mask_NT = np.asarray(tokens_NT), np.asarray(mask_NT)
+        X = self.num_bytes(tokens_NT.shape[-1])
+        out = []
+        for t_T, m_T in zip(tokens_NT, mask_NT, strict=True):
+            n = int(np.argmin(m_T)) if not m_T.all() else len(m_T)  # leading run of True
+            ids = np.clip(t_T[:n], 0, bytes_VL.shape[0] - 1)
+            raw = b"".join(bytes(bytes_VL[i, :len_V[i]].astype(np.uint8)) for i in ids)
+            out.append(raw[:X].decode("utf-8", errors="replace"))
+        return out
+
+    def parse(self, completion_T, mask_T, num_answers: int):
+        """In-graph answers of one generation → (symbols_MA, mask_MA, valid_M), duplicates of an
+        earlier valid answer removed."""
+        bytes_VL, len_V, sym_SW, sym_len_S = (jnp.asarray(x) for x in self._tables)
+        b_X, live_X = answers_lib.completion_bytes(completion_T, mask_T, bytes_VL, len_V,
+                                                   self.num_bytes(completion_T.shape[-1]))
+        sym_MA, smask_MA, valid_M = answers_lib.read_symbols(
+            b_X, live_X, sym_SW, sym_len_S, num_answers=num_answers, answer_len=self.answer_len)
+        valid_M = answers_lib.first_occurrence(sym_MA, smask_MA, valid_M)
+        return sym_MA, smask_MA & valid_M[:, None], valid_M
+
+    def score_symbols(self, problem, symbols_NA, mask_NA) -> tuple[jax.Array, jax.Array]:
+        """Rewards of single answers given as symbol ids → (rewards_NR, valid_N = 1..A symbols)."""
+        valid_N = jnp.any(mask_NA, axis=-1)
+        rewards_NR = jax.vmap(self.task.symbol_reward, in_axes=(None, 0, 0))(
+            problem, symbols_NA, mask_NA)
+        return jnp.where(valid_N[:, None], rewards_NR, 0.0).astype(jnp.float32), valid_N
+
+    def reward(self, problem, completion_T, mask_T, num_answers: int):
+        """In-graph reward of one generation for ONE problem (`task.arrays` without N) →
+        (rewards_MR float32, valid_M bool); equals `host_score`."""
+        if self.is_host:
+            raise ValueError(f"{self.name} scores on the host; use host_score")
+        sym_MA, smask_MA, valid_M = self.parse(completion_T, mask_T, num_answers)
+        rewards_MR, _ = self.score_symbols(problem, sym_MA, smask_MA)
+        return jnp.where(valid_M[:, None], rewards_MR, 0.0), valid_M
+
+    def host_score(self, records: Sequence[Record], tokens_NT, mask_NT, num_answers: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The task's host scorer on the generations' text → (rewards_NMR, valid_NM)."""
+        texts = self.completion_texts(tokens_NT, mask_NT)
+        parsed = [answers_lib.parse_answers(t, num_answers) for t in texts]
+        rewards, valid = self.task.score(list(records), parsed)
+        return np.asarray(rewards, np.float32), np.asarray(valid, bool)
+
+    def symbols_text(self, symbols_A, mask_A) -> str:
+        """An answer given as symbol ids, as text (words joined by single spaces)."""
+        return " ".join(self.task.symbols[int(s)] for s, m in zip(symbols_A, mask_A,
+                                                                    strict=True) if m)
+
+    def problem_arrays(self, records: Sequence[Record]) -> dict[str, Any]:
+        """The problems as the graph sees them: {"index": int32 [N], "task": task.arrays or
+        absent for host tasks}."""
+        out: dict[str, Any] = {"index": np.arange(len(records), dtype=np.int32)}
+        if not self.is_host:
+            out["task"] = jax.tree.map(np.asarray, self.task.arrays(records))
+        return out
+
+
+def bind(task: Task, tokenizer: Tokenizer) -> BoundTask:
+    return BoundTask(task, tokenizer)
+
+
+def seq_len_for(task: BoundTask, records: Sequence[Record], num_answers: int, *,
+                num_parents: int = 0) -> int:
+    """Positions a policy needs on `records`: the longest prompt + the m-answer budget, and with
+    `num_parents` > 0 (symbol tasks) the longest search mutation prompt + the budget."""
+    T = task.completion_len(num_answers)
+    need = task.prompt_arrays(records, num_answers)[0].shape[1] + T
+    if num_parents and task.has_mutation_demonstrations:
+        head = task.mutation_heads(records)[0].shape[1]
+        need = max(need, task.mutation_prompt_len(head, num_parents, num_answers) + T)
+    return need
+
+
+def task_word_tokenizer(task: Task, *, num_problems: int = 64) -> Tokenizer:
+    """The built-in word-level tokenizer of a task: every word its prompts, mutation prompts,
+    demonstrations and `task.words` can contain, and the answer tags as single tokens."""
+    records = task.make_problems(0, num_problems)
+    rng = np.random.default_rng(0)
+    tags = re.compile("|".join(re.escape(t) for t in answers_lib.tag_strings(task.max_answers)))
+
+    def split(text: str) -> set[str]:  # as the tokenizer splits: tags first, then whitespace
+        return {w for piece in tags.split(text) for w in piece.split()}
+
+    words: set[str] = set(task.words) | set(task.symbols or ())
+    for m in range(1, task.max_answers + 1):
+        words |= split(answer_instruction(task, m))
+        words |= split(answer_instruction(task, m, better=True))
+    for r in records:
+        demos = task.demonstrations(r, rng, 2)
+        words |= split(mutation_text(task, r, [(d, [0.0] * task.num_rewards) for d in demos], 1))
+        words |= {w for d in demos for w in d.split()}
+    words |= {f"{q / 10:.1f}" for q in range(11)} | {f"{k}:" for k in range(1, 65)}
+    words |= {"Answer", "|", "scores:"}
+    return word_tokenizer(sorted(words), added=answers_lib.tag_strings(task.max_answers))
