@@ -25,7 +25,7 @@ from vpo.config import SamplerConfig, model_preset
 from vpo.model import Decoder
 from vpo.sampler import _generate_jit
 
-EOS, PAD = -1, 0  # EOS id no token takes: every sample runs the full T tokens
+STOP, PAD = (-1,), 0  # a stop id no token takes: every sample runs the full T tokens
 
 
 def get_config():
@@ -74,7 +74,7 @@ def bench_point(preset, B, G, P, T, repeats):
     cfg = SamplerConfig(max_new_tokens=T, num_samples=G)
     cached = functools.partial(_generate_jit, graphdef, state, prompts, mask, keys,
                                jnp.float32(cfg.temperature), jnp.float32(1.0), jnp.int32(0),
-                               max_new_tokens=T, eos_id=EOS, pad_id=PAD)
+                               max_new_tokens=T, stop_ids=STOP, pad_id=PAD)
     naive = functools.partial(naive_generate, graphdef, state, prompts, keys, T=T)
     c_first, c_t = _time(cached, repeats)
     n_first, n_t = _time(naive, max(1, repeats // 2))
@@ -92,7 +92,7 @@ def bench_prefix_sharing(preset="small", G=8, P=128, T=8):
 
     def flops(prompts, keys):
         lowered = _generate_jit.lower(graphdef, state, prompts, jnp.ones(prompts.shape, bool),
-                                      keys, *args, max_new_tokens=T, eos_id=EOS, pad_id=PAD)
+                                      keys, *args, max_new_tokens=T, stop_ids=STOP, pad_id=PAD)
         return lowered.compile().cost_analysis()["flops"]
 
     keys = jax.random.split(jax.random.key(0), G)

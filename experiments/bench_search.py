@@ -3,10 +3,11 @@
 Run:  python experiments/bench_search.py            (add --quick for a short smoke run)
 
 Both arms run the same search (same model, task, problem, config, keys and candidate budget) on
-the program task with a randomly initialised decoder. The host arm is the usual driver: per
-generation, a jitted parent-selection + prompt-building call, the library's jitted sampler
-(`vpo.sampler._generate_jit`), a jitted reward + replacement + migration call, and a device→host
-read of the best fitness (logging / early stop). Compile time is measured separately (first
+the program task, bound to its built-in word-level tokenizer, with a randomly initialised
+decoder. The host arm is the usual driver: per generation, a jitted parent-selection +
+prompt-building call, the library's jitted sampler (`vpo.sampler._generate_jit`), a jitted
+answer-reading (symbol ids) + reward + replacement + migration call, and a device→host read of
+the best fitness (logging / early stop). Compile time is measured separately (first
 call); throughput = candidates evaluated per second, median over repetitions. No assertions.
 """
 
@@ -25,8 +26,8 @@ from vpo import search
 from vpo.config import model_preset
 from vpo.model import Decoder
 from vpo.sampler import _generate_jit
-from vpo.tasks import program
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks import make_task
+from vpo.tasks.bound import bind, seq_len_for, task_word_tokenizer
 
 
 def get_config(quick: bool):
@@ -79,7 +80,7 @@ def host_loop(model, task, problem, cfg, key):
         roll = _generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
                              jnp.float32(cfg.top_p), jnp.int32(0),
                              max_new_tokens=task.completion_len(cfg.num_answers),
-                             eos_id=vocab_lib.EOS, pad_id=vocab_lib.PAD)
+                             stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id)
         state = score_and_replace(task, cfg, state, idx, present, fresh, roll.tokens_BGT[:, 0],
                                   roll.mask_BGT[:, 0], problem)
         best.append(float(state.best_fitness))  # the host read a Python driver does
@@ -98,7 +99,7 @@ def sampler_only(model, task, problem, cfg, key):
         roll = _generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
                              jnp.float32(cfg.top_p), jnp.int32(0),
                              max_new_tokens=task.completion_len(cfg.num_answers),
-                             eos_id=vocab_lib.EOS, pad_id=vocab_lib.PAD)
+                             stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id)
     return roll.tokens_BGT
 
 
@@ -113,30 +114,37 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     conf = get_config(args.quick)
-    task = program.make_program_task("easy")
-    model = Decoder(model_preset(conf["preset"], vocab_size=task.vocab.size, max_seq_len=128),
-                    rngs=nnx.Rngs(0))
-    problems = task.make_problems(0, 1)
-    problem = jax.tree.map(lambda x: jnp.asarray(x[0]), problems)
+    text_task = make_task("program", difficulty="easy")
+    task = bind(text_task, task_word_tokenizer(text_task))
+    records = task.make_problems(0, 1)
+    seq_len = max(seq_len_for(task, records, c.num_answers, num_parents=c.parents)
+                  for c in conf["searches"])
+    model = Decoder(model_preset(conf["preset"], vocab_size=task.tokenizer.size,
+                                 max_seq_len=seq_len), rngs=nnx.Rngs(0))
     key = jax.random.key(0)
     rows = []
     for cfg in conf["searches"]:
+        problems = search.search_problems(task, records, cfg.num_answers)
+        problem = jax.tree.map(lambda x: jnp.asarray(x[0]), problems)
         print(f"device={jax.devices()[0].platform} preset={conf['preset']} I={cfg.islands} "
               f"Q={cfg.members} C={cfg.children} m={cfg.num_answers} G={cfg.generations} "
               f"budget={cfg.budget} candidates")
         (g_state, _), g_first, g_med = timed(
-            lambda cfg=cfg: search.run_method("search", model, task, problems, cfg, key),
+            lambda cfg=cfg, problems=problems: search.run_method("search", model, task,
+                                                                 problems, cfg, key),
             conf["repeats"])
-        h_state, h_first, h_med = timed(lambda cfg=cfg: host_loop(model, task, problem, cfg, key),
-                                        conf["repeats"])
+        h_state, h_first, h_med = timed(
+            lambda cfg=cfg, problem=problem: host_loop(model, task, problem, cfg, key),
+            conf["repeats"])
         assert int(g_state.evaluated[0]) == int(h_state.evaluated) == cfg.budget
         same = bool(jnp.array_equal(g_state.population.id_IQ[0], h_state.population.id_IQ))
         for name, first, med in [("in-graph (1 jit)", g_first, g_med),
                                  ("host loop", h_first, h_med)]:
             print(f"  {name:18s} first call {first:7.2f}s  median {med * 1e3:8.1f} ms  "
                   f"{cfg.budget / med:9.0f} candidates/s")
-        _, _, s_med = timed(lambda cfg=cfg: sampler_only(model, task, problem, cfg, key),
-                            conf["repeats"])
+        _, _, s_med = timed(
+            lambda cfg=cfg, problem=problem: sampler_only(model, task, problem, cfg, key),
+            conf["repeats"])
         print(f"  same final population ids in both arms: {same}")
         print(f"  host loop: sampler calls alone {s_med * 1e3:.1f} ms = "
               f"{100 * s_med / h_med:.0f}% of its time; the rest (dispatch, selection, "

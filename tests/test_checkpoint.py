@@ -14,22 +14,24 @@ import numpy as np
 import pytest
 
 from vpo import checkpoint as ckpt_lib
-from vpo import cli
+from vpo import cli, sharding
 from vpo import data as data_lib
 from vpo import loop as loop_lib
-from vpo import sharding
 from vpo import train as train_lib
 from vpo.config import SamplerConfig, model_preset
-from vpo.tasks.bandit import make_bandit_task
+from vpo.tasks import make_task
+from vpo.tasks.bound import bind, seq_len_for, task_word_tokenizer
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
 M = 2
 
 
 def setup():
-    task = make_bandit_task(max_answers=4)
+    raw = make_task("bandit", max_answers=4)
+    task = bind(raw, task_word_tokenizer(raw))
+    seq_len = seq_len_for(task, task.make_problems(0, 64), M)
     run = RunConfig(
-        model=model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=16),
+        model=model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=seq_len),
         sampler=SamplerConfig(max_new_tokens=task.completion_len(M), num_samples=8),
         objective=ObjectiveConfig(advantage="grpo"),
         train=TrainConfig(batch_size=4, num_answers=M, num_problems=64, learning_rate=3e-3,
@@ -47,7 +49,8 @@ TIMING = ("step_time_s", "tokens_per_s", "sampling_time_s", "update_time_s")
 
 def rows(path):
     """metrics.jsonl rows without the wall-clock timings (those differ between any two runs)."""
-    lines = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f]
     return [{k: v for k, v in r.items() if k not in TIMING} for r in lines]
 
 
@@ -67,7 +70,7 @@ def test_resume_is_exact(tmp_path):
     ra, rb = rows(a), rows(b)
     assert [r["step"] for r in rb] == [1, 2, 3, 4, 5, 6]
     assert ra == rb
-    for x, y in zip(leaves(s_straight), leaves(s_resumed)):
+    for x, y in zip(leaves(s_straight), leaves(s_resumed), strict=True):
         np.testing.assert_array_equal(x, y)
 
 
@@ -95,10 +98,55 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     restored, step = mngr.restore(state, data_iterator=it2)
     assert step == 4
     assert int(restored.step) == int(state.step) + 4
-    for x, y in zip(leaves(state.params), leaves(restored.params)):
+    for x, y in zip(leaves(state.params), leaves(restored.params), strict=True):
         np.testing.assert_array_equal(x, y)
     assert it2.get_state() == {**expected_data, "next_index": expected_data["next_index"] + 1}
     assert mngr.config(4) == {"a": 2}
+
+
+def test_policy_folder_carries_its_tokenizer(tmp_path):
+    """save_policy(tokenizer=...) writes the tokenizer beside the params; load_model gives back
+    (model, tokenizer, info), and tokenizer_for reads a task through it; a folder without one, or
+    an hf: checkpoint, load as documented."""
+    from flax import nnx
+
+    from vpo.model import Decoder
+
+    task, run, _ = setup()
+    tok = task.tokenizer
+    model = Decoder(run.model, rngs=nnx.Rngs(0))
+    folder = str(tmp_path / "policy")
+    ckpt_lib.save_policy(folder, run.model, nnx.state(model, nnx.Param), {"steps": 7},
+                         tokenizer=tok)
+    loaded, got, info = ckpt_lib.load_model(folder)
+    assert info["steps"] == 7 and loaded.cfg == run.model
+    for x, y in zip(leaves(nnx.state(model, nnx.Param)), leaves(nnx.state(loaded, nnx.Param)),
+                    strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert (got.stop_ids, got.pad_id, got.bos_id, got.add_bos, got.size) == (
+        tok.stop_ids, tok.pad_id, tok.bos_id, tok.add_bos, tok.size)
+    records = task.make_problems(3, 4)
+    for a, b in zip(task.prompt_arrays(records, M), bind(task.task, got).prompt_arrays(records, M),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(tok.token_bytes(), got.token_bytes(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert ckpt_lib.tokenizer_for(task.task, folder).encode("A B C") == tok.encode("A B C")
+    assert ckpt_lib.tokenizer_for(task.task, None).size == tok.size  # a preset: the word one
+    assert ckpt_lib.tokenizer_for(task.task, "tiny").size == tok.size
+
+    bare = str(tmp_path / "bare")
+    ckpt_lib.save_policy(bare, run.model, nnx.state(model, nnx.Param))
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json beside the policy"):
+        ckpt_lib.load_model(bare)
+    with pytest.raises(FileNotFoundError, match="not a policy folder"):
+        ckpt_lib.load_model(str(tmp_path))
+
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_tied")
+    hf_model, hf_tok, hf_info = ckpt_lib.load_model("hf:" + src)
+    assert hf_info == {"source": "hf:" + src} and hf_model.cfg.param_dtype == "float32"
+    assert hf_tok.stop_ids == (72, 70) and hf_tok.pad_id == 70
+    assert ckpt_lib.tokenizer_for(task.task, "hf:" + src).stop_ids == (72, 70)
 
 
 KILL_RUN = ["--preset", "smoke", "train.steps=4", "train.checkpoint_every=2"]

@@ -14,7 +14,7 @@ def test_overrides_are_typed_and_fitted_to_the_task():
                                                      "objective.dual_clip=3", "task=maze"])
     assert run.train.steps == 6 and run.objective.advantage == "vpo"
     assert run.objective.dual_clip == 3.0 and run.task == "maze" and task.name.startswith("maze")
-    assert run.model.vocab_size >= task.vocab.size
+    assert run.model.vocab_size >= task.tokenizer.size
     assert run.sampler.max_new_tokens >= task.completion_len(run.train.num_answers)
 
 

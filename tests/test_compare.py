@@ -52,9 +52,9 @@ def test_presets_and_arm_configs():
     assert paper.sampler.num_samples == 8 and paper.num_answers == 3
     assert paper.objective.num_weights == 100 and paper.objective.alpha == 1.0
     cfg = compare.make_config("default", ["arms=grpo,multi_rlvr,vpo,kl_cov"])
-    task = compare.make_task("maze")
+    task = compare.make_task(cfg)
     from vpo.config import model_preset
-    mcfg = model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=512)
+    mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=512)
     runs = {a: compare.arm_run_config(cfg, task, a, 3, mcfg) for a in cfg.arm_names}
     assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3
     assert runs["multi_rlvr"].objective.advantage == "grpo"

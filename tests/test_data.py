@@ -1,4 +1,5 @@
-"""Problem pipeline: shuffling, epochs, process sharding, resumable position, JSONL loading."""
+"""Problem pipeline: shuffling, epochs, process sharding, resumable position, JSONL records,
+mutation prompts mixed in by row."""
 
 from __future__ import annotations
 
@@ -9,18 +10,27 @@ import numpy as np
 import pytest
 
 from vpo import data as data_lib
-from vpo.tasks.arithmetic import make_arithmetic_task
-from vpo.tasks.bandit import make_bandit_task
-from vpo.tasks.maze import make_maze_task
+from vpo.tasks import make_task
+from vpo.tasks.bound import bind, task_word_tokenizer
+
+
+def bound(name, **kw):
+    task = make_task(name, **kw)
+    return bind(task, task_word_tokenizer(task))
 
 
 @pytest.fixture(scope="module")
 def bandit():
-    return make_bandit_task(max_answers=4)
+    return bound("bandit", max_answers=4)
+
+
+@pytest.fixture(scope="module")
+def maze():
+    return bound("maze")
 
 
 def indices(it, n):
-    return [next(it)["problems"].index.tolist() for _ in range(n)]
+    return [next(it)["problems"]["index"].tolist() for _ in range(n)]
 
 
 def test_batches_shuffle_every_epoch_and_cover_all(bandit):
@@ -35,14 +45,23 @@ def test_batches_shuffle_every_epoch_and_cover_all(bandit):
     assert other != b[:2]
 
 
-def test_batch_holds_prompts_of_its_problems():
-    maze = make_maze_task()
+def test_batch_holds_prompts_of_its_problems(maze):
+    records = maze.make_problems(0, 5)  # the pipeline's default problem set (seed 0)
     batch = next(data_lib.problem_iterator(maze, 3, 2, num_problems=5))
-    assert batch["prompt_BP"].shape == (3, maze.prompt_len)
+    P = max(len(maze.prompt_ids(r, 2)) for r in records)
+    assert batch["prompt_BP"].shape == (3, P)
     assert batch["prompt_BP"].dtype == np.int32 and batch["prompt_mask_BP"].dtype == bool
+    assert set(batch["problems"]) == {"index", "task"}
     for b in range(3):
-        problem = jax.tree.map(lambda x: x[b], batch["problems"])
-        np.testing.assert_array_equal(batch["prompt_BP"][b], maze.prompt_tokens(problem, 2))
+        i = int(batch["problems"]["index"][b])
+        ids = maze.prompt_ids(records[i], 2)
+        np.testing.assert_array_equal(batch["prompt_BP"][b, P - len(ids):], ids)
+        np.testing.assert_array_equal(batch["prompt_mask_BP"][b], np.arange(P) >= P - len(ids))
+        assert not batch["prompt_BP"][b, :P - len(ids)].any()  # the pad id (0) on the left
+        want = maze.task.arrays([records[i]])
+        got = jax.tree.map(lambda x, b=b: x[b], batch["problems"]["task"])
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+            np.testing.assert_array_equal(g, w[0])
     assert batch["prompt_mask_BP"][:, -1].all()
 
 
@@ -74,36 +93,52 @@ def test_processes_get_disjoint_shards(bandit, monkeypatch):
         data_lib.problem_dataset(bandit, 3, 1, num_problems=8)
 
 
-def test_jsonl_problems_load_and_errors(tmp_path):
-    task = make_arithmetic_task()
+def test_jsonl_records_load_and_errors(tmp_path, maze):
+    task = bound("arithmetic")
     good = tmp_path / "good.jsonl"
     good.write_text('{"numbers": [3, 4, 5], "target": 35}\n\n{"numbers": [1, 2, 3], "target": 6}\n')
-    problems = data_lib.load_jsonl_problems(str(good), task)
-    np.testing.assert_array_equal(problems.numbers, [[3, 4, 5], [1, 2, 3]])
-    np.testing.assert_array_equal(problems.target, [35, 6])
-    batch = next(data_lib.problem_iterator(task, 2, 1, problems=problems))
-    assert sorted(batch["problems"].target.tolist()) == [6, 35]
+    records = data_lib.load_jsonl_records(str(good), task)
+    assert records == [{"numbers": [3, 4, 5], "target": 35}, {"numbers": [1, 2, 3], "target": 6}]
+    assert data_lib.load_jsonl_records(str(good)) == records
+    batch = next(data_lib.problem_iterator(task, 2, 1, records=records))
+    assert set(batch["problems"]) == {"index"}  # a host task: the graph sees the index only
+    assert sorted(records[i]["target"] for i in batch["problems"]["index"]) == [6, 35]
+    for b in range(2):
+        text = task.tokenizer.decode(batch["prompt_BP"][b][batch["prompt_mask_BP"][b]])
+        r = records[int(batch["problems"]["index"][b])]
+        assert " ".join(map(str, r["numbers"])) in text and f"reach {r['target']}" in text
 
     cases = {
-        '{"numbers": [3, 4, 5]}': r"bad.jsonl:2: missing field 'target'",
-        '{"numbers": [3, 4], "target": 1}': r"bad.jsonl:2: field 'numbers' has shape",
-        '{"numbers": [3, 4, 5], "target": "x"}': r"bad.jsonl:2: field 'target'",
+        '{"numbers": [3, 4, 5]}': r"bad.jsonl:2: arithmetic cannot read this problem: missing "
+                                  r"field 'target'",
+        "[3, 4, 5]": r"bad.jsonl:2: expected a JSON object, got list",
         "{not json": r"bad.jsonl:2: not valid JSON",
     }
     for row, msg in cases.items():
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"numbers": [3, 4, 5], "target": 35}\n' + row + "\n")
         with pytest.raises(ValueError, match=msg):
-            data_lib.load_jsonl_problems(str(bad), task)
+            data_lib.load_jsonl_records(str(bad), task)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no problems"):
+        data_lib.load_jsonl_records(str(empty))
+    # in-graph tasks: the record must also give the task's arrays
+    grid = tmp_path / "maze.jsonl"
+    grid.write_text(json.dumps(maze.make_problems(0, 1)[0]) + "\n" + '{"grid": 3}\n')
+    with pytest.raises(ValueError, match=r"maze.jsonl:2: maze\w* cannot read this problem: TypeError"):
+        data_lib.load_jsonl_records(str(grid), maze)
 
 
-def test_mutation_prompts_mixed_in_by_row_and_resumable():
-    maze = make_maze_task()
-    P2 = maze.mutation_prompt_len(2)
+def test_mutation_prompts_mixed_in_by_row_and_resumable(maze):
     kw = dict(num_problems=16, seed=3, mutation_fraction=0.5, mutation_parents=2)
-    all_problems = maze.make_problems(3, 16)
-    mutation, _ = data_lib.mutation_prompt_arrays(maze, all_problems, 2, 2, seed=3)
-    assert mutation.shape == (16, P2)
+    records = maze.make_problems(3, 16)
+    mutation, mmask = data_lib.mutation_prompt_arrays(maze, records, 2, 2, seed=3)
+    plain, pmask = maze.prompt_arrays(records, 2)
+    assert mutation.shape[0] == 16 and mutation.shape[1] > plain.shape[1]
+    P2 = mutation.shape[1]
+    tables = data_lib.prompt_tables(maze, records, 2, mutation_fraction=0.5, seed=3)
+    assert tables.prompt_len == P2
     it = data_lib.problem_iterator(maze, 8, 2, **kw)
     kinds = []
     for _ in range(4):
@@ -111,28 +146,28 @@ def test_mutation_prompts_mixed_in_by_row_and_resumable():
         assert batch["prompt_BP"].shape == (8, P2)
         np.testing.assert_array_equal(batch["prompt_mask_BP"], batch["prompt_BP"] != 0)
         for b in range(8):
-            problem = jax.tree.map(lambda x: x[b], batch["problems"])
-            row = batch["prompt_BP"][b]
-            plain = np.asarray(maze.prompt_tokens(problem, 2))
-            same = [j for j in range(16) if all(  # the generator may repeat a maze
-                np.array_equal(np.asarray(x)[j], np.asarray(y))
-                for x, y in zip(all_problems, problem, strict=True))]
-            assert same
-            if any(np.array_equal(row, mutation[j]) for j in same):
+            j = int(batch["problems"]["index"][b])
+            row, mask = batch["prompt_BP"][b], batch["prompt_mask_BP"][b]
+            if np.array_equal(row, mutation[j]):
+                np.testing.assert_array_equal(mask, mmask[j])
+                assert "Earlier answers and their scores" in maze.tokenizer.decode(row[mask])
                 kinds.append("mutation")
             else:  # the plain prompt, left-padded to P2
-                np.testing.assert_array_equal(row[P2 - plain.size:], plain)
-                assert not row[:P2 - plain.size].any()
+                n = plain.shape[1]
+                np.testing.assert_array_equal(row[P2 - n:], plain[j])
+                np.testing.assert_array_equal(mask[P2 - n:], pmask[j])
+                assert not row[:P2 - n].any() and not mask[:P2 - n].any()
                 kinds.append("plain")
     assert 8 <= kinds.count("mutation") <= 24  # 32 rows at rate 0.5
     state = it.get_state()
     expected = next(it)["prompt_BP"]
-    it2 = data_lib.problem_iterator(maze, 8, 2, **kw)
+    # resumed with the tables given precomputed (as `vpo.loop.train` passes them): same coins
+    it2 = data_lib.problem_iterator(maze, 8, 2, records=records, tables=tables, **kw)
     it2.set_state(state)
     np.testing.assert_array_equal(next(it2)["prompt_BP"], expected)
 
 
 def test_mutation_prompts_need_an_in_graph_task():
     with pytest.raises(ValueError, match="mutation_fraction"):
-        data_lib.problem_iterator(make_arithmetic_task(), 4, 1, num_problems=8,
+        data_lib.problem_iterator(bound("arithmetic"), 4, 1, num_problems=8,
                                   mutation_fraction=0.5)

@@ -139,3 +139,106 @@ def test_plots_write_pngs(tmp_path):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="series 'x'"):
         plots.plot_metric_vs_k(str(tmp_path / "bad.png"), {"x": ([1, 2], [1.0])})
+
+
+# -- sample_pool / evaluate_policy: a BoundTask and its records ----------------------------------
+
+def _bound_bandit(host: bool = False):
+    import dataclasses
+
+    from vpo.tasks import make_task
+    from vpo.tasks.bound import bind, task_word_tokenizer
+
+    raw = make_task("bandit", max_answers=4)
+    tok = task_word_tokenizer(raw)
+    if host:  # the same task scored on the host only (as arithmetic or a user's reward)
+        raw = dataclasses.replace(raw, symbols=None, arrays=None, symbol_reward=None)
+    return bind(raw, tok)
+
+
+def _scripted_sample(task, generations):
+    """A stand-in for `sampler.sample` that writes the given answer texts per generation."""
+    from vpo.types import Rollout
+
+    def fake(model, prompts_BP, mask_BP, key, cfg, *, stop_ids, pad_id):
+        B, G, T = prompts_BP.shape[0], cfg.num_samples, cfg.max_new_tokens
+        assert len(generations) == G and stop_ids == task.tokenizer.stop_ids
+        assert pad_id == task.tokenizer.pad_id and mask_BP[:, -1].all()
+        tokens = np.full((B, G, T), pad_id, np.int32)
+        mask = np.zeros((B, G, T), bool)
+        for g, answers in enumerate(generations):
+            ids = task.answers_ids(answers)
+            tokens[:, g, :len(ids)], mask[:, g, :len(ids)] = ids, True
+        f = jnp.asarray(mask, jnp.float32)
+        return Rollout(jnp.asarray(tokens), -f, -f, 0.5 * f, jnp.asarray(mask),
+                       jnp.asarray(mask.sum(-1), jnp.int32), jnp.ones((B, G), bool))
+
+    return fake
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host):
+    """Two generations of two answers each, (A, B) and (C, C): 4 candidates per problem, the
+    repeated C an invalid slot; in-graph and host scoring give the same pool."""
+    from flax import nnx
+
+    from vpo import policy_eval
+    from vpo.config import model_preset
+    from vpo.model import Decoder
+
+    task = _bound_bandit(host)
+    records = task.make_problems(0, 3)
+    monkeypatch.setattr(policy_eval, "sample", _scripted_sample(task, [["A", "B"], ["C", "C"]]))
+    model = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=64),
+                    rngs=nnx.Rngs(0))
+    pool, answers, amask, entropy = policy_eval.sample_pool(
+        model, task, records, num_answers=2, budget=4, key=jax.random.key(0), chunk=2)
+    np.testing.assert_allclose(pool.scores_PN, [[0.5, 0.5, 0.6, 0.0]] * 3, atol=1e-6)
+    np.testing.assert_array_equal(pool.correct_PN, [[False, False, True, False]] * 3)
+    np.testing.assert_array_equal(pool.valid_PN, [[True, True, True, False]] * 3)
+    assert entropy == pytest.approx(0.5)
+    if host:
+        assert answers is None and amask is None
+    else:
+        arms = [task.task.symbols.index(a) for a in "ABC"]
+        np.testing.assert_array_equal(np.asarray(answers)[:, :3, 0], [arms] * 3)
+        assert int(evaluation.distinct_solutions(answers, amask, pool.valid_PN)[0]) == 3
+    out, per = policy_eval.evaluate_policy_per_problem(
+        model, task, records, num_answers=2, budget=4, ks=[1, 4], key=jax.random.key(0))
+    assert out["best@4"] == pytest.approx(0.6) and out["best@1"] == pytest.approx(0.4)
+    assert out["pass@4"] == 1.0 and out["pass@1"] == pytest.approx(0.25)
+    assert out["valid_fraction"] == pytest.approx(0.75) and out["entropy"] == pytest.approx(0.5)
+    assert ("distinct" in out) != host
+    np.testing.assert_allclose(per["best_P"], [0.6] * 3, atol=1e-6)
+    np.testing.assert_array_equal(per["solved_P"], [True] * 3)
+
+
+def test_evaluate_policy_samples_a_real_policy(tmp_path):
+    from flax import nnx
+
+    from vpo import policy_eval
+    from vpo.config import ConfigError, model_preset
+    from vpo.model import Decoder
+    from vpo.tasks.bound import seq_len_for
+
+    task = _bound_bandit()
+    records = task.make_problems(0, 3)
+    cfg = model_preset("tiny", vocab_size=task.tokenizer.size,
+                       max_seq_len=seq_len_for(task, records, 2))
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    kw = dict(num_answers=2, budget=4, ks=[1, 2, 4])
+    a = policy_eval.evaluate_policy(model, task, records, key=jax.random.key(1), **kw)
+    b = policy_eval.evaluate_policy(model, task, records, key=jax.random.key(1), **kw)
+    assert a == b  # same key, same metrics
+    assert {"best@1", "pass@4", "diversity", "emax", "distinct", "entropy"} <= set(a)
+    assert 0.0 <= a["valid_fraction"] <= 1.0 and a["entropy"] > 0
+    table = policy_eval.write_report(str(tmp_path), {"tiny": a}, [1, 2, 4], title="bandit")
+    assert "| tiny |" in table and (tmp_path / "best_at_k.png").exists()
+    with pytest.raises(ValueError, match="multiple of num_answers"):
+        policy_eval.sample_pool(model, task, records, num_answers=3, budget=4,
+                                key=jax.random.key(0))
+    short = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=16),
+                    rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match="model.max_seq_len"):
+        policy_eval.sample_pool(short, task, records, num_answers=2, budget=4,
+                                key=jax.random.key(0))

@@ -1,4 +1,5 @@
-"""Sampler: EOS handling, determinism, greedy limit, filters, prefix sharing, mesh invariance."""
+"""Sampler: stop ids (one or several), a pad id that is a real token, determinism, greedy limit,
+filters, prefix sharing, mesh invariance."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ from vpo.sampler import choose_tokens, left_pad, sample, sample_with_keys
 
 PAD, EOS = 0, 2
 B, P, T, G = 8, 6, 12, 4
+NEVER = 64  # the tiny preset's vocabulary is 0..63: a stop id the model never emits
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +23,42 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def prompts():
+def prompt_lists():
     rng = np.random.default_rng(0)
-    lists = [list(rng.integers(4, 64, size=rng.integers(1, P + 1))) for _ in range(B)]
-    return left_pad(lists, P, PAD)
+    return [list(rng.integers(4, 64, size=rng.integers(1, P + 1))) for _ in range(B)]
 
 
-def run(model, prompts, key=0, eos=EOS, **kw):
+@pytest.fixture(scope="module")
+def prompts(prompt_lists):
+    return left_pad(prompt_lists, P, PAD)
+
+
+def run(model, prompts, key=0, stop_ids=(EOS,), pad_id=PAD, **kw):
     cfg = SamplerConfig(**{"max_new_tokens": T, "num_samples": G, **kw})
-    return sample(model, *prompts, jax.random.key(key), cfg, eos_id=eos, pad_id=PAD)
+    return sample(model, *prompts, jax.random.key(key), cfg, stop_ids=stop_ids, pad_id=pad_id)
+
+
+def check_ends(r, ref, stops, pad_id):
+    """`r` equals the unstopped `ref` up to and including each row's first token in `stops`
+    (kept, masked True); after it every position is `pad_id`, masked False. Returns the token
+    each row ended on (None: ran to the budget)."""
+    toks, mask = np.asarray(r.tokens_BGT), np.asarray(r.mask_BGT)
+    rtoks, rlogp = np.asarray(ref.tokens_BGT), np.asarray(ref.logp_BGT)
+    assert np.asarray(ref.mask_BGT).all()  # the reference never stops
+    ended = np.full((B, G), None, object)
+    for b in range(B):
+        for g in range(G):
+            hits = np.flatnonzero(np.isin(rtoks[b, g], stops))
+            end = hits[0] + 1 if len(hits) else T
+            np.testing.assert_array_equal(toks[b, g, :end], rtoks[b, g, :end])
+            np.testing.assert_allclose(np.asarray(r.logp_BGT)[b, g, :end], rlogp[b, g, :end],
+                                       atol=1e-5)
+            assert mask[b, g, :end].all() and not mask[b, g, end:].any()
+            assert (toks[b, g, end:] == pad_id).all()
+            assert r.length_BG[b, g] == end and bool(r.finished_BG[b, g]) == bool(len(hits))
+            if len(hits):
+                ended[b, g] = int(rtoks[b, g, hits[0]])
+    return ended
 
 
 def test_shapes_and_logp_consistency(model, prompts):
@@ -52,7 +81,7 @@ def test_shapes_and_logp_consistency(model, prompts):
 def test_eos_stops_and_masks(model, prompts):
     greedy = run(model, prompts, temperature=0.0)
     eos = int(greedy.tokens_BGT[0, 0, 3])  # make the 4th greedy token of row 0 the EOS
-    r = run(model, prompts, temperature=0.0, eos=eos)
+    r = run(model, prompts, temperature=0.0, stop_ids=(eos,))
     toks, mask = np.asarray(r.tokens_BGT), np.asarray(r.mask_BGT)
     first = np.argmax(toks[0, 0] == eos)
     assert first <= 3 and r.finished_BG[0, 0]
@@ -64,6 +93,46 @@ def test_eos_stops_and_masks(model, prompts):
             end = hits[0] + 1 if len(hits) else T
             assert mask[b, g].sum() == end == r.length_BG[b, g]
             assert bool(r.finished_BG[b, g]) == bool(len(hits))
+
+
+def test_stops_on_any_of_several_stop_ids(model, prompts):
+    """stop_ids=(a, b): a row ends at its first a OR b (kept, masked True), pad after it."""
+    ref = run(model, prompts, 11, stop_ids=(NEVER,))
+    rtoks = np.asarray(ref.tokens_BGT)
+    a = int(rtoks[0, 0, 3])
+    # b: a token some row emits before any a, and row (0, 0) does not emit before its a
+    b = next(int(rtoks[i, g, t]) for i in range(1, B) for g in range(G) for t in range(T)
+             if rtoks[i, g, t] != a and a not in rtoks[i, g, :t + 1]
+             and rtoks[i, g, t] not in rtoks[0, 0, :4])
+    r = run(model, prompts, 11, stop_ids=(a, b))
+    ended = check_ends(r, ref, [a, b], PAD)
+    assert ended[0, 0] == a and (ended == b).any()  # rows stop on either id
+    # the order of the stop ids does not matter; a single stop id stops fewer rows
+    np.testing.assert_array_equal(run(model, prompts, 11, stop_ids=(b, a)).tokens_BGT,
+                                  r.tokens_BGT)
+    # with a alone, the rows that stopped on b go on
+    only_a = run(model, prompts, 11, stop_ids=(a,))
+    assert not (check_ends(only_a, ref, [a], PAD) == b).any()
+    on_b = ended == b
+    assert (np.asarray(only_a.length_BG)[on_b] > np.asarray(r.length_BG)[on_b]).all()
+
+
+def test_pad_id_that_is_a_real_token(model, prompt_lists, prompts):
+    """The pad id may be an ordinary token (byte-level BPE has no reserved pad): prompts padded
+    with it sample exactly as prompts padded with another id (masks, not token values, say what
+    is real); a generated pad-valued token is kept, masked True, and the row goes on."""
+    ref = run(model, prompts, 12, stop_ids=(NEVER,))
+    rtoks = np.asarray(ref.tokens_BGT)
+    x = int(rtoks[0, 0, 1])  # a token the model generates: now the pad id
+    s = next(int(t) for t in rtoks[0, 0, 2:] if t != x and t not in rtoks[0, 0, :2])  # stop
+    padded = left_pad(prompt_lists, P, x)
+    assert (padded[0][~padded[1]] == x).all() and (~padded[1]).any()
+    r = run(model, padded, 12, stop_ids=(s,), pad_id=x)
+    ended = check_ends(r, ref, [s], x)
+    toks, mask = np.asarray(r.tokens_BGT), np.asarray(r.mask_BGT)
+    assert ended[0, 0] == s and toks[0, 0, 1] == x and mask[0, 0, 1]
+    assert r.length_BG[0, 0] > 2  # it went on after generating the pad id
+    assert (mask & (toks == x)).any() and (~mask & (toks == x)).any()  # both kinds of x
 
 
 def test_same_key_same_output_other_key_differs(model, prompts):
@@ -127,10 +196,10 @@ def test_prefix_sharing_equals_separate_runs(model, prompts):
     """G samples sharing one prefill equal B*G separate prompts sampled with the same keys."""
     cfg = SamplerConfig(max_new_tokens=T, num_samples=G)
     keys = jax.random.split(jax.random.key(5), B * G).reshape(B, G)
-    shared = sample_with_keys(model, *prompts, keys, cfg, eos_id=EOS, pad_id=PAD)
+    shared = sample_with_keys(model, *prompts, keys, cfg, stop_ids=(EOS,), pad_id=PAD)
     rep = lambda x: np.repeat(np.asarray(x), G, axis=0)  # noqa: E731
     alone = sample_with_keys(model, rep(prompts[0]), rep(prompts[1]), keys.reshape(B * G, 1),
-                             cfg, eos_id=EOS, pad_id=PAD)
+                             cfg, stop_ids=(EOS,), pad_id=PAD)
     np.testing.assert_array_equal(shared.tokens_BGT.reshape(B * G, T), alone.tokens_BGT[:, 0])
     np.testing.assert_allclose(shared.logp_BGT.reshape(B * G, T), alone.logp_BGT[:, 0],
                                atol=1e-5)
@@ -161,7 +230,7 @@ def test_tensor_parallel_mesh_matches(model, prompts):
 def test_budget_errors(model):
     with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
         sample(model, np.ones((1, 500), np.int32), np.ones((1, 500), bool), jax.random.key(0),
-               SamplerConfig(max_new_tokens=64), eos_id=EOS, pad_id=PAD)
+               SamplerConfig(max_new_tokens=64), stop_ids=(EOS,), pad_id=PAD)
     with pytest.raises(ValueError, match="prompt 1 has 9 tokens"):
         left_pad([[1], list(range(9))], 8, PAD)
     toks, mask = left_pad([[1], list(range(9))], 8, PAD, truncate=True)

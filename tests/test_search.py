@@ -1,7 +1,11 @@
 """In-graph evolutionary search: operators on hand-made populations, exact budget, search vs
-best-of-N with a random-edit policy stand-in, 8-device island sharding, the real LM path."""
+best-of-N with a random-edit policy stand-in, 8-device island sharding, LM prompts (plain and
+mutation, any pad id), the real LM path."""
 
+import dataclasses
+import functools
 import json
+import re
 from typing import NamedTuple
 
 import jax
@@ -15,54 +19,65 @@ from vpo import search, sharding
 from vpo.config import ConfigError, model_preset
 from vpo.model import Decoder
 from vpo.tasks import answers as answers_lib
-from vpo.tasks import base, program, prompting
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks import base, make_task
+from vpo.tasks.bound import bind, mutation_text, seq_len_for, task_word_tokenizer
 
 A, SYM = 6, 10
+SYMBOLS = tuple(f"s{i}" for i in range(SYM))
 
 
-class MatchProblems(NamedTuple):
-    target: np.ndarray  # int32 [N, A]
+class MatchArrays(NamedTuple):
+    target: np.ndarray  # int32 [N, A] symbol ids
 
 
-def make_match_task():
+def make_match_task() -> base.Task:
     """Guess a hidden string of A symbols; reward a = symbol a is right (known optimum)."""
-    vocab = vocab_lib.make_vocab(vocab_lib.common_tokens(4) + tuple(f"s{i}" for i in range(SYM))
-                                 + ("guess",))
-    s0 = vocab.id("s0")
-    prompts = prompting.prompt_functions(
-        vocab, lambda p: [prompting.fixed([vocab.id("guess")])], statement_len=1, answer_len=A,
-        num_rewards=A, max_answers=4)
-
-    def reward(problem, completion_T, mask_T, num_answers):
-        ans, am, valid = answers_lib.split_answers(completion_T, mask_T, num_answers=num_answers,
-                                                   answer_len=A)
-        ok = jnp.all(((ans >= s0) & (ans < s0 + SYM)) | ~am, axis=-1)
-        valid = answers_lib.first_occurrence(ans, am, valid & ok & (am.sum(-1) == A))
-        hit = (ans == jnp.asarray(problem.target)[None, :]) & valid[:, None]
-        return hit.astype(jnp.float32), valid
 
     def make_problems(seed, num):
         rng = np.random.default_rng(seed)
-        return MatchProblems((s0 + rng.integers(0, SYM, (num, A))).astype(np.int32))
+        return [{"target": [int(s) for s in rng.integers(0, SYM, A)]} for _ in range(num)]
+
+    def arrays(records):
+        return MatchArrays(np.asarray([r["target"] for r in records], np.int32).reshape(-1, A))
+
+    def symbol_reward(problem, symbols_A, mask_A):
+        return ((symbols_A == jnp.asarray(problem.target)) & mask_A).astype(jnp.float32)
+
+    def hits(record, words):
+        return [float(i < len(words) and words[i] == SYMBOLS[t])
+                for i, t in enumerate(record["target"])]
+
+    def score(records, answers):
+        return base.score_symbol_answers(records, answers, SYMBOLS, A, A, hits)
+
+    def demonstrations(record, rng, num_answers):
+        return [" ".join(SYMBOLS[(t + j) % SYM] for t in record["target"])
+                for j in range(num_answers)]
 
     return base.Task(
-        name="match", vocab=vocab, reward_names=tuple(f"pos{i}" for i in range(A)),
-        eval_weights_R=np.full((A,), 1.0 / A), answer_len=A, make_problems=make_problems,
-        reward=reward, solved=lambda r: jnp.all(r >= 1.0), demonstrations=lambda *a: [],
-        max_answers=4, **prompts._asdict())
+        name="match", reward_names=tuple(f"pos{i}" for i in range(A)),
+        eval_weights_R=np.full((A,), 1.0 / A), make_problems=make_problems,
+        statement=lambda r: "Guess the hidden string.", answer_hint="a guess: six symbols",
+        score=score, solved=lambda r: jnp.all(r >= 1.0), demonstrations=demonstrations,
+        symbols=SYMBOLS, answer_len=A, arrays=arrays, symbol_reward=symbol_reward,
+        max_answers=4)
 
 
-TASK = make_match_task()
-S0 = TASK.vocab.id("s0")
+MATCH = make_match_task()
+TASK = bind(MATCH, task_word_tokenizer(MATCH))
+
+
+def match_problems(seed, num, num_answers):
+    return search.search_problems(TASK, TASK.make_problems(seed, num), num_answers)
 
 
 def edit_propose(model, key, problem, parents_BKA, pmask_BKA, prew_BKR, fresh_B, *, task, cfg):
-    """Policy stand-in: a random string where fresh, else one random point edit of a parent."""
+    """Policy stand-in (symbol ids): a random string where fresh, else one random point edit of
+    a parent."""
     B, K, _ = parents_BKA.shape
     M = cfg.num_answers
     k_sym, k_par, k_pos = jax.random.split(key, 3)
-    rand_BMA = S0 + jax.random.randint(k_sym, (B, M, A), 0, SYM)
+    rand_BMA = jax.random.randint(k_sym, (B, M, A), 0, SYM)
     logits_BMK = jnp.broadcast_to(jnp.where(jnp.any(pmask_BKA, -1), 0.0, -jnp.inf)[:, None, :],
                                   (B, M, K))
     pick_BM = jax.random.categorical(k_par, logits_BMK)
@@ -74,7 +89,7 @@ def edit_propose(model, key, problem, parents_BKA, pmask_BKA, prew_BKR, fresh_B,
 
 
 def pop_of(rows, fitness, ids=None):
-    """Hand-made population [X] of A-token answers (None = empty slot)."""
+    """Hand-made population [X] of A-symbol answers (None = empty slot)."""
     X = len(rows)
     tok = np.zeros((X, A), np.int32)
     valid = np.array([r is not None for r in rows])
@@ -83,7 +98,7 @@ def pop_of(rows, fitness, ids=None):
             tok[i] = r
     f = np.where(valid, np.asarray(fitness, np.float32), -np.inf).astype(np.float32)
     ids = np.arange(X) if ids is None else np.asarray(ids)
-    return ops.Population(jnp.asarray(tok), jnp.asarray(valid[:, None] & (tok > 0)),
+    return ops.Population(jnp.asarray(tok), jnp.asarray(np.repeat(valid[:, None], A, 1)),
                           jnp.asarray(np.repeat(f[:, None], 2, 1).clip(0)), jnp.asarray(f),
                           jnp.asarray(valid), jnp.zeros(X, jnp.int32),
                           jnp.asarray(np.where(valid, ids, -1), jnp.int32))
@@ -120,6 +135,15 @@ def test_elitist_replacement_and_dedup():
     full = pop_of([row(5), row(6), row(7), row(4)], [0.5, 0.9, 0.3, 0.3])
     same = ops.replace_elitist(full, pop_of([row(9)], [0.3], ids=[20]))
     assert np.asarray(same.id_IQ).tolist() == [1, 0, 2, 3]
+    # symbol id 0 is an ordinary symbol: answers differing only in a 0 are distinct, and the
+    # same symbols under a shorter mask are a different (shorter) answer
+    zeros = pop_of([row(0), [0] * (A - 1) + [1]], [0.5, 0.4])
+    assert np.asarray(ops.first_unique(zeros.tokens_IQA, zeros.mask_IQA,
+                                       zeros.valid_IQ)).tolist() == [True, True]
+    short = zeros._replace(tokens_IQA=zeros.tokens_IQA.at[1].set(0),
+                           mask_IQA=zeros.mask_IQA.at[1, -1].set(False))
+    assert np.asarray(ops.first_unique(short.tokens_IQA, short.mask_IQA,
+                                       short.valid_IQ)).tolist() == [True, True]
 
 
 def test_selection_prefers_fitness_and_skips_empty_slots():
@@ -171,20 +195,22 @@ CFG = search.SearchConfig(islands=4, members=8, parents=2, children=8, generatio
 
 @pytest.fixture(scope="module")
 def match_runs():
-    problems = TASK.make_problems(0, 4)
+    problems = match_problems(0, 4, CFG.num_answers)
     key = jax.random.key(0)
-    return {m: search.run_method(m, None, TASK, problems, CFG, key, propose=edit_propose)
-            for m in search.METHODS}
+    return problems, {m: search.run_method(m, None, TASK, problems, CFG, key,
+                                           propose=edit_propose)
+                      for m in search.METHODS}
 
 
 def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
+    problems, runs = match_runs
     want = [CFG.islands * (CFG.members + g * CFG.children) for g in range(CFG.generations + 1)]
-    for method, (state, trace) in match_runs.items():
+    for method, (state, trace) in runs.items():
         assert np.asarray(trace.evaluated).tolist() == [want] * 4, method
         assert np.asarray(state.evaluated).tolist() == [CFG.budget] * 4
         best = np.asarray(trace.best_fitness)
         assert np.all(np.diff(best, axis=-1) >= 0), method  # best-so-far never drops
-    state, _ = match_runs["search"]
+    state, _ = runs["search"]
     pop = state.population
     np.testing.assert_array_equal(np.asarray(pop.fitness_IQ).max(axis=(1, 2)),
                                   np.asarray(state.best_fitness))  # elitism keeps the best
@@ -194,10 +220,20 @@ def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
         for i in range(CFG.islands):
             keys = {tuple(t) for t in np.asarray(pop.tokens_IQA[n, i])}
             assert len(keys) == CFG.members
+    # members are symbol ids whose in-graph rewards equal the task's host scorer on their text
+    tok, msk = np.asarray(pop.tokens_IQA[0]), np.asarray(pop.mask_IQA[0])
+    assert np.all((tok >= 0) & (tok < SYM)) and msk.all()
+    records = TASK.make_problems(0, 4)
+    texts = [[TASK.symbols_text(t, m)] for t, m in zip(tok.reshape(-1, A), msk.reshape(-1, A),
+                                                         strict=True)]
+    host, valid = MATCH.score([records[0]] * len(texts), texts)
+    assert valid.all()
+    np.testing.assert_array_equal(host[:, 0], np.asarray(pop.rewards_IQR[0]).reshape(-1, A))
 
 
 def test_search_beats_best_of_n_at_equal_budget(match_runs):
-    s, b = match_runs["search"][1], match_runs["best_of_n"][1]
+    _, runs = match_runs
+    s, b = runs["search"][1], runs["best_of_n"][1]
     assert np.asarray(s.solved)[:, -1].sum() > np.asarray(b.solved)[:, -1].sum()
     assert np.asarray(s.best_fitness)[:, -1].mean() > np.asarray(b.best_fitness)[:, -1].mean()
     assert np.all(np.asarray(s.diversity) >= 0)
@@ -206,7 +242,7 @@ def test_search_beats_best_of_n_at_equal_budget(match_runs):
 def test_islands_sharded_on_8_devices_match_single_device():
     cfg = search.SearchConfig(islands=8, members=4, parents=2, children=4, generations=3,
                               migration_interval=1, num_answers=2)
-    problems = TASK.make_problems(1, 2)
+    problems = match_problems(1, 2, cfg.num_answers)
     mesh = sharding.make_mesh()
     key = jax.random.key(3)
     one = search.run_method("search", None, TASK, problems, cfg, key, propose=edit_propose)
@@ -222,13 +258,86 @@ def test_islands_sharded_on_8_devices_match_single_device():
                           propose=edit_propose, mesh=mesh)
 
 
-def test_lm_end_to_end_on_program_task(tmp_path):
-    task = program.make_program_task("easy")
-    model = Decoder(model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=96),
-                    rngs=nnx.Rngs(0))
+def test_host_scored_task_is_refused():
+    task = make_task("arithmetic")
+    task = bind(task, task_word_tokenizer(task))
+    with pytest.raises(ValueError, match="scores on the host"):
+        search.run_method("search", None, task, {}, CFG, jax.random.key(0), propose=edit_propose)
+    with pytest.raises(ValueError, match="scores on the host"):
+        search.search_problems(task, task.make_problems(0, 2), 2)
+
+
+@pytest.fixture(scope="module")
+def program_task():
+    task = make_task("program", difficulty="easy")
+    return bind(task, task_word_tokenizer(task))
+
+
+def _words(text):
+    """The words of a text as the word-level tokenizer splits it (answer tags first)."""
+    tags = "(" + "|".join(re.escape(t) for t in answers_lib.tag_strings()) + ")"
+    return [w for piece in re.split(tags, text) for w in piece.split()]
+
+
+def _pad_is_first_word(bound):
+    """The same words without BOS, the pad id an ordinary word: the first word of every prompt
+    (so no mask can be recovered from token values)."""
+    tok = bound.tokenizer
+    first = tok.encode(bound.task.statement(bound.make_problems(0, 1)[0]))[0]
+    return bind(bound.task, dataclasses.replace(tok, add_bos=False, bos_id=None, pad_id=first))
+
+
+@pytest.mark.parametrize("pad", ["<pad>", "first word"])
+def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
+    task = program_task if pad == "<pad>" else _pad_is_first_word(program_task)
+    tok = task.tokenizer
+    m, K = 2, 3
+    cfg = search.SearchConfig(members=6, parents=K, children=6, num_answers=m)
+    records = task.make_problems(5, 1)
+    problems = search.search_problems(task, records, m)
+    problem = jax.tree.map(lambda x: jnp.asarray(x[0]), problems)
+    rng = np.random.default_rng(0)
+    demos = task.task.demonstrations(records[0], rng, 3)
+    # row 0 fresh (its parents are ignored); row 1 three parents; row 2 the middle slot absent
+    # (a repeated pick); row 3 only the last slot; row 4 no parent at all but not fresh
+    slots = [demos, demos[::-1], [demos[0], None, demos[2]], [None, None, demos[1]],
+             [None] * K]
+    fresh_B = np.array([True, False, False, False, False])
+    sym_BKA, mask_BKA = task.parent_symbols([[d or "" for d in s] for s in slots], K)
+    rew_BKR = (rng.integers(0, 11, (len(slots), K, task.num_rewards)) / 10
+               + rng.uniform(-0.03, 0.03, (len(slots), K, task.num_rewards))).astype(np.float32)
+    rew_BKR[1, :2] = np.arange(0.05, 1.0, 0.1).reshape(2, 5)  # half-way tenths, as float32
+    build = jax.jit(functools.partial(search.lm_prompts, task, cfg))
+    prompts_BP, mask_BP = (np.asarray(x) for x in build(problem, sym_BKA, mask_BKA, rew_BKR,
+                                                        fresh_B))
+    P = search.prompt_len(task, problems, cfg, K)
+    assert prompts_BP.shape == mask_BP.shape == (len(slots), P)
+    for b, row_slots in enumerate(slots):
+        n = int(mask_BP[b].sum())
+        assert mask_BP[b].tolist() == [False] * (P - n) + [True] * n, b  # left-padded
+        assert np.all(prompts_BP[b][~mask_BP[b]] == tok.pad_id), b
+        ids = prompts_BP[b][mask_BP[b]].tolist()
+        if fresh_B[b]:
+            assert ids == task.prompt_ids(records[0], m)
+            assert ids == problems["prompt_P"][0][problems["prompt_mask_P"][0]].tolist()
+            continue
+        parents = [(d, rew_BKR[b, k].tolist()) for k, d in enumerate(row_slots) if d]
+        text = mutation_text(task.task, records[0], parents, m)
+        assert tok.decode(ids).split() == _words(text), b
+        assert ids == tok.prompt_ids(text), b
+        for k, (d, _) in enumerate(parents, 1):  # present parents are numbered 1, 2, ...
+            assert f"Answer {k}: {d} | scores:" in text
+
+
+def test_lm_end_to_end_on_program_task(program_task, tmp_path):
+    task = program_task
     cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
                               migration_interval=1, num_answers=2, temperature=1.0)
-    problems = task.make_problems(0, 2)
+    records = task.make_problems(0, 2)
+    problems = search.search_problems(task, records, cfg.num_answers)
+    need = seq_len_for(task, records, cfg.num_answers, num_parents=cfg.parents)
+    model = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need),
+                    rngs=nnx.Rngs(0))
     key = jax.random.key(0)
     traces = {}
     for method in search.METHODS:
@@ -242,27 +351,34 @@ def test_lm_end_to_end_on_program_task(tmp_path):
     assert pop.tokens_IQA.shape == (2, 2, task.answer_len) and int(state.evaluated) == 12
     f, v = np.asarray(pop.fitness_IQ), np.asarray(pop.valid_IQ)
     assert np.all(np.where(v, (f >= 0) & (f <= 1), np.isneginf(f)))
+    tok, msk = np.asarray(pop.tokens_IQA), np.asarray(pop.mask_IQA)
+    assert np.all((tok >= 0) & (tok < len(task.task.symbols)))
+    for i, q in zip(*np.nonzero(v), strict=True):  # valid members: host score of their text
+        host, ok = task.task.score([records[0]], [[task.symbols_text(tok[i, q], msk[i, q])]])
+        assert ok[0, 0]
+        np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_IQR[i, q]))
     json_path, png = search.write_report(str(tmp_path), traces)
     with open(json_path) as fh:
         summary = json.load(fh)
     assert summary["search"]["evaluated"] == [4, 8, 12]
     assert png == str(tmp_path / "search_solved.png") and (tmp_path / "search_solved.png").exists()
     with pytest.raises(ConfigError, match="max_seq_len"):
-        small = Decoder(model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=32),
-                        rngs=nnx.Rngs(0))
+        small = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size,
+                                     max_seq_len=need - 1), rngs=nnx.Rngs(0))
         search.run_method("search", small, task, problems, cfg, key)
 
 
 @pytest.mark.slow
-def test_run_sft_mixes_mutation_demonstrations_by_default():
+def test_run_sft_mixes_mutation_demonstrations_by_default(program_task):
     """Default SFT trains on plain + mutation-prompt demonstrations (mutation_fraction=0.5)
     without the too-short-model fallback warning; a bad fraction names the field."""
     import warnings
 
     from vpo.sft import run_sft
 
-    task = program.make_program_task("easy")
-    cfg = model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=96)
+    task = program_task
+    need = seq_len_for(task, task.make_problems(0, 1), 2, num_parents=2)
+    cfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need)
     with pytest.raises(ValueError, match="mutation_fraction"):
         run_sft(task, cfg, 1, mutation_fraction=1.5)
     with warnings.catch_warnings():

@@ -1,111 +1,101 @@
-"""The Task contract, checked for every task: prompts, rewards, demos, mutation prompts."""
+"""The text Task contract through `bind(task, tokenizer)`, for every task x tokenizer (the task's
+word-level tokenizer and the byte-level BPE of tests/fixtures/hf/qwen2_bpe): prompts round trip
+through the chat template, demonstrations fit the budget and score, the in-graph reward equals
+the host scorer exactly on demonstrations, random tokens and adversarial text, and in-graph
+mutation prompts decode to `mutation_text`."""
+
+import json
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vpo.tasks import arithmetic, bandit, base, maze, program
-from vpo.tasks import vocab as vocab_lib
+from vpo.tasks import answers, base, make_task
+from vpo.tasks.bound import (
+    answer_instruction,
+    bind,
+    mutation_text,
+    prompt_text,
+    task_word_tokenizer,
+)
+from vpo.tokenizer import load_tokenizer
 
-FACTORIES = {
-    "maze": maze.make_maze_task,
-    "program": program.make_program_task,
-    "bandit": bandit.make_bandit_task,
-    "arithmetic": arithmetic.make_arithmetic_task,
-}
-M = 3
-
-
-@pytest.fixture(scope="module", params=list(FACTORIES))
-def task(request):
-    return FACTORIES[request.param]()
+BPE = pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_bpe"
+TASKS = ("maze", "program", "bandit", "arithmetic")
+M = 3  # answers per generation
+K = 3  # parents in a mutation prompt
+UNK = 3  # the word-level tokenizer's <unk>
+TAGS = re.compile("(" + "|".join(re.escape(t) for t in answers.tag_strings()) + ")")
 
 
 @pytest.fixture(scope="module")
-def problems(task):
-    return task.make_problems(7, 4)
+def bpe_tokenizer():
+    return load_tokenizer(BPE)
 
 
-def _completions(task, problems, num_answers, seed=0):
-    """Demonstration completions of every problem, padded to T = completion_len."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(len(problems[0])):
-        demo = task.demonstrations(base.index_problem(problems, i), rng, num_answers)
-        assert demo[-1] == vocab_lib.EOS
-        rows.append(base.encode_completion(task.vocab, demo, task.completion_len(num_answers)))
-    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+@pytest.fixture(scope="module", params=TASKS)
+def task(request):
+    return make_task(request.param)
 
 
-def _rewards(task, problems, tokens, mask, num_answers):
-    if task.is_host:
-        out = [task.host_reward(base.index_problem(problems, i),
-                                task.vocab.decode(tokens[i][mask[i]]), num_answers)
-               for i in range(len(tokens))]
-        return np.stack([o[0] for o in out]), np.stack([o[1] for o in out])
-    fn = jax.jit(jax.vmap(task.reward, in_axes=(0, 0, 0, None)), static_argnums=3)
-    r, m = fn(problems, tokens, mask, num_answers)
-    return np.asarray(r), np.asarray(m)
+@pytest.fixture(scope="module", params=("word", "bpe"))
+def bound(request, task, bpe_tokenizer):
+    tok = task_word_tokenizer(task) if request.param == "word" else bpe_tokenizer
+    return bind(task, tok)
 
 
-def test_make_problems_is_deterministic_with_leading_n(task):
-    a, b, c = task.make_problems(3, 5), task.make_problems(3, 5), task.make_problems(4, 5)
-    for x, y in zip(a, b, strict=True):
-        assert x.shape[0] == 5 and isinstance(x, np.ndarray)
-        np.testing.assert_array_equal(x, y)
-    if task.name != "bandit":  # the bandit has one fixed prompt
-        assert any(not np.array_equal(x, z) for x, z in zip(a, c, strict=True))
+@pytest.fixture(scope="module")
+def records(bound):
+    return bound.make_problems(7, 3)
 
 
-def test_prompt_layout(task, problems):
-    prompts = jax.jit(jax.vmap(task.prompt_tokens, in_axes=(0, None)), static_argnums=1)(
-        problems, M)
-    assert prompts.shape == (4, task.prompt_len) and prompts.dtype == jnp.int32
-    for row in np.asarray(prompts):
-        body = row[row != vocab_lib.PAD]
-        assert body[0] == vocab_lib.BOS and np.all(row[: len(row) - len(body)] == vocab_lib.PAD)
-        assert task.vocab.tokens[body[-1]] == vocab_lib.answer_count_token(M)
+def _is_bpe(bound) -> bool:
+    return bound.tokenizer.chat_template is not None
+
+
+def _word_split(text: str) -> list[str]:
+    """Text as the word-level tokenizer splits it: answer tags first, then whitespace."""
+    return [w for piece in TAGS.split(text)
+            for w in ([piece] if TAGS.fullmatch(piece) else piece.split())]
+
+
+# -- problems and prompts ----------------------------------------------------------------------
+
+def test_make_problems_are_deterministic_json_records(task):
+    a, b = task.make_problems(3, 4), task.make_problems(3, 4)
+    assert a == b and len(a) == 4
+    assert json.loads(json.dumps(a)) == a
+    if task.name != "bandit":  # the bandit has one fixed statement
+        assert task.make_problems(4, 4) != a
+    for r in a:
+        s = task.statement(r)
+        assert s == s.strip() and s
+
+
+def test_prompts_round_trip(bound, records):
+    tok = bound.tokenizer
+    for m in (1, M):
+        prompts, mask = bound.prompt_arrays(records, m)
+        assert prompts.dtype == np.int32 and prompts.shape == mask.shape
+        for r, row, keep in zip(records, prompts, mask, strict=True):
+            ids = bound.prompt_ids(r, m)
+            assert keep.sum() == len(ids) and np.all(keep[-len(ids):])  # left-padded
+            assert row[keep].tolist() == ids and np.all(row[~keep] == tok.pad_id)
+            text = prompt_text(bound.task, r, m)
+            assert answer_instruction(bound.task, m) in text
+            if _is_bpe(bound):
+                assert tok.decode(ids, skip_special_tokens=False) == tok.prompt_text(text)
+                assert ids == tok.encode(tok.prompt_text(text))
+            else:
+                assert ids[0] == tok.bos_id and UNK not in ids
+                assert [tok.backend.id_to_token(i) for i in ids[1:]] == _word_split(text)
     with pytest.raises(ValueError, match="num_answers"):
-        task.prompt_tokens(base.index_problem(problems, 0), task.max_answers + 1)
-
-
-@pytest.mark.parametrize("num_answers", [1, M])
-def test_demonstrations_are_valid_scoring_and_diverse(task, problems, num_answers):
-    tokens, mask = _completions(task, problems, num_answers)
-    rewards_NMR, valid_NM = _rewards(task, problems, tokens, mask, num_answers)
-    assert rewards_NMR.shape == (4, num_answers, task.num_rewards)
-    assert valid_NM.all(), "every demonstrated answer must parse and be distinct"
-    assert np.all(rewards_NMR @ task.eval_weights_R > 0)
-    assert np.all((rewards_NMR >= 0) & (rewards_NMR <= 1))
-
-
-def test_invalid_completion_scores_zero(task, problems):
-    T = task.completion_len(M)
-    tokens = np.full((4, T), vocab_lib.SEP, np.int32)  # only empty answers
-    rewards_NMR, valid_NM = _rewards(task, problems, tokens, np.ones((4, T), bool), M)
-    assert not valid_NM.any() and np.all(rewards_NMR == 0)
-
-
-def test_mutation_prompt_has_static_length_and_shows_parents(task, problems):
-    Q, A, R = 2, task.answer_len, task.num_rewards
-    demo = task.demonstrations(base.index_problem(problems, 0), np.random.default_rng(0), 1)
-    answer = demo[:-1]
-    parents_QA = np.zeros((Q, A), np.int32)
-    parents_QA[0, :len(answer)] = answer
-    pmask_QA = parents_QA != 0
-    rewards_QR = np.zeros((Q, R), np.float32)
-    rewards_QR[0] = 0.5
-    fn = jax.jit(jax.vmap(task.mutation_prompt, in_axes=(0, None, None, None, None)),
-                 static_argnums=4)
-    out = np.asarray(fn(problems, parents_QA, pmask_QA, rewards_QR, M))
-    assert out.shape == (4, task.mutation_prompt_len(Q))
-    words = task.vocab.decode(out[0]).split()
-    assert words.count(vocab_lib.PARENT) == 1  # the empty second parent is left out
-    shown = " ".join(task.vocab.tokens[i] for i in answer)
-    scores = " ".join(["q5"] * R)
-    assert f"{vocab_lib.PARENT} {shown} {vocab_lib.SCORE} {scores}" in " ".join(words)
-    assert words[-1] == vocab_lib.answer_count_token(M) and vocab_lib.EVOLVE in words
+        bound.prompt_arrays(records, bound.task.max_answers + 1)
+    with pytest.raises(ValueError, match="prompt 0 has"):
+        bound.prompt_arrays(records, M, length=3)
 
 
 def test_solved_is_a_jittable_predicate(task):
@@ -113,55 +103,295 @@ def test_solved_is_a_jittable_predicate(task):
     assert bool(jax.jit(task.solved)(ones)) and not bool(jax.jit(task.solved)(0 * ones))
 
 
-def test_completion_len_and_contract_validation(task):
-    assert task.completion_len(M) == M * (task.answer_len + 1)
+def test_contract_validation(task):
     fields = {f: getattr(task, f) for f in task.__dataclass_fields__}
     with pytest.raises(ValueError, match="eval_weights_R"):
         base.Task(**{**fields, "eval_weights_R": np.ones(task.num_rewards + 1)})
-    with pytest.raises(ValueError, match="exactly one"):
-        base.Task(**{**fields, "reward": None, "host_reward": None})
+    with pytest.raises(ValueError, match="max_answers"):
+        base.Task(**{**fields, "max_answers": 10})
+    if not task.is_host:
+        with pytest.raises(ValueError, match="in-graph scoring"):
+            base.Task(**{**fields, "symbol_reward": None})
+        with pytest.raises(ValueError, match="symbols"):
+            base.Task(**{**fields, "symbols": (*task.symbols, task.symbols[0])})
+    with pytest.raises(ValueError, match="num_answers"):
+        task.check_num_answers(0)
 
 
-def test_mutation_demonstrations_show_real_scores_and_children_beat_parents(task):
-    """Decode the SFT mutation demonstrations back from tokens and re-score every shown parent
-    and every child on its own with the task's reward: the prompt's score tokens are the
-    parent's real rewards (tenths), and each child beats each parent on w*ᵀr."""
-    from vpo.sft import mutation_demonstration_set
+# -- completions: demonstrations, random tokens, adversarial text -----------------------------
 
-    if task.mutation_demonstrations is None:
-        with pytest.raises(ValueError, match="mutation_fraction=0"):
-            mutation_demonstration_set(task, 2, 2, 2, 0)
+def _adversarial(task, demos: list[str]) -> list[tuple[str, list, bool | None, list | None]]:
+    """(name, pieces, bpe_only, expected valid_M) from one problem's 3 demonstrated answers.
+    `pieces`: texts encoded one by one and concatenated (so tags can be split over tokens), or
+    the int "STOP" marker. Expectations are None where they depend on the task."""
+    a1, a2, a3 = demos
+    symbol = not task.is_host
+    w1 = a1.split()
+    foreign = "Give"  # a word of every prompt (in the word vocabulary), never a symbol
+    fmt = answers.format_answers
+    full = fmt([a1, a2, a3])
+    return [
+        ("well formed", [full], False, [True, True, True]),
+        ("truncated", [full[:full.rindex("</answer 3>")]], False, [True, True, False]),
+        ("close tag cut", [full[:-2]], True, [True, True, False]),
+        ("empty", [f"<answer 1> </answer 1>\n<answer 2> {a2} </answer 2><answer 3></answer 3>"],
+         False, [False, True, False]),
+        ("duplicate", [fmt([a1, a1.replace(" ", "  "), a2])], False, [True, False, True]),
+        ("out of order", [f"<answer 2> {a2} </answer 2>\n<answer 3> {a3} </answer 3>\n"
+                          f"<answer 1> {a1} </answer 1>"], False, [True, True, True]),
+        ("text outside", [f"Give different answers, each <answer 1> {a1} </answer 1> to "
+                          f"<answer 2> {a2} </answer 2> ... <answer 3> {a3} </answer 3> "
+                          "each"], False, [True, True, True]),
+        ("stray <", [fmt([f"{w1[0]} < {' '.join(w1[1:])}", a2, a3])], True,
+         [False, True, True] if symbol else None),
+        ("glued <", [fmt([a1 + "<", a2 + ">", a3])], True,
+         [False, False, True] if symbol else None),
+        ("too many words", [fmt([" ".join([w1[0]] * (task.answer_len + 1)), a2, a3])], False,
+         [False, True, True]),
+        ("wrong case", [fmt([a1.swapcase(), a2.lower(), a3.upper()])], True, None),
+        ("foreign word", [fmt([f"{a1} {foreign}", a2, f"{foreign} {a3}"])], False,
+         [False, True, False] if symbol else None),
+        ("nested", [f"<answer 1> {a1} <answer 2> {a2} </answer 2> </answer 1>\n"
+                    f"<answer 3> {a3} </answer 3>"], False,
+         [False, True, True] if symbol else None),
+        ("foreign close inside", [f"<answer 1> {a1} </answer 3> </answer 1>"], False,
+         [False, False, False] if symbol else None),
+        ("split tags", ["<", "ans", "wer", " 1", ">", f" {a1} ", "</", "answer 1", ">\n<answer",
+                        " 2> ", a2, " </answer 2", ">\n<answ", "er 3> ", a3[:1], a3[1:],
+                        " </answer 3>"], True, [True, True, True]),
+        ("after stop", [fmt([a1]), "STOP", f"\n<answer 2> {a2} </answer 2>\n<answer 3> {a3} "
+                        "</answer 3>"], False, [True, False, False]),
+        ("after second stop", [fmt([a1, a2]), "STOP2", "\n<answer 3> " + a3 + " </answer 3>"],
+         False, [True, True, False]),
+        ("whitespace", [f"<answer 1>\t{a1.replace(' ', chr(10) + chr(9))}\n</answer 1>\n\n"
+                        f"<answer 2>   {a2.replace(' ', '   ')}   </answer 2>\r\n"
+                        f"<answer 3>\n{a3}\n</answer 3>"], False, [True, True, True]),
+        ("glued tags", [f"<answer 1>{a1}</answer 1><answer 2>{a2}</answer 2>"
+                        f"<answer 3>{a3}</answer 3>"], True, [True, True, True]),
+        ("non-ascii", [f"<answer 1> {a1} é </answer 1> 日本語 🙂 <answer 2> {a2} </answer 2>"],
+         True, [False, True, False] if symbol else None),
+        ("extra answers", [fmt([a1, a2, a3, a1])], False, [True, True, True]),
+        ("only close tags", ["</answer 1> </answer 2> </answer 3> " + a1], False,
+         [False, False, False]),
+        ("nothing", [""], False, [False, False, False]),
+    ]
+
+
+def _encode_pieces(bound, pieces) -> list[int]:
+    tok = bound.tokenizer
+    ids: list[int] = []
+    for p in pieces:
+        if p == "STOP":
+            ids.append(tok.stop_ids[0])
+        elif p == "STOP2":
+            ids.append(tok.stop_ids[-1])
+        else:
+            ids += tok.encode(p)
+    return ids
+
+
+def _stop_mask(ids, T, stop_ids) -> np.ndarray:
+    """The sampler's mask: True up to and including the first stop id."""
+    ends = [i for i, t in enumerate(ids) if t in stop_ids]
+    n = ends[0] + 1 if ends else len(ids)
+    return np.arange(T) < min(n, T)
+
+
+@pytest.fixture(scope="module")
+def graded(bound, records):
+    """Every completion row for one (task, tokenizer), scored by the host and (in-graph tasks)
+    by the jitted, vmapped in-graph reward, compiled once."""
+    tok, task = bound.tokenizer, bound.task
+    rng = np.random.default_rng(0)
+    rows = []  # (kind, problem index, ids, mask or None, expected valid_M or None, source text)
+    demo_ids = []
+    for i, r in enumerate(records):
+        for m in (1, M):
+            ids = bound.demonstration_ids(r, np.random.default_rng(i), m)
+            rows.append(("demo", i, ids, None, [True] * m + [False] * (M - m), None))
+            demo_ids.append(ids)
+        demos = task.demonstrations(r, np.random.default_rng(100 + i), M)
+        for name, pieces, bpe_only, expect in _adversarial(task, demos):
+            ids = _encode_pieces(bound, pieces)
+            exact = _is_bpe(bound) or not bpe_only  # the word vocabulary lacks some pieces
+            stop = any(p in ("STOP", "STOP2") for p in pieces)
+            rows.append((name, i, ids, None, expect if exact else None,
+                         "".join(pieces) if exact and not stop else None))
+        full = bound.answers_ids(demos)
+        for n in rng.integers(0, len(full) + 1, size=6):  # cut by the mask
+            rows.append(("mask cut", i, full, np.arange(len(full)) < n, None, None))
+    pool = sorted({t for ids in demo_ids for t in ids} | set(tok.stop_ids) | {tok.pad_id})
+    for n in range(120):  # random tokens: uniform, from the demonstrations' tokens, edited demos
+        i = n % len(records)
+        L = int(rng.integers(0, bound.completion_len(M) + 1))
+        if n % 3 == 0:
+            ids = rng.integers(0, tok.size, size=L).tolist()
+        elif n % 3 == 1:
+            ids = rng.choice(pool, size=L).tolist()
+        else:
+            ids = list(demo_ids[int(rng.integers(len(demo_ids)))])
+            for _ in range(int(rng.integers(1, 4))):
+                j = int(rng.integers(len(ids)))
+                kind = int(rng.integers(3))
+                if kind == 0:
+                    ids[j] = int(rng.choice(pool))
+                elif kind == 1:
+                    del ids[j]
+                else:
+                    ids.insert(j, int(rng.choice(pool)))
+        mask = np.arange(len(ids)) < int(rng.integers(0, len(ids) + 1)) if n % 2 else None
+        rows.append(("random", i, ids, mask, None, None))
+
+    T = max(len(r[2]) for r in rows)
+    tokens = np.full((len(rows), T), tok.pad_id, np.int32)
+    mask = np.zeros((len(rows), T), bool)
+    for j, (_, _, ids, mk, _, _) in enumerate(rows):
+        tokens[j, :len(ids)] = ids
+        mask[j] = (_stop_mask(ids, T, tok.stop_ids) if mk is None
+                   else np.arange(T) < int(np.sum(mk)))
+    row_records = [records[r[1]] for r in rows]
+    host = bound.host_score(row_records, tokens, mask, M)
+    graph = None
+    if not task.is_host:
+        fn = jax.jit(jax.vmap(lambda p, t, mk: bound.reward(p, t, mk, M)))
+        problems = jax.tree.map(np.asarray, task.arrays(row_records))
+        graph = tuple(np.asarray(x) for x in fn(problems, tokens, mask))
+    return dict(rows=rows, tokens=tokens, mask=mask, records=row_records, host=host, graph=graph)
+
+
+def test_demonstrations_fit_end_with_stop_and_score(bound, records, graded):
+    tok, task = bound.tokenizer, bound.task
+    for i, r in enumerate(records):
+        for m in (1, M):
+            ids = bound.demonstration_ids(r, np.random.default_rng(i), m)
+            assert len(ids) <= bound.completion_len(m), (m, len(ids))
+            assert ids[-1] == tok.eos_id == tok.stop_ids[0]
+            assert not set(ids[:-1]) & set(tok.stop_ids)
+            if not _is_bpe(bound):
+                assert UNK not in ids
+    rewards, valid = graded["host"]
+    for j, row in enumerate(graded["rows"]):
+        if row[0] == "demo":
+            np.testing.assert_array_equal(valid[j], row[4])
+            n = int(np.sum(row[4]))
+            assert np.all(rewards[j, :n] @ task.eval_weights_R > 0)
+            assert np.all(rewards[j, n:] == 0)
+    assert np.all((rewards >= 0) & (rewards <= 1))
+
+
+def test_in_graph_reward_equals_host_score(bound, graded):
+    if bound.is_host:
+        with pytest.raises(ValueError, match="host"):
+            bound.reward(None, graded["tokens"][0], graded["mask"][0], M)
+        pytest.skip("host-scored task: no in-graph reward")
+    rewards_h, valid_h = graded["host"]
+    rewards_g, valid_g = graded["graph"]
+    assert rewards_g.dtype == np.float32 and valid_g.dtype == bool
+    assert rewards_g.shape == rewards_h.shape == (len(graded["rows"]), M, bound.num_rewards)
+    bad = [(j, graded["rows"][j][0]) for j in range(len(graded["rows"]))
+           if not (np.array_equal(valid_g[j], valid_h[j])
+                   and np.array_equal(rewards_g[j], rewards_h[j]))]
+    assert bad == [], bad[:10]
+    kinds = {row[0] for row, v in zip(graded["rows"], valid_h, strict=True) if v.any()}
+    assert {"demo", "mask cut", "random"} <= kinds  # the random rows are not all trivial
+
+
+def test_adversarial_completions_expected_validity(bound, graded):
+    _, valid = graded["host"]
+    wrong = [(row[0], row[1], valid[j].tolist(), row[4])
+             for j, row in enumerate(graded["rows"])
+             if row[0] not in ("demo", "mask cut", "random") and row[4] is not None
+             and valid[j].tolist() != row[4]]
+    assert wrong == [], wrong
+
+
+def test_host_score_reads_the_text(bound, graded):
+    """BPE is lossless: host_score on the tokens of a text == the task's score of the answers
+    parsed from that text (arithmetic included: the host parse is the only reader)."""
+    if not _is_bpe(bound):
+        texts = bound.completion_texts(graded["tokens"], graded["mask"])
+        for j, row in enumerate(graded["rows"]):
+            if row[5] is not None:
+                assert UNK not in row[2], row[0]
+                assert texts[j].split() == " ".join(_word_split(row[5])).split(), row[0]
         return
-    K, m, n, seed = 2, 2, 6, 5
-    demos, stats = mutation_demonstration_set(task, n, m, K, seed)
-    assert demos["prompt_BP"].shape == (n, task.mutation_prompt_len(K))
-    assert 1 <= stats["mean_parents"] <= K
-    assert stats["kept_fraction"] == 1.0  # so row i is problem i of make_problems(seed, n)
-    problems = task.make_problems(seed, n)
-    score = jax.jit(lambda p, c, mk: task.reward(p, c, mk, 1))
-    T1 = task.completion_len(1)
+    rewards, valid = graded["host"]
+    sources = [(j, row[5]) for j, row in enumerate(graded["rows"]) if row[5] is not None]
+    assert len(sources) > 20
+    for j, text in sources:
+        assert bound.tokenizer.completion_text(graded["tokens"][j][graded["mask"][j]]) == text
+    want_r, want_v = bound.task.score([graded["records"][j] for j, _ in sources],
+                                      [answers.parse_answers(t, M) for _, t in sources])
+    np.testing.assert_array_equal(rewards[[j for j, _ in sources]], want_r)
+    np.testing.assert_array_equal(valid[[j for j, _ in sources]], want_v)
 
-    def fitness(i, words):
-        c, mk = base.encode_completion(task.vocab, task.vocab.encode(words) + [vocab_lib.EOS], T1)
-        r, v = score(base.index_problem(problems, i), c, mk)
-        assert bool(v[0])
-        return np.asarray(r[0]), float(np.asarray(r[0]) @ task.eval_weights_R)
 
-    for i in range(n):
-        p = demos["prompt_BP"][i]
-        words = task.vocab.decode(p[demos["prompt_mask_BP"][i]]).split()
-        assert words[:2] == [task.vocab.tokens[vocab_lib.BOS], vocab_lib.EVOLVE]
-        assert words[-1] == vocab_lib.answer_count_token(m)
-        parents = " ".join(words).split(f" {vocab_lib.PARENT} ")[1:]
-        assert 1 <= len(parents) <= K
-        t = demos["target_BT"][i][demos["target_mask_BT"][i]]
-        children = task.vocab.decode(t).replace(vocab_lib.SPECIAL_TOKENS[vocab_lib.EOS], "")
-        children = [c.split() for c in children.split(vocab_lib.SPECIAL_TOKENS[vocab_lib.SEP])]
-        assert len(children) == m and len({tuple(c) for c in children}) == m
-        worst_child = min(fitness(i, c)[1] for c in children)
-        for par in parents:
-            answer, shown = par.split(f" {vocab_lib.SCORE} ")
-            r_R, f = fitness(i, answer.split())
-            tenths = [int(q[1:]) for q in shown.split()[:task.num_rewards]]
-            assert tenths == np.round(10 * r_R).astype(int).tolist()
-            assert worst_child > f
+# -- mutation prompts ------------------------------------------------------------------------
+
+def test_mutation_prompts_decode_to_mutation_text(bound, records):
+    task, tok = bound.task, bound.tokenizer
+    if task.is_host:
+        with pytest.raises(ValueError, match="symbol task"):
+            bound.mutation_prompt_len(4, K, M)
+        pytest.skip("host-scored task: no in-graph mutation prompt")
+    rng = np.random.default_rng(3)
+    parents = []
+    for i, r in enumerate(records):
+        if task.mutation_demonstrations is not None:
+            ps = task.mutation_demonstrations(r, rng, 2, M)[0]
+        else:
+            ps = task.demonstrations(r, rng, 2)
+        # an invalid parent first (left out: the next one is "Answer 1"), or fewer than K
+        parents.append([f"{ps[0]} Give", *ps] if i == 0 else ps[:K])
+    out = bound.mutation_prompt_arrays(records, parents, M, K)
+    head_len = bound.mutation_heads(records)[0].shape[1]
+    prompts, pmask = out["prompt_BP"], out["prompt_mask_BP"]
+    assert prompts.shape == (len(records), bound.mutation_prompt_len(head_len, K, M))
+    assert out["parent_rewards_BKR"].shape == (len(records), K, bound.num_rewards)
+    assert not out["parent_valid_BK"][0, 0] and out["parent_valid_BK"][0, 1:len(parents[0])].all()
+    for i, r in enumerate(records):
+        keep = pmask[i]
+        n = int(keep.sum())
+        assert np.all(keep[-n:]) and np.all(prompts[i][~keep] == tok.pad_id)
+        shown = []
+        for k, p in enumerate(parents[i][:K]):
+            rew, val = task.score([r], [[p]])
+            assert bool(val[0, 0]) == bool(out["parent_valid_BK"][i, k])
+            np.testing.assert_array_equal(out["parent_rewards_BKR"][i, k], rew[0, 0])
+            if val[0, 0]:
+                shown.append((p, rew[0, 0]))
+        text = mutation_text(task, r, shown, M)
+        ids = prompts[i][keep].tolist()
+        if _is_bpe(bound):
+            assert tok.decode(ids, skip_special_tokens=False) == tok.prompt_text(text)
+        else:
+            assert UNK not in ids and ids == tok.prompt_ids(text)
+
+
+def test_mutation_scores_round_like_mutation_text(bpe_tokenizer):
+    """Half-way tenths (0.35, 0.85 in float32) are written as mutation_text writes them."""
+    bound = bind(make_task("bandit"), bpe_tokenizer)
+    records = bound.make_problems(0, 1)
+    head, hmask = bound.mutation_heads(records)
+    values = np.array([[0.05, 0.35], [0.85, 0.95], [0.25, 0.65], [1.0, 0.0]], np.float32)
+    parents = np.array([[0], [1], [2], [0]], np.int32)
+    fn = jax.jit(lambda r: bound.mutation_prompt(head[0], hmask[0], parents,
+                                                 np.ones((4, 1), bool), r, 1))
+    tokens, mask = (np.asarray(x) for x in fn(values))
+    shown = [(bound.task.symbols[p[0]], v) for p, v in zip(parents, values, strict=True)]
+    want = bpe_tokenizer.prompt_text(mutation_text(bound.task, records[0], shown, 1))
+    assert bpe_tokenizer.decode(tokens[mask], skip_special_tokens=False) == want
+
+
+def test_mutation_demonstrations_improve_on_their_parents(task):
+    if task.mutation_demonstrations is None:
+        pytest.skip("no mutation demonstrations")
+    rng = np.random.default_rng(1)
+    for r in task.make_problems(5, 3):
+        parents, children = task.mutation_demonstrations(r, rng, 2, M)
+        assert 1 <= len(parents) <= 2 and len(children) == M
+        crew, cvalid = task.score([r], [children])
+        assert cvalid.all()
+        prew, pvalid = task.score([r] * len(parents), [[p] for p in parents])
+        assert pvalid.all()
+        assert (crew[0] @ task.eval_weights_R).min() > (prew[:, 0] @ task.eval_weights_R).max()

@@ -1,7 +1,9 @@
-"""RL / SFT trainer: smoke run, learning on the bandit, non-finite guard, host path, mesh, SFT.
+"""RL / SFT trainer: smoke run, learning on the bandit, non-finite guard, host path, mesh, SFT,
+and SFT then RL through a byte-level BPE checkpoint.
 
-All RL tests share one tiny shape (bandit, B=4 prompts, G=8, M=2 answers, T=4, tiny model,
-2 minibatches × 2 micro-batches) so the compiles are reused (and hit the persistent cache).
+All RL tests share one tiny shape (bandit on a 16-token vocabulary, B=4 prompts, G=8, M=2
+answers, T=9, tiny model, 2 minibatches × 2 micro-batches) so the compiles are reused (and hit
+the persistent cache).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -22,26 +25,53 @@ from vpo import rewards as rewards_lib
 from vpo import sft as sft_lib
 from vpo import sharding
 from vpo import train as train_lib
-from vpo.config import SamplerConfig, model_preset
+from vpo.config import ConfigError, SamplerConfig, model_preset
 from vpo.tasks import answers as answers_lib
-from vpo.tasks.bandit import ARM_REWARDS_3R, ARMS, make_bandit_task
+from vpo.tasks import make_task
+from vpo.tasks.bandit import ARMS
+from vpo.tasks.bound import BoundTask, bind, task_word_tokenizer
+from vpo.tokenizer import load_tokenizer, word_tokenizer
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
 M = 2
+BPE_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+
+
+def compact_bandit() -> BoundTask:
+    """The bandit bound to a 16-token word vocabulary in which an answer slot is two tokens,
+    `<answer k>` and `A </answer k>` (an arm with its close tag), so a random policy fills a slot
+    now and then and RL from scratch has a reward to climb. (Through the task's own word-level
+    tokenizer, ~130 tokens, a random policy practically never writes a tagged answer.)"""
+    task = make_task("bandit", max_answers=4)
+    slots = [answers_lib.open_tag(k) for k in (1, 2)]
+    slots += [f"{arm} {answers_lib.close_tag(k)}" for k in (1, 2) for arm in ARMS]
+    return bind(task, word_tokenizer([*ARMS, ";"], added=slots))
+
+
+def bound(name: str, **kw) -> BoundTask:
+    """A built-in task through its built-in word-level tokenizer (the tiny model's)."""
+    task = make_task(name, **kw)
+    return bind(task, task_word_tokenizer(task))
 
 
 @pytest.fixture(scope="module")
 def task():
-    return make_bandit_task(max_answers=4)
+    return compact_bandit()
+
+
+def prompt_len(task, m=M) -> int:
+    return task.prompt_arrays(task.make_problems(0, 64), m)[0].shape[1]
 
 
 def run_config(task, advantage="grpo", steps=3, **train_kw) -> RunConfig:
     tcfg = dict(batch_size=4, num_answers=M, num_problems=64, learning_rate=3e-3, steps=steps,
                 num_minibatches=2, grad_accum=2, checkpoint_every=1000)
     tcfg.update(train_kw)
+    T = task.completion_len(M)
     return RunConfig(
-        model=model_preset("tiny", vocab_size=task.vocab.size, max_seq_len=16),
-        sampler=SamplerConfig(max_new_tokens=task.completion_len(M), num_samples=8),
+        model=model_preset("tiny", vocab_size=task.tokenizer.size,
+                           max_seq_len=prompt_len(task) + T),
+        sampler=SamplerConfig(max_new_tokens=T, num_samples=8),
         objective=ObjectiveConfig(advantage=advantage), train=TrainConfig(**tcfg))
 
 
@@ -49,13 +79,22 @@ def one_device():
     return sharding.make_mesh(devices=jax.devices()[:1])
 
 
-def run_steps(task, run: RunConfig, steps: int, mesh=None, host=False):
-    """(state, list of metrics dicts as numpy) after `steps` RL steps from a fresh state."""
+def run_steps(task, run: RunConfig, steps: int, mesh=None, host=False, init=None):
+    """(state, list of metrics dicts as numpy) after `steps` RL steps from a fresh state (or
+    from the `init` model). host: rewards by `task.host_score` on the text, between two jits."""
     mesh = one_device() if mesh is None else mesh
     tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh, seed=run.train.seed)
-    make = train_lib.make_host_rl_step if host else train_lib.make_rl_step
-    step = make(graphdef, tx, task, train_lib.step_config(run, task))
+    if init is None:
+        graphdef, state, _ = train_lib.init_state(run.model, tx, mesh, seed=run.train.seed)
+    else:
+        graphdef, state, _ = train_lib.state_from_model(init, tx, mesh, seed=run.train.seed,
+                                                        with_ref=run.objective.kl_coef > 0)
+    cfg = train_lib.step_config(run, task)
+    if host:
+        records = task.make_problems(0, 64)  # the pipeline's problem set (seed 0, 64 problems)
+        step = train_lib.make_host_rl_step(graphdef, tx, task, cfg, records)
+    else:
+        step = train_lib.make_rl_step(graphdef, tx, task, cfg)
     it = data_lib.problem_iterator(task, run.train.batch_size, M, num_problems=64)
     history = []
     for _ in range(steps):
@@ -68,8 +107,27 @@ def params_of(state):
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
+def test_compact_bandit_reads_two_token_slots(task):
+    tok = task.tokenizer
+    assert tok.size == 16 and tok.stop_ids == (2,) and tok.pad_id == 0
+    ids = [tok.token_id("<answer 1>"), tok.token_id("C </answer 1>"),
+           tok.token_id("<answer 2>"), tok.token_id("A </answer 2>"), tok.eos_id]
+    assert task.completion_len(M) >= len(ids)
+    T = task.completion_len(M)
+    tokens = np.full((1, T), tok.pad_id, np.int32)
+    tokens[0, :len(ids)] = ids
+    mask = np.arange(T)[None] < len(ids)
+    want_r, want_ok = task.host_score(task.make_problems(0, 1), tokens, mask, M)
+    np.testing.assert_allclose(want_r[0], [[0.6, 0.6], [1.0, 0.0]])
+    assert want_ok.all()
+    problem = jax.tree.map(lambda x: x[0], task.problem_arrays(task.make_problems(0, 1))["task"])
+    r, ok = jax.jit(functools.partial(task.reward, num_answers=M))(problem, tokens[0], mask[0])
+    np.testing.assert_allclose(r, want_r[0])
+    np.testing.assert_array_equal(ok, want_ok[0])
+
+
 def test_smoke_train_writes_metrics(task, tmp_path):
-    # an entropy bonus gives every step a gradient, whatever the (often all-zero) rewards
+    # an entropy bonus gives every step a gradient, whatever the rewards
     run = dataclasses.replace(run_config(task, steps=3, profile_every=2),
                               objective=ObjectiveConfig(entropy_coef=0.01))
     graphdef, state = loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(),
@@ -79,7 +137,8 @@ def test_smoke_train_writes_metrics(task, tmp_path):
     for r in rows:
         for key in ("loss", "reward", "entropy", "skipped_updates", "adv_std", "diversity",
                     "truncation_rate", "answers_per_rollout", "reward/first", "clip_frac_high",
-                    "high_entropy_frac", "kl_cov_frac", "zero_variance_frac", "step_time_s"):
+                    "high_entropy_frac", "kl_cov_frac", "zero_variance_frac", "step_time_s",
+                    "solved_rate"):
             assert np.isfinite(r[key]), key
         assert r["generated_tokens"] == round(r["response_length"] * 4 * 8)  # B·G rollouts
         np.testing.assert_allclose(r["tokens_per_s"], r["generated_tokens"] / r["step_time_s"])
@@ -95,12 +154,18 @@ def test_smoke_train_writes_metrics(task, tmp_path):
     assert os.listdir(tmp_path / "tb")
     assert json.load(open(tmp_path / "config.json"))["objective"]["advantage"] == "grpo"
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]
+    # the tokenizer the run read its task through, beside the run and beside the policy
+    for folder in (tmp_path, tmp_path / "policy"):
+        tok = load_tokenizer(folder)
+        assert tok.backend.get_vocab() == task.tokenizer.backend.get_vocab()
+        assert (tok.stop_ids, tok.pad_id) == (task.tokenizer.stop_ids, task.tokenizer.pad_id)
+    assert json.load(open(tmp_path / "policy" / "policy.json"))["steps"] == 3
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "vpo"])
 def test_bandit_reward_improves(task, advantage):
-    """From a random init most answers are invalid tokens (reward 0); both objectives learn to
-    emit valid arms within a few dozen steps."""
+    """From a random init few generations hold a well-formed answer (reward ~0.2); both
+    objectives learn to fill the answer slots within a few dozen steps."""
     _, history = run_steps(task, run_config(task, advantage, steps=40), 40)
     reward = np.array([h["reward"] for h in history])
     assert reward[-10:].mean() > reward[:10].mean() + 0.1, reward
@@ -108,12 +173,16 @@ def test_bandit_reward_improves(task, advantage):
     assert sum(int(h["skipped_updates"]) for h in history) == 0
 
 
-def test_nonfinite_reward_skips_update(task):
-    def nan_reward(problem, completion_T, mask_T, num_answers):
-        r, m = task.reward(problem, completion_T, mask_T, num_answers)
-        return r + jnp.nan, jnp.ones_like(m)  # every answer "valid" with a NaN reward
+class NanRewardTask(BoundTask):
+    """The bandit with every answer "valid" and a NaN reward (in the graph)."""
 
-    bad = dataclasses.replace(task, reward=nan_reward)
+    def reward(self, problem, completion_T, mask_T, num_answers):
+        r, m = super().reward(problem, completion_T, mask_T, num_answers)
+        return r + jnp.nan, jnp.ones_like(m)
+
+
+def test_nonfinite_reward_skips_update(task):
+    bad = NanRewardTask(task.task, task.tokenizer)
     run = run_config(bad, steps=2)
     mesh = one_device()
     tx = train_lib.make_optimizer(run.train)
@@ -127,26 +196,14 @@ def test_nonfinite_reward_skips_update(task):
     assert int(state.step) == 2
 
 
-def host_bandit(task):
-    """The bandit with its reward moved to the host (on decoded text)."""
-    rewards = {arm: ARM_REWARDS_3R[i] for i, arm in enumerate(ARMS)}
-
-    def host_reward(problem, text, num_answers):
-        slots = answers_lib.split_answer_words(text, num_answers=num_answers, answer_len=1)
-        r = np.zeros((num_answers, 2), np.float32)
-        ok = np.zeros((num_answers,), np.bool_)
-        for m, words in enumerate(slots):
-            if words is not None and words[0] in rewards:
-                r[m], ok[m] = rewards[words[0]], True
-        return r, ok
-
-    return dataclasses.replace(task, reward=None, host_reward=host_reward)
-
-
 def test_host_reward_path_matches_in_graph(task):
+    """The in-graph byte reader (`task.reward` in the jitted step) and the host scorer
+    (`task.host_score` on the decoded text, between two jits) give the same rewards, metrics
+    and updates, on rollouts that do hold well-formed answers."""
     run = run_config(task, steps=3)
     s_graph, h_graph = run_steps(task, run, 3)
-    s_host, h_host = run_steps(host_bandit(task), run, 3, host=True)
+    s_host, h_host = run_steps(task, run, 3, host=True)
+    assert sum(float(h["answers_per_rollout"]) for h in h_graph) > 0  # not all-invalid
     for a, b in zip(h_graph, h_host):
         for k in a:
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
@@ -173,60 +230,76 @@ def test_mesh_of_8_devices_matches_one(task):
 
 
 def test_config_errors_name_the_field(task):
-    from vpo.config import ConfigError
-
     with pytest.raises(ConfigError, match="train.batch_size"):
         TrainConfig(batch_size=6, num_minibatches=4)
     with pytest.raises(ConfigError, match="objective.advantage"):
         ObjectiveConfig(advantage="ppo")
-    bad = dataclasses.replace(run_config(task), sampler=SamplerConfig(max_new_tokens=1))
+    run, P = run_config(task), prompt_len(task)
+    train_lib.check_run(run, task, P)
+    bad = dataclasses.replace(run, sampler=SamplerConfig(max_new_tokens=1))
     with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
-        train_lib.check_run(bad, task)
+        train_lib.check_run(bad, task, P)
+    small = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=8))
+    with pytest.raises(ConfigError, match="model.vocab_size: 8 is smaller than the tokenizer's 16"):
+        train_lib.check_run(small, task, P)
+    with pytest.raises(ConfigError, match="model.max_seq_len"):
+        train_lib.check_run(run, task, P + 1)
     with pytest.raises(ConfigError, match="train.mutation_fraction"):
         TrainConfig(mutation_fraction=1.5)
 
 
-def test_mutation_prompts_need_room_and_an_in_graph_task():
-    from vpo.config import ConfigError
-    from vpo.tasks.arithmetic import make_arithmetic_task
-    from vpo.tasks.maze import make_maze_task
-
-    maze = make_maze_task()
+def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
+    maze = bound("maze")
+    records = maze.make_problems(0, 64)
     T = maze.completion_len(M)
-    P2 = maze.mutation_prompt_len(2)
-    run = RunConfig(model=model_preset("tiny", vocab_size=maze.vocab.size,
-                                       max_seq_len=maze.prompt_len + T),
+    P = data_lib.prompt_tables(maze, records, M).prompt_len
+    P2 = data_lib.prompt_tables(maze, records, M, mutation_fraction=0.25).prompt_len
+    run = RunConfig(model=model_preset("tiny", vocab_size=maze.tokenizer.size,
+                                       max_seq_len=P + T),
                     sampler=SamplerConfig(max_new_tokens=T),
-                    train=TrainConfig(num_answers=M, mutation_fraction=0.25))
-    assert P2 > maze.prompt_len
+                    train=TrainConfig(num_answers=M, num_problems=64, mutation_fraction=0.25))
+    assert P2 > P
     with pytest.raises(ConfigError, match=f"prompt {P2}"):
-        train_lib.check_run(run, maze)
-    train_lib.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze)
-    arith = make_arithmetic_task()
-    host = dataclasses.replace(run, model=model_preset("tiny", vocab_size=arith.vocab.size,
+        train_lib.check_run(run, maze, P2)
+    train_lib.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze, P)
+    # the loop sizes the sequence for the mutation prompts it mixes in (before any compile)
+    with pytest.raises(ConfigError, match=f"prompt {P2}"):
+        loop_lib.train(run, str(tmp_path / "run"), task=maze, mesh=one_device(), progress=False)
+    assert not os.path.exists(tmp_path / "run")
+    arith = bound("arithmetic")
+    host = dataclasses.replace(run, model=model_preset("tiny", vocab_size=arith.tokenizer.size,
                                                        max_seq_len=4096),
                                sampler=SamplerConfig(max_new_tokens=arith.completion_len(M)))
     with pytest.raises(ConfigError, match="no in-graph mutation prompts"):
-        train_lib.check_run(host, arith)
+        train_lib.check_run(host, arith, prompt_len(arith))
+
+
+def solved_fraction(model, task, records, num_answers, num_samples, key) -> float:
+    """Share of sampled generations (`num_samples` per problem) with a solving answer."""
+    from vpo import sampler
+
+    prompts, mask = task.prompt_arrays(records, num_answers)
+    tok = task.tokenizer
+    rollout = sampler.sample(model, prompts, mask, key,
+                             SamplerConfig(task.completion_len(num_answers), num_samples),
+                             stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    r, ok = rewards_lib.in_graph_rewards(task, task.problem_arrays(records), rollout.tokens_BGT,
+                                         rollout.mask_BGT, num_answers)
+    solved = jax.vmap(jax.vmap(jax.vmap(task.solved)))(r) & ok
+    return float(jnp.mean(jnp.any(solved, axis=-1)))
 
 
 def test_sft_learns_maze_demonstrations():
-    from vpo import sampler
-    from vpo.tasks.maze import make_maze_task
-
-    maze = make_maze_task()
-    cfg = model_preset("tiny", vocab_size=maze.vocab.size, max_seq_len=64)
+    maze = bound("maze")
+    T = maze.completion_len(1)
+    cfg = model_preset("tiny", vocab_size=maze.tokenizer.size, max_seq_len=prompt_len(maze, 1) + T)
     graphdef, state, losses = sft_lib.run_sft(maze, cfg, 150, batch_size=32,
-                                                learning_rate=3e-3, num_demos=512)
+                                                learning_rate=3e-3, num_demos=512,
+                                                mutation_fraction=0.0)
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:5])
-    problems = maze.make_problems(123, 64)
-    prompts, mask = data_lib.prompt_arrays(maze, problems, 1)
-    rollout = sampler.sample(train_lib.model_of(graphdef, state), prompts, mask,
-                             jax.random.key(0), SamplerConfig(maze.completion_len(1), 4),
-                             eos_id=2, pad_id=0)
-    r, ok = rewards_lib.in_graph_rewards(maze, problems, rollout.tokens_BGT, rollout.mask_BGT, 1)
-    solved = jax.vmap(jax.vmap(jax.vmap(maze.solved)))(r) & ok
-    assert float(jnp.mean(solved)) > 0.05
+    model = train_lib.model_of(graphdef, state)
+    assert solved_fraction(model, maze, maze.make_problems(123, 64), 1, 4,
+                           jax.random.key(0)) > 0.05
 
 
 def test_state_from_model_with_kl_reference(task):
@@ -239,14 +312,8 @@ def test_state_from_model_with_kl_reference(task):
     run = dataclasses.replace(base, objective=ObjectiveConfig(kl_coef=0.1))
     model = Decoder(run.model, rngs=nnx.Rngs(7))
     init = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
-    mesh = one_device()
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.state_from_model(model, tx, mesh, with_ref=True)
-    step = train_lib.make_rl_step(graphdef, tx, task, train_lib.step_config(run, task))
-    it = data_lib.problem_iterator(task, 4, M, num_problems=64)
-    for _ in range(2):
-        state, metrics = step(state, loop_lib.shard_batch(next(it), mesh))
-    assert np.isfinite(float(metrics["kl"])) and float(metrics["kl"]) >= 0
+    state, history = run_steps(task, run, 2, init=model)
+    assert all(np.isfinite(h["kl"]) and h["kl"] >= 0 for h in history)
     for a, r in zip(init, jax.tree.leaves(state.ref_params)):
         np.testing.assert_array_equal(a, np.asarray(r))
     assert max(np.abs(a - b).max() for a, b in zip(init, params_of(state))) > 0
@@ -375,3 +442,44 @@ def test_dapo_config_errors():
         ObjectiveConfig(oversample=2)
     with pytest.raises(ConfigError, match="objective.overlong_cache_len"):
         ObjectiveConfig(overlong_cache_len=5, overlong_max_len=4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(BPE_FIXTURE),
+                    reason="no tests/fixtures/hf/qwen2_bpe/; write it with "
+                           ".venv/bin/python tests/fixtures/make_bpe_fixture.py")
+def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
+    """A random tiny Qwen2 with a real byte-level BPE tokenizer (tags and moves split over several
+    tokens, a chat template, pad = `<|endoftext|>` at the END of the vocabulary, two stop ids):
+    SFT on maze demonstrations, then RL steps through `vpo.loop.train` from the SFT policy; the
+    RL rollouts solve mazes, and the policy folder carries the checkpoint's tokenizer."""
+    from vpo import checkpoint
+
+    model, tok, _ = checkpoint.load_model("hf:" + BPE_FIXTURE)
+    assert len(tok.stop_ids) == 2 and tok.pad_id == tok.size - 3
+    maze = bind(make_task("maze"), tok)
+    t0 = time.perf_counter()
+    graphdef, state, losses = sft_lib.run_sft(maze, model.cfg, 100, batch_size=32,
+                                                learning_rate=3e-3, num_demos=512,
+                                                mutation_fraction=0.0, init=model)
+    t_sft = time.perf_counter() - t0
+    assert np.mean(losses[-10:]) < 0.25 * np.mean(losses[:5]), losses
+    run = RunConfig(model=model.cfg,
+                    sampler=SamplerConfig(max_new_tokens=maze.completion_len(1), num_samples=8),
+                    objective=ObjectiveConfig(advantage="vpo"),
+                    train=TrainConfig(batch_size=4, num_answers=1, num_problems=64, steps=3,
+                                      learning_rate=1e-4, profile_every=0,
+                                      checkpoint_every=1000),
+                    task="maze")
+    t0 = time.perf_counter()
+    loop_lib.train(run, str(tmp_path), task=maze, mesh=one_device(), progress=False,
+                   init=train_lib.model_of(graphdef, state))
+    t_rl = time.perf_counter() - t0
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert max(r["solved_rate"] for r in rows) > 0, rows
+    assert all(r["answers_per_rollout"] > 0 and r["skipped_updates"] == 0 for r in rows)
+    saved = load_tokenizer(tmp_path / "policy")
+    assert (saved.stop_ids, saved.pad_id) == (tok.stop_ids, tok.pad_id)
+    assert saved.chat_template == tok.chat_template
+    print(f"bpe maze: sft {t_sft:.1f}s, rl {t_rl:.1f}s")

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 
 
-
 class Population(NamedTuple):
     """Candidate slots; the suffix names the member layout [I, Q] (children use C for Q)."""
 

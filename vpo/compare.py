@@ -42,8 +42,8 @@ from vpo.loop import train
 from vpo.metrics_log import JSONL
 from vpo.search import SearchConfig
 from vpo.sft import run_sft
-from vpo.train import model_of
 from vpo.tasks.bound import bind, seq_len_for
+from vpo.train import model_of
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
 # Arm name -> (ObjectiveConfig field overrides, answers per generation; None = the run's m).
@@ -173,7 +173,7 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
     return apply_overrides(PRESETS[preset], list(overrides))
 
 
-def make_task(cfg: "CompareConfig"):
+def make_task(cfg: CompareConfig):
     """The comparison's task bound to its tokenizer: the `init` checkpoint's own tokenizer, or
     the task's word-level tokenizer for a preset model trained from scratch."""
     from vpo.checkpoint import tokenizer_for

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from vpo import sharding as sharding_lib
-from vpo.tasks.base import Record
+from vpo.tasks.base import Record, Task
 from vpo.tasks.bound import BoundTask
 
 
@@ -135,9 +135,11 @@ def problem_iterator(task: BoundTask, batch_size: int, num_answers: int, **kwarg
     return iter(problem_dataset(task, batch_size, num_answers, **kwargs))
 
 
-def load_jsonl_records(path: str) -> list[Record]:
-    """Problem records from a JSONL file (one JSON object per line); a malformed line raises a
-    ValueError naming the file and line."""
+def load_jsonl_records(path: str, task: BoundTask | Task | None = None) -> list[Record]:
+    """Problem records from a JSONL file (one JSON object per line, blank lines skipped); a
+    malformed line raises a ValueError naming the file and line. With `task`, every record is
+    also read as the task reads it (its statement, and its arrays for in-graph tasks), so a
+    record with a missing or ill-typed field fails here, at its line, not mid-run."""
     out: list[Record] = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
@@ -150,7 +152,25 @@ def load_jsonl_records(path: str) -> list[Record]:
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
                                  f"{type(row).__name__}")
+            if task is not None:
+                _check_record(task, row, f"{path}:{lineno}")
             out.append(row)
     if not out:
         raise ValueError(f"{path}: no problems (the file is empty)")
     return out
+
+
+def _check_record(task: BoundTask | Task, record: Record, where: str) -> None:
+    """Read `record` as `task` does (statement; arrays of in-graph tasks); any failure is a
+    ValueError naming `where` and the task."""
+    base = task.task if isinstance(task, BoundTask) else task
+    try:
+        base.statement(record)
+        if base.arrays is not None:
+            base.arrays([record])
+    except KeyError as e:
+        raise ValueError(f"{where}: {base.name} cannot read this problem: missing field "
+                         f"{e.args[0]!r}") from None
+    except Exception as e:  # noqa: BLE001  (the task's own error, reported at the line)
+        raise ValueError(f"{where}: {base.name} cannot read this problem: "
+                         f"{type(e).__name__}: {e}") from None

@@ -2,12 +2,13 @@
 
 Reads and writes the folders `transformers` saves for Qwen2 / Qwen2.5 (`model_type` "qwen2"),
 Qwen3 ("qwen3") and Llama 3 / 3.1 / 3.2 ("llama"): config.json in the transformers 4 and 5
-spellings, one model.safetensors or shards listed in model.safetensors.index.json, tokenizer.json
-through the `tokenizers` library. No torch, transformers or jinja.
+spellings, one model.safetensors or shards listed in model.safetensors.index.json; the tokenizer
+(tokenizer.json and its special ids and chat template) through `vpo.tokenizer.load_tokenizer`.
+No torch or transformers.
 
     model = hf.from_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", mesh=mesh)   # born sharded
-    tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")
-    ids = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=True)
+    tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")                 # vpo.tokenizer.Tokenizer
+    ids = tok.encode(tok.render_chat([{"role": "user", "content": "2+2?"}]))
     hf.save_pretrained(model, "/out/step-1000", source="/ckpt/Qwen2.5-0.5B-Instruct")
 
 Tensor layouts (torch Linear stores [out, in]; ours are einsum-shaped, see `vpo.model`):
@@ -47,8 +48,6 @@ _FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                     "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
                     "tokenizer.model")
-
-
 
 
 def is_hf_spec(spec: Any) -> bool:

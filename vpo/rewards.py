@@ -1,6 +1,6 @@
-"""Rewards to advantages for one RL step: task rewards in-graph (`jax.vmap(task.reward)`) or on
-the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty and dynamic
-sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator (GRPO family or
+"""Rewards to advantages for one RL step: task rewards in-graph (`jax.vmap(task.reward)`) or
+on the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty
+and dynamic sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator (GRPO family or
 VPO, `vpo.objectives`). Pure functions; `vpo.train` calls them inside its jitted step.
 """
 
@@ -32,7 +32,7 @@ def overlong_penalty(length_BG, max_len: int, cache_len: int):
     L = length_BG.astype(jnp.float32)
     start = max_len - cache_len
     soft = (start - L) / max(cache_len, 1)
-    return jnp.where(L <= start, 0.0, jnp.where(L <= max_len, soft, -1.0))
+    return jnp.where(start >= L, 0.0, jnp.where(max_len >= L, soft, -1.0))
 
 
 def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,

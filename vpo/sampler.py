@@ -174,8 +174,8 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
         )
         rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.t, 1, axis=2), rope_B1TE)
         hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope)
-        return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache,
-                     s.done_BG | (live & jnp.any(tok[..., None] == stop_S, -1)), out)
+        stopped_BG = live & jnp.any(tok[:, :, None] == stop_S[None, None, :], axis=-1)
+        return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache, s.done_BG | stopped_BG, out)
 
     def cond(s: _Loop):
         return (s.t < T) & ~jnp.all(s.done_BG)
@@ -197,7 +197,7 @@ def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerC
                      stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
     """`generate` under jit with explicit per-(prompt, sample) keys."""
     P, T = prompts_BP.shape[1], cfg.max_new_tokens
-    if P + T > model.cfg.max_seq_len:
+    if model.cfg.max_seq_len < P + T:
         raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
                           f"model.max_seq_len {model.cfg.max_seq_len}; lower one of them")
     graphdef, state = nnx.split(model)

@@ -122,9 +122,16 @@ class SearchTrace(NamedTuple):
     evaluated: jax.Array
 
 
+def _check_in_graph(task: BoundTask) -> None:
+    if task.is_host:
+        raise ValueError(f"task {task.name!r} scores on the host; in-graph search needs a "
+                         "task with symbols and symbol_reward")
+
+
 def search_problems(task: BoundTask, records: list[Record], num_answers: int) -> dict:
     """The problems as search reads them (numpy, leading N): {"task": the task's arrays,
     "head_H"/"head_mask_H": mutation-prompt heads, "prompt_P"/"prompt_mask_P": plain prompts}."""
+    _check_in_graph(task)
     head, hmask = task.mutation_heads(records)
     prompt, pmask = task.prompt_arrays(records, num_answers)
     return {"task": task.problem_arrays(records)["task"], "head_H": head, "head_mask_H": hmask,
@@ -394,9 +401,7 @@ def run_method(method: str, model, task, problems, cfg: SearchConfig, key, *, pr
     in one jit → (final state, trace), both with a leading N axis. Keys: fold_in(key, problem)."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
-    if task.is_host:
-        raise ValueError(f"task {task.name!r} scores on the host; in-graph search needs a "
-                         "task with symbols and symbol_reward")
+    _check_in_graph(task)
     task.check_num_answers(cfg.num_answers)
     if mesh is not None:
         d = int(np.prod([mesh.shape[a] for a in sharding.RULES["batch"] if a in mesh.shape]))

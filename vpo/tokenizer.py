@@ -204,6 +204,8 @@ class Tokenizer:
                                "pad_token": name(self.pad_id),
                                "bos_token": None if self.bos_id is None else name(self.bos_id),
                                "add_bos_token": self.add_bos}
+        for key, token in self.special_tokens.items():  # unk_token, ...: template variables
+            cfg.setdefault(key, token)
         (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
         gen = {"eos_token_id": list(self.stop_ids), "pad_token_id": self.pad_id}
         if self.bos_id is not None:
@@ -281,7 +283,8 @@ def word_tokenizer(words: Iterable[str], *, added: Sequence[str] = ()) -> Tokeni
     `added` (multi-word tokens such as `<answer 1>`, matched in text before splitting), then the
     distinct `words` in order. Text is split on whitespace; an unknown word encodes as `<unk>`.
     No chat template: a prompt is `<bos>` and its words."""
-    from tokenizers import AddedToken, Tokenizer as Backend, models, pre_tokenizers
+    from tokenizers import AddedToken, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
 
     vocab: dict[str, int] = {}
     for w in (*WORD_SPECIALS, *added, *words):

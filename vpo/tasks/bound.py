@@ -69,7 +69,8 @@ def _parent_line(k: int, answer: str, rewards_R: Sequence[float]) -> str:
 
 
 def _tenths(v: float) -> int:
-    return int(np.clip(np.round(float(v) * 10.0), 0, 10))
+    # in float32 as the in-graph `mutation_prompt` rounds, so half-way cases (0.35) agree
+    return int(np.clip(np.round(np.float32(v) * np.float32(10.0)), 0, 10))
 
 
 def mutation_text(task: Task, record: Record, parents: Sequence[tuple[str, Sequence[float]]],
@@ -140,7 +141,7 @@ class BoundTask:
         return self.task.reward_names
 
     @property
-    def eval_weights_R(self) -> np.ndarray:
+    def eval_weights_R(self) -> np.ndarray:  # noqa: N802  (shape suffix)
         return self.task.eval_weights_R
 
     @property
@@ -267,13 +268,14 @@ class BoundTask:
         p = {k: (jnp.asarray(t), jnp.asarray(m)) for k, (t, m) in self._pieces.items()}
         Q, A = parents_QA.shape
         present_Q = jnp.any(parent_mask_QA, axis=-1)
+        number_Q = jnp.cumsum(present_Q.astype(jnp.int32)) - 1  # present parents count 1, 2, ..
         segments = [(head_H, head_mask_H)]
         tenths_QR = jnp.clip(jnp.round(parent_rewards_QR.astype(jnp.float32) * 10), 0, 10
                              ).astype(jnp.int32)
         for q in range(Q):
             sym_A = jnp.clip(parents_QA[q], 0, p["symbol"][0].shape[0] - 1)
             segments += [
-                (p["answer_k"][0][q], p["answer_k"][1][q] & present_Q[q]),
+                (p["answer_k"][0][number_Q[q]], p["answer_k"][1][number_Q[q]] & present_Q[q]),
                 (p["symbol"][0][sym_A], p["symbol"][1][sym_A] & parent_mask_QA[q][:, None]),
                 (p["scores"][0][0], p["scores"][1][0] & present_Q[q]),
                 (p["tenths"][0][tenths_QR[q]], p["tenths"][1][tenths_QR[q]] & present_Q[q])]
