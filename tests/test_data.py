@@ -126,7 +126,8 @@ def test_jsonl_records_load_and_errors(tmp_path, maze):
     # in-graph tasks: the record must also give the task's arrays
     grid = tmp_path / "maze.jsonl"
     grid.write_text(json.dumps(maze.make_problems(0, 1)[0]) + "\n" + '{"grid": 3}\n')
-    with pytest.raises(ValueError, match=r"maze.jsonl:2: maze\w* cannot read this problem: TypeError"):
+    with pytest.raises(ValueError, match=r"maze.jsonl:2: maze\w* cannot read this problem: "
+                                         r"TypeError"):
         data_lib.load_jsonl_records(str(grid), maze)
 
 

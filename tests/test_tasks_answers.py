@@ -196,8 +196,7 @@ def test_completion_bytes_concatenates_leading_masked_tokens():
     # bytes past X are cut, even inside a token
     assert run(tokens, [True] * 7, 12) == b"<answer 1> U"
     assert run([6, 6, 6], [True] * 3, 8) == b"abcdefab"
-    # out-of-range ids are clipped rather than read out of bounds
-    assert run([99], [True], 8) == b"abcdef"
+    assert run([99], [True], 8) == b""  # ids past the byte table add nothing
 
 
 def test_first_occurrence():
@@ -233,3 +232,24 @@ def test_host_and_graph_agree_on_random_text(seed):
         texts.append(text.encode()[:X].decode("utf-8", errors="ignore"))
     for text, got in zip(texts, _graph(texts), strict=True):
         assert got == _host(text), text
+
+
+def test_ids_past_the_tokenizer_add_no_bytes():
+    """A model vocabulary padded beyond the tokenizer's (HF checkpoints): such ids read as
+    nothing, on the host and in the graph alike."""
+    import jax.numpy as jnp
+
+    from vpo.tasks import answers as answers_lib
+    from vpo.tokenizer import word_tokenizer
+
+    tok = word_tokenizer(["A", "B"], added=answers_lib.tag_strings(2))
+    table, length = tok.token_bytes()
+    ids = [tok.token_id("<answer 1>"), tok.size + 3, tok.token_id("A"),
+           tok.token_id("</answer 1>")]
+    text = tok.completion_text(ids)
+    assert text == " <answer 1> A </answer 1>"
+    b_X, live_X = answers_lib.completion_bytes(jnp.asarray(ids), jnp.ones((4,), bool),
+                                               jnp.asarray(table.astype("int32")),
+                                               jnp.asarray(length), 64)
+    got = bytes(int(x) for x, v in zip(b_X, live_X, strict=True) if v).decode()
+    assert got == text

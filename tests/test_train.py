@@ -1,7 +1,7 @@
 """RL / SFT trainer: smoke run, learning on the bandit, non-finite guard, host path, mesh, SFT,
 and SFT then RL through a byte-level BPE checkpoint.
 
-All RL tests share one tiny shape (bandit on a 16-token vocabulary, B=4 prompts, G=8, M=2
+All RL tests share one tiny shape (bandit on a 12-token vocabulary, B=4 prompts, G=8, M=2
 answers, T=9, tiny model, 2 minibatches × 2 micro-batches) so the compiles are reused (and hit
 the persistent cache).
 """
@@ -38,14 +38,16 @@ BPE_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_b
 
 
 def compact_bandit() -> BoundTask:
-    """The bandit bound to a 16-token word vocabulary in which an answer slot is two tokens,
+    """The bandit bound to a 12-token word vocabulary in which an answer slot is two tokens,
     `<answer k>` and `A </answer k>` (an arm with its close tag), so a random policy fills a slot
     now and then and RL from scratch has a reward to climb. (Through the task's own word-level
-    tokenizer, ~130 tokens, a random policy practically never writes a tagged answer.)"""
+    tokenizer, ~130 tokens, a random policy practically never writes a tagged answer.) 12 ids:
+    the mesh test shards the vocabulary over tensor=4; no other words (one inside a slot would
+    make it a two-word, invalid answer)."""
     task = make_task("bandit", max_answers=4)
     slots = [answers_lib.open_tag(k) for k in (1, 2)]
     slots += [f"{arm} {answers_lib.close_tag(k)}" for k in (1, 2) for arm in ARMS]
-    return bind(task, word_tokenizer([*ARMS, ";"], added=slots))
+    return bind(task, word_tokenizer([], added=slots))
 
 
 def bound(name: str, **kw) -> BoundTask:
@@ -103,13 +105,18 @@ def run_steps(task, run: RunConfig, steps: int, mesh=None, host=False, init=None
     return state, [jax.tree.map(np.asarray, m) for m in jax.device_get(history)]
 
 
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 def params_of(state):
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
 def test_compact_bandit_reads_two_token_slots(task):
     tok = task.tokenizer
-    assert tok.size == 16 and tok.stop_ids == (2,) and tok.pad_id == 0
+    assert tok.size == 12 and tok.stop_ids == (2,) and tok.pad_id == 0
     ids = [tok.token_id("<answer 1>"), tok.token_id("C </answer 1>"),
            tok.token_id("<answer 2>"), tok.token_id("A </answer 2>"), tok.eos_id]
     assert task.completion_len(M) >= len(ids)
@@ -132,7 +139,7 @@ def test_smoke_train_writes_metrics(task, tmp_path):
                               objective=ObjectiveConfig(entropy_coef=0.01))
     graphdef, state = loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(),
                                       progress=False)
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         for key in ("loss", "reward", "entropy", "skipped_updates", "adv_std", "diversity",
@@ -149,17 +156,17 @@ def test_smoke_train_writes_metrics(task, tmp_path):
     assert int(state.step) == 3
     _, fresh, _ = train_lib.init_state(run.model, train_lib.make_optimizer(run.train),
                                        one_device(), seed=run.train.seed)
-    moved = [np.abs(a - b).max() for a, b in zip(params_of(state), params_of(fresh))]
+    moved = [np.abs(a - b).max() for a, b in zip(params_of(state), params_of(fresh), strict=True)]
     assert max(moved) > 0
     assert os.listdir(tmp_path / "tb")
-    assert json.load(open(tmp_path / "config.json"))["objective"]["advantage"] == "grpo"
+    assert json.loads((tmp_path / "config.json").read_text())["objective"]["advantage"] == "grpo"
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]
     # the tokenizer the run read its task through, beside the run and beside the policy
     for folder in (tmp_path, tmp_path / "policy"):
         tok = load_tokenizer(folder)
         assert tok.backend.get_vocab() == task.tokenizer.backend.get_vocab()
         assert (tok.stop_ids, tok.pad_id) == (task.tokenizer.stop_ids, task.tokenizer.pad_id)
-    assert json.load(open(tmp_path / "policy" / "policy.json"))["steps"] == 3
+    assert json.loads((tmp_path / "policy" / "policy.json").read_text())["steps"] == 3
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "vpo"])
@@ -189,7 +196,7 @@ def test_nonfinite_reward_skips_update(task):
     _, fresh, _ = train_lib.init_state(run.model, tx, mesh, seed=0)
     state, history = run_steps(bad, run, 2, mesh)
     assert [int(h["skipped_updates"]) for h in history] == [run.train.updates_per_step] * 2
-    for a, b in zip(params_of(state), params_of(fresh)):
+    for a, b in zip(params_of(state), params_of(fresh), strict=True):
         np.testing.assert_array_equal(a, b)
     opt_counts = [np.asarray(x) for x in jax.tree.leaves(state.opt_state) if np.ndim(x) == 0]
     assert all(c == 0 for c in opt_counts)  # optimiser state untouched too
@@ -204,10 +211,10 @@ def test_host_reward_path_matches_in_graph(task):
     s_graph, h_graph = run_steps(task, run, 3)
     s_host, h_host = run_steps(task, run, 3, host=True)
     assert sum(float(h["answers_per_rollout"]) for h in h_graph) > 0  # not all-invalid
-    for a, b in zip(h_graph, h_host):
+    for a, b in zip(h_graph, h_host, strict=True):
         for k in a:
             np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
-    for a, b in zip(params_of(s_graph), params_of(s_host)):
+    for a, b in zip(params_of(s_graph), params_of(s_host), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -222,10 +229,10 @@ def test_mesh_of_8_devices_matches_one(task):
     s1, h1 = run_steps(task, run, 2)
     assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
                for x in jax.tree.leaves(s8.params))
-    for a, b in zip(h8, h1):
+    for a, b in zip(h8, h1, strict=True):
         np.testing.assert_allclose(a["reward"], b["reward"], atol=1e-6)
         np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-5)
-    for a, b in zip(params_of(s8), params_of(s1)):
+    for a, b in zip(params_of(s8), params_of(s1), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=3e-5)
 
 
@@ -240,7 +247,7 @@ def test_config_errors_name_the_field(task):
     with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
         train_lib.check_run(bad, task, P)
     small = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=8))
-    with pytest.raises(ConfigError, match="model.vocab_size: 8 is smaller than the tokenizer's 16"):
+    with pytest.raises(ConfigError, match="model.vocab_size: 8 is smaller than the tokenizer's 12"):
         train_lib.check_run(small, task, P)
     with pytest.raises(ConfigError, match="model.max_seq_len"):
         train_lib.check_run(run, task, P + 1)
@@ -283,10 +290,13 @@ def solved_fraction(model, task, records, num_answers, num_samples, key) -> floa
     rollout = sampler.sample(model, prompts, mask, key,
                              SamplerConfig(task.completion_len(num_answers), num_samples),
                              stop_ids=tok.stop_ids, pad_id=tok.pad_id)
-    r, ok = rewards_lib.in_graph_rewards(task, task.problem_arrays(records), rollout.tokens_BGT,
-                                         rollout.mask_BGT, num_answers)
-    solved = jax.vmap(jax.vmap(jax.vmap(task.solved)))(r) & ok
-    return float(jnp.mean(jnp.any(solved, axis=-1)))
+
+    @jax.jit
+    def solved(problems, tokens_BGT, mask_BGT):
+        r, ok = rewards_lib.in_graph_rewards(task, problems, tokens_BGT, mask_BGT, num_answers)
+        return jnp.mean(jnp.any(jax.vmap(jax.vmap(jax.vmap(task.solved)))(r) & ok, axis=-1))
+
+    return float(solved(task.problem_arrays(records), rollout.tokens_BGT, rollout.mask_BGT))
 
 
 def test_sft_learns_maze_demonstrations():
@@ -294,7 +304,7 @@ def test_sft_learns_maze_demonstrations():
     T = maze.completion_len(1)
     cfg = model_preset("tiny", vocab_size=maze.tokenizer.size, max_seq_len=prompt_len(maze, 1) + T)
     graphdef, state, losses = sft_lib.run_sft(maze, cfg, 150, batch_size=32,
-                                                learning_rate=3e-3, num_demos=512,
+                                                learning_rate=5e-3, num_demos=256,
                                                 mutation_fraction=0.0)
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:5])
     model = train_lib.model_of(graphdef, state)
@@ -314,9 +324,9 @@ def test_state_from_model_with_kl_reference(task):
     init = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
     state, history = run_steps(task, run, 2, init=model)
     assert all(np.isfinite(h["kl"]) and h["kl"] >= 0 for h in history)
-    for a, r in zip(init, jax.tree.leaves(state.ref_params)):
+    for a, r in zip(init, jax.tree.leaves(state.ref_params), strict=True):
         np.testing.assert_array_equal(a, np.asarray(r))
-    assert max(np.abs(a - b).max() for a, b in zip(init, params_of(state))) > 0
+    assert max(np.abs(a - b).max() for a, b in zip(init, params_of(state), strict=True)) > 0
 
 
 def test_chunked_completion_logp_matches_full_logits():
@@ -444,7 +454,6 @@ def test_dapo_config_errors():
         ObjectiveConfig(overlong_cache_len=5, overlong_max_len=4)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(BPE_FIXTURE),
                     reason="no tests/fixtures/hf/qwen2_bpe/; write it with "
                            ".venv/bin/python tests/fixtures/make_bpe_fixture.py")
@@ -459,8 +468,8 @@ def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
     assert len(tok.stop_ids) == 2 and tok.pad_id == tok.size - 3
     maze = bind(make_task("maze"), tok)
     t0 = time.perf_counter()
-    graphdef, state, losses = sft_lib.run_sft(maze, model.cfg, 100, batch_size=32,
-                                                learning_rate=3e-3, num_demos=512,
+    graphdef, state, losses = sft_lib.run_sft(maze, model.cfg, 100, batch_size=16,
+                                                learning_rate=3e-3, num_demos=256,
                                                 mutation_fraction=0.0, init=model)
     t_sft = time.perf_counter() - t0
     assert np.mean(losses[-10:]) < 0.25 * np.mean(losses[:5]), losses
@@ -475,7 +484,7 @@ def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
     loop_lib.train(run, str(tmp_path), task=maze, mesh=one_device(), progress=False,
                    init=train_lib.model_of(graphdef, state))
     t_rl = time.perf_counter() - t0
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert max(r["solved_rate"] for r in rows) > 0, rows
     assert all(r["answers_per_rollout"] > 0 and r["skipped_updates"] == 0 for r in rows)

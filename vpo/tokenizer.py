@@ -187,7 +187,9 @@ class Tokenizer:
         """The text of generated ids as the in-graph readers see it: the tokens' bytes
         concatenated (first `max_bytes` only, when given), decoded as UTF-8 ("replace")."""
         table, length = self.token_bytes()
-        out = b"".join(table[i, :length[i]].tobytes() for i in (int(t) for t in ids))
+        V = table.shape[0]  # ids past the tokenizer (a padded model vocabulary) add no bytes
+        out = b"".join(table[i, :length[i]].tobytes() for i in (int(t) for t in ids)
+                       if 0 <= i < V)
         return out[:max_bytes].decode("utf-8", errors="replace")
 
     # -- files -------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ class ObjectiveConfig:
     # DAPO (Yu et al., 2025, arXiv 2503.14476): dynamic sampling and overlong shaping
     dynamic_sampling: bool = False  # train only on groups whose rewards differ
     oversample: int = 1  # sample oversample × train.batch_size groups to choose from
-    overlong_mask: bool = False  # truncated responses (no EOS) get zero loss weight
+    overlong_mask: bool = False  # truncated responses (no stop token) get zero loss weight
     overlong_cache_len: int = 0  # soft overlong penalty buffer L_cache in tokens (0: off)
     overlong_max_len: int | None = None  # L_max in tokens (None: sampler.max_new_tokens)
 

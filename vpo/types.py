@@ -20,7 +20,8 @@ class Rollout(NamedTuple):
     no filtering): what the training forward recomputes. `sample_logp_BGT` is its log-prob under
     the distribution actually sampled from (temperature, top-k, top-p; 0 for greedy).
     `entropy_BGT` is the model's (temperature-1) token entropy. `mask_BGT` marks real completion
-    tokens, EOS included; positions after EOS hold the pad id and are masked.
+    tokens, the stop token included; positions after it hold the pad id (which may be an
+    ordinary token: the mask, not the value, says what was generated).
     """
 
     tokens_BGT: jax.Array  # int32
@@ -29,4 +30,4 @@ class Rollout(NamedTuple):
     entropy_BGT: jax.Array  # float32
     mask_BGT: jax.Array  # bool
     length_BG: jax.Array  # int32, number of masked-in tokens
-    finished_BG: jax.Array  # bool, emitted EOS within the budget
+    finished_BG: jax.Array  # bool, emitted a stop token within the budget

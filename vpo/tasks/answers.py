@@ -84,12 +84,15 @@ def completion_bytes(tokens_T: jax.Array, mask_T: jax.Array, bytes_VL: jax.Array
     """The generation's text as bytes → (bytes_X int32, live_X bool), X = num_bytes.
 
     Token t (where mask_T; only the leading run of True counts) writes its length_V bytes at the
-    running offset; bytes past X are cut. Positions at or after the end hold 0 and live False.
+    running offset; ids outside the byte table (a model vocabulary padded beyond the
+    tokenizer's) add none; bytes past X are cut. Positions at or after the end hold 0 and live False.
     """
     X = num_bytes
     live_T = jnp.cumprod(mask_T.astype(jnp.int32)) > 0
-    tok_T = jnp.clip(tokens_T.astype(jnp.int32), 0, bytes_VL.shape[0] - 1)
-    len_T = jnp.where(live_T, length_V[tok_T], 0)
+    V = bytes_VL.shape[0]
+    known_T = (tokens_T >= 0) & (tokens_T < V)  # ids past the tokenizer (a padded model vocab)
+    tok_T = jnp.clip(tokens_T.astype(jnp.int32), 0, V - 1)
+    len_T = jnp.where(live_T & known_T, length_V[tok_T], 0)
     off_T = jnp.cumsum(len_T) - len_T
     L = bytes_VL.shape[1]
     j_L = jnp.arange(L, dtype=jnp.int32)

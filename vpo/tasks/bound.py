@@ -340,7 +340,7 @@ class BoundTask:
         out = []
         for t_T, m_T in zip(tokens_NT, mask_NT, strict=True):
             n = int(np.argmin(m_T)) if not m_T.all() else len(m_T)  # leading run of True
-            ids = np.clip(t_T[:n], 0, bytes_VL.shape[0] - 1)
+            ids = [i for i in t_T[:n] if 0 <= i < bytes_VL.shape[0]]  # as the graph reader
             raw = b"".join(bytes(bytes_VL[i, :len_V[i]].astype(np.uint8)) for i in ids)
             out.append(raw[:X].decode("utf-8", errors="replace"))
         return out
