@@ -44,7 +44,8 @@ from vpo import hf, sharding
 from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.config import SamplerConfig
-from vpo.sampler import left_pad, sample_with_keys
+from vpo.sampler import sample_with_keys
+from vpo.tokenizer import left_pad
 from vpo.train_config import ObjectiveConfig, TrainConfig
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))

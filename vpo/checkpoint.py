@@ -189,3 +189,13 @@ def tokenizer_for(task, model_spec: str | None = None):
     if model_spec and os.path.isdir(model_spec):
         return load_tokenizer(model_spec)
     return task_word_tokenizer(task)
+
+
+def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
+    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`): what
+    every entry point (CLI, compare, eval, search) reads a task through."""
+    from vpo.tasks import make_task
+    from vpo.tasks.bound import bind
+
+    task = make_task(name, **(task_kwargs or {}))
+    return bind(task, tokenizer_for(task, model_spec))

@@ -15,18 +15,14 @@ import argparse
 import sys
 import time
 
-TASKS = ("maze", "maze9", "program", "bandit", "arithmetic")  # vpo.tasks.make_task
+from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 
-def bound_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """The task `name` read through the tokenizer of `model_spec` (a policy folder or
-    `hf:/path`: the checkpoint's own; a preset name or None: the task's word-level tokenizer)."""
-    from vpo.checkpoint import tokenizer_for
-    from vpo.tasks import make_task
-    from vpo.tasks.bound import bind
+def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
+    """`vpo.checkpoint.load_task`, imported on first use (keeps `vpo --help` fast)."""
+    from vpo.checkpoint import load_task as _load_task
 
-    task = make_task(name, **(task_kwargs or {}))
-    return bind(task, tokenizer_for(task, model_spec))
+    return _load_task(name, model_spec, task_kwargs)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -40,7 +36,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from vpo.config import SamplerConfig, model_preset
     from vpo.model import Decoder
 
-    task = bound_task(args.task, args.preset)
+    task = load_task(args.task, args.preset)
     tok = task.tokenizer
     M = args.answers
     T = task.completion_len(M)
@@ -105,7 +101,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from vpo.tasks.bound import seq_len_for
 
     spec = args.model or args.preset
-    task = bound_task(args.task, spec)
+    task = load_task(args.task, spec)
     need = max(512, seq_len_for(task, task.make_problems(args.seed, 64), args.answers,
                                 num_parents=2) + 64)
     init = None
@@ -207,7 +203,7 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
             rest.append(item)
     run = apply_overrides(run, rest)
     init_spec = init or init_spec
-    task = bound_task(run.task, init_spec, run.task_kwargs)
+    task = load_task(run.task, init_spec, run.task_kwargs)
     m = run.train.num_answers
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
@@ -297,7 +293,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     for path in args.policy:
         model, _, info = load_model(path)
-        task = bound_task(args.task or info.get("task", "maze"), path,
+        task = load_task(args.task or info.get("task", "maze"), path,
                           info.get("task_kwargs"))
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
@@ -342,7 +338,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     model, _, info = load_model(args.policy, max_seq_len=4096)
     kwargs = {"difficulty": args.difficulty} if args.task == "program" else {}
-    task = bound_task(args.task, args.policy, kwargs)
+    task = load_task(args.task, args.policy, kwargs)
     cfg = search.SearchConfig(islands=args.islands, members=args.members,
                               children=args.children, generations=args.generations,
                               num_answers=args.answers or int(info.get("num_answers", 1)),

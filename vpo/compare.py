@@ -42,7 +42,7 @@ from vpo.loop import train
 from vpo.metrics_log import JSONL
 from vpo.search import SearchConfig
 from vpo.sft import run_sft
-from vpo.tasks.bound import bind, seq_len_for
+from vpo.tasks.bound import seq_len_for
 from vpo.train import model_of
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
@@ -176,11 +176,7 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
 def make_task(cfg: CompareConfig):
     """The comparison's task bound to its tokenizer: the `init` checkpoint's own tokenizer, or
     the task's word-level tokenizer for a preset model trained from scratch."""
-    from vpo.checkpoint import tokenizer_for
-    from vpo.tasks import make_task as make_text_task
-
-    task = make_text_task(cfg.task)
-    return bind(task, tokenizer_for(task, cfg.init or None))
+    return checkpoint.load_task(cfg.task, cfg.init or None)
 
 
 # -- statistics -------------------------------------------------------------------------------

@@ -11,40 +11,17 @@ the same keys give the same tokens whatever the batch layout, mesh or group shar
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from vpo import _prng
 from vpo.config import ConfigError, SamplerConfig
 from vpo.model import Decoder, KVCache
+from vpo.tokenizer import left_pad  # noqa: F401  (re-exported: sampler.left_pad)
 from vpo.types import Rollout
-
-
-def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int, *,
-             truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Token lists → (tokens_BP int32, mask_BP bool), left-padded to `length`.
-
-    A prompt longer than `length` raises (naming its index) unless `truncate`, which keeps its
-    last `length` tokens. Empty prompts raise: the first new token needs a context.
-    """
-    tokens = np.full((len(prompts), length), pad_id, np.int32)
-    mask = np.zeros((len(prompts), length), bool)
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty; give it at least one token (e.g. BOS)")
-        if len(p) > length:
-            if not truncate:
-                raise ValueError(f"prompt {i} has {len(p)} tokens, more than the prompt budget "
-                                 f"{length}; raise the budget or pass truncate=True")
-            p = p[-length:]
-        tokens[i, length - len(p):] = p
-        mask[i, length - len(p):] = True
-    return tokens, mask
 
 
 def _filter_logits(scaled_xV, top_k, top_p):

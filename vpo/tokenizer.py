@@ -280,6 +280,28 @@ def _token_bytes(tok: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
     return table, length
 
 
+def left_pad(rows: Sequence[Sequence[int]], length: int | None, pad_id: int, *,
+             truncate: bool = False, what: str = "prompt") -> tuple[np.ndarray, np.ndarray]:
+    """Token lists → (tokens_NP int32, mask_NP bool) left-padded with `pad_id` to `length`
+    (default: the longest). The mask, not the pad value, marks real tokens (the pad id may be an
+    ordinary token). A row longer than `length` raises, naming it, unless `truncate` keeps its
+    last `length` tokens; an empty row raises (the first new token needs a context)."""
+    P = max(len(r) for r in rows) if length is None else length
+    tokens = np.full((len(rows), P), pad_id, np.int32)
+    mask = np.zeros((len(rows), P), bool)
+    for i, r in enumerate(rows):
+        if len(r) == 0:
+            raise ValueError(f"{what} {i} is empty; give it at least one token (e.g. BOS)")
+        if len(r) > P:
+            if not truncate:
+                raise ValueError(f"{what} {i} has {len(r)} tokens, more than the {P} allowed; "
+                                 "raise the prompt length or truncate")
+            r = r[-P:]
+        tokens[i, P - len(r):] = r
+        mask[i, P - len(r):] = True
+    return tokens, mask
+
+
 def word_tokenizer(words: Iterable[str], *, added: Sequence[str] = ()) -> Tokenizer:
     """The built-in word-level tokenizer: `WORD_SPECIALS` (pad, bos, eos, unk = ids 0..3), then
     `added` (multi-word tokens such as `<answer 1>`, matched in text before splitting), then the

@@ -38,7 +38,7 @@ import numpy as np
 
 from vpo.tasks import answers as answers_lib
 from vpo.tasks.base import Record, Task, symbol_words
-from vpo.tokenizer import Tokenizer, word_tokenizer
+from vpo.tokenizer import Tokenizer, left_pad, word_tokenizer
 
 BYTE_CAP = 16  # bytes of one token the in-graph reader keeps (long whitespace runs are cut)
 
@@ -106,21 +106,6 @@ def _piece_table(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.n
     for x, i in enumerate(ids):
         table[x, :len(i)] = i
     return table, np.arange(L)[None, :] < np.array([len(i) for i in ids])[:, None]
-
-
-def left_pad(rows: Sequence[Sequence[int]], length: int | None, pad_id: int, *, what: str
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Token lists → (tokens_NP, mask_NP) left-padded to `length` (default: the longest)."""
-    P = max(len(r) for r in rows) if length is None else length
-    tokens = np.full((len(rows), P), pad_id, np.int32)
-    mask = np.zeros((len(rows), P), bool)
-    for i, r in enumerate(rows):
-        if len(r) > P:
-            raise ValueError(f"{what} {i} has {len(r)} tokens, more than the {P} allowed; "
-                             "raise the prompt length")
-        tokens[i, P - len(r):] = r
-        mask[i, P - len(r):] = True
-    return tokens, mask
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -315,12 +300,17 @@ class BoundTask:
         rew_NKR = rew[:, 0].reshape(len(records), K, -1)
         valid_NK = valid[:, 0].reshape(len(records), K)
         head_NH, hmask_NH = self.mutation_heads(records)
-        build = jax.jit(jax.vmap(functools.partial(self.mutation_prompt,
-                                                   num_answers=num_answers)))
-        tokens, mask = build(head_NH, hmask_NH, sym_NKA, mask_NKA & valid_NK[..., None],
-                             np.where(valid_NK[..., None], rew_NKR, 0.0))
+        tokens, mask = self._mutation_builder(num_answers)(
+            head_NH, hmask_NH, sym_NKA, mask_NKA & valid_NK[..., None],
+            np.where(valid_NK[..., None], rew_NKR, 0.0))
         return {"prompt_BP": np.asarray(tokens, np.int32), "prompt_mask_BP": np.asarray(mask),
                 "parent_rewards_BKR": rew_NKR, "parent_valid_BK": valid_NK}
+
+    @functools.cache  # noqa: B019  (one compiled builder per m; the task lives as long)
+    def _mutation_builder(self, num_answers: int):
+        """`mutation_prompt` vmapped over problems and jitted, built once per m."""
+        return jax.jit(jax.vmap(functools.partial(self.mutation_prompt,
+                                                  num_answers=num_answers)))
 
     # -- reading generations -----------------------------------------------------------------
 
