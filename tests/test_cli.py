@@ -88,3 +88,84 @@ def test_compare_reports_config_errors(capsys, tmp_path):
     assert cli.main(["compare", "--preset", "smoke", "arms=grpo,ppo", "--out",
                      str(tmp_path)]) == 2
     assert "arms: unknown arm(s) ppo" in capsys.readouterr().err
+
+
+DATA_REWARDS = '''
+import json, os
+
+def correct(prompts, completions, answer, **kw):
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+def short(prompts, completions, **kw):
+    return [max(0.0, 1.0 - len(c) / 40) for c in completions]
+
+def flaky(prompts, completions, **kw):  # fails from its 2nd call on while FAIL exists
+    path = os.path.join(os.path.dirname(__file__), "calls")
+    n = int(open(path).read()) if os.path.exists(path) else 0
+    open(path, "w").write(str(n + 1))
+    if n >= 1 and os.path.exists(os.path.join(os.path.dirname(__file__), "FAIL")):
+        return [float("nan")] * len(completions)
+    return [0.5] * len(completions)
+flaky.reward_names = ("flaky",)
+'''
+
+
+def test_train_on_your_data_and_reward_functions(tmp_path, capsys):
+    """`vpo train --data FILE --reward MODULE:FUNCTION ...` on a fixture checkpoint: metrics
+    named after the functions, samples.jsonl, resume; a reward function that returns NaN at
+    step 2 stops the run with its name, row and value, and the step-1 checkpoint resumes once
+    the function is fixed."""
+    bpe = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"prompt": "What is 2 + 3?", "answer": "5"},
+        {"prompt": [{"role": "user", "content": "What is 4 + 4?"}], "answer": "8"},
+        {"prompt": "Name a colour.", "answer": "red"}]))
+    rewards = tmp_path / "my_rewards.py"
+    rewards.write_text(DATA_REWARDS)
+    (tmp_path / "FAIL").write_text("")
+    out = str(tmp_path / "run")
+    common = ["--data", str(data), f"model=hf:{bpe}", "train.batch_size=8",
+              "sampler.num_samples=2", "sampler.max_new_tokens=12", "train.checkpoint_every=1",
+              "train.sample_every=1", "--out", out]
+    assert cli.main(["train", "--reward", f"{rewards}:correct", "--reward", f"{rewards}:short",
+                     "--reward", f"{rewards}:flaky", "--weights", "2,1,1",
+                     "train.steps=3", *common]) == 2
+    err = capsys.readouterr().err
+    assert "flaky" in err and "value nan for dataset row" in err and "not finite" in err
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1]
+    assert {"reward/correct", "reward/short", "reward/flaky"} <= set(rows[0])
+    assert rows[0]["reward/flaky"] == pytest.approx(0.5)
+    samples = [json.loads(line) for line in open(os.path.join(out, "samples.jsonl"))]
+    assert samples and all(len(s["rewards"][0]) == 3 for s in samples)
+    assert {s["step"] for s in samples} == {1}
+    # the user fixes the function; --resume continues from the step-1 checkpoint
+    os.remove(tmp_path / "FAIL")
+    assert cli.main(["train", "--out", out, "--resume"]) == 0
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["reward/flaky"] == pytest.approx(0.5) for r in rows)
+    info = json.load(open(os.path.join(out, "policy", "policy.json")))
+    assert info["task"] == "dataset" and info["task_kwargs"]["path"] == str(data)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "x.jsonl", "--out", "o"], "--data needs at least one --reward"),
+    (["--reward", "r.py:f", "--out", "o"], "--reward needs --data FILE"),
+    (["--data", "{data}", "--reward", "{rewards}:short", "--out", "o"],
+     "--data: your text is read through a checkpoint's tokenizer"),
+    (["--data", "{data}", "--reward", "{rewards}:short", "--weights", "a,b", "--out", "o"],
+     "--weights 'a,b': expected comma-separated numbers"),
+    (["--data", "{data}", "--reward", "{rewards}:nope", "model=hf:{bpe}", "--out", "o"],
+     "has no function 'nope'"),
+])
+def test_data_flags_report_errors(capsys, tmp_path, argv, message):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hi"}\n')
+    rewards = tmp_path / "r.py"
+    rewards.write_text(DATA_REWARDS)
+    bpe = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+    argv = [a.format(data=data, rewards=rewards, bpe=bpe) for a in argv]
+    assert cli.main(["train", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -323,7 +323,7 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
             continue
         parents = [(d, rew_BKR[b, k].tolist()) for k, d in enumerate(row_slots) if d]
         text = mutation_text(task.task, records[0], parents, m)
-        assert tok.decode(ids).split() == _words(text), b
+        assert _words(tok.decode(ids)) == _words(text), b
         assert ids == tok.prompt_ids(text), b
         for k, (d, _) in enumerate(parents, 1):  # present parents are numbered 1, 2, ...
             assert f"Answer {k}: {d} | scores:" in text

@@ -75,18 +75,24 @@ def test_encode_decode_match_transformers(name):
         assert tok.decode(x["ids"], skip_special_tokens=False) == x["text"], x
 
 
-@pytest.mark.xfail(reason="load_tokenizer ignores tokenizer.json's TemplateProcessing post-"
-                   "processor: transformers prepends <|begin_of_text|> to a plain Llama prompt "
-                   "(encode entries with add_special_tokens=True), vpo's add_bos stays False",
-                   strict=False)
 def test_plain_llama_prompt_starts_with_bos_like_transformers(tmp_path):
+    """tokenizer.json's TemplateProcessing post-processor prepends <|begin_of_text|>, as
+    transformers' encode(add_special_tokens=True) does; an explicit add_bos_token wins."""
     folder = tmp_path / "llama_base"
     shutil.copytree(HF / "llama3_tied", folder)
     (folder / "chat_template.jinja").unlink()  # a base model: plain prompts
     tok = load_tokenizer(folder)
-    for x in _expected("llama3_tied")["encode"]:
-        if x["add_special_tokens"]:
-            assert tok.prompt_ids(x["text"]) == x["ids"], x
+    assert tok.add_bos and tok.bos_id == tok.token_id("<|begin_of_text|>")
+    with_bos = [x for x in _expected("llama3_tied")["encode"] if x["add_special_tokens"]]
+    assert with_bos
+    for x in with_bos:
+        assert tok.prompt_ids(x["text"]) == x["ids"], x
+    tok.save(tmp_path / "saved")
+    assert load_tokenizer(tmp_path / "saved").prompt_ids("hello world") == with_bos[0]["ids"]
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
+    assert not load_tokenizer(folder).add_bos
+    assert not load_tokenizer(BPE).add_bos and not load_tokenizer(HF / "qwen2_tied").add_bos
 
 
 def test_bpe_fixture_chatml_template(bpe):

@@ -96,12 +96,14 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
     policy's tokenizer files (`vpo.tokenizer.Tokenizer.save`), so the folder is self-contained.
 
     Multi-process: every process calls it (the orbax save is collective); process 0 writes the
-    JSON.
+    JSON. `params` must be exactly the `nnx.Param`s of `Decoder(model_cfg)`: a LoRA run exports
+    its merged plain model (`vpo.train.policy_of`), not `TrainState.params` (adapters only).
     """
     import dataclasses
     import json
     import os
 
+    _check_policy_params(model_cfg, params)
     os.makedirs(directory, exist_ok=True)
     target = os.path.join(os.path.abspath(directory), "params")
     with ocp.StandardCheckpointer() as ckptr:
@@ -112,6 +114,25 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
             json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
         if tokenizer is not None:
             tokenizer.save(directory)
+
+
+def _check_policy_params(model_cfg, params) -> None:
+    """Raise if the parameter tree is not the one `Decoder(model_cfg)` has (names compared)."""
+    from flax import nnx
+
+    from vpo.model import Decoder
+
+    def paths(tree):
+        return {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    want = nnx.state(nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    missing, extra = sorted(paths(want) - paths(params)), sorted(paths(params) - paths(want))
+    if missing or extra:
+        raise ValueError(f"save_policy: params do not match the model config (lora_rank "
+                         f"{model_cfg.lora_rank}): missing {missing[:3]}, unexpected {extra[:3]}; "
+                         "pass nnx.state(model, nnx.Param) of that model; for a LoRA "
+                         "TrainState, model = vpo.train.policy_of(graphdef, state) with config "
+                         "vpo.lora.base_config(cfg)")
 
 
 def load_policy(directory: str, mesh=None, **overrides):
@@ -156,8 +177,10 @@ def load_policy(directory: str, mesh=None, **overrides):
 
 def load_model(spec: str, *, mesh=None, **overrides):
     """(Decoder, Tokenizer, info) of a policy folder (`vpo sft` / `vpo train`, its tokenizer
-    beside it) or `hf:/path/to/checkpoint-folder`; `overrides` are ModelConfig fields that do not
-    change the parameters (e.g. a longer max_seq_len). The one loader every entry point uses."""
+    beside it), `hf:/path/to/checkpoint-folder` or `hf:/path/to/model.gguf` (a llama.cpp file,
+    dequantized to float32, its tokenizer rebuilt from its metadata: `vpo.gguf`); `overrides` are
+    ModelConfig fields that do not change the parameters (e.g. a longer max_seq_len). The one
+    loader every entry point uses."""
     import os
 
     from vpo import hf
@@ -175,9 +198,9 @@ def load_model(spec: str, *, mesh=None, **overrides):
 
 
 def tokenizer_for(task, model_spec: str | None = None):
-    """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` or a policy
-    folder), or, for a model preset trained from scratch (None or a preset name), the task's
-    word-level tokenizer (`vpo.tasks.bound.task_word_tokenizer`)."""
+    """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` to a folder
+    or a .gguf file, or a policy folder), or, for a model preset trained from scratch (None or a
+    preset name), the task's word-level tokenizer (`vpo.tasks.bound.task_word_tokenizer`)."""
     import os
 
     from vpo import hf

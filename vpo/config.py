@@ -29,11 +29,22 @@ class RopeScaling:
     original_max_position: int = 8192
 
 
+# LoRA targets: the name a config uses → the projection weight it adapts (`vpo.model`).
+LORA_TARGETS: dict[str, str] = {"q": "wq", "k": "wk", "v": "wv", "o": "wo",
+                                "gate": "w_gate", "up": "w_up", "down": "w_down"}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Decoder-only transformer shapes (Llama 3 / Qwen2 / Qwen2.5 / Qwen3 families).
 
     Dimension key: V vocab, D width, F MLP width, H query heads, N KV heads, E head dim, L layers.
+
+    LoRA (Hu et al., 2021, arXiv 2106.09685; `vpo.lora`): `lora_rank` r > 0 adds low-rank
+    adapters W' = W + (lora_alpha / r)·A·B to the projections named in `lora_targets` (keys of
+    `LORA_TARGETS`; default all seven, as in QLoRA) and trains only those. `lora_alpha` defaults
+    to 16 (r = 8 → scale 2, the common PEFT setting). `lora_targets` also reads a
+    comma-separated string (`model.lora_targets=q,v`).
     """
 
     vocab_size: int = 64  # V
@@ -52,6 +63,9 @@ class ModelConfig:
     max_seq_len: int = 512  # longest prompt + completion the model may be asked to handle
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype (bfloat16 on accelerators)
+    lora_rank: int = 0  # r; 0 = full fine-tuning (no adapters)
+    lora_alpha: float = 16.0  # adapter scale alpha / r
+    lora_targets: tuple[str, ...] | str = tuple(LORA_TARGETS)
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "mlp_dim",
@@ -70,6 +84,26 @@ class ModelConfig:
         for name in ("param_dtype", "dtype"):
             _require(getattr(self, name) in ("float32", "bfloat16", "float16"), f"model.{name}",
                      f"must be one of float32, bfloat16, float16; got {getattr(self, name)!r}")
+        self._check_lora()
+
+    def _check_lora(self):
+        targets = self.lora_targets
+        if isinstance(targets, str):
+            targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+        object.__setattr__(self, "lora_targets", tuple(targets))
+        _require(isinstance(self.lora_rank, int) and 0 <= self.lora_rank <= self.dim,
+                 "model.lora_rank", f"must be an integer in [0, model.dim = {self.dim}] (0: full "
+                 f"fine-tuning); got {self.lora_rank!r}")
+        _require(self.lora_alpha > 0, "model.lora_alpha",
+                 f"must be positive (the adapter scale is alpha / rank); got {self.lora_alpha}")
+        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
+        _require(not bad, "model.lora_targets", f"unknown target(s) {', '.join(map(repr, bad))}; "
+                 f"choose from {', '.join(LORA_TARGETS)}")
+        _require(len(set(self.lora_targets)) == len(self.lora_targets), "model.lora_targets",
+                 f"names a projection twice: {self.lora_targets}")
+        _require(self.lora_rank == 0 or len(self.lora_targets) > 0, "model.lora_targets",
+                 f"is empty but model.lora_rank = {self.lora_rank}; name at least one of "
+                 f"{', '.join(LORA_TARGETS)} or set lora_rank=0")
 
     @property
     def num_params(self) -> int:
@@ -82,6 +116,15 @@ class ModelConfig:
         per_layer = attn + 3 * D * F + 2 * D
         head = 0 if self.tie_embeddings else V * D
         return V * D + L * per_layer + D + head
+
+    @property
+    def num_lora_params(self) -> int:
+        """Adapter parameter count: L · Σ_targets r·(fan_in + fan_out); 0 without LoRA."""
+        D, F, H, N, E = self.dim, self.mlp_dim, self.num_heads, self.num_kv_heads, self.head_dim
+        fans = {"q": (D, H * E), "k": (D, N * E), "v": (D, N * E), "o": (H * E, D),
+                "gate": (D, F), "up": (D, F), "down": (F, D)}
+        per_layer = sum(self.lora_rank * sum(fans[t]) for t in self.lora_targets)
+        return self.num_layers * per_layer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,6 @@ Problems are JSON-able records; `load_jsonl_records` reads them from a file.
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 import grain
@@ -140,24 +139,16 @@ def load_jsonl_records(path: str, task: BoundTask | Task | None = None) -> list[
     malformed line raises a ValueError naming the file and line. With `task`, every record is
     also read as the task reads it (its statement, and its arrays for in-graph tasks), so a
     record with a missing or ill-typed field fails here, at its line, not mid-run."""
-    out: list[Record] = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
-                                 f"{type(row).__name__}")
-            if task is not None:
-                _check_record(task, row, f"{path}:{lineno}")
-            out.append(row)
-    if not out:
-        raise ValueError(f"{path}: no problems (the file is empty)")
-    return out
+    from vpo.tasks.dataset import read_jsonl
+
+    try:
+        lines = read_jsonl(path)
+    except ValueError as e:
+        raise ValueError(str(e).replace("no rows", "no problems")) from None
+    if task is not None:
+        for lineno, row in lines:
+            _check_record(task, row, f"{path}:{lineno}")
+    return [row for _, row in lines]
 
 
 def _check_record(task: BoundTask | Task, record: Record, where: str) -> None:

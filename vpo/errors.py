@@ -7,3 +7,8 @@ class ConfigError(ValueError):
 
 class CheckpointError(ValueError):
     """A checkpoint folder cannot be read as configured; the message names the file and tensor."""
+
+
+class RewardError(ValueError):
+    """A reward function failed or returned bad values; the message names the function, the
+    dataset row and the value."""

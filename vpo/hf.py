@@ -4,9 +4,12 @@ Reads and writes the folders `transformers` saves for Qwen2 / Qwen2.5 (`model_ty
 Qwen3 ("qwen3") and Llama 3 / 3.1 / 3.2 ("llama"): config.json in the transformers 4 and 5
 spellings, one model.safetensors or shards listed in model.safetensors.index.json; the tokenizer
 (tokenizer.json and its special ids and chat template) through `vpo.tokenizer.load_tokenizer`.
+A llama.cpp `.gguf` file (Llama architecture, e.g. SmolLM2) is read too, dequantized to float32
+(`vpo.gguf`); `save_pretrained(model, out, source=file.gguf)` turns it into an ordinary folder.
 No torch or transformers.
 
     model = hf.from_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", mesh=mesh)   # born sharded
+    model = hf.from_pretrained(vpo.gguf.smollm2_path())                     # a .gguf file
     tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")                 # vpo.tokenizer.Tokenizer
     ids = tok.encode(tok.render_chat([{"role": "user", "content": "2+2?"}]))
     hf.save_pretrained(model, "/out/step-1000", source="/ckpt/Qwen2.5-0.5B-Instruct")
@@ -36,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from vpo import gguf
 from vpo.config import ModelConfig, RopeScaling
 from vpo.errors import CheckpointError  # noqa: F401  (re-exported: vpo.hf.CheckpointError)
 from vpo.model import Decoder
@@ -56,7 +60,7 @@ def is_hf_spec(spec: Any) -> bool:
 
 
 def hf_spec_path(spec: str) -> str:
-    """The folder of an `hf:/path/to/folder` spec (`~` expanded)."""
+    """The folder (or .gguf file) of an `hf:/path/to/folder` spec (`~` expanded)."""
     if not is_hf_spec(spec) or not spec[len(HF_PREFIX):]:
         raise ValueError(f"model spec {spec!r}: expected hf:/path/to/checkpoint-folder")
     return os.path.expanduser(spec[len(HF_PREFIX):])
@@ -98,6 +102,13 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
                                                  hf["max_position_embeddings"])))
     except KeyError as e:
         raise CheckpointError(f"config.json: llama3 rope parameters lack {e.args[0]!r}") from None
+
+
+def read_config(path) -> dict:
+    """The config.json dict of a checkpoint folder, or the one a .gguf file's metadata states
+    (`vpo.gguf.hf_config`); `model_config(read_config(path))` is its `ModelConfig`."""
+    p = pathlib.Path(path).expanduser()
+    return gguf.hf_config(p) if gguf.is_gguf(p) else _read_json(p / "config.json")
 
 
 def model_config(hf: dict, *, dtype=None, **overrides: Any) -> ModelConfig:
@@ -249,7 +260,11 @@ def _flat_params(state) -> list[tuple[tuple, str, nnx.Variable]]:
 # -- loading ----------------------------------------------------------------------------------
 
 def _open_checkpoint(folder: pathlib.Path, stack: contextlib.ExitStack) -> dict[str, tuple]:
-    """Checkpoint tensor name → (file, open safetensors handle), over all shards."""
+    """Checkpoint tensor name → (file, open safetensors handle), over all shards; for a .gguf
+    file, (file, `vpo.gguf.TensorFile`), which dequantizes each tensor when it is read."""
+    if gguf.is_gguf(folder):
+        handle = gguf.TensorFile(folder)
+        return {k: (folder, handle) for k in handle.keys()}  # noqa: SIM118 (not a dict)
     from safetensors import safe_open
 
     index = folder / "model.safetensors.index.json"
@@ -273,6 +288,7 @@ def _open_checkpoint(folder: pathlib.Path, stack: contextlib.ExitStack) -> dict[
 
 
 def _check_names(folder, found: dict, tmap: dict, cfg: ModelConfig, model_type: str) -> None:
+    source = "the GGUF metadata" if gguf.is_gguf(folder) else "config.json"
     expected = {name for name, _ in tmap.values()}
     ignored = {"lm_head.weight"} if cfg.tie_embeddings else set()  # transformers re-ties it too
     missing = sorted(expected - set(found))
@@ -280,13 +296,13 @@ def _check_names(folder, found: dict, tmap: dict, cfg: ModelConfig, model_type: 
                         if not n.endswith("rotary_emb.inv_freq"))
     if missing:
         raise CheckpointError(
-            f"{folder}: {len(missing)} tensor(s) that config.json ({model_type}, "
+            f"{folder}: {len(missing)} tensor(s) that {source} ({model_type}, "
             f"{cfg.num_layers} layers, tie_word_embeddings={cfg.tie_embeddings}) requires are "
             f"missing: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     if unexpected:
         where = ", ".join(f"{n} (in {found[n][0].name})" for n in unexpected[:8])
         raise CheckpointError(f"{folder}: unexpected tensor(s) that a {model_type} model as "
-                              f"configured in config.json has no place for: {where}")
+                              f"configured in {source} has no place for: {where}")
 
 
 def _load_tensor(found, name, layout, shape, dtype, sharding):
@@ -294,8 +310,9 @@ def _load_tensor(found, name, layout, shape, dtype, sharding):
     tensor = handle.get_slice(name)
     got, want = tuple(tensor.get_shape()), layout.file_shape(shape)
     if got != want:
-        raise CheckpointError(f"{path}: tensor {name} has shape {list(got)}, but config.json "
-                              f"implies {list(want)}")
+        source = "the GGUF metadata implies" if gguf.is_gguf(path) else "config.json implies"
+        raise CheckpointError(f"{path}: tensor {name} has shape {list(got)}, but {source} "
+                              f"{list(want)}")
     if tensor.get_dtype() not in _FLOAT_DTYPES:
         raise CheckpointError(f"{path}: tensor {name} has dtype {tensor.get_dtype()}; "
                               "expected a float type")
@@ -313,18 +330,20 @@ def _load_tensor(found, name, layout, shape, dtype, sharding):
 
 
 def from_pretrained(path, dtype=None, mesh=None, **overrides: Any) -> Decoder:
-    """The `Decoder` of a local Hugging Face folder (config.json + safetensors).
+    """The `Decoder` of a local Hugging Face folder (config.json + safetensors) or .gguf file.
 
     Args:
-      path: the folder (model.safetensors, or shards + model.safetensors.index.json).
-      dtype: param and compute dtype (default: the checkpoint's `dtype` / `torch_dtype`).
+      path: the folder (model.safetensors, or shards + model.safetensors.index.json), or a
+        llama.cpp .gguf file (Llama architecture; dequantized to float32, see `vpo.gguf`).
+      dtype: param and compute dtype (default: the checkpoint's `dtype` / `torch_dtype`;
+        float32 for a .gguf file).
       mesh: place every tensor straight into its `vpo.sharding` target sharding; each device
         reads only its own block from the file, so none holds a full copy of a sharded tensor.
       overrides: other `ModelConfig` fields, e.g. `param_dtype="float32"`, `max_seq_len=4096`.
     Raises `CheckpointError` naming the file and tensor when the folder does not match its config.
     """
     folder = pathlib.Path(path).expanduser()
-    hf = _read_json(folder / "config.json")
+    hf = read_config(folder)
     cfg = model_config(hf, dtype=dtype, **overrides)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
     shardings = {} if mesh is None else {
@@ -358,13 +377,15 @@ def save_pretrained(model: Decoder, path, *, model_type: str | None = None,
     `model_type` ("qwen2" | "qwen3" | "llama") defaults to `source`'s, else to what the config
     implies (q/k norm → qwen3, qkv bias → qwen2, else llama). `source`, usually the folder the
     model came from, supplies config fields we do not model (token ids, ...), generation_config
-    and the tokenizer files, which are copied. Parameters are written in their own dtype, so
-    saving and loading again is bit-exact. Under multi-host, every process must call this; only
-    process 0 writes.
+    and the tokenizer files, which are copied; a .gguf `source` supplies its metadata's config and
+    its tokenizer, written as tokenizer.json etc. (`Tokenizer.save`), so the folder is complete.
+    Parameters are written in their own dtype, so saving and loading again is bit-exact. Under
+    multi-host, every process must call this; only process 0 writes.
     """
     cfg = model.cfg
     src = None if source is None else pathlib.Path(source).expanduser()
-    base = None if src is None else _read_json(src / "config.json")
+    from_gguf = src is not None and gguf.is_gguf(src)
+    base = None if src is None else read_config(src)
     config = hf_config(cfg, model_type or (base or {}).get("model_type"), base)
     tmap = tensor_map(cfg)
     tensors = {}
@@ -381,11 +402,13 @@ def save_pretrained(model: Decoder, path, *, model_type: str | None = None,
 
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if src is None or not (src / "generation_config.json").exists():
+    if src is None or from_gguf or not (src / "generation_config.json").exists():
         gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                if config.get(k) is not None}
         (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    elsewhere = src is not None and src.resolve() != out.resolve()
+    if from_gguf:  # also rewrites generation_config.json with every stop id
+        gguf.load_tokenizer(src).save(out)
+    elsewhere = src is not None and not from_gguf and src.resolve() != out.resolve()
     for name in ("generation_config.json", *_TOKENIZER_FILES) if elsewhere else ():
         if (src / name).exists():
             shutil.copyfile(src / name, out / name)

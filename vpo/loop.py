@@ -11,11 +11,13 @@ import numpy as np
 from flax import nnx
 
 from vpo import data as data_lib
+from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError
 from vpo.model import Decoder
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
+    HostRLStep,
     TrainState,
     check_run,
     init_state,
@@ -23,6 +25,7 @@ from vpo.train import (
     make_optimizer,
     make_rl_step,
     make_sample_step,
+    policy_of,
     state_from_model,
     step_config,
 )
@@ -49,6 +52,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
     data position and rng), so the run continues exactly as the uninterrupted one would.
     `init` starts from an existing policy (e.g. `vpo sft`'s, via `load_policy`).
+    `config.model.lora_rank` > 0 trains LoRA adapters only (a plain `init` gets them, see
+    `vpo.lora.as_configured`); the exported `policy/` is then the merged plain model.
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
     Returns (graphdef, final state).
     """
@@ -56,6 +61,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
 
     from vpo import checkpoint as ckpt_lib
     from vpo.metrics_log import MetricsLogger
+    from vpo.samples_log import SampleLog, one_line, sample_rows
 
     tcfg = config.train
     records = task.make_problems(tcfg.seed, tcfg.num_problems)
@@ -76,8 +82,9 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         graphdef, state, _ = init_state(config.model, tx, mesh, seed=tcfg.seed,
                                         with_ref=with_ref)
     else:
-        graphdef, state, _ = state_from_model(init, tx, mesh,
-                                              seed=tcfg.seed, with_ref=with_ref)
+        graphdef, state, _ = state_from_model(
+            lora_lib.as_configured(init, config.model, seed=tcfg.seed), tx, mesh,
+            seed=tcfg.seed, with_ref=with_ref)
     data_it = data_lib.problem_iterator(task, tcfg.batch_size * config.objective.oversample,
                                         tcfg.num_answers,
                                         seed=tcfg.seed, records=records, tables=tables,
@@ -103,57 +110,92 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
     bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
                     disable=not progress or jax.process_index() != 0)
-    sample_fn = make_sample_step(graphdef, cfg) if tcfg.profile_every else None
+    samples = SampleLog(out_dir, resume_from=start if start else None)
+    probe_fn = (make_sample_step(graphdef, cfg)
+                if (tcfg.profile_every or tcfg.sample_every) and not task.is_host else None)
+
+    def due(every: int, step: int) -> bool:
+        return every > 0 and (step + 1) % every == 0
+
     compiled = False  # the sampling probe's first call compiles it: done once, untimed
     try:
         for step in bar:
             batch = shard_batch(next(data_it), mesh)
-            host = None
-            if sample_fn is not None and (step + 1) % tcfg.profile_every == 0:
+            host = rollout = rewards = None
+            if due(tcfg.profile_every, step) or due(tcfg.sample_every, step):
                 logger.flush()  # the previous step's row first: its time excludes this probe
-                if not compiled:
-                    jax.block_until_ready(sample_fn(state, batch))
+                if not compiled and not task.is_host:
+                    jax.block_until_ready(probe_fn(state, batch))
                     compiled = True
-                state, metrics, host = profile_step(step_fn, sample_fn, state, batch)
+                state, metrics, host, rollout, rewards = profile_step(step_fn, probe_fn, state,
+                                                                      batch)
             else:
                 state, metrics = step_fn(state, batch)
             done = logger.log(step + 1, metrics, host)  # fetches the previous step's metrics
             if done is not None:
                 bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
+            if rollout is not None and due(tcfg.sample_every, step):
+                rows = sample_rows(task, records, batch, rollout, tcfg.num_answers,
+                                   rewards=rewards)
+                samples.write(step + 1, rows)
+                if rows and progress and jax.process_index() == 0:
+                    bar.write(f"step {step + 1}: {one_line(rows[0])}")
             if (step + 1) % tcfg.checkpoint_every == 0:
                 manager.save(step + 1, state, data_it, config.to_json())
     except KeyboardInterrupt:
         _save_at_exit(manager, state, data_it, config, start)
         raise
+    except Exception:  # a bad reward, a non-finite value: keep the last complete checkpoint
+        manager.wait()
+        raise
     finally:
         logger.close()
+        samples.close()
     _save_at_exit(manager, state, data_it, config, start)
     manager.close()
-    ckpt_lib.save_policy(os.path.join(out_dir, "policy"), config.model, state.params,
+    policy = policy_of(graphdef, state)  # LoRA: adapters folded in, a plain Decoder
+    ckpt_lib.save_policy(os.path.join(out_dir, "policy"), lora_lib.base_config(config.model),
+                         nnx.state(policy, nnx.Param),
                          {"task": config.task, "task_kwargs": config.task_kwargs,
                           "num_answers": config.train.num_answers,
                           "advantage": config.objective.advantage,
-                          "steps": int(jax.device_get(state.step))},
+                          "steps": int(jax.device_get(state.step)),
+                          **({"lora": lora_lib.settings(config.model)}
+                             if config.model.lora_rank else {})},
                          tokenizer=task.tokenizer)  # all processes take part
     return graphdef, state
 
 
 def profile_step(step_fn, sample_fn, state, batch):
-    """Run one step with the sampling vs update split measured → (state, metrics, timings).
+    """Run one step with the sampling vs update split measured → (state, metrics, timings,
+    the step's rollout, its rewards or None).
 
-    The fused step cannot be timed in parts, so the sampling is timed on its own first (a
-    separate jit on the same state and batch: the same samples the step draws), then the
-    unchanged step; `update_time_s` = step − sampling (rewards, advantages and the updates).
-    Training is the same as without profiling; the probe costs one extra sampling pass.
+    A host-reward step (`HostRLStep`) is run part by part: sampling, the reward functions
+    (`reward_time_s`) and the update are timed as they run, and the rewards come back for the
+    sample log. The fused in-graph step cannot be timed in parts, so its sampling is timed on
+    its own first (a separate jit on the same state and batch: the same samples the step
+    draws), then the unchanged step; `update_time_s` = step − sampling. Training is the same
+    as without profiling; for the fused step the probe costs one extra sampling pass.
     """
     jax.block_until_ready(state)  # the previous step is done
+    if isinstance(step_fn, HostRLStep):
+        t0 = time.perf_counter()
+        rollout = jax.block_until_ready(step_fn.sample(state, batch))
+        t1 = time.perf_counter()
+        rewards = step_fn.score(batch, rollout)
+        t2 = time.perf_counter()
+        state, metrics = jax.block_until_ready(step_fn.update(state, batch, rollout, *rewards))
+        t3 = time.perf_counter()
+        return state, metrics, {"step_time_s": t3 - t0, "sampling_time_s": t1 - t0,
+                                "reward_time_s": t2 - t1, "update_time_s": t3 - t2}, \
+            rollout, rewards
     t0 = time.perf_counter()
-    jax.block_until_ready(sample_fn(state, batch))
+    rollout = jax.block_until_ready(sample_fn(state, batch))
     t1 = time.perf_counter()
     state, metrics = jax.block_until_ready(step_fn(state, batch))
     t2 = time.perf_counter()
     return state, metrics, {"step_time_s": t2 - t1, "sampling_time_s": t1 - t0,
-                            "update_time_s": max(t2 - t1 - (t1 - t0), 0.0)}
+                            "update_time_s": max(t2 - t1 - (t1 - t0), 0.0)}, rollout, None
 
 
 def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:

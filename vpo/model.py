@@ -1,9 +1,11 @@
-"""Flax NNX decoder for the Llama 3 / Qwen2 / Qwen2.5 / Qwen3 families, with a shared-prefix KV cache.
+"""Flax NNX decoder for the Llama 3 / Qwen2 / Qwen2.5 / Qwen3 families, with a shared-prefix KV
+cache.
 
 Architecture: token embedding → L × [RMSNorm → GQA attention with RoPE (optional qkv bias, optional
 per-head q/k RMSNorm) → residual → RMSNorm → SwiGLU MLP → residual] → RMSNorm → LM head (tied to
 the embedding or separate). Parameters carry `logical_axes` metadata that `vpo.sharding` maps to
-mesh axes.
+mesh axes. With `cfg.lora_rank` r > 0 the projections named in `cfg.lora_targets` carry a `LoRA`
+adapter (`nnx.LoRAParam` A, B): y = x·W + (α/r)·(x·A)·B (see `vpo.lora`).
 
 Three entry points share one attention routine:
   * `model(tokens_BS, mask_BS)` — full causal forward over left-padded sequences → logits_BSV.
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vpo.config import ModelConfig
+from vpo.config import LORA_TARGETS, ModelConfig
 
 _MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
 
@@ -65,6 +67,61 @@ def _lead(x, ndim: int):
 
 def _param(init, key, shape, dtype, axes):
     return nnx.Param(init(key, shape, dtype), logical_axes=axes)
+
+
+class LoRA(nnx.Module):
+    """Low-rank adapter of one weight W [*in, *out] (Hu et al., 2021, arXiv 2106.09685).
+
+    W' = W + s·A·B with A [*in, r], B [r, *out] (`nnx.LoRAParam`, so the trainer can tell them
+    from the base `nnx.Param`s) and s = alpha / r. A ~ N(0, 1/fan_in), B = 0: an adapted model
+    starts equal to its base. The rank axis has the logical name "lora_rank" (replicated); the
+    others keep W's names, so the adapter shards like its weight.
+    """
+
+    def __init__(self, w: nnx.Param, num_in: int, rank: int, alpha: float, dtype, key):
+        shape, axes = tuple(w.shape), tuple(w.get_metadata("logical_axes"))
+        in_shape, out_shape = shape[:num_in], shape[num_in:]
+        init = nnx.initializers.normal(1.0 / math.sqrt(math.prod(in_shape)))
+        self.scale = alpha / rank
+        self.dtype = dtype
+        self.a = nnx.LoRAParam(init(key, in_shape + (rank,), w.dtype),
+                               logical_axes=axes[:num_in] + ("lora_rank",))
+        self.b = nnx.LoRAParam(jnp.zeros((rank,) + out_shape, w.dtype),
+                               logical_axes=("lora_rank",) + axes[num_in:])
+
+    def __call__(self, x):
+        """x [..., *in] → s·(x·A)·B [..., *out]: the adapter's term of x·W' (never forms the
+        [*in, *out] product). Both products are plain 2-D matmuls over the flattened tokens:
+        XLA's CPU backward of a dot contracting several token axes ran ~1.6x slower."""
+        a, b = self.a[...].astype(self.dtype), self.b[...].astype(self.dtype)
+        r = b.shape[0]
+        lead = x.shape[:x.ndim - (a.ndim - 1)]
+        u_NR = x.reshape(-1, a.size // r) @ a.reshape(-1, r)
+        return ((u_NR * self.scale) @ b.reshape(r, -1)).reshape(lead + b.shape[1:])
+
+    def delta(self):
+        """s·A·B [*in, *out] in float32: what `vpo.lora.merged` adds to W."""
+        a, b = self.a[...].astype(jnp.float32), self.b[...].astype(jnp.float32)
+        return self.scale * jnp.tensordot(a, b, axes=1)
+
+
+def _plus_lora(y, lora: LoRA | None, x):
+    return y if lora is None else y + lora(x)
+
+
+def add_adapters(model: Decoder, key) -> None:
+    """In place: a `LoRA` (rank, alpha, targets of `model.cfg`) on each targeted projection of
+    every layer, A drawn from `key` folded with (layer, target). Leaves the base weights as they
+    are, so a Decoder built with LoRA has the same W as the plain one of the same seed."""
+    cfg = model.cfg
+    for i, layer in enumerate(model.layers):
+        for j, name in enumerate(cfg.lora_targets):
+            weight = LORA_TARGETS[name]
+            owner = layer.attn if name in ("q", "k", "v", "o") else layer.mlp
+            k = jax.random.fold_in(jax.random.fold_in(key, i), j)
+            setattr(owner, weight + "_lora", nnx.data(
+                LoRA(getattr(owner, weight), 2 if name == "o" else 1, cfg.lora_rank,
+                     cfg.lora_alpha, jnp.dtype(cfg.dtype), k)))
 
 
 class RMSNorm(nnx.Module):
@@ -176,15 +233,16 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(E, cfg.norm_eps, pd, "head_dim")
         else:
             self.q_norm = self.k_norm = None
+        self.wq_lora = self.wk_lora = self.wv_lora = self.wo_lora = None  # `add_adapters`
 
-    def _project(self, x, w, b):
-        y = jnp.einsum("bgsd,dhe->bgshe", x, w[...].astype(self.dtype))
+    def _project(self, x, w, b, lora):
+        y = _plus_lora(jnp.einsum("bgsd,dhe->bgshe", x, w[...].astype(self.dtype)), lora, x)
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
     def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP):
-        q = self._project(x_BGSD, self.wq, self.bq)
-        k = self._project(x_BGSD, self.wk, self.bk)
-        v = self._project(x_BGSD, self.wv, self.bv)
+        q = self._project(x_BGSD, self.wq, self.bq, self.wq_lora)
+        k = self._project(x_BGSD, self.wk, self.bk, self.wk_lora)
+        v = self._project(x_BGSD, self.wv, self.bv, self.wv_lora)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -198,6 +256,10 @@ class Attention(nnx.Module):
         N = k.shape[2]
         wo_NHED = self.wo[...].astype(self.dtype).reshape(N, H // N, E, D)
         y = jnp.einsum("bgnhse,nhed->bgsd", out_BGNHSE, wo_NHED)
+        if self.wo_lora is not None:  # query head n·(H/N) + h, as in wo_NHED
+            Bt, G, _, _, S, _ = out_BGNHSE.shape
+            out_BGSHE = out_BGNHSE.transpose(0, 1, 4, 2, 3, 5).reshape(Bt, G, S, H, E)
+            y = y + self.wo_lora(out_BGSHE)
         return y, (k, v)
 
 
@@ -212,11 +274,13 @@ class MLP(nnx.Module):
         self.w_gate = _param(init, rngs.params(), (D, F), pd, ("embed", "mlp"))
         self.w_up = _param(init, rngs.params(), (D, F), pd, ("embed", "mlp"))
         self.w_down = _param(init, rngs.params(), (F, D), pd, ("mlp", "embed"))
+        self.w_gate_lora = self.w_up_lora = self.w_down_lora = None  # `add_adapters`
 
     def __call__(self, x):
-        gate = x @ self.w_gate[...].astype(self.dtype)
-        up = x @ self.w_up[...].astype(self.dtype)
-        return (jax.nn.silu(gate) * up) @ self.w_down[...].astype(self.dtype)
+        gate = _plus_lora(x @ self.w_gate[...].astype(self.dtype), self.w_gate_lora, x)
+        up = _plus_lora(x @ self.w_up[...].astype(self.dtype), self.w_up_lora, x)
+        h = jax.nn.silu(gate) * up
+        return _plus_lora(h @ self.w_down[...].astype(self.dtype), self.w_down_lora, h)
 
 
 class Block(nnx.Module):
@@ -248,6 +312,8 @@ class Decoder(nnx.Module):
         self.lm_head = None if cfg.tie_embeddings else _param(
             nnx.initializers.normal(0.02), rngs.params(), (cfg.dim, cfg.vocab_size), pd,
             ("embed", "vocab"))
+        if cfg.lora_rank:
+            add_adapters(self, rngs.params())  # drawn after every base weight
 
     # -- pieces -------------------------------------------------------------------------------
     def logits(self, hidden_xD):

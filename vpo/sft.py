@@ -19,6 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig
 from vpo.tasks.bound import BoundTask
@@ -40,10 +41,11 @@ def sft_step(state: TrainState, batch, *, graphdef, tx):
 
     batch: {"prompt_BP", "prompt_mask_BP", "target_BT" int32, "target_mask_BT" bool}.
     A non-finite loss or gradient skips the update. Returns (state, {"loss", "skipped_updates"}).
+    Under LoRA (`state.frozen` set) only the adapters in `state.params` are trained.
     """
 
     def loss_fn(params):
-        model = nnx.merge(graphdef, params)
+        model = lora_lib.merge(graphdef, params, state.frozen)
         logp_B1T, _ = completion_logp(model, batch["prompt_BP"], batch["prompt_mask_BP"],
                                       batch["target_BT"][:, None])
         m_BT = batch["target_mask_BT"]
@@ -177,6 +179,9 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
       (bandit, arithmetic), and with a warning when mutation prompt + completion do not fit
       `model_cfg.max_seq_len`; 0 turns it off.
     init: a `Decoder` to start from (a pretrained checkpoint); None starts from random weights.
+      LoRA: with `model_cfg.lora_rank` > 0 (a fresh model, or a plain `init`, which then gets
+      model_cfg's adapters) or an `init` that has adapters, only the adapters train
+      (`vpo.lora`); export the plain policy with `vpo.train.policy_of`.
     """
     if not 0.0 <= mutation_fraction <= 1.0:
         raise ValueError(f"mutation_fraction={mutation_fraction} must be in [0, 1]")
@@ -187,6 +192,8 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     if init is None:
         graphdef, state, _ = init_state(model_cfg, tx, mesh, seed=seed)
     else:
+        if model_cfg.lora_rank and not init.cfg.lora_rank:
+            init = lora_lib.as_configured(init, model_cfg, seed=seed)
         graphdef, state, _ = state_from_model(init, tx, mesh, seed=seed)
         model_cfg = init.cfg
     sets = [demonstration_set(task, num_demos, num_answers, seed)]
@@ -217,9 +224,11 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     losses = []
     pending = None
     for _ in range(steps):
-        idx = [rng.integers(0, len(d["target_BT"]), size=b) for d, b in zip(sets, sizes)]
-        batch = {k: jax.device_put(np.concatenate([d[k][i] for d, i in zip(sets, idx)]),
-                                   sharding_lib.batch_sharding(mesh, sets[0][k].ndim))
+        idx = [rng.integers(0, len(d["target_BT"]), size=b)
+               for d, b in zip(sets, sizes, strict=False)]  # no mutation set: 1 of 2
+        batch = {k: jax.device_put(
+                     np.concatenate([d[k][i] for d, i in zip(sets, idx, strict=True)]),
+                     sharding_lib.batch_sharding(mesh, sets[0][k].ndim))
                  for k in sets[0]}
         state, metrics = step(state, batch)
         if pending is not None:

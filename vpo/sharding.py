@@ -26,6 +26,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),
     "mlp": ("tensor",),
     "head_dim": (),
+    "lora_rank": (),  # LoRA adapters' rank axis (small): replicated
 }
 
 

@@ -2,11 +2,11 @@
 template (rendered with jinja2 as transformers renders it) and the byte string of every token.
 
 Every model, the built-in tiny policy included, comes with one of these: a Hugging Face checkpoint
-folder's `tokenizer.json` + `tokenizer_config.json` + `generation_config.json`
-(`load_tokenizer`), or the word-level vocabulary of the built-in tasks (`word_tokenizer`), saved
-beside the tiny policy like any other checkpoint's tokenizer (`Tokenizer.save`). No other module
-names a special id: the sampler stops on `stop_ids`, pads with `pad_id`, and in-graph rewards read
-generated text through `token_bytes`.
+folder's `tokenizer.json` + `tokenizer_config.json` + `generation_config.json`, or a .gguf file's
+metadata (`load_tokenizer`), or the word-level vocabulary of the built-in tasks
+(`word_tokenizer`), saved beside the tiny policy like any other checkpoint's tokenizer
+(`Tokenizer.save`). No other module names a special id: the sampler stops on `stop_ids`, pads
+with `pad_id`, and in-graph rewards read generated text through `token_bytes`.
 
 Text of a completion: the concatenated bytes of its tokens (`token_bytes`), special tokens
 contributing nothing, decoded as UTF-8 (`completion_text`). For byte-level BPE (Qwen, Llama 3,
@@ -330,10 +330,15 @@ def word_tokenizer(words: Iterable[str], *, added: Sequence[str] = ()) -> Tokeni
 def load_tokenizer(path) -> Tokenizer:
     """The tokenizer of a checkpoint folder: tokenizer.json; special tokens from
     tokenizer_config.json, then generation_config.json, then config.json; every eos id listed
-    anywhere is a stop id; the chat template from chat_template.jinja or tokenizer_config.json."""
+    anywhere is a stop id; the chat template from chat_template.jinja or tokenizer_config.json.
+    A .gguf file's tokenizer is rebuilt from its metadata (`vpo.gguf.load_tokenizer`)."""
     from tokenizers import Tokenizer as Backend
 
+    from vpo import gguf
+
     folder = pathlib.Path(path).expanduser()
+    if gguf.is_gguf(folder):
+        return gguf.load_tokenizer(folder)
     if not (folder / "tokenizer.json").exists():
         raise CheckpointError(f"{folder}: no tokenizer.json (vpo reads fast tokenizers; re-save "
                               "a slow one with transformers' AutoTokenizer.save_pretrained)")
@@ -379,9 +384,28 @@ def load_tokenizer(path) -> Tokenizer:
         template = (folder / "chat_template.jinja").read_text()
     specials = {k: token_str(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     specials = {k: v for k, v in specials.items() if v is not None}
+    # as transformers: an explicit add_bos_token wins, else tokenizer.json's post-processor
+    add_bos = tcfg["add_bos_token"] if "add_bos_token" in tcfg else _template_adds_bos(backend,
+                                                                                        bos)
     return Tokenizer(backend, pad_id=int(pad), stop_ids=stop_ids, bos_id=bos,
-                     add_bos=bool(tcfg.get("add_bos_token", False)), chat_template=template,
-                     special_tokens=specials)
+                     add_bos=bool(add_bos), chat_template=template, special_tokens=specials)
+
+
+def _template_adds_bos(backend, bos_id: int | None) -> bool:
+    """Whether tokenizer.json's post-processor (a TemplateProcessing, alone or in a Sequence)
+    starts a single sequence with the BOS token, as Llama 3's does: transformers' encode with
+    add_special_tokens=True then prepends it to a plain prompt."""
+    if backend.post_processor is None or bos_id is None:
+        return False
+    spec = json.loads(backend.post_processor.__getstate__())
+    templates = [spec] if spec.get("type") == "TemplateProcessing" else [
+        p for p in spec.get("processors") or () if p.get("type") == "TemplateProcessing"]
+    for t in templates:
+        first = (t.get("single") or [{}])[0]
+        if "SpecialToken" in first:
+            name = first["SpecialToken"].get("id")
+            return (t.get("special_tokens") or {}).get(name, {}).get("ids") == [bos_id]
+    return False
 
 
 def _read_json(path: pathlib.Path) -> dict:

@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from vpo import evaluation, objectives
+from vpo import lora as lora_lib
 from vpo import rewards as rewards_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig, SamplerConfig
@@ -41,13 +42,20 @@ from vpo.types import Rollout
 
 
 class TrainState(NamedTuple):
-    """Everything a step changes. `rng` is raw key data (uint32[2]); `ref_params` only with KL."""
+    """Everything a step changes. `rng` is raw key data (uint32[2]); `ref_params` only with KL
+    under full fine-tuning.
+
+    LoRA (`model.lora_rank` > 0, `vpo.lora`): `params` holds only the adapters (what the
+    optimiser sees), `frozen` the base weights (no gradient, no optimiser state); the KL
+    reference is that base with the adapters off, so `ref_params` stays None (no second copy).
+    """
 
     step: jax.Array  # int32 scalar: RL (or SFT) steps taken
-    params: nnx.State  # the policy's nnx.Param state
+    params: nnx.State  # what is trained: all nnx.Params, or the LoRA adapters
     opt_state: optax.OptState
     rng: jax.Array
     ref_params: nnx.State | None = None
+    frozen: nnx.State | None = None  # LoRA: the base nnx.Params
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,49 +91,60 @@ def state_shardings(tx, abstract: TrainState, mesh) -> TrainState:
     opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_sh,
                                    transform_non_params=lambda _: rep)
     ref_sh = None if abstract.ref_params is None else param_sh
-    return TrainState(rep, param_sh, opt_sh, rep, ref_sh)
+    frozen_sh = (None if abstract.frozen is None
+                 else sharding_lib.param_shardings(abstract.frozen, mesh))
+    return TrainState(rep, param_sh, opt_sh, rep, ref_sh, frozen_sh)
 
 
-def _new_state(params, tx, seed: int, with_ref: bool) -> TrainState:
+def _new_state(params, tx, seed: int, with_ref: bool, frozen=None) -> TrainState:
+    """with_ref copies the initial params as the KL reference, under full fine-tuning only
+    (under LoRA the reference is the frozen base itself)."""
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=jax.random.key_data(jax.random.key(seed)),
-                      ref_params=jax.tree.map(jnp.copy, params) if with_ref else None)
+                      ref_params=(jax.tree.map(jnp.copy, params) if with_ref and frozen is None
+                                  else None),
+                      frozen=frozen)
 
 
 def init_state(model_cfg: ModelConfig, tx, mesh, *, seed: int = 0, with_ref: bool = False
                ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """A fresh policy and optimiser state, born sharded on `mesh` (never materialised unsharded).
+    With `model_cfg.lora_rank` > 0 the policy carries adapters and only they are trained.
 
     Returns (graphdef, state, shardings of state).
     """
 
     def create():
-        model = Decoder(model_cfg, rngs=nnx.Rngs(seed))
-        _, params = nnx.split(model, nnx.Param)
-        return _new_state(params, tx, seed, with_ref)
+        _, params, frozen = lora_lib.split(Decoder(model_cfg, rngs=nnx.Rngs(seed)))
+        return _new_state(params, tx, seed, with_ref, frozen)
 
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(seed))),
-                            nnx.Param)
+    graphdef = lora_lib.split(nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(seed))))[0]
     shardings = state_shardings(tx, jax.eval_shape(create), mesh)
     return graphdef, jax.jit(create, out_shardings=shardings)(), shardings
 
 
 def state_from_model(model: Decoder, tx, mesh, *, seed: int = 0, with_ref: bool = False
                      ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
-    """TrainState around existing weights (an SFT result, an HF load), placed on `mesh`."""
-    graphdef, params = nnx.split(model, nnx.Param)
-    abstract = jax.eval_shape(functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref),
-                              params)
-    shardings = state_shardings(tx, abstract, mesh)
+    """TrainState around existing weights (an SFT result, an HF load), placed on `mesh`. A model
+    with adapters (`vpo.lora.with_adapters`) trains only them."""
+    graphdef, params, frozen = lora_lib.split(model)
+    new = functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref)
+    shardings = state_shardings(tx, jax.eval_shape(new, params, frozen=frozen), mesh)
     params = jax.device_put(params, shardings.params)
-    make = jax.jit(functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref),
-                   out_shardings=shardings)
-    return graphdef, make(params), shardings
+    frozen = None if frozen is None else jax.device_put(frozen, shardings.frozen)
+    # through the jit: the state owns its arrays (steps donate them; `model` stays usable)
+    return graphdef, jax.jit(new, out_shardings=shardings)(params, frozen=frozen), shardings
 
 
 def model_of(graphdef: nnx.GraphDef, state: TrainState) -> Decoder:
-    """The policy as an NNX module (for sampling, evaluation, export)."""
-    return nnx.merge(graphdef, state.params)
+    """The policy as an NNX module (for sampling, evaluation); under LoRA the adapted model
+    (export folds it with `vpo.lora.merged`, see `policy_of`)."""
+    return lora_lib.merge(graphdef, state.params, state.frozen)
+
+
+def policy_of(graphdef: nnx.GraphDef, state: TrainState) -> Decoder:
+    """The trained policy as a plain Decoder (LoRA adapters folded in) for export."""
+    return lora_lib.merged(model_of(graphdef, state))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,14 +271,18 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
     data = dict(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP,
                 tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
                 mask_BGT=loss_mask_BGT, adv_BG=adv_BG)
+    ref = None
     if state.ref_params is not None:
         ref = nnx.merge(graphdef, state.ref_params)
+    elif state.frozen is not None and ocfg.kl_coef > 0:  # LoRA: the base, adapters off
+        ref = lora_lib.base_model(model_of(graphdef, state))
+    if ref is not None:
         data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
             ref, prompt_BP, prompt_mask_BP, rollout.tokens_BGT,
             vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl)[0])
 
     def micro_loss(params, mb, den, key):
-        model = nnx.merge(graphdef, params)
+        model = lora_lib.merge(graphdef, params, state.frozen)
         logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
                                     mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
                                     impl=tcfg.logprob_impl)
@@ -354,7 +377,7 @@ def _sample(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Rollout:
     G = cfg.sampler.num_samples
     keys_BG = jax.random.split(k_sample, B * G).reshape(B, G)
     s = cfg.sampler
-    return generate(nnx.merge(graphdef, state.params), batch["prompt_BP"],
+    return generate(model_of(graphdef, state), batch["prompt_BP"],
                     batch["prompt_mask_BP"], keys_BG, jnp.float32(s.temperature),
                     jnp.float32(s.top_p), jnp.int32(s.top_k), max_new_tokens=s.max_new_tokens,
                     stop_ids=cfg.stop_ids, pad_id=cfg.pad_id)
@@ -387,24 +410,35 @@ def make_sample_step(graphdef, cfg: StepConfig) -> Callable:
     return jax.jit(functools.partial(_sample, graphdef=graphdef, cfg=cfg))
 
 
-def make_host_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class HostRLStep:
+    """The host-reward step in its three parts; calling it chains them: (state, batch) ->
+    (state, metrics). The loop may run the parts itself (to time them, or to log the samples
+    with the rewards the step used, without scoring twice)."""
+
+    sample: Callable  # jit: (state, batch) -> Rollout
+    score: Callable  # host: (batch, rollout) -> (rewards_BGMR, solution_mask_BGM) numpy
+    update: Callable  # jit, state donated: (state, batch, rollout, rewards, smask) -> (state, m)
+
+    def __call__(self, state, batch):
+        rollout = self.sample(state, batch)
+        return self.update(state, batch, rollout, *self.score(batch, rollout))
+
+
+def make_host_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -> HostRLStep:
     """The host-reward step: jitted sample → `task.host_score` on the text (numpy) → jitted,
     donated update. `records`: the problems that batch["problems"]["index"] points into."""
-    sample_step = make_sample_step(graphdef, cfg)
 
     def update(state, batch, rollout, rewards, smask):
         return _update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
                        task=task, cfg=cfg)
 
-    update_step = jax.jit(update, donate_argnums=0)
+    def score(batch, rollout):
+        return rewards_lib.host_rewards(task, records, batch["problems"], rollout,
+                                        cfg.train.num_answers)
 
-    def step(state, batch):
-        rollout = sample_step(state, batch)
-        rewards, smask = rewards_lib.host_rewards(task, records, batch["problems"], rollout,
-                                                  cfg.train.num_answers)
-        return update_step(state, batch, rollout, rewards, smask)
-
-    return step
+    return HostRLStep(make_sample_step(graphdef, cfg), score,
+                      jax.jit(update, donate_argnums=0))
 
 
 def step_config(run: RunConfig, task: BoundTask) -> StepConfig:

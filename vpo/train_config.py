@@ -98,6 +98,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     log_every: int = 1
     profile_every: int = 10  # time sampling vs update every this many steps (0: never)
+    sample_every: int = 10  # log prompts, completions, rewards to samples.jsonl (0: never)
     checkpoint_every: int = 50  # steps; also saved at exit
     keep_checkpoints: int = 3
     vocab_block: int = 4096  # training forward: vocabulary tile of the log-prob/entropy scan
@@ -117,6 +118,7 @@ class TrainConfig:
         _require(self.schedule in ("constant", "cosine"), "train.schedule",
                  f"must be 'constant' or 'cosine'; got {self.schedule!r}")
         _require(self.profile_every >= 0, "train.profile_every", "must be >= 0 (0: never)")
+        _require(self.sample_every >= 0, "train.sample_every", "must be >= 0 (0: never)")
         _require(self.learning_rate > 0, "train.learning_rate", "must be positive")
         _require(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _require(self.max_grad_norm > 0, "train.max_grad_norm", "must be positive")

@@ -37,8 +37,8 @@ class Task:
       eval_weights_R: the fixed scalarization w* (non-negative, sums to 1): what GRPO trains on
         and what best@k scores (`score = w*ᵀ r`).
       make_problems(seed, num) -> list[Record]: deterministic in `seed`.
-      statement(record) -> str: the problem as text, the body of every prompt (no leading or
-        trailing whitespace).
+      statement(record) -> str | list[dict]: the problem as text, the body of every prompt (no
+        leading or trailing whitespace); or, for datasets, chat messages ending with the user's.
       answer_hint: what one answer is, completing "Each answer is ...", e.g. "a route: moves
         U D L R separated by spaces".
       score(records, answers) -> (rewards_NMR float32, valid_NM bool): the host scorer, batched.
@@ -63,13 +63,15 @@ class Task:
       words: words beyond those of its prompts' fixed text that the task's texts can contain
         (numbers, grid symbols); the built-in word-level tokenizer is built from them.
       max_answers: the most answers one generation may be asked for.
+      tagless_single: with m = 1, send the statement as written and read the whole completion
+        as the answer (no tags; user datasets, as in TRL).
     """
 
     name: str
     reward_names: tuple[str, ...]
     eval_weights_R: np.ndarray
     make_problems: Callable[[int, int], list[Record]]
-    statement: Callable[[Record], str]
+    statement: Callable[[Record], str | list[dict[str, str]]]
     answer_hint: str
     score: Callable[[Sequence[Record], Sequence[Sequence[str | None]]],
                     tuple[np.ndarray, np.ndarray]]
@@ -82,6 +84,7 @@ class Task:
     mutation_demonstrations: Callable[..., tuple[list[str], list[str]]] | None = None
     words: tuple[str, ...] = ()
     max_answers: int = 8
+    tagless_single: bool = False
 
     def __post_init__(self):
         w = np.asarray(self.eval_weights_R, np.float32)

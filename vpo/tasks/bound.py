@@ -54,9 +54,18 @@ def answer_instruction(task: Task, num_answers: int, *, better: bool = False) ->
             f"<answer {m}> ... </answer {m}>, each {task.answer_hint}.")
 
 
-def prompt_text(task: Task, record: Record, num_answers: int) -> str:
-    """The user message of a plain prompt."""
-    return f"{task.statement(record)}\n{answer_instruction(task, num_answers)}"
+def prompt_text(task: Task, record: Record, num_answers: int) -> str | list[dict[str, str]]:
+    """The user message of a plain prompt: the statement, then the answer instruction. A
+    statement given as chat messages gets the instruction appended to its last (user) message;
+    a `tagless_single` task with m = 1 sends the statement as written."""
+    statement = task.statement(record)
+    if task.tagless_single and num_answers == 1:
+        return statement
+    instruction = answer_instruction(task, num_answers)
+    if isinstance(statement, str):
+        return f"{statement}\n{instruction}"
+    last = statement[-1]
+    return [*statement[:-1], {**last, "content": f"{last['content']}\n{instruction}"}]
 
 
 def _parents_header(task: Task) -> str:
@@ -158,11 +167,11 @@ class BoundTask:
 
     @functools.cached_property
     def _word_tokens(self) -> int:
-        """Most tokens one answer word takes (a leading space included)."""
+        """Most tokens one answer word takes (a leading space included); 1 for a task without
+        symbols or words (a dataset: the budget is then the floor, sampler.max_new_tokens)."""
         words = self.task.symbols if self.task.symbols is not None else self.task.words
         if not words:
-            raise ValueError(f"{self.name}: neither symbols nor words; set the generation "
-                             "budget (sampler.max_new_tokens) yourself")
+            return 1
         return max(len(self.tokenizer.encode(" " + w)) for w in words)
 
     def completion_len(self, num_answers: int) -> int:
@@ -202,13 +211,16 @@ class BoundTask:
     def demonstration_ids(self, record: Record, rng: np.random.Generator, num_answers: int
                           ) -> list[int]:
         """SFT target: the task's demonstrated answers in tags, then the first stop id."""
-        text = answers_lib.format_answers(self.task.demonstrations(record, rng, num_answers))
-        return [*self.tokenizer.encode(text), self.tokenizer.eos_id]
+        return self.answers_ids(self.task.demonstrations(record, rng, num_answers))
 
     def answers_ids(self, answers: Sequence[str]) -> list[int]:
-        """Completion ids of given answer texts (tags, then the first stop id)."""
-        return [*self.tokenizer.encode(answers_lib.format_answers(answers)),
-                self.tokenizer.eos_id]
+        """Completion ids of given answer texts (in tags, or the one answer as written for a
+        `tagless_single` task), then the first stop id."""
+        if self.task.tagless_single and len(answers) == 1:
+            text = answers[0]
+        else:
+            text = answers_lib.format_answers(answers)
+        return [*self.tokenizer.encode(text), self.tokenizer.eos_id]
 
     # -- mutation prompts (search) -----------------------------------------------------------
 
@@ -366,7 +378,10 @@ class BoundTask:
                    ) -> tuple[np.ndarray, np.ndarray]:
         """The task's host scorer on the generations' text → (rewards_NMR, valid_NM)."""
         texts = self.completion_texts(tokens_NT, mask_NT)
-        parsed = [answers_lib.parse_answers(t, num_answers) for t in texts]
+        if self.task.tagless_single and num_answers == 1:
+            parsed = [[t.strip() or None] for t in texts]
+        else:
+            parsed = [answers_lib.parse_answers(t, num_answers) for t in texts]
         rewards, valid = self.task.score(list(records), parsed)
         return np.asarray(rewards, np.float32), np.asarray(valid, bool)
 
@@ -400,24 +415,55 @@ def seq_len_for(task: BoundTask, records: Sequence[Record], num_answers: int, *,
     return need
 
 
+def common_phrases(texts: Sequence[str], *, min_words: int = 3) -> list[str]:
+    """The longest runs of ≥ `min_words` space-separated words, within one line, that occur in
+    every one of `texts` (the fixed sentences of a prompt template: legend, goal, instruction),
+    left to right through the first text's lines."""
+    out: list[str] = []
+    for line in texts[0].split("\n"):
+        words, i = line.split(" "), 0
+        while i < len(words):
+            for j in range(len(words), i + min_words - 1, -1):
+                phrase = " ".join(words[i:j])
+                if phrase.strip() == phrase and all(phrase in t for t in texts):
+                    out.append(phrase)
+                    i = j
+                    break
+            else:
+                i += 1
+    return out
+
+
 def task_word_tokenizer(task: Task, *, num_problems: int = 64) -> Tokenizer:
     """The built-in word-level tokenizer of a task: every word its prompts, mutation prompts,
-    demonstrations and `task.words` can contain, and the answer tags as single tokens."""
+    demonstrations and `task.words` can contain, the answer tags as single tokens, and each
+    fixed sentence of its prompt templates (`common_phrases`) as one token, so the tiny policy
+    reads a prompt as its variable part plus a few template tokens."""
     records = task.make_problems(0, num_problems)
     rng = np.random.default_rng(0)
-    tags = re.compile("|".join(re.escape(t) for t in answers_lib.tag_strings(task.max_answers)))
+    tags = answers_lib.tag_strings(task.max_answers)
+    tag_re = re.compile("|".join(re.escape(t) for t in tags))
 
     def split(text: str) -> set[str]:  # as the tokenizer splits: tags first, then whitespace
-        return {w for piece in tags.split(text) for w in piece.split()}
+        return {w for piece in tag_re.split(text) for w in piece.split()}
 
     words: set[str] = set(task.words) | set(task.symbols or ())
+    phrases: dict[str, None] = {}
     for m in range(1, task.max_answers + 1):
+        prompts = [prompt_text(task, r, m) for r in records]
+        phrases.update(dict.fromkeys(common_phrases(prompts)))
         words |= split(answer_instruction(task, m))
         words |= split(answer_instruction(task, m, better=True))
+    mutations = []
     for r in records:
         demos = task.demonstrations(r, rng, 2)
-        words |= split(mutation_text(task, r, [(d, [0.0] * task.num_rewards) for d in demos], 1))
+        mutations.append(mutation_text(task, r, [(d, [0.0] * task.num_rewards) for d in demos],
+                                       1))
+        words |= split(mutations[-1])
         words |= {w for d in demos for w in d.split()}
+    for m in range(1, task.max_answers + 1):  # the search mutation prompts' fixed sentences
+        texts = [mutation_text(task, r, [], m) for r in records]
+        phrases.update(dict.fromkeys(common_phrases(texts)))
     words |= {f"{q / 10:.1f}" for q in range(11)} | {f"{k}:" for k in range(1, 65)}
     words |= {"Answer", "|", "scores:"}
-    return word_tokenizer(sorted(words), added=answers_lib.tag_strings(task.max_answers))
+    return word_tokenizer(sorted(words), added=(*tags, *phrases))

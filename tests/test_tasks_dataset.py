@@ -1,0 +1,145 @@
+"""A user's dataset + reward functions as a task: JSONL and Parquet rows, text and chat-message
+prompts through the checkpoint's chat template, m = 1 as written vs m answers in tags, invalid
+and duplicate answers never reach the functions, bad rows named."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from vpo.tasks import make_task
+from vpo.tasks.bound import bind
+from vpo.tokenizer import load_tokenizer
+
+BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+
+REWARDS = '''
+CALLS = []
+
+def correct(prompts, completions, answer, **kw):
+    CALLS.append(list(completions))
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+def short(prompts, completions, **kw):
+    return [max(0.0, 1.0 - len(c) / 10) for c in completions]
+'''
+
+ROWS = [
+    {"prompt": "What is 2 + 3?", "answer": "5", "completion": "5"},
+    {"prompt": [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is 4 + 4?"}], "answer": "8",
+     "completion": "8"},
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    (d / "rewards.py").write_text(REWARDS)
+    (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return d
+
+
+@pytest.fixture(scope="module")
+def task(files):
+    t = make_task("dataset", path=str(files / "rows.jsonl"),
+                  rewards=[f"{files}/rewards.py:correct", f"{files}/rewards.py:short"],
+                  weights=[3, 1])
+    return bind(t, load_tokenizer(BPE))
+
+
+def test_components_weights_and_records(task):
+    assert task.name == "rows" and task.reward_names == ("correct", "short")
+    np.testing.assert_allclose(task.eval_weights_R, [0.75, 0.25])
+    assert task.is_host
+    records = task.make_problems(0, 10)
+    assert [r["answer"] for r in records] == ["5", "8"] and [r["_row"] for r in records] == [0, 1]
+
+
+def test_prompts_use_the_chat_template(task):
+    tok = task.tokenizer
+    r0, r1 = task.make_problems(0, 2)
+    # m = 1: the prompt as written (text or messages), through the template
+    assert task.prompt_ids(r0, 1) == tok.prompt_ids(ROWS[0]["prompt"])
+    assert task.prompt_ids(r1, 1) == tok.prompt_ids(ROWS[1]["prompt"])
+    assert "Be brief." in tok.decode(task.prompt_ids(r1, 1), skip_special_tokens=False)
+    # m = 2: the answer instruction joins the last user message
+    text = tok.decode(task.prompt_ids(r1, 2), skip_special_tokens=False)
+    assert "What is 4 + 4?\nGive 2 different answers, <answer 1>" in text
+    assert text.index("Be brief.") < text.index("What is 4 + 4?")
+
+
+def test_scores_reach_functions_only_for_valid_answers(task, files):
+    import sys
+
+    mod = next(m for n, m in sys.modules.items() if n.startswith("vpo_rewards_")
+               and getattr(m, "__file__", "") == str(files / "rewards.py"))
+    mod.CALLS.clear()
+    records = task.make_problems(0, 2)
+    rewards, valid = task.task.score(records, [["5", None, " 5 "], ["", "eight", "8"]])
+    assert mod.CALLS == [["5", "eight", "8"]]  # one batched call; empty, missing, duplicate out
+    assert valid.tolist() == [[True, False, False], [False, True, True]]
+    np.testing.assert_allclose(rewards[0, 0], [1.0, 0.9])
+    np.testing.assert_allclose(rewards[1, 1], [0.0, 0.5])
+    np.testing.assert_allclose(rewards[1, 2], [1.0, 0.9])
+    assert not rewards[~valid].any()
+
+
+def test_host_score_reads_generated_text(task):
+    tok = task.tokenizer
+    records = task.make_problems(0, 2)
+    m1 = [tok.encode("It is 5") + [tok.eos_id], tok.encode("nine") + [tok.eos_id]]
+    m2 = [task.answers_ids(["5", "6"]), task.answers_ids(["8", "8"])]
+    for m, ids in ((1, m1), (2, m2)):
+        T = max(len(x) for x in ids)
+        tokens = np.array([x + [tok.pad_id] * (T - len(x)) for x in ids], np.int32)
+        mask = np.array([[True] * len(x) + [False] * (T - len(x)) for x in ids])
+        rewards, valid = task.host_score(records, tokens, mask, m)
+        assert rewards.shape == (2, m, 2)
+        if m == 1:  # the whole completion is the answer
+            np.testing.assert_allclose(rewards[:, 0, 0], [1.0, 0.0])
+        else:
+            assert valid.tolist() == [[True, True], [True, False]]  # the repeated "8" masked
+            np.testing.assert_allclose(rewards[:, 0, 0], [1.0, 1.0])
+    assert task.answers_ids(["5"]) == tok.encode("5") + [tok.eos_id]  # SFT target, m = 1
+
+
+def test_parquet_rows_read_like_jsonl(files, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": r["prompt"] if isinstance(r["prompt"], str) else "x", "answer": r["answer"]}
+            for r in ROWS]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    t = make_task("dataset", path=str(tmp_path / "rows.parquet"),
+                  rewards=[f"{files}/rewards.py:correct"])
+    assert [r["answer"] for r in t.make_problems(0, 5)] == ["5", "8"]
+    assert t.reward_names == ("correct",)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question": "hi"}, r"row 1 has no `prompt` column \(columns: question\)"),
+    ({"prompt": "  "}, r"row 1: `prompt` is empty"),
+    ({"prompt": [{"role": "user"}]}, r"row 1: `prompt` must be text or a non-empty list"),
+    ({"prompt": [{"role": "assistant", "content": "x"}]}, r"row 1: the last chat message has "
+                                                          r"role 'assistant'"),
+    ({"prompt": 3}, r"row 1: `prompt` must be text"),
+])
+def test_bad_rows_are_named(files, tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=message):
+        make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
+
+
+def test_bad_weights_and_missing_file(files):
+    from vpo.errors import ConfigError
+
+    kw = dict(path=str(files / "rows.jsonl"), rewards=[f"{files}/rewards.py:short"])
+    with pytest.raises(ConfigError, match="--weights: 2 weights for 1 reward components"):
+        make_task("dataset", weights=[1, 2], **kw)
+    with pytest.raises(ConfigError, match="non-negative"):
+        make_task("dataset", weights=[-1], **kw)
+    with pytest.raises(ConfigError, match="--data: no file"):
+        make_task("dataset", path=str(files / "nope.jsonl"), rewards=kw["rewards"])

@@ -1,0 +1,184 @@
+"""A user's dataset and reward functions as a host-scored task (`vpo train --data --reward`).
+
+    task = make_dataset_task("prompts.jsonl", ["rewards.py:correct", "rewards.py:short"],
+                             weights=[0.7, 0.3])
+
+Rows (JSONL, or Parquet through pyarrow) need a `prompt`: text, or a list of chat messages
+(`{"role": ..., "content": ...}`) that the checkpoint's chat template renders. Every other column
+is passed to the reward functions by name (`vpo.reward_fns`); an optional `completion` column
+(text, or a list of m answer texts) gives SFT demonstrations.
+
+With m = 1 the prompt is sent as written and the whole completion is the answer (as in TRL);
+with m > 1 the last user message asks for m answers in `<answer k>` tags and each parsed answer
+is one completion for the reward functions. Empty answers and later duplicates of an earlier
+answer (same words) are invalid slots: never passed, zero reward, masked.
+
+Reward components are the functions' outputs, in [0, 1]; w* = `weights` normalised to sum 1
+(default: equal); solved = w*ᵀr = 1 (full marks on every weighted component).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from vpo.errors import ConfigError
+from vpo.reward_fns import RewardScorer, load_reward_fns
+from vpo.tasks import answers as answers_lib
+from vpo.tasks.base import Record, Task
+
+ANSWER_HINT = "a complete answer"
+ROW = "_row"  # the record's index in the file (not passed to reward functions)
+
+
+def read_jsonl(path: str) -> list[tuple[int, Record]]:
+    """(line number, JSON object) per non-blank line; a bad line is a ValueError naming the
+    file and line."""
+    out: list[tuple[int, Record]] = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
+                                 f"{type(row).__name__}")
+            out.append((lineno, row))
+    if not out:
+        raise ValueError(f"{path}: no rows (the file is empty)")
+    return out
+
+
+def read_rows(path: str) -> list[Record]:
+    """The rows of a `.jsonl` / `.json` (JSON lines) or `.parquet` file, as dicts."""
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--data: no file {path}")
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError(f"--data {path}: reading Parquet needs pyarrow; pip install "
+                              "pyarrow (or vpo[data]), or convert the file to JSONL") from None
+        rows = pq.read_table(path).to_pylist()
+        if not rows:
+            raise ValueError(f"{path}: no rows (the table is empty)")
+        return rows
+    return [row for _, row in read_jsonl(path)]
+
+
+def _check_prompt(prompt: Any, where: str) -> None:
+    if isinstance(prompt, str):
+        if prompt.strip():
+            return
+        raise ValueError(f"{where}: `prompt` is empty; give the prompt text")
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in prompt):
+        if prompt[-1]["role"] == "user":
+            return
+        raise ValueError(f"{where}: the last chat message has role {prompt[-1]['role']!r}; "
+                         "end the prompt with a user message")
+    raise ValueError(f"{where}: `prompt` must be text or a non-empty list of "
+                     "{'role': ..., 'content': ...} messages; got "
+                     f"{type(prompt).__name__} {str(prompt)[:60]!r}")
+
+
+def check_rows(rows: Sequence[Record], where: str) -> list[Record]:
+    """Each row has a usable `prompt`; returns copies carrying their index (`_row`)."""
+    out = []
+    for i, row in enumerate(rows):
+        if "prompt" not in row:
+            raise ValueError(f"{where}: row {i} has no `prompt` column (columns: "
+                             f"{', '.join(row)}); name the prompt column `prompt`")
+        _check_prompt(row["prompt"], f"{where}: row {i}")
+        out.append({**row, ROW: i})
+    return out
+
+
+def _weights(weights: Sequence[float] | None, names: Sequence[str]) -> np.ndarray:
+    R = len(names)
+    if weights is None:
+        return np.full((R,), 1.0 / R, np.float32)
+    w = np.asarray([float(x) for x in weights], np.float64)
+    if w.shape != (R,):
+        raise ConfigError(f"--weights: {len(w)} weights for {R} reward components "
+                          f"({', '.join(names)}); give one weight per component")
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ConfigError(f"--weights: {w.tolist()} must be finite, non-negative and not all "
+                          "zero")
+    return (w / w.sum()).astype(np.float32)
+
+
+def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float] | None = None,
+                      *, max_answers: int = 8, answer_hint: str = ANSWER_HINT,
+                      reward_workers: int = 0, reward_timeout: float | None = None,
+                      name: str | None = None) -> Task:
+    """The task of a dataset file and reward functions (see the module docstring).
+
+    `rewards`: `MODULE:FUNCTION` specs. `reward_workers` > 0 runs the functions in a process
+    pool with `reward_timeout` seconds per call.
+    """
+    rows = check_rows(read_rows(path), path)
+    fns = load_reward_fns(list(rewards), rows[0])
+    scorer = RewardScorer(fns, workers=reward_workers, timeout=reward_timeout)
+    names = scorer.names
+    w_R = _weights(weights, names)
+
+    def make_problems(seed: int, num: int) -> list[Record]:
+        del seed  # a dataset is a fixed list: the first `num` rows, in file order
+        return rows[:num]
+
+    def score(records, answers):
+        N = len(records)
+        M = max((len(a) for a in answers), default=0)
+        rewards_NMR = np.zeros((N, M, len(names)), np.float32)
+        valid_NM = np.zeros((N, M), bool)
+        flat: list[tuple[int, int]] = []
+        for n, slots in enumerate(answers):
+            for m, a in enumerate(answers_lib.without_duplicates(
+                    [a if a and a.strip() else None for a in slots])):
+                if a is not None:
+                    flat.append((n, m))
+        if flat:
+            got = scorer([records[n] for n, _ in flat],
+                         [answers[n][m].strip() for n, m in flat],
+                         [records[n][ROW] for n, _ in flat])
+            for (n, m), r in zip(flat, got, strict=True):
+                rewards_NMR[n, m] = r
+                valid_NM[n, m] = True
+        return rewards_NMR, valid_NM
+
+    def demonstrations(record: Record, rng, num_answers: int) -> list[str]:
+        del rng
+        given = record.get("completion")
+        if given is None:
+            raise ValueError(f"{path}: row {record[ROW]} has no `completion` column; SFT on a "
+                             "dataset needs one (text, or a list of m answer texts)")
+        texts = [given] if isinstance(given, str) else [str(t) for t in given]
+        if len(texts) < num_answers:
+            raise ValueError(f"{path}: row {record[ROW]} gives {len(texts)} completion(s) for "
+                             f"m = {num_answers} answers; give a list of {num_answers}")
+        return texts[:num_answers]
+
+    return Task(
+        name=name or os.path.splitext(os.path.basename(path))[0],
+        reward_names=names,
+        eval_weights_R=w_R,
+        make_problems=make_problems,
+        statement=lambda record: record["prompt"],
+        answer_hint=answer_hint,
+        score=score,
+        solved=lambda r: jnp.dot(jnp.asarray(r, jnp.float32), jnp.asarray(w_R)) >= 1.0 - 1e-6,
+        demonstrations=demonstrations,
+        max_answers=max_answers,
+        tagless_single=True,
+    )
