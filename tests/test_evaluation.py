@@ -237,7 +237,8 @@ def test_evaluate_policy_samples_a_real_policy(tmp_path):
     with pytest.raises(ValueError, match="multiple of num_answers"):
         policy_eval.sample_pool(model, task, records, num_answers=3, budget=4,
                                 key=jax.random.key(0))
-    short = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=16),
+    need = task.prompt_arrays(records, 2)[0].shape[1] + task.completion_len(2)
+    short = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need - 1),
                     rngs=nnx.Rngs(0))
     with pytest.raises(ConfigError, match="model.max_seq_len"):
         policy_eval.sample_pool(short, task, records, num_answers=2, budget=4,
