@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from vpo.tasks import answers as answers_lib
 from vpo.tasks.bound import BoundTask
 
 JSONL = "samples.jsonl"
@@ -42,10 +41,7 @@ def sample_rows(task: BoundTask, records, batch, rollout, num_answers: int, *,
     prompt_text = task.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
     rows = []
     for g in range(G):
-        if task.task.tagless_single and num_answers == 1:
-            parsed = [texts[g].strip() or None]
-        else:
-            parsed = answers_lib.parse_answers(texts[g], num_answers)
+        parsed = task.parse_text(texts[g], num_answers)
         scores_M = rewards_GMR[g] @ task.eval_weights_R
         rows.append({
             "prompt": prompt_text, "completion": texts[g],

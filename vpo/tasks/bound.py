@@ -374,14 +374,18 @@ class BoundTask:
         rewards_MR, _ = self.score_symbols(problem, sym_MA, smask_MA)
         return jnp.where(valid_M[:, None], rewards_MR, 0.0), valid_M
 
+    def parse_text(self, text: str, num_answers: int) -> list[str | None]:
+        """The m answer slots of a generation's text (`answers.parse_answers`); for a
+        `tagless_single` task with m = 1 the whole stripped text is the one answer."""
+        if self.task.tagless_single and num_answers == 1:
+            return [text.strip() or None]
+        return answers_lib.parse_answers(text, num_answers)
+
     def host_score(self, records: Sequence[Record], tokens_NT, mask_NT, num_answers: int
                    ) -> tuple[np.ndarray, np.ndarray]:
         """The task's host scorer on the generations' text → (rewards_NMR, valid_NM)."""
-        texts = self.completion_texts(tokens_NT, mask_NT)
-        if self.task.tagless_single and num_answers == 1:
-            parsed = [[t.strip() or None] for t in texts]
-        else:
-            parsed = [answers_lib.parse_answers(t, num_answers) for t in texts]
+        parsed = [self.parse_text(t, num_answers)
+                  for t in self.completion_texts(tokens_NT, mask_NT)]
         rewards, valid = self.task.score(list(records), parsed)
         return np.asarray(rewards, np.float32), np.asarray(valid, bool)
 
