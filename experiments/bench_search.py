@@ -5,7 +5,7 @@ Run:  python experiments/bench_search.py            (add --quick for a short smo
 Both arms run the same search (same model, task, problem, config, keys and candidate budget) on
 the program task, bound to its built-in word-level tokenizer, with a randomly initialised
 decoder. The host arm is the usual driver: per generation, a jitted parent-selection +
-prompt-building call, the library's jitted sampler (`vpo.sampler._generate_jit`), a jitted
+prompt-building call, the library's jitted sampler (`vpo.sampler.generate` under jit), a jitted
 answer-reading (symbol ids) + reward + replacement + migration call, and a device→host read of
 the best fitness (logging / early stop). Compile time is measured separately (first
 call); throughput = candidates evaluated per second, median over repetitions. No assertions.
@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
-from bench_sampler import _time  # experiments/ is sys.path[0] when run as a script
 from flax import nnx
 
 from vpo import _search_ops as ops
 from vpo import search
 from vpo.config import model_preset
 from vpo.model import Decoder
-from vpo.sampler import _generate_jit
+from vpo.sampler import generate
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind, seq_len_for, task_word_tokenizer
 
@@ -49,8 +50,8 @@ def select_and_prompt(task, cfg, state, key, problem):
     par = jax.vmap(ops.take)(state.population, idx_IBK)
     flat = lambda x: x.reshape((I * B,) + x.shape[2:])  # noqa: E731
     prompts_BP, mask_BP = search.lm_prompts(
-        task, cfg, problem, flat(par.tokens_IQA), flat(par.mask_IQA & present_IBK[..., None]),
-        flat(par.rewards_IQR), flat(fresh_IB))
+        task, cfg, problem, flat(par.tokens_XA), flat(par.mask_XA & present_IBK[..., None]),
+        flat(par.rewards_XR), flat(fresh_IB))
     keys_B1 = jax.random.split(k_prop, I * B).reshape(I * B, 1)
     return idx_IBK, present_IBK, fresh_IB, prompts_BP, mask_BP, keys_B1
 
@@ -59,14 +60,38 @@ def select_and_prompt(task, cfg, state, key, problem):
 def score_and_replace(task, cfg, state, idx_IBK, present_IBK, fresh_IB, tokens_BT, mask_BT,
                       problem):
     answers = search.split_completions(task, cfg, tokens_BT, mask_BT)
-    state = search.absorb(task, cfg, None, state, idx_IBK, present_IBK, fresh_IB, None,
-                          lambda *a, **k: answers, problem, jax.random.key(0))
+    state = search.absorb(task, cfg, None, lambda *a: answers, state, idx_IBK, present_IBK,
+                          fresh_IB, jax.random.key(0))
     return search.island_step(cfg, state)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "task", "cfg"))
 def init_jit(graphdef, params, task, cfg, problem, key):
-    return search.init_population(nnx.merge(graphdef, params), task, problem, cfg, key)
+    propose = functools.partial(search.lm_propose, nnx.merge(graphdef, params), task=task,
+                                cfg=cfg)
+    init, _ = search.make_search(task, cfg, propose)
+    return init(key, problem)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "stop_ids", "pad_id"))
+def generate_jit(graphdef, params, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+                 max_new_tokens, stop_ids, pad_id):
+    return generate(nnx.merge(graphdef, params), prompts_BP, mask_BP, keys_BG, temperature,
+                    top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                    pad_id=pad_id)
+
+
+def _time(fn, repeats):
+    """(first call incl. compile, median of `repeats` later calls) in seconds."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
 
 
 def host_loop(model, task, problem, cfg, key):
@@ -77,7 +102,7 @@ def host_loop(model, task, problem, cfg, key):
     best = []
     for k in jax.random.split(k_run, cfg.generations):
         idx, present, fresh, prompts, mask, keys = select_and_prompt(task, cfg, state, k, problem)
-        roll = _generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
+        roll = generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
                              jnp.float32(cfg.top_p), jnp.int32(0),
                              max_new_tokens=task.completion_len(cfg.num_answers),
                              stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id)
@@ -96,7 +121,7 @@ def sampler_only(model, task, problem, cfg, key):
     *_, prompts, mask, keys = select_and_prompt(task, cfg, state, k_run, problem)
     roll = None
     for _ in range(cfg.generations):
-        roll = _generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
+        roll = generate_jit(graphdef, params, prompts, mask, keys, jnp.float32(cfg.temperature),
                              jnp.float32(cfg.top_p), jnp.int32(0),
                              max_new_tokens=task.completion_len(cfg.num_answers),
                              stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id)
@@ -137,7 +162,7 @@ def main():
             lambda cfg=cfg, problem=problem: host_loop(model, task, problem, cfg, key),
             conf["repeats"])
         assert int(g_state.evaluated[0]) == int(h_state.evaluated) == cfg.budget
-        same = bool(jnp.array_equal(g_state.population.id_IQ[0], h_state.population.id_IQ))
+        same = bool(jnp.array_equal(g_state.population.id_X[0], h_state.population.id_X))
         for name, first, med in [("in-graph (1 jit)", g_first, g_med),
                                  ("host loop", h_first, h_med)]:
             print(f"  {name:18s} first call {first:7.2f}s  median {med * 1e3:8.1f} ms  "

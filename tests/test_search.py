@@ -128,22 +128,22 @@ def test_elitist_replacement_and_dedup():
     keep = np.asarray(ops.dedup_children(members, children))
     assert keep.tolist() == [False, True, False, False, True]
     out = ops.replace_elitist(members, children)
-    assert np.asarray(out.id_IQ).tolist() == [1, 11, 0, 14]  # the best 4 distinct, best first
-    np.testing.assert_allclose(out.fitness_IQ, [0.9, 0.7, 0.5, 0.3])
-    assert np.asarray(out.age_IQ).tolist() == [1, 0, 1, 0]
+    assert np.asarray(out.id_X).tolist() == [1, 11, 0, 14]  # the best 4 distinct, best first
+    np.testing.assert_allclose(out.fitness_X, [0.9, 0.7, 0.5, 0.3])
+    assert np.asarray(out.age_X).tolist() == [1, 0, 1, 0]
     # a child tied with the worst member loses the tie
     full = pop_of([row(5), row(6), row(7), row(4)], [0.5, 0.9, 0.3, 0.3])
     same = ops.replace_elitist(full, pop_of([row(9)], [0.3], ids=[20]))
-    assert np.asarray(same.id_IQ).tolist() == [1, 0, 2, 3]
+    assert np.asarray(same.id_X).tolist() == [1, 0, 2, 3]
     # symbol id 0 is an ordinary symbol: answers differing only in a 0 are distinct, and the
     # same symbols under a shorter mask are a different (shorter) answer
     zeros = pop_of([row(0), [0] * (A - 1) + [1]], [0.5, 0.4])
-    assert np.asarray(ops.first_unique(zeros.tokens_IQA, zeros.mask_IQA,
-                                       zeros.valid_IQ)).tolist() == [True, True]
-    short = zeros._replace(tokens_IQA=zeros.tokens_IQA.at[1].set(0),
-                           mask_IQA=zeros.mask_IQA.at[1, -1].set(False))
-    assert np.asarray(ops.first_unique(short.tokens_IQA, short.mask_IQA,
-                                       short.valid_IQ)).tolist() == [True, True]
+    assert np.asarray(ops.first_unique(zeros.tokens_XA, zeros.mask_XA,
+                                       zeros.valid_X)).tolist() == [True, True]
+    short = zeros._replace(tokens_XA=zeros.tokens_XA.at[1].set(0),
+                           mask_XA=zeros.mask_XA.at[1, -1].set(False))
+    assert np.asarray(ops.first_unique(short.tokens_XA, short.mask_XA,
+                                       short.valid_X)).tolist() == [True, True]
 
 
 def test_selection_prefers_fitness_and_skips_empty_slots():
@@ -166,24 +166,24 @@ def test_ring_migration_moves_exactly_the_best_k():
                   ids=[10 * i + j for j in range(4)]) for i in range(3)]
     pop = jax.tree.map(lambda *x: jnp.stack(x), *isl)
     out = ops.migrate(pop, 2)
-    ids = np.asarray(out.id_IQ)
+    ids = np.asarray(out.id_X)
     # island i receives ids {10(i-1)+1, 10(i-1)+2} into its two worst slots (0 and 3)
     for i in range(3):
         src = 10 * ((i - 1) % 3)
         assert sorted(ids[i].tolist()) == sorted([src + 1, src + 2, 10 * i + 1, 10 * i + 2])
         assert ids[i][1] == 10 * i + 1 and ids[i][2] == 10 * i + 2  # the best stay put
     # a migrant already present in the destination is skipped
-    dup = pop._replace(tokens_IQA=pop.tokens_IQA.at[1, 0].set(pop.tokens_IQA[0, 1]))
-    ids = np.asarray(ops.migrate(dup, 1).id_IQ)
+    dup = pop._replace(tokens_XA=pop.tokens_XA.at[1, 0].set(pop.tokens_XA[0, 1]))
+    ids = np.asarray(ops.migrate(dup, 1).id_X)
     assert ids[1].tolist() == [10, 11, 12, 13]  # unchanged
-    assert np.asarray(ops.migrate(pop, 1).id_IQ)[1].tolist() == [1, 11, 12, 13]
+    assert np.asarray(ops.migrate(pop, 1).id_X)[1].tolist() == [1, 11, 12, 13]
 
 
 def test_reset_seeds_weakest_island_with_global_elites():
     isl = [pop_of([row(4 + 4 * i + j) for j in range(4)], np.array([1, 2, 3, 4]) / (10 * (i + 1)),
                   ids=[10 * i + j for j in range(4)]) for i in range(3)]
     pop = jax.tree.map(lambda *x: jnp.stack(x), *isl)
-    ids = np.asarray(ops.reset_weakest(pop, 1).id_IQ)
+    ids = np.asarray(ops.reset_weakest(pop, 1).id_X)
     assert ids[0].tolist() == [0, 1, 2, 3] and ids[1].tolist() == [10, 11, 12, 13]
     assert ids[2].tolist() == [3, 2, 1, 13]  # global top-4 by fitness: .4, .3, .2, .2
 
@@ -212,23 +212,42 @@ def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
         assert np.all(np.diff(best, axis=-1) >= 0), method  # best-so-far never drops
     state, _ = runs["search"]
     pop = state.population
-    np.testing.assert_array_equal(np.asarray(pop.fitness_IQ).max(axis=(1, 2)),
+    np.testing.assert_array_equal(np.asarray(pop.fitness_X).max(axis=(1, 2)),
                                   np.asarray(state.best_fitness))  # elitism keeps the best
-    ids = np.asarray(pop.id_IQ)
+    ids = np.asarray(pop.id_X)
     assert np.all((ids >= 0) & (ids < CFG.budget))
     for n in range(4):  # no duplicates inside an island
         for i in range(CFG.islands):
-            keys = {tuple(t) for t in np.asarray(pop.tokens_IQA[n, i])}
+            keys = {tuple(t) for t in np.asarray(pop.tokens_XA[n, i])}
             assert len(keys) == CFG.members
     # members are symbol ids whose in-graph rewards equal the task's host scorer on their text
-    tok, msk = np.asarray(pop.tokens_IQA[0]), np.asarray(pop.mask_IQA[0])
+    tok, msk = np.asarray(pop.tokens_XA[0]), np.asarray(pop.mask_XA[0])
     assert np.all((tok >= 0) & (tok < SYM)) and msk.all()
     records = TASK.make_problems(0, 4)
     texts = [[TASK.symbols_text(t, m)] for t, m in zip(tok.reshape(-1, A), msk.reshape(-1, A),
                                                          strict=True)]
     host, valid = MATCH.score([records[0]] * len(texts), texts)
     assert valid.all()
-    np.testing.assert_array_equal(host[:, 0], np.asarray(pop.rewards_IQR[0]).reshape(-1, A))
+    np.testing.assert_array_equal(host[:, 0], np.asarray(pop.rewards_XR[0]).reshape(-1, A))
+
+
+def test_make_search_init_and_step_are_the_search_run_method_runs():
+    """The evosax shape: init(key, problem) then step(key, state) per generation, jitted,
+    give the final state of run_search's one-jit scan (same keys)."""
+    cfg = search.SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
+                              migration_interval=1, num_answers=2)
+    problems = match_problems(0, 1, cfg.num_answers)
+    want, _ = search.run_search(None, TASK, jax.tree.map(lambda x: x[0], problems), cfg,
+                                jax.random.key(0), propose=edit_propose)
+    init, step = search.make_search(TASK, cfg, functools.partial(edit_propose, None, task=TASK,
+                                                                 cfg=cfg))
+    k_init, k_run = jax.random.split(jax.random.fold_in(jax.random.key(0), 0))
+    state = jax.jit(init)(k_init, jax.tree.map(lambda x: jnp.asarray(x)[0], problems))
+    step = jax.jit(step)
+    for k in jax.random.split(k_run, cfg.generations):
+        state = step(k, state)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_search_beats_best_of_n_at_equal_budget(match_runs):
@@ -250,7 +269,7 @@ def test_islands_sharded_on_8_devices_match_single_device():
                              mesh=mesh)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    tok = many[0].population.tokens_IQA
+    tok = many[0].population.tokens_XA
     assert len(tok.sharding.device_set) == 8 and not tok.sharding.is_fully_replicated
     with pytest.raises(ConfigError, match="search.islands"):
         search.run_method("search", None, TASK, problems,
@@ -348,15 +367,15 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     state, trace = search.run_search(model, task, jax.tree.map(lambda x: x[0], problems), cfg,
                                      key)
     pop = state.population
-    assert pop.tokens_IQA.shape == (2, 2, task.answer_len) and int(state.evaluated) == 12
-    f, v = np.asarray(pop.fitness_IQ), np.asarray(pop.valid_IQ)
+    assert pop.tokens_XA.shape == (2, 2, task.answer_len) and int(state.evaluated) == 12
+    f, v = np.asarray(pop.fitness_X), np.asarray(pop.valid_X)
     assert np.all(np.where(v, (f >= 0) & (f <= 1), np.isneginf(f)))
-    tok, msk = np.asarray(pop.tokens_IQA), np.asarray(pop.mask_IQA)
+    tok, msk = np.asarray(pop.tokens_XA), np.asarray(pop.mask_XA)
     assert np.all((tok >= 0) & (tok < len(task.task.symbols)))
     for i, q in zip(*np.nonzero(v), strict=True):  # valid members: host score of their text
         host, ok = task.task.score([records[0]], [[task.symbols_text(tok[i, q], msk[i, q])]])
         assert ok[0, 0]
-        np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_IQR[i, q]))
+        np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_XR[i, q]))
     json_path, png = search.write_report(str(tmp_path), traces)
     with open(json_path) as fh:
         summary = json.load(fh)

@@ -1,9 +1,9 @@
 """Population operators of the in-graph evolutionary search (pure jnp, one problem, no config).
 
-A `Population` holds X candidate slots (Q members of an island, or C children; a leading I axis
-for all islands). A candidate is one answer as symbol ids of the task's alphabet
-(`Task.symbols`), with a mask. Empty slots have `valid = False`, `fitness = -inf`, `id = -1`
-and zero symbols. Two candidates are the same when their symbols (under their masks) agree.
+A `Population` holds candidate slots; its suffix X stands for the slot axes, which the caller
+names: [Q] members of one island, [I, Q] all islands, [C] or [N] a flat batch of children. A
+candidate is one answer as symbol ids of the task's alphabet (`Task.symbols`), with a mask.
+Empty slots have `valid = False`, `fitness = -inf`, `id = -1` and zero symbols. Two candidates are the same when their symbols (under their masks) agree.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import jax.numpy as jnp
 
 
 class Population(NamedTuple):
-    """Candidate slots; the suffix names the member layout [I, Q] (children use C for Q)."""
+    """Candidate slots over the slot axes X ([Q], [I, Q], [C], ...)."""
 
-    tokens_IQA: jax.Array  # int32 answer symbol ids, 0 outside the mask
-    mask_IQA: jax.Array  # bool
-    rewards_IQR: jax.Array  # float32, zero rows for empty slots
-    fitness_IQ: jax.Array  # float32 w*ᵀr, -inf for empty slots
-    valid_IQ: jax.Array  # bool
-    age_IQ: jax.Array  # int32 generations survived
-    id_IQ: jax.Array  # int32 evaluation index of the candidate, -1 for empty slots
+    tokens_XA: jax.Array  # int32 answer symbol ids, 0 outside the mask
+    mask_XA: jax.Array  # bool
+    rewards_XR: jax.Array  # float32, zero rows for empty slots
+    fitness_X: jax.Array  # float32 w*ᵀr, -inf for empty slots
+    valid_X: jax.Array  # bool
+    age_X: jax.Array  # int32 generations survived
+    id_X: jax.Array  # int32 evaluation index of the candidate, -1 for empty slots
 
 
 def empty_population(lead: tuple[int, ...], answer_len: int, num_rewards: int) -> Population:
@@ -37,12 +37,12 @@ def empty_population(lead: tuple[int, ...], answer_len: int, num_rewards: int) -
 
 def clear_invalid(pop: Population) -> Population:
     """Empty every slot whose `valid` is False (zero symbols and rewards, -inf fitness, id -1)."""
-    v = pop.valid_IQ
+    v = pop.valid_X
     return Population(
-        jnp.where(v[..., None] & pop.mask_IQA, pop.tokens_IQA, 0),
-        v[..., None] & pop.mask_IQA, jnp.where(v[..., None], pop.rewards_IQR, 0.0),
-        jnp.where(v, pop.fitness_IQ, -jnp.inf), v, jnp.where(v, pop.age_IQ, 0),
-        jnp.where(v, pop.id_IQ, -1))
+        jnp.where(v[..., None] & pop.mask_XA, pop.tokens_XA, 0),
+        v[..., None] & pop.mask_XA, jnp.where(v[..., None], pop.rewards_XR, 0.0),
+        jnp.where(v, pop.fitness_X, -jnp.inf), v, jnp.where(v, pop.age_X, 0),
+        jnp.where(v, pop.id_X, -1))
 
 
 def fitness(rewards_XR: jax.Array, valid_X: jax.Array, weights_R) -> jax.Array:
@@ -72,10 +72,10 @@ def first_unique(tokens_XA, mask_XA, valid_X) -> jax.Array:
 
 def dedup_children(members: Population, children: Population) -> jax.Array:
     """valid_C of the children that differ from every valid member and every earlier child."""
-    in_members_C = jnp.any(same_answers(children.tokens_IQA, children.mask_IQA,
-                                        members.tokens_IQA, members.mask_IQA)
-                           & members.valid_IQ[None, :], axis=-1)
-    unique_C = first_unique(children.tokens_IQA, children.mask_IQA, children.valid_IQ)
+    in_members_C = jnp.any(same_answers(children.tokens_XA, children.mask_XA,
+                                        members.tokens_XA, members.mask_XA)
+                           & members.valid_X[None, :], axis=-1)
+    unique_C = first_unique(children.tokens_XA, children.mask_XA, children.valid_X)
     return unique_C & ~in_members_C
 
 
@@ -90,11 +90,11 @@ def replace_elitist(members: Population, children: Population) -> Population:
     Survivors age by one generation; children enter with age 0.
     """
     keep_C = dedup_children(members, children)
-    children = clear_invalid(children._replace(valid_IQ=keep_C))
+    children = clear_invalid(children._replace(valid_X=keep_C))
     both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), members, children)
-    both = both._replace(age_IQ=jnp.concatenate([members.age_IQ + 1, children.age_IQ]))
-    Q = members.valid_IQ.shape[0]
-    _, idx_Q = jax.lax.top_k(both.fitness_IQ, Q)  # lower index first on ties
+    both = both._replace(age_X=jnp.concatenate([members.age_X + 1, children.age_X]))
+    Q = members.valid_X.shape[0]
+    _, idx_Q = jax.lax.top_k(both.fitness_X, Q)  # lower index first on ties
     return clear_invalid(take(both, idx_Q))
 
 
@@ -130,15 +130,15 @@ def migrate(pop: Population, count: int) -> Population:
     island i+1 (mod I). A migrant that is empty or already present in the destination is skipped
     (the destination keeps that slot)."""
     k = count
-    order_IQ = jnp.argsort(-pop.fitness_IQ, axis=-1, stable=True)
+    order_IQ = jnp.argsort(-pop.fitness_X, axis=-1, stable=True)
     best_Ik, worst_Ik = order_IQ[:, :k], order_IQ[:, ::-1][:, :k]
     migrants = jax.tree.map(lambda x: jnp.take_along_axis(
         x, best_Ik.reshape(best_Ik.shape + (1,) * (x.ndim - 2)), axis=1), pop)
     incoming = jax.tree.map(lambda x: jnp.roll(x, 1, axis=0), migrants)
     present_Ik = jax.vmap(lambda a, am, b, bm, bv: jnp.any(
         same_answers(a, am, b, bm) & bv[None, :], axis=-1))(
-        incoming.tokens_IQA, incoming.mask_IQA, pop.tokens_IQA, pop.mask_IQA, pop.valid_IQ)
-    write_Ik = incoming.valid_IQ & ~present_Ik
+        incoming.tokens_XA, incoming.mask_XA, pop.tokens_XA, pop.mask_XA, pop.valid_X)
+    write_Ik = incoming.valid_X & ~present_Ik
 
     def put(dst, src):
         cur = jnp.take_along_axis(dst, worst_Ik.reshape(worst_Ik.shape + (1,) * (dst.ndim - 2)),
@@ -153,16 +153,16 @@ def migrate(pop: Population, count: int) -> Population:
 def reset_weakest(pop: Population, count: int) -> Population:
     """Re-seed the `count` islands of lowest mean member fitness (empty islands first) with the
     global elites: the Q best distinct candidates over all islands."""
-    I, Q = pop.valid_IQ.shape
-    n_I = jnp.sum(pop.valid_IQ.astype(jnp.float32), axis=-1)
-    mean_I = jnp.sum(jnp.where(pop.valid_IQ, pop.fitness_IQ, 0.0), axis=-1) / jnp.maximum(n_I, 1)
+    I, Q = pop.valid_X.shape
+    n_I = jnp.sum(pop.valid_X.astype(jnp.float32), axis=-1)
+    mean_I = jnp.sum(jnp.where(pop.valid_X, pop.fitness_X, 0.0), axis=-1) / jnp.maximum(n_I, 1)
     mean_I = jnp.where(n_I > 0, mean_I, -jnp.inf)
     weakest = jnp.argsort(mean_I, stable=True)[:count]
     reset_I = jnp.zeros((I,), bool).at[weakest].set(True)
     flat = jax.tree.map(lambda x: x.reshape((I * Q,) + x.shape[2:]), pop)
     flat = clear_invalid(flat._replace(
-        valid_IQ=first_unique(flat.tokens_IQA, flat.mask_IQA, flat.valid_IQ)))
-    _, idx_Q = jax.lax.top_k(flat.fitness_IQ, Q)
+        valid_X=first_unique(flat.tokens_XA, flat.mask_XA, flat.valid_X)))
+    _, idx_Q = jax.lax.top_k(flat.fitness_X, Q)
     elites = take(flat, idx_Q)
     return jax.tree.map(
         lambda x, e: jnp.where(reset_I.reshape((I,) + (1,) * (x.ndim - 1)), e[None], x),

@@ -11,12 +11,15 @@ best Q of members ∪ children; every `migration_interval` generations the best
 islands are re-seeded from the global elites. `lax.scan` over generations inside one jit, vmapped
 over problems, with the island axis sharded over the mesh's data axes.
 
-The children come from an injectable `propose(model, key, problem, parents_BKA, parent_mask_BKA,
-parent_rewards_BKR, fresh_B, *, task, cfg) -> (answers_BMA, answer_mask_BMA)` (B policy calls,
-M = num_answers candidates each); `lm_propose` samples the LM. The baselines (best-of-N and
-sequential revision) use the same proposer and reward at the same candidate budget, and every
-method returns the same `SearchTrace`. Budget: `evaluated` counts every candidate slot the
-proposer returns (m per call), valid or not; it is exact: I·Q + g·I·C after generation g.
+One shape, as evosax: `make_search(task, cfg, propose, mesh) -> (init, step)` with
+`init(key, problem)` and `step(key, state)`, pure and traceable. The children come from
+`propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B) ->
+(answers_BMA, answer_mask_BMA)` (B policy calls, M = num_answers candidates each);
+`lm_propose(model, ..., task=, cfg=)` samples the LM (`run_method` closes it over the model).
+The baselines (best-of-N and sequential revision) use the same proposer and reward at the same
+candidate budget, and every method returns the same `SearchTrace`. Budget: `evaluated` counts
+every candidate slot the proposer returns (m per call), valid or not; it is exact: I·Q + g·I·C
+after generation g. Host-scored tasks search through `vpo.host_search` (same operators).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import dataclasses
 import functools
 import json
 import os
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +43,10 @@ from vpo.config import ConfigError
 from vpo.sampler import generate
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask
+
+# propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B)
+#   -> (answers_BMA, answer_mask_BMA): B calls, m candidates each (symbol ids of the task)
+Propose = Callable[..., tuple[jax.Array, jax.Array]]
 
 SELECTIONS = ("tournament", "boltzmann")
 METHODS = ("search", "best_of_n", "revision")
@@ -111,6 +119,7 @@ class SearchState(NamedTuple):
     best_rewards_R: jax.Array
     best_fitness: jax.Array  # -inf until a valid candidate appears
     solved: jax.Array  # bool, some evaluated candidate satisfies task.solved
+    problem: Any  # the problem searched (a row of `search_problems`), constant
 
 
 class SearchTrace(NamedTuple):
@@ -187,12 +196,12 @@ def lm_propose(model, key, problem, parents_BKA, parent_mask_BKA, parent_rewards
     return split_completions(task, cfg, roll.tokens_BGT[:, 0], roll.mask_BGT[:, 0])
 
 
-def _children(model, task, cfg, propose, problem, key, parents: Population, present_BK, fresh_B,
+def _children(task, cfg, propose, problem, key, parents: Population, present_BK, fresh_B,
               evaluated) -> Population:
-    """Propose B·m candidates (one flat batch of calls) and score them → children [B·m]."""
-    ans_BMA, amask_BMA = propose(model, key, problem, parents.tokens_IQA,
-                                 parents.mask_IQA & present_BK[..., None], parents.rewards_IQR,
-                                 fresh_B, task=task, cfg=cfg)
+    """Propose B·m candidates (one flat batch of calls) and score them → children [N = B·m]."""
+    ans_BMA, amask_BMA = propose(key, problem, parents.tokens_XA,
+                                 parents.mask_XA & present_BK[..., None], parents.rewards_XR,
+                                 fresh_B)
     B, M, A = ans_BMA.shape
     ans_NA, amask_NA = ans_BMA.reshape(B * M, A), amask_BMA.reshape(B * M, A)
     rewards_NR, valid_N = task.score_symbols(problem["task"], ans_NA, amask_NA)
@@ -204,15 +213,15 @@ def _children(model, task, cfg, propose, problem, key, parents: Population, pres
 
 def _record(task, state: SearchState, kids: Population) -> SearchState:
     """Count the flat children [N] and update best-so-far and the solved flag."""
-    i = jnp.argmax(kids.fitness_IQ)
-    better = kids.fitness_IQ[i] > state.best_fitness
-    solved_N = kids.valid_IQ & jax.vmap(task.solved)(kids.rewards_IQR)
+    i = jnp.argmax(kids.fitness_X)
+    better = kids.fitness_X[i] > state.best_fitness
+    solved_N = kids.valid_X & jax.vmap(task.solved)(kids.rewards_XR)
     return state._replace(
-        evaluated=state.evaluated + kids.valid_IQ.shape[0],
-        best_tokens_A=jnp.where(better, kids.tokens_IQA[i], state.best_tokens_A),
-        best_mask_A=jnp.where(better, kids.mask_IQA[i], state.best_mask_A),
-        best_rewards_R=jnp.where(better, kids.rewards_IQR[i], state.best_rewards_R),
-        best_fitness=jnp.where(better, kids.fitness_IQ[i], state.best_fitness),
+        evaluated=state.evaluated + kids.valid_X.shape[0],
+        best_tokens_A=jnp.where(better, kids.tokens_XA[i], state.best_tokens_A),
+        best_mask_A=jnp.where(better, kids.mask_XA[i], state.best_mask_A),
+        best_rewards_R=jnp.where(better, kids.rewards_XR[i], state.best_rewards_R),
+        best_fitness=jnp.where(better, kids.fitness_X[i], state.best_fitness),
         solved=state.solved | jnp.any(solved_N))
 
 
@@ -223,46 +232,36 @@ def _constrain(pop: Population, mesh) -> Population:
         x, sharding.batch_sharding(mesh, x.ndim)), pop)
 
 
-def _trace(state: SearchState, diversity) -> SearchTrace:
+def trace_point(state: SearchState, diversity=None) -> SearchTrace:
+    """One point of the curves (diversity: default, the mean pairwise reward distance inside
+    the islands)."""
+    if diversity is None:
+        diversity = jnp.mean(evaluation.reward_diversity(state.population.rewards_XR,
+                                                         state.population.valid_X))
     return SearchTrace(state.best_fitness, state.solved, diversity, state.evaluated)
 
 
-def _island_diversity(pop: Population):
-    return jnp.mean(evaluation.reward_diversity(pop.rewards_IQR, pop.valid_IQ))
-
-
-def _empty_state(task, lead) -> SearchState:
+def _empty_state(task, lead, problem) -> SearchState:
     A, R = task.answer_len, task.num_rewards
     return SearchState(ops.empty_population(lead, A, R), jnp.int32(0), jnp.int32(0),
                        jnp.zeros((A,), jnp.int32), jnp.zeros((A,), bool),
-                       jnp.zeros((R,), jnp.float32), jnp.float32(-jnp.inf), jnp.bool_(False))
+                       jnp.zeros((R,), jnp.float32), jnp.float32(-jnp.inf), jnp.bool_(False),
+                       problem)
 
 
-def absorb(task, cfg, mesh, state: SearchState, idx_IBK, present_IBK, fresh_IB, model,
-           propose, problem, key) -> SearchState:
+def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBK, present_IBK, fresh_IB, key
+           ) -> SearchState:
     """Propose children for every island from the selected parents, score, replace."""
     pop = state.population
     I, B, K = idx_IBK.shape
     parents = jax.vmap(ops.take)(pop, idx_IBK)  # [I, B, K]
     parents = jax.tree.map(lambda x: x.reshape((I * B,) + x.shape[2:]), parents)
-    kids = _children(model, task, cfg, propose, problem, key, parents,
+    kids = _children(task, cfg, propose, state.problem, key, parents,
                      present_IBK.reshape(I * B, K), fresh_IB.reshape(I * B), state.evaluated)
     state = _record(task, state, kids)
     kids_IC = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
     return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IC),
                                                 mesh))
-
-
-def init_population(model, task, problem, cfg: SearchConfig, key, *, propose=lm_propose,
-                    mesh=None) -> SearchState:
-    """I·Q candidates sampled from the plain task prompt (Q / m calls per island), de-duplicated
-    per island, as the initial population (traceable; call inside jit)."""
-    I, B, K = cfg.islands, cfg.members // cfg.num_answers, cfg.parents
-    state = _empty_state(task, (I, cfg.members))
-    state = state._replace(population=_constrain(state.population, mesh))
-    idx_IBK = jnp.zeros((I, B, K), jnp.int32)
-    return absorb(task, cfg, mesh, state, idx_IBK, jnp.zeros((I, B, K), bool),
-                   jnp.ones((I, B), bool), model, propose, problem, key)
 
 
 def select_step(cfg: SearchConfig, state: SearchState, key):
@@ -273,8 +272,8 @@ def select_step(cfg: SearchConfig, state: SearchState, key):
     select = functools.partial(
         ops.select_parents, num_calls=B, num_parents=cfg.parents, method=cfg.selection,
         temperature=cfg.selection_temperature, tournament_size=cfg.tournament_size)
-    idx_IBK, present_IBK = jax.vmap(select)(jax.random.split(k_sel, I), pop.fitness_IQ,
-                                            pop.valid_IQ)
+    idx_IBK, present_IBK = jax.vmap(select)(jax.random.split(k_sel, I), pop.fitness_X,
+                                            pop.valid_X)
     fresh_IB = jax.random.bernoulli(k_fresh, cfg.fresh_rate, (I, B)) | ~jnp.any(present_IBK, -1)
     return idx_IBK, present_IBK & ~fresh_IB[..., None], fresh_IB, k_prop
 
@@ -294,50 +293,74 @@ def island_step(cfg: SearchConfig, state: SearchState, mesh=None) -> SearchState
     return state._replace(population=_constrain(pop, mesh), generation=g)
 
 
-def generation_step(model, task, problem, cfg: SearchConfig, state: SearchState, key, *,
-                    propose=lm_propose, mesh=None) -> SearchState:
-    """One generation on all islands: select, mutate, score, replace, migrate, reset."""
-    idx_IBK, present_IBK, fresh_IB, k_prop = select_step(cfg, state, key)
-    state = absorb(task, cfg, mesh, state, idx_IBK, present_IBK, fresh_IB, model, propose,
-                   problem, k_prop)
-    return island_step(cfg, state, mesh)
+def make_search(task: BoundTask, cfg: SearchConfig, propose: Propose, mesh=None
+                ) -> tuple[Callable[..., SearchState], Callable[..., SearchState]]:
+    """The island search on one problem as two pure functions (traceable; jit or scan them):
+
+        init(key, problem) -> SearchState   I·Q candidates from the plain task prompt
+                                            (Q / m calls per island), de-duplicated per island
+        step(key, state)   -> SearchState   one generation on all islands: select parents,
+                                            mutate, score, replace, then migrate / reset when due
+
+    `propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B) ->
+    (answers_BMA, answer_mask_BMA)` is the mutation operator with the policy closed over, e.g.
+    `functools.partial(lm_propose, model, task=task, cfg=cfg)`. `problem` is one row of
+    `search_problems` (no N axis); the state carries it. `mesh` shards the island axis.
+    """
+    I, K = cfg.islands, cfg.parents
+
+    def init(key, problem) -> SearchState:
+        B = cfg.members // cfg.num_answers
+        state = _empty_state(task, (I, cfg.members), problem)
+        state = state._replace(population=_constrain(state.population, mesh))
+        return absorb(task, cfg, mesh, propose, state, jnp.zeros((I, B, K), jnp.int32),
+                      jnp.zeros((I, B, K), bool), jnp.ones((I, B), bool), key)
+
+    def step(key, state: SearchState) -> SearchState:
+        idx_IBK, present_IBK, fresh_IB, k_prop = select_step(cfg, state, key)
+        state = absorb(task, cfg, mesh, propose, state, idx_IBK, present_IBK, fresh_IB, k_prop)
+        return island_step(cfg, state, mesh)
+
+    return init, step
 
 
 def _search(model, task, cfg, propose, mesh, problem, key):
+    init, step = make_search(task, cfg, functools.partial(propose, model, task=task, cfg=cfg),
+                             mesh)
     k_init, k_run = jax.random.split(key)
-    state = init_population(model, task, problem, cfg, k_init, propose=propose, mesh=mesh)
+    state = init(k_init, problem)
 
     def body(s, k):
-        s = generation_step(model, task, problem, cfg, s, k, propose=propose, mesh=mesh)
-        return s, _trace(s, _island_diversity(s.population))
+        s = step(k, s)
+        return s, trace_point(s)
 
-    keys = jax.random.split(k_run, cfg.generations)
-    final, trace = jax.lax.scan(body, state, keys)
-    first = _trace(state, _island_diversity(state.population))
-    return final, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, trace)
+    final, trace = jax.lax.scan(body, state, jax.random.split(k_run, cfg.generations))
+    return final, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), trace_point(state),
+                               trace)
 
 
 def _pool_state(task, state, kids_N):
     """Best-of-N step: count and record a pool of fresh candidates."""
     return _record(task, state, kids_N), evaluation.reward_diversity(
-        kids_N.rewards_IQR[None], kids_N.valid_IQ[None])[0]
+        kids_N.rewards_XR[None], kids_N.valid_X[None])[0]
 
 
 def _best_of_n(model, task, cfg, propose, mesh, problem, key):
     """Independent samples from the plain prompt, in chunks matching the search's generations."""
+    propose = functools.partial(propose, model, task=task, cfg=cfg)
     K = cfg.parents
     A, R = task.answer_len, task.num_rewards
 
     def chunk(state, calls, k):
         dummy = ops.empty_population((calls, K), A, R)
-        kids = _children(model, task, cfg, propose, problem, k, dummy, jnp.zeros((calls, K), bool),
+        kids = _children(task, cfg, propose, problem, k, dummy, jnp.zeros((calls, K), bool),
                          jnp.ones((calls,), bool), state.evaluated)
         state, div = _pool_state(task, state, kids)
-        return state, _trace(state, div)
+        return state, trace_point(state, div)
 
     k_init, k_run = jax.random.split(key)
-    state, first = chunk(_empty_state(task, (1, 1)), cfg.islands * cfg.members // cfg.num_answers,
-                         k_init)
+    state, first = chunk(_empty_state(task, (1, 1), problem),
+                         cfg.islands * cfg.members // cfg.num_answers, k_init)
     calls = cfg.islands * cfg.children // cfg.num_answers
     final, trace = jax.lax.scan(lambda s, k: chunk(s, calls, k), state,
                                 jax.random.split(k_run, cfg.generations))
@@ -348,36 +371,37 @@ def _revision(model, task, cfg, propose, mesh, problem, key):
     """Sequential revision: H = I·Q/m lineages start from fresh samples (best of the call's m);
     each step makes I·C/m calls, round-robin over lineages, feeding the lineage's best back as
     the single parent of `mutation_prompt`; a lineage keeps its best candidate."""
+    propose = functools.partial(propose, model, task=task, cfg=cfg)
     m, A, R = cfg.num_answers, task.answer_len, task.num_rewards
     H, B = cfg.islands * cfg.members // m, cfg.islands * cfg.children // m
     k_init, k_run = jax.random.split(key)
-    state = _empty_state(task, (H, 1))
-    kids = _children(model, task, cfg, propose, problem, k_init,
+    state = _empty_state(task, (H, 1), problem)
+    kids = _children(task, cfg, propose, problem, k_init,
                      ops.empty_population((H, 1), A, R), jnp.zeros((H, 1), bool),
                      jnp.ones((H,), bool), state.evaluated)
     state = _record(task, state, kids)
     best_H = ops.take(jax.tree.map(lambda x: x.reshape((H, m) + x.shape[1:]), kids),
-                      (jnp.arange(H), jnp.argmax(kids.fitness_IQ.reshape(H, m), axis=-1)))
+                      (jnp.arange(H), jnp.argmax(kids.fitness_X.reshape(H, m), axis=-1)))
 
     def step(carry, xs):
         state, lines = carry
         t, k = xs
         line_B = (t * B + jnp.arange(B)) % H
         parents = jax.tree.map(lambda x: x[line_B][:, None], lines)  # [B, 1]
-        kids = _children(model, task, cfg, propose, problem, k, parents, parents.valid_IQ,
-                         ~parents.valid_IQ[:, 0], state.evaluated)
+        kids = _children(task, cfg, propose, problem, k, parents, parents.valid_X,
+                         ~parents.valid_X[:, 0], state.evaluated)
         state = _record(task, state, kids)
         own_HN = jnp.repeat(line_B[None, :] == jnp.arange(H)[:, None], m, axis=1)
-        cand_HN = jnp.where(own_HN, kids.fitness_IQ[None, :], -jnp.inf)
+        cand_HN = jnp.where(own_HN, kids.fitness_X[None, :], -jnp.inf)
         j_H = jnp.argmax(cand_HN, axis=-1)
-        better_H = jnp.max(cand_HN, axis=-1) > lines.fitness_IQ
+        better_H = jnp.max(cand_HN, axis=-1) > lines.fitness_X
         lines = jax.tree.map(lambda old, new: jnp.where(
             better_H.reshape((H,) + (1,) * (old.ndim - 1)), new[j_H], old), lines, kids)
-        div = evaluation.reward_diversity(lines.rewards_IQR[None], lines.valid_IQ[None])[0]
-        return (state, lines), _trace(state, div)
+        div = evaluation.reward_diversity(lines.rewards_XR[None], lines.valid_X[None])[0]
+        return (state, lines), trace_point(state, div)
 
-    first = _trace(state, evaluation.reward_diversity(best_H.rewards_IQR[None],
-                                                      best_H.valid_IQ[None])[0])
+    first = trace_point(state, evaluation.reward_diversity(best_H.rewards_XR[None],
+                                                      best_H.valid_X[None])[0])
     (final, _), trace = jax.lax.scan(step, (state, best_H),
                                      (jnp.arange(cfg.generations),
                                       jax.random.split(k_run, cfg.generations)))

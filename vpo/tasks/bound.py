@@ -44,8 +44,11 @@ BYTE_CAP = 16  # bytes of one token the in-graph reader keeps (long whitespace r
 
 
 def answer_instruction(task: Task, num_answers: int, *, better: bool = False) -> str:
-    """The line that asks for m answers in tags (see the module docstring)."""
+    """The line that asks for m answers in tags (see the module docstring); a `tagless_single`
+    task's one better answer is the whole completion, so it asks without tags."""
     m = num_answers
+    if m == 1 and better and task.tagless_single:
+        return "Give a better answer. Reply with the answer only."
     if m == 1:
         what = "a better answer" if better else "one answer"
         return f"Give {what}, <answer 1> ... </answer 1>, with {task.answer_hint} inside."
@@ -83,12 +86,17 @@ def _tenths(v: float) -> int:
 
 
 def mutation_text(task: Task, record: Record, parents: Sequence[tuple[str, Sequence[float]]],
-                  num_answers: int) -> str:
+                  num_answers: int) -> str | list[dict[str, str]]:
     """The user message of a search mutation prompt: the parents (answer text, rewards_R) with
-    their scores in tenths, then the request for m better answers."""
+    their scores in tenths, then the request for m better answers. A statement given as chat
+    messages gets both appended to its last (user) message."""
     lines = "".join(_parent_line(k, a, r) for k, (a, r) in enumerate(parents, 1))
-    return (f"{task.statement(record)}{_parents_header(task)}{lines}\n"
-            f"{answer_instruction(task, num_answers, better=True)}")
+    tail = f"{_parents_header(task)}{lines}\n{answer_instruction(task, num_answers, better=True)}"
+    statement = task.statement(record)
+    if isinstance(statement, str):
+        return statement + tail
+    last = statement[-1]
+    return [*statement[:-1], {**last, "content": last["content"] + tail}]
 
 
 def pack_left_padded(segments: Sequence[tuple[jax.Array, jax.Array]], length: int, pad_id: int

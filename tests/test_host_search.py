@@ -1,0 +1,98 @@
+"""Search on a host-scored task (a user's dataset and reward functions): the island search,
+best-of-N and revision at the same exact candidate budget, mutation prompts written as text
+through the checkpoint's chat template, and a policy that always answers the same text."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from vpo import host_search
+from vpo.hf import from_pretrained
+from vpo.search import METHODS, SearchConfig, summarize
+from vpo.tasks import make_task
+from vpo.tasks.bound import bind, mutation_text
+from vpo.tokenizer import load_tokenizer
+
+BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+
+REWARDS = '''
+def has_digit(prompts, completions, **kw):
+    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+def short(prompts, completions, **kw):
+    return [max(0.0, 1.0 - len(c) / 40) for c in completions]
+'''
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hs")
+    (d / "rewards.py").write_text(REWARDS)
+    rows = [{"prompt": "Name a number."},
+            {"prompt": [{"role": "user", "content": "Say something short."}]}]
+    (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = bind(make_task("dataset", path=str(d / "rows.jsonl"),
+                          rewards=[f"{d}/rewards.py:has_digit", f"{d}/rewards.py:short"]),
+                load_tokenizer(BPE))
+    model = from_pretrained(BPE, max_seq_len=256)
+    return task, model
+
+
+def test_mutation_text_of_chat_messages_appends_to_the_last_user_message(setup):
+    task, _ = setup
+    rec = task.make_problems(0, 2)[1]
+    msgs = mutation_text(task.task, rec, [("hi", [1.0, 0.9])], 1)
+    assert isinstance(msgs, list) and msgs[-1]["role"] == "user"
+    assert msgs[-1]["content"].startswith("Say something short.\nEarlier answers")
+    assert "Answer 1: hi | scores: 1.0 0.9" in msgs[-1]["content"]
+    assert msgs[-1]["content"].endswith("Give a better answer. Reply with the answer only.")
+
+
+@pytest.mark.parametrize("m", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_methods_share_the_exact_budget(setup, m):
+    task, model = setup
+    cfg = SearchConfig(islands=2, members=2 * m, parents=2, children=2 * m, generations=2,
+                       num_answers=m)
+    records = task.make_problems(0, 2)
+    for method in METHODS:
+        trace, texts = host_search.run_host_method(method, model, task, records, cfg,
+                                                   jax.random.key(0), max_new_tokens=8)
+        assert trace.evaluated.shape == (2, cfg.generations + 1)
+        assert int(trace.evaluated[0, -1]) == cfg.budget, method
+        best = np.asarray(trace.best_fitness)
+        np.testing.assert_array_equal(best, np.maximum.accumulate(best, axis=1))  # never drops
+        assert len(texts) == len(set(texts))
+    s = summarize({"search": trace})["search"]
+    assert len(s["solved_count"]) == cfg.generations + 1
+
+
+def test_the_search_keeps_the_best_candidate_it_scored(setup, monkeypatch):
+    """A proposer whose candidates' scores are known: the best-so-far is their maximum."""
+    task, model = setup
+    cfg = SearchConfig(islands=2, members=2, parents=1, children=2, generations=3,
+                       num_answers=1)
+    seen = []
+
+    def fake_call(self, records, parents, key):
+        B = len(records)
+        vals = np.asarray(jax.random.uniform(key, (B,)), np.float32)
+        seen.append(vals)
+        ids = np.array([self.table.id_of(f"{v:.6f}") for v in vals], np.int32)
+        return ids, np.stack([vals, vals], -1), np.ones((B,), bool)
+
+    monkeypatch.setattr(host_search.Proposer, "__call__", fake_call)
+    trace, _ = host_search.run_host_method("search", model, task, task.make_problems(0, 1), cfg,
+                                           jax.random.key(3), max_new_tokens=8)
+    np.testing.assert_allclose(trace.best_fitness[0, -1], max(v.max() for v in seen), rtol=1e-6)
+
+
+def test_a_prompt_that_cannot_fit_is_a_named_error(setup):
+    task, model = setup
+    cfg = SearchConfig(islands=1, members=2, parents=1, children=1, generations=1,
+                       num_answers=1)
+    with pytest.raises(ValueError, match="model.max_seq_len"):
+        host_search.run_host_method("search", model, task, task.make_problems(0, 1), cfg,
+                                    jax.random.key(0), max_new_tokens=200)
