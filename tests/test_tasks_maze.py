@@ -1,28 +1,31 @@
-"""Maze: generator invariants, records and text, hand-written routes, in-graph reward == host."""
+"""Maze: generator invariants and scores against a plain-Python port of the VPO authors' rules
+(tests/maze_reference.py), records and text, hand-written routes, in-graph reward == host."""
 
 import json
 
 import jax
 import jax.numpy as jnp
+import maze_reference as ref
 import numpy as np
 import pytest
 
 from vpo.tasks import answers, base, maze, maze_world
-from vpo.tasks.maze_world import DIAMOND, EMPTY, EXIT, GOLD, LAVA, START, WALL
+from vpo.tasks.maze_world import BONUS, DIAMOND, EMPTY, EXIT, GOLD, LAVA, START, WALL
 
 # A hand-made 5x5 maze (budget 11):      S . . g g
 #                                         . # x # g
-#                                         . . . . .
+#                                         . . b . .
 #                                         d # . # .
 #                                         d d . . E
 _ = EMPTY
 GRID = np.array([[START, _, _, GOLD, GOLD],
                  [_, WALL, LAVA, WALL, GOLD],
-                 [_, _, _, _, _],
+                 [_, _, BONUS, _, _],
                  [DIAMOND, WALL, _, WALL, _],
                  [DIAMOND, DIAMOND, _, _, EXIT]], np.int8)
 BUDGET = 11
-RECORD = {"grid": ["S..gg", ".#x#g", ".....", "d#.#.", "dd..E"], "budget": BUDGET}
+RECORD = {"grid": ["S..gg", ".#x#g", "..b..", "d#.#.", "dd..E"], "budget": BUDGET}
+SCORINGS = maze_world.SCORINGS  # convex_bonus (the default), linear
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +33,14 @@ def task():
     return maze.make_maze_task()
 
 
-@pytest.fixture(scope="module")
-def simulate():
-    return jax.jit(jax.vmap(maze.simulate_route, in_axes=(None, None, 0, 0)))
+@jax.jit
+def simulate_both(grid_NHW, budget_N, moves_NKA, mask_NKA):
+    """rewards_NKSR of `maze.simulate_route` under each of SCORINGS (one compile per shape)."""
+    def one(grid_HW, budget, moves_A, mask_A):
+        return jnp.stack([maze.simulate_route(grid_HW, budget, moves_A, mask_A, s)
+                          for s in SCORINGS])
+    return jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0)))(
+        grid_NHW, budget_N, moves_NKA, mask_NKA)
 
 
 def _routes_to_arrays(routes, A):
@@ -44,16 +52,22 @@ def _routes_to_arrays(routes, A):
     return moves, mask
 
 
-HAND_ROUTES = {  # route -> (completion, gold, diamond, avoid_lava)
-    "RRRRDDDD": (1, 1, 0, 1),  # along the gold zone
-    "DDDDRRRR": (1, 0, 1, 1),  # along the diamond zone
-    "RRDDRRDD": (1, 0, 0, 0),  # straight through the single lava tile
-    "UUURRRRDDDD": (1, 1, 0, 1),  # 3 bumps into the border: arrives exactly at the budget
-    "UUUURRRRDDDD": (0, 0, 0, 0),  # one bump more: arrives after the budget
-    "RRR": (0, 0, 0, 0),  # never reaches the exit: the whole vector is gated
-    "DRDRRRRDD": (1, 0, 0, 1),  # (1,0), a bump into the wall at (1,1), then round the lava
-    "DDDDRRRRUUL": (1, 0, 1, 1),  # moves after the exit are ignored
-    "RRRLDDRRDD": (1, 1 / 3, 0, 0),  # one gold tile, then back and through the lava
+HAND_ROUTES = {  # route -> (completion, gold, diamond, avoid_lava) under (linear, convex_bonus)
+    "RRRRDDDD": ((1, 1, 0, 1),) * 2,  # along the gold zone
+    "DDDDRRRR": ((1, 0, 1, 1),) * 2,  # along the diamond zone
+    "RRDDRRDD": ((1, 0, 0, 0),) * 2,  # through the single lava tile, then the bonus
+    "UUURRRRDDDD": ((1, 1, 0, 1),) * 2,  # 3 bumps into the border: arrives exactly at the budget
+    "UUUURRRRDDDD": ((0, 0, 0, 0),) * 2,  # one bump more: arrives after the budget
+    "RRR": ((0, 0, 0, 0),) * 2,  # never reaches the exit: the whole vector is gated
+    "DRDRRRRDD": ((1, 0, 0, 1),) * 2,  # (1,0), a bump into the wall at (1,1), past the bonus
+    "DDDDRRRRUUL": ((1, 0, 1, 1),) * 2,  # moves after the exit are ignored
+    "RRRLDDRRDD": ((1, 1 / 3, 0, 0),  # one gold tile, back through the lava and the bonus
+                   (1, 1.5 / 9, 0, 0)),
+    "DDRRRRUDDD": ((1, 1 / 3, 0, 1),  # the bonus, then one gold tile
+                   (1, 1.5 / 9, 0, 1)),
+    "DDDURRRRDD": ((1, 0, 1 / 3, 1),  # one diamond, then the bonus
+                   (1, 0, 1.5 / 9, 1)),
+    "RRRRDDLLDDRR": ((0, 0, 0, 0),) * 2,  # all gold and the bonus, one move over the budget
 }
 
 
@@ -81,14 +95,17 @@ def test_same_mazes_as_the_generator(task):
         assert record == maze.grid_to_record(grid, budget)
 
 
-def test_hand_written_routes(simulate):
+def test_hand_written_routes():
     routes = list(HAND_ROUTES)
     moves, mask = _routes_to_arrays(routes, 16)
-    got = np.asarray(simulate(jnp.asarray(GRID), jnp.int32(BUDGET), moves, mask))
-    for route, row in zip(routes, got, strict=True):
-        np.testing.assert_allclose(row, HAND_ROUTES[route], atol=1e-6, err_msg=route)
-        assert maze_world.route_reward(GRID, BUDGET, list(route)) == pytest.approx(
-            HAND_ROUTES[route]), route
+    got_KSR = np.asarray(simulate_both(GRID[None], np.int32([BUDGET]), moves[None], mask[None]))[0]
+    for route, row_SR in zip(routes, got_KSR, strict=True):
+        for scoring, row in zip(SCORINGS, row_SR, strict=True):
+            want = HAND_ROUTES[route][scoring == "convex_bonus"]
+            np.testing.assert_allclose(row, want, atol=1e-6, err_msg=route)
+            host = maze_world.route_reward(GRID, BUDGET, list(route), scoring)
+            np.testing.assert_array_equal(row, np.float32(host), err_msg=route)
+            assert ref.reward(RECORD, list(route), scoring) == pytest.approx(want), route
 
 
 def test_score_parses_answers_and_masks_duplicates_and_foreign_words(task):
@@ -99,12 +116,15 @@ def test_score_parses_answers_and_masks_duplicates_and_foreign_words(task):
     assert rewards.shape == (1, 5, 4) and rewards.dtype == np.float32
     np.testing.assert_array_equal(valid, [[True, False, False, False, False]])
     np.testing.assert_allclose(rewards[0], [[1, 1, 0, 1]] + [[0] * 4] * 4)
-    assert bool(task.solved(rewards[0, 0]))
-    assert float(task.eval_weights_R @ rewards[0, 0]) >= 0.75
-    assert not bool(task.solved(jnp.array([1.0, 1 / 3, 0, 1])))
-    assert not bool(task.solved(np.array([1.0, 1, 0, 0])))  # full zone but through lava
     np.testing.assert_array_equal(task.solved(rewards[0]), [True] + [False] * 4)
     assert bool(jax.jit(task.solved)(jnp.asarray(rewards[0, 0])))
+    # solved: w*ᵀr >= 3/4, a lava-free full zone or as good (parts of both zones and the bonus)
+    assert bool(task.solved(np.array([1, 1, 0, 1], np.float32)))
+    assert bool(task.solved(np.array([1, 1.5 * 4 / 9, 1.5 * 4 / 9, 1], np.float32)))
+    assert bool(task.solved(jnp.array([1, 0.5, 0.5, 1])))
+    assert not bool(task.solved(jnp.array([1, 1 / 3, 0, 1])))
+    assert not bool(task.solved(np.array([1.0, 1, 0, 0])))  # full zone but through lava
+    assert not bool(task.solved(np.array([1.0, 0.5, 0.5, 0.99])))
 
 
 @pytest.mark.parametrize("answer", ["", "   ", "U D x", "U <answer 2> D", "move U",
@@ -115,16 +135,46 @@ def test_malformed_answers_are_invalid(task, answer):
     assert not rewards[0, 1].any()
 
 
-def test_in_graph_reward_equals_host_score(task):
+def _random_routes(grid, A, rng, num):
+    """`num` routes of 1..A moves, most of which reach E: random shortest legs (through lava
+    too) via 0..3 random tiles with random moves spliced in; a quarter are uniform moves."""
+    start, exit_ = maze_world.endpoints(grid)
+    tiles = [tuple(t) for t in np.argwhere((grid != WALL) & (grid != EXIT)).tolist()]
+    inverse = {d: m for m, d in maze_world.MOVES.items()}
+    routes = []
+    while len(routes) < num:
+        if len(routes) % 4 == 3:
+            routes.append(list(rng.choice(maze.MOVES, size=rng.integers(1, A + 1))))
+            continue
+        stops = [tiles[i] for i in rng.choice(len(tiles), rng.integers(0, 4))] + [exit_]
+        moves, cur = [], start
+        try:
+            for stop in stops:
+                for nxt in maze_world._random_path(grid, cur, stop, rng, avoid_lava=False):
+                    moves.append(inverse[(nxt[0] - cur[0], nxt[1] - cur[1])])
+                    cur = nxt
+        except ValueError:  # a stop that only a walk through E reaches
+            continue
+        for _ in range(rng.integers(0, 3)):
+            moves.insert(rng.integers(len(moves) + 1), str(rng.choice(maze.MOVES)))
+        routes.append(moves[:A] or ["U"])
+    return routes
+
+
+@pytest.mark.parametrize("paper", [False, True], ids=["maze5", "maze9"])
+def test_in_graph_reward_equals_host_score_and_the_authors_rules(paper):
+    tasks = [(maze.make_paper_maze_task if paper else maze.make_maze_task)(scoring=s)
+             for s in SCORINGS]
+    task = tasks[0]
     records = task.make_problems(11, 8)
+    assert tasks[1].make_problems(11, 8) == records  # the scoring leaves the mazes alone
     arrays = task.arrays(records)
     rng = np.random.default_rng(0)
-    A, S = task.answer_len, len(task.symbols)
+    A = task.answer_len
     routes_NK = []
     for r in records:
-        routes = [" ".join(rng.choice(task.symbols, size=rng.integers(1, A + 1)))
-                  for _ in range(40)]
-        routes += task.demonstrations(r, rng, 3)  # routes that do reach the exit
+        routes = [" ".join(m) for m in _random_routes(maze.record_grid(r), A, rng, 48)]
+        routes += task.demonstrations(r, rng, 3)
         routes_NK.append(list(dict.fromkeys(routes)))
     K = max(map(len, routes_NK))
     moves_NKA = np.zeros((len(records), K, A), np.int32)
@@ -132,39 +182,59 @@ def test_in_graph_reward_equals_host_score(task):
     for n, routes in enumerate(routes_NK):
         moves, mask = _routes_to_arrays([r.split() for r in routes], A)
         moves_NKA[n, :len(routes)], mask_NKA[n, :len(routes)] = moves, mask
-    reward = jax.jit(jax.vmap(jax.vmap(task.symbol_reward, in_axes=(None, 0, 0))))
-    got = np.asarray(reward(arrays, moves_NKA, mask_NKA))
-    assert got.dtype == np.float32 and S == 4
-    want, valid = task.score(records, routes_NK)
+    got_NKSR = np.asarray(simulate_both(arrays.grid, arrays.budget, moves_NKA, mask_NKA))
+    assert got_NKSR.dtype == np.float32
+    for s, (scoring, scored) in enumerate(zip(SCORINGS, tasks, strict=True)):
+        want, valid = scored.score(records, routes_NK)
+        for n, routes in enumerate(routes_NK):
+            assert valid[n, :len(routes)].all()
+            np.testing.assert_array_equal(got_NKSR[n, :len(routes), s], want[n, :len(routes)])
+            for k, route in enumerate(routes):
+                np.testing.assert_allclose(want[n, k],
+                                           ref.reward(records[n], route.split(), scoring),
+                                           atol=1e-6, err_msg=route)
+    reached, bonus = 0, 0
     for n, routes in enumerate(routes_NK):
-        assert valid[n, :len(routes)].all()
-        np.testing.assert_allclose(got[n, :len(routes)], want[n, :len(routes)], atol=1e-6)
-        for k, route in enumerate(routes):
-            grid = maze.record_grid(records[n])
-            np.testing.assert_allclose(
-                want[n, k], maze_world.route_reward(grid, records[n]["budget"], route.split()))
+        sims = [ref.simulate(records[n]["grid"], r.split(), records[n]["budget"]) for r in routes]
+        reached += sum(s["reached_end"] for s in sims)
+        bonus += sum(s["reached_end"] and s[ref.BONUS] > 0 for s in sims)
+    total = sum(map(len, routes_NK))
+    assert reached > total / 3 and bonus > total / 10  # the routes exercise the scorer
 
 
-@pytest.mark.parametrize("size", [5, 7])
-def test_generator_invariants(size):
-    cfg = maze_world.MazeConfig(size=size)
-    rng = np.random.default_rng(size)
-    for _ in range(12):
+@pytest.mark.parametrize("config", [dict(size=5), dict(size=7), maze.PAPER_CONFIG],
+                         ids=["5x5", "7x7", "paper"])
+def test_generator_follows_the_authors_rules(config):
+    cfg = maze_world.MazeConfig(**config)
+    n, rng = cfg.size, np.random.default_rng(cfg.size)
+    layouts = set()
+    for _ in range(24 if n < 9 else 16):
         grid, budget = maze_world.generate(rng, cfg)
-        n = cfg.size
-        assert grid[0, 0] == START and grid[n - 1, n - 1] == EXIT
-        gold, diamond = maze_world.zone_items(grid, GOLD), maze_world.zone_items(grid, DIAMOND)
-        assert cfg.items[0] <= len(gold) <= cfg.items[1] and len(diamond) >= cfg.items[0]
-        assert all(max(r, n - 1 - c) <= cfg.zone_radius for r, c in gold)
-        assert all(max(n - 1 - r, c) <= cfg.zone_radius for r, c in diamond)
-        assert cfg.lava[0] <= np.sum(grid == LAVA) <= cfg.lava[1]
-        via_gold, _ = maze_world.best_tour(grid, gold, avoid_lava=True)
-        via_diamond, _ = maze_world.best_tour(grid, diamond, avoid_lava=True)
-        both, _ = maze_world.best_tour(grid, gold + diamond, avoid_lava=False)
-        direct, _ = maze_world.best_tour(grid, [], avoid_lava=False)
-        assert direct <= max(via_gold, via_diamond) <= budget - cfg.slack  # exit reachable
-        assert budget == max(via_gold, via_diamond) + cfg.slack <= cfg.answer_len
-        assert both > budget  # the designed conflict: both zones never fit
+        record = maze.grid_to_record(grid, budget)
+        rows = record["grid"]
+        f = ref.facts(record, cfg.zone_radius)
+        s, e = f["start"], f["exit"]
+        assert s[0] == 0 and e == (n - 1, n - 1 - s[1])  # S on the top row, E opposite
+        assert f["gold"] is not None and f["diamond"] is not None  # items in Manhattan zones
+        layouts.add((s, f["gold"]))
+        if not cfg.random_corners:
+            assert (s, e, f["gold"], f["diamond"]) == ((0, 0), (n - 1, n - 1), (0, n - 1),
+                                                       (n - 1, 0))
+        assert ref.find(rows, ref.BONUS) == [f["centre"]]
+        for ch in (ref.GOLD, ref.DIAMOND):
+            assert cfg.items[0] <= len(ref.find(rows, ch)) <= cfg.items[1]
+        lava = ref.find(rows, ref.LAVA)
+        inner = range(cfg.zone_radius, n - cfg.zone_radius)
+        assert all(r in inner and c in inner for r, c in lava)
+        assert len(lava) <= cfg.lava[1]
+        assert len(lava) >= cfg.lava[0] or not any(rows[r][c] == "." for r in inner for c in inner)
+        # budget and conflict from routes to the corner cells; reachable centre; safe exit
+        assert budget == max(f["via_gold"], f["via_diam"]) + cfg.slack <= cfg.answer_len
+        assert f["via_gold_then_diam"] > budget and f["via_center"] < float("inf")
+        assert f["d_safe"] <= budget
+        # this project's addition: a lava-free whole-zone route fits (`maze.solved` reachable)
+        assert min(ref.full_zone_steps(record, ch) for ch in (ref.GOLD, ref.DIAMOND)) <= budget
+    assert len(layouts) == (4 if cfg.random_corners else 1)
 
 
 def test_best_tour_on_the_hand_maze():
@@ -179,10 +249,15 @@ def test_statement_renders_grid_and_budget(task):
     text = task.statement(RECORD)
     assert text == text.strip()
     lines = text.split("\n")
-    assert lines[0] == "Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava):"
-    assert lines[1:6] == ["S . . g g", ". # x # g", ". . . . .", "d # . # .", "d d . . E"]
-    assert lines[6] == ("Go from S to E in at most 11 moves; collect all gold or all diamonds; "
-                        "avoid lava.")
+    assert lines[0] == ("Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava, "
+                        "b bonus):")
+    assert lines[1:6] == ["S . . g g", ". # x # g", ". . b . .", "d # . # .", "d d . . E"]
+    assert lines[6] == ("Go from S to E in at most 11 moves; collect gold and diamonds; avoid "
+                        "lava; scores are squared fractions, x1.5 after b.")
+    linear = maze.make_maze_task(scoring="linear")
+    assert linear.statement(RECORD).split("\n")[6] == (
+        "Go from S to E in at most 11 moves; collect all gold or all diamonds; avoid lava.")
+    assert set(linear.statement(RECORD).split()) <= set(linear.words)
     for r in task.make_problems(1, 6) + [RECORD]:
         text = task.statement(r)
         rows = text.split("\n")[1:-1]
@@ -196,12 +271,16 @@ def test_statement_renders_grid_and_budget(task):
 
 def test_demonstrations_are_distinct_valid_and_scoring(task):
     rng = np.random.default_rng(0)
+    boosted = 0
     for record in task.make_problems(2, 8):
         demos = task.demonstrations(record, rng, 3)
         assert len(demos) == 3 and len(set(demos)) == 3
         rewards, valid = task.score([record], [demos])
         assert valid.all() and (rewards[0, :, 0] == 1).all() and (rewards[0, :, 3] == 1).all()
         assert all(len(d.split()) <= record["budget"] for d in demos)
+        sims = [ref.simulate(record["grid"], d.split(), record["budget"]) for d in demos]
+        boosted += sum(s[ref.BONUS] > 0 and s[ref.GOLD] + s[ref.DIAMOND] > 0 for s in sims)
+    assert boosted >= 4  # the via-bonus slot shows items collected with the multiplier
 
 
 def test_demonstrations_on_a_maze_with_two_simple_routes(task):
@@ -214,7 +293,9 @@ def test_demonstrations_on_a_maze_with_two_simple_routes(task):
         assert valid.all() and (rewards[0, :, 0] == 1).all() and (rewards[0, :, 3] == 1).all()
 
 
-def test_mutation_children_beat_every_parent(task):
+@pytest.mark.parametrize("scoring", SCORINGS)
+def test_mutation_children_beat_every_parent(scoring):
+    task = maze.make_maze_task(scoring=scoring)
     rng = np.random.default_rng(1)
     w_R = task.eval_weights_R
     for record in task.make_problems(4, 8):
@@ -244,6 +325,8 @@ def test_bad_config_names_the_field():
         maze.make_maze_task(6)
     with pytest.raises(ValueError, match="open_frac"):
         maze.make_maze_task(open_frac=2.0)
+    with pytest.raises(ValueError, match="scoring"):
+        maze.make_maze_task(scoring="squared")
 
 
 def test_task_contract(task):

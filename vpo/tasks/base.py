@@ -47,7 +47,7 @@ class Task:
         earlier valid answer invalid (zero rows).
       solved(rewards_R) -> bool: predicate counted by pass@k (jnp; numpy inputs work too).
       demonstrations(record, rng, num_answers) -> list[str]: `num_answers` distinct valid answer
-        texts for SFT (diverse: e.g. maze routes via gold, via diamonds, direct).
+        texts for SFT (diverse: e.g. maze routes via gold, via diamonds, via the bonus tile).
       symbols: the answer alphabet of in-graph tasks (an answer is 1..answer_len of these words
         separated by whitespace); None for host-only tasks.
       answer_len: A, the most symbols in one answer (in-graph tasks); also bounds the generation

@@ -1,35 +1,42 @@
 """The designed-conflict maze over text (VPO arXiv 2605.22817, digest §1.4 Maze row).
 
-World, generator and rules: `vpo.tasks.maze_world`. Here: the record and text formats, the jnp
-reward and the `Task` factory.
+World, generator and rules (the authors' `vpo_tasks/maze.py`): `vpo.tasks.maze_world`. Here: the
+record and text formats, the jnp reward and the `Task` factory.
 
 Record (JSON-able): `{"grid": ["S.#.g", ...], "budget": 14}`, one string per row and one char
-per cell: `S` start, `E` exit, `#` wall, `.` floor, `g` gold, `d` diamond, `x` lava
+per cell: `S` start, `E` exit, `#` wall, `.` floor, `g` gold, `d` diamond, `x` lava, `b` bonus
 (`grid_to_record`, `record_grid`). Statement, cells and numbers as whitespace-separated words:
 
-    Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava):
+    Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava, b bonus):
     S . # . g
     ...
-    Go from S to E in at most 14 moves; collect all gold or all diamonds; avoid lava.
+    Go from S to E in at most 14 moves; collect gold and diamonds; avoid lava; scores are
+    squared fractions, x1.5 after b.
 
 Answer: a route of moves `U D L R` separated by spaces, 1..A = answer_len of them (symbol id i
 is move i in that order).
 
-Reward (linear PAPER_REPRO shape, digest §1.11 item 3), R = 4:
-    r = completion * (1, gold_collected / gold_total, diamonds_collected / diamonds_total,
-                      1 - lava_stepped / lava_total)
-completion = 1 iff the route reaches E within the budget; items and lava count only on tiles
-entered before E (the gate). Wall bumps stay in place and cost a step. A route with a word that
-is not a move is invalid (zero row), and so is an exact duplicate of an earlier route in the same
-generation. w* = the mean of the four components.
+Reward, R = 4 (`maze_world.route_reward`): completion * (1, gold, diamond, avoid_lava) with the
+fractions collected / total (avoid_lava = 1 - lava stepped / lava total) taken as they are
+(`scoring="linear"`, the shape PAPER_REPRO.md describes) or, the default and the authors'
+generated data, `scoring="convex_bonus"`: each fraction squared, x1.5 once the centre bonus tile
+is visited, clamped to 1 (digest §1.11 item 3). completion = 1 iff the route reaches E within the
+budget; items, lava and the bonus count only on tiles entered before E. Wall bumps stay in place
+and cost a step. A route with a word that is not a move is invalid (zero row; the authors skip
+such words), and so is an exact duplicate of an earlier route in the same generation.
+w* = the mean of the four components.
 
-Solved (pass@k): reach E with no lava and ALL items of at least one zone, i.e. the best a single
-route can do given the designed conflict (both zones never fit). Such a route always exists
-(generator invariant), and it scores w*ᵀr >= 0.75.
+Solved (pass@k): w*ᵀr >= 3/4, the value of a lava-free route that collects a whole zone, i.e.
+the best a single-objective route can do given the designed conflict. Under convex_bonus a route
+also gets there by mixing parts of both zones with the bonus (e.g. 2/3 of each: 1.5 (4/9) = 2/3
+per zone, w*ᵀr = 5/6); under linear by any route with gold + diamond + avoid_lava >= 2. A
+lava-free whole-zone route always fits the budget (generator invariant), so every instance is
+solvable.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -39,11 +46,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.tasks import base, maze_world, mutation_demos
-from vpo.tasks.maze_world import DIAMOND, EXIT, GOLD, LAVA, WALL
+from vpo.tasks.maze_world import BONUS, DIAMOND, EXIT, GOLD, LAVA, START, WALL
 
-CELL_CHARS = ".#xgdSE"  # CELL_CHARS[code] for the maze_world codes EMPTY..EXIT
+CELL_CHARS = ".#xgdSEb"  # CELL_CHARS[code] for the maze_world codes EMPTY..BONUS
 MOVES = tuple(maze_world.MOVES)  # U D L R
 ANSWER_HINT = "a route of moves U D L R separated by spaces"
+SOLVED_SCORE = 0.75  # w*ᵀr of a lava-free full-zone route
 
 
 class MazeArrays(NamedTuple):
@@ -69,22 +77,23 @@ def record_grid(record: base.Record) -> np.ndarray:
     return np.array([[CELL_CHARS.index(ch) for ch in row] for row in rows], np.int8)
 
 
-def statement(record: base.Record) -> str:
-    """The maze as text: legend, one line of space-separated cells per row, the budget."""
+def statement(record: base.Record, scoring: str = "convex_bonus") -> str:
+    """The maze as text: legend, one line of space-separated cells per row, the budget and the
+    scoring rule."""
     rows = "\n".join(" ".join(row) for row in record["grid"])
-    return ("Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava):\n" + rows
-            + f"\nGo from S to E in at most {int(record['budget'])} moves; collect all gold or "
-            "all diamonds; avoid lava.")
+    rule = ("collect all gold or all diamonds; avoid lava." if scoring == "linear" else
+            "collect gold and diamonds; avoid lava; scores are squared fractions, x1.5 after b.")
+    return ("Maze (S start, E exit, # wall, . floor, g gold, d diamond, x lava, b bonus):\n"
+            + rows + f"\nGo from S to E in at most {int(record['budget'])} moves; {rule}")
 
 
 def solved(rewards_R):
-    """Reach E, no lava, all items of at least one zone (jnp; numpy and batched inputs work)."""
-    full = jnp.asarray(rewards_R) >= 1.0 - 1e-6
-    return full[..., 0] & full[..., 3] & (full[..., 1] | full[..., 2])
+    """w*ᵀr >= 3/4 with w* uniform (jnp; numpy and batched inputs work); see the docstring."""
+    return jnp.mean(jnp.asarray(rewards_R, jnp.float32), axis=-1) >= SOLVED_SCORE - 1e-6
 
 
 def simulate_route(grid_HW: jax.Array, budget: jax.Array, moves_A: jax.Array,
-                   mask_A: jax.Array) -> jax.Array:
+                   mask_A: jax.Array, scoring: str = "convex_bonus") -> jax.Array:
     """In-graph twin of `maze_world.route_reward` for one route (move indices 0..3 = U D L R).
 
     Returns rewards_R float32: (completion, gold, diamond, avoid_lava), gated on completion.
@@ -109,31 +118,39 @@ def simulate_route(grid_HW: jax.Array, budget: jax.Array, moves_A: jax.Array,
         arrive = active & (grid_HW[r, c] == EXIT)
         return (r, c, t, done | arrive, jnp.where(arrive, t, t_exit), visited_HW), None
 
-    init = (jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.bool_(False), jnp.int32(0),
+    s = jnp.argmax((grid_HW == START).reshape(-1)).astype(jnp.int32)
+    init = (s // W, s % W, jnp.int32(0), jnp.bool_(False), jnp.int32(0),
             jnp.zeros((H, W), bool))
     (_, _, _, done, t_exit, visited_HW), _ = jax.lax.scan(step, init, (moves_A, mask_A))
     completion = done & (t_exit <= budget)
 
+    # got / total from a numpy-built table: XLA's CPU divide is not correctly rounded, numpy's
+    # (the host's) is, and the two paths must agree bit for bit.
+    ratio_KK = jnp.asarray(maze_world.ratio_table(H * W))
+
     def frac(kind):
         is_kind = grid_HW == kind
-        total = jnp.sum(is_kind.astype(jnp.float32))
-        got = jnp.sum((is_kind & visited_HW).astype(jnp.float32))
-        return got / jnp.maximum(total, 1.0), total
+        return ratio_KK[jnp.sum(is_kind & visited_HW), jnp.sum(is_kind)], jnp.sum(is_kind)
 
-    gold, _ = frac(GOLD)
-    diamond, _ = frac(DIAMOND)
-    lava, n_lava = frac(LAVA)
-    avoid = jnp.where(n_lava > 0, 1.0 - lava, 1.0)
-    rewards_R = jnp.stack([jnp.float32(1.0), gold, diamond, avoid])
+    (gold, _), (diamond, _), (lava, n_lava) = map(frac, (GOLD, DIAMOND, LAVA))
+    frac_3 = jnp.stack([gold, diamond, jnp.where(n_lava > 0, 1.0 - lava, 1.0)])
+    bonus = jnp.any(visited_HW & (grid_HW == BONUS))
+    scores_3 = maze_world.score_fractions(frac_3, bonus, scoring, xp=jnp)
+    rewards_R = jnp.concatenate([jnp.ones((1,), jnp.float32), scores_3.astype(jnp.float32)])
     return jnp.where(completion, rewards_R, 0.0).astype(jnp.float32)
 
 
-def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Task:
-    """The maze `Task` on an odd `size` grid; `config` overrides `maze_world.MazeConfig` fields.
+def make_maze_task(size: int = 5, *, max_answers: int = 8, scoring: str = "convex_bonus",
+                   **config) -> base.Task:
+    """The maze `Task` on an odd `size` grid scored by `scoring` ("convex_bonus" or "linear",
+    see the module docstring); `config` overrides `maze_world.MazeConfig` fields.
 
-    The default (5x5, 2-3 items per zone within radius 1, 1-2 lava tiles, budget slack 3, A = 16)
-    is small enough for a tiny policy on CPU; `make_paper_maze_task()` is the 9x9 setting.
+    The default (5x5, 2-3 items per zone within Manhattan radius 1, 1-2 lava tiles, budget
+    slack 3, A = 16, fixed corners) is small enough for a tiny policy on CPU;
+    `make_paper_maze_task()` is the 9x9 setting.
     """
+    if scoring not in maze_world.SCORINGS:
+        raise ValueError(f"maze scoring must be one of {maze_world.SCORINGS}; got {scoring!r}")
     cfg = maze_world.MazeConfig(size=size, **config)
     n, A = cfg.size, cfg.answer_len
 
@@ -147,12 +164,15 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Tas
 
     def symbol_reward(problem: MazeArrays, symbols_A, mask_A):
         return simulate_route(jnp.asarray(problem.grid, jnp.int32), problem.budget,
-                              symbols_A, mask_A)
+                              symbols_A, mask_A, scoring)
+
+    def route_reward(grid, budget, route):
+        return maze_world.route_reward(grid, budget, route, scoring)
 
     def score(records, answers):
         return base.score_symbol_answers(
             records, answers, MOVES, A, 4,
-            lambda rec, words: maze_world.route_reward(record_grid(rec), rec["budget"], words))
+            lambda rec, words: route_reward(record_grid(rec), rec["budget"], words))
 
     def demonstrations(record, rng: np.random.Generator, num_answers: int) -> list[str]:
         routes = demo_routes(record_grid(record), record["budget"], rng, num_answers)
@@ -166,7 +186,7 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Tas
         grid, budget = record_grid(record), record["budget"]
 
         def fitness(route):
-            return float(np.mean(maze_world.route_reward(grid, budget, route)))
+            return float(np.mean(route_reward(grid, budget, route)))
 
         demos = demo_routes(grid, budget, rng, 3)
         children = better_routes(grid, budget, rng, num_answers, fitness, demos)
@@ -177,50 +197,66 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, **config) -> base.Tas
             num_parents=num_parents, max_len=A, exclude=children)
         return [" ".join(p) for p in parents], [" ".join(c) for c in children]
 
-    template = statement(grid_to_record(np.zeros((n, n), np.int8), 0)).split()
+    template = statement(grid_to_record(np.zeros((n, n), np.int8), 0), scoring).split()
     words = sorted(set(template) | set(CELL_CHARS) | set(MOVES)
                    | {str(i) for i in range(A + 1)})
     return base.Task(
         name=f"maze{n}", reward_names=maze_world.REWARD_NAMES,
         eval_weights_R=np.full((4,), 0.25, np.float32), make_problems=make_problems,
-        statement=statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        statement=functools.partial(statement, scoring=scoring), answer_hint=ANSWER_HINT,
+        score=score, solved=solved,
         demonstrations=demonstrations, symbols=MOVES, answer_len=A, arrays=arrays,
         symbol_reward=symbol_reward, mutation_demonstrations=mutation_demonstrations,
         words=tuple(words), max_answers=max_answers)
 
 
-def make_paper_maze_task(*, max_answers: int = 8) -> base.Task:
-    """The paper's 9x9 setting: 3-5 items per zone within radius 2, 3-5 lava tiles, slack 7."""
-    return make_maze_task(9, max_answers=max_answers, zone_radius=2, items=(3, 5), lava=(3, 5),
-                          open_frac=0.4, slack=7, answer_len=40)
+# The paper's 9x9 setting (the authors' `_build_maze`): 3-5 items per zone within Manhattan
+# radius 2, 3-5 lava tiles off the border band of width 2, slack 7, corners drawn; A = 40.
+PAPER_CONFIG = dict(size=9, zone_radius=2, items=(3, 5), lava=(3, 5), open_frac=0.4, slack=7,
+                    answer_len=40, random_corners=True)
+
+
+def make_paper_maze_task(*, max_answers: int = 8, scoring: str = "convex_bonus") -> base.Task:
+    """The paper's 9x9 maze `Task` (`PAPER_CONFIG`)."""
+    return make_maze_task(max_answers=max_answers, scoring=scoring, **PAPER_CONFIG)
 
 
 def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_answers: int,
                 tries: int = 30) -> list[list[str]]:
     """`num_answers` distinct scoring routes, lava-free and within budget.
 
-    Slots take the kinds via-gold, via-diamond and direct (in random order), then `part` routes
-    that collect a random non-empty part of one zone. A slot whose kind only reproduces earlier
-    routes (a unique shortest path may pass the gold zone) falls back to `part` routes and to
-    `wander` routes through a random open tile. If every draw repeats, the slot takes the first
-    new route of a sweep with every open tile as the wander tile, then of earlier routes after
-    wall bumps at S (same reward; a grid may have only two loop-free lava-free routes). If the
-    budget leaves no room even for that, the slot repeats the first route (a duplicate).
+    Slots take the kinds via-gold, via-diamond and via-bonus (the bonus tile and a few items of
+    either zone, the mix that convex_bonus rewards) in random order, then `part` routes that
+    collect a random non-empty part of one zone. A slot whose kind only reproduces earlier
+    routes (a unique shortest path may pass the gold zone) or overruns the budget falls back to
+    `part` routes and to `wander` routes through a random open tile. If every draw repeats, the
+    slot takes the first new route of a sweep with every open tile as the wander tile, then of
+    earlier routes after wall bumps at S (same reward; a grid may have only two loop-free
+    lava-free routes). If the budget leaves no room even for that, the slot repeats the first
+    route (a duplicate).
     """
     gold, diamond = maze_world.zone_items(grid, GOLD), maze_world.zone_items(grid, DIAMOND)
     open_tiles = maze_world.zone_items(grid, maze_world.EMPTY)
+    bonus = maze_world.zone_items(grid, BONUS)
+    start = maze_world.endpoints(grid)[0]
+    stay = "".join(m for m, (dr, dc) in maze_world.MOVES.items()  # moves off the grid at S
+                   if not (0 <= start[0] + dr < len(grid) and 0 <= start[1] + dc < len(grid)))
 
     def waypoints(kind: str):
-        if kind == "direct":
-            return []
         if kind == "wander":
             return [open_tiles[rng.integers(len(open_tiles))]] if open_tiles else []
-        items = gold if kind == "gold" else diamond
-        if kind == "part":
-            items = gold if rng.random() < 0.5 else diamond
-            keep = rng.permutation(len(items))[:rng.integers(1, len(items) + 1)]
-            items = [items[i] for i in sorted(keep)]
-        return maze_world.best_tour(grid, items, avoid_lava=True)[1]
+        if kind in ("gold", "diamond"):
+            return maze_world.best_tour(grid, gold if kind == "gold" else diamond,
+                                        avoid_lava=True)[1]
+        if kind == "part":  # a random non-empty part of one zone
+            pool = gold if rng.random() < 0.5 else diamond
+            size = rng.integers(1, len(pool) + 1)
+        else:  # "bonus": the bonus tile and 1..(larger zone) random items of either zone
+            pool = gold + diamond
+            size = rng.integers(1, max(len(gold), len(diamond)) + 1)
+        keep = [pool[i] for i in sorted(rng.permutation(len(pool))[:size])]
+        return maze_world.best_tour(grid, keep + (bonus if kind == "bonus" else []),
+                                    avoid_lava=True)[1]
 
     def fallback(routes: list[list[str]]):
         for i in rng.permutation(len(open_tiles)):  # each open tile as the `wander` waypoint
@@ -229,11 +265,11 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
             except ValueError:
                 continue
         room = budget - min(map(len, routes), default=budget)
-        for j in range(1, room + 1):  # j bumps at S (U and L both stay put), then a route
-            for bumps in itertools.product("UL", repeat=j):
+        for j in range(1, room + 1):  # j bumps into the border at S, then a route
+            for bumps in itertools.product(stay, repeat=j):
                 yield from (list(bumps) + r for r in routes)
 
-    kinds = [str(k) for k in rng.permutation(["gold", "diamond", "direct"])]
+    kinds = [str(k) for k in rng.permutation(["gold", "diamond", "bonus"])]
     routes: list[list[str]] = []
     for slot in range(num_answers):
         for attempt in range(tries):
@@ -255,13 +291,15 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
 def better_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_answers: int,
                   fitness, fallback: list[list[str]], tries: int = 6) -> list[list[str]]:
     """`num_answers` distinct routes, best first: lava-free full tours of the gold and of the
-    diamond zone with random shortest legs (each scores >= 0.75, see `solved`), topped up with
-    the best `fallback` routes when the tours have too few distinct variants."""
-    orders = [maze_world.best_tour(grid, maze_world.zone_items(grid, kind), avoid_lava=True)[1]
-              for kind in (GOLD, DIAMOND)]
+    diamond zone that fit the budget (at least one does; each scores w*ᵀr >= 3/4, see `solved`)
+    with random shortest legs, topped up with the best `fallback` routes when the tours have
+    too few distinct variants."""
+    tours = [maze_world.best_tour(grid, maze_world.zone_items(grid, kind), avoid_lava=True)
+             for kind in (GOLD, DIAMOND)]
+    orders = [order for steps, order in tours if steps <= budget]
     found: list[list[str]] = []
-    for t in range(tries * num_answers):
-        route = maze_world.plan_route(grid, orders[t % 2], rng)
+    for t in range(tries * num_answers if orders else 0):
+        route = maze_world.plan_route(grid, orders[t % len(orders)], rng)
         if route not in found and len(route) <= budget:
             found.append(route)
         if len(found) == num_answers:
@@ -276,7 +314,7 @@ def shortcut_route(grid: np.ndarray, route: list[str], rng: np.random.Generator)
     lava half of the time): a complete route that usually misses items or steps on lava."""
     n = grid.shape[0]
     k = int(rng.integers(1, len(route)))
-    pos = maze_world.corners(n)["start"]
+    pos, exit_ = maze_world.endpoints(grid)
     for m in route[:k]:
         nr, nc = pos[0] + maze_world.MOVES[m][0], pos[1] + maze_world.MOVES[m][1]
         if 0 <= nr < n and 0 <= nc < n and grid[nr, nc] != WALL:
@@ -284,7 +322,7 @@ def shortcut_route(grid: np.ndarray, route: list[str], rng: np.random.Generator)
     inverse = {d: m for m, d in maze_world.MOVES.items()}
     out, cur = list(route[:k]), pos
     try:
-        path = maze_world._random_path(grid, pos, maze_world.corners(n)["exit"], rng,
+        path = maze_world._random_path(grid, pos, exit_, rng,
                                        avoid_lava=bool(rng.random() < 0.5))
     except ValueError:
         return out
