@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vpo import _search_ops as ops
+from vpo import population as ops
 from vpo import search
 from vpo.config import model_preset
 from vpo.model import Decoder

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vpo import _search_ops as ops
+from vpo import population as ops
 from vpo import search, sharding
 from vpo.config import ConfigError, model_preset
 from vpo.model import Decoder

@@ -2,7 +2,7 @@
 `vpo.search` with the scorer between generations instead of inside the graph.
 
 The algorithm and the budget are those of `vpo.search` (Mind Evolution, Lee et al., arXiv
-2501.09891): I islands of Q members, parents chosen by `_search_ops.select_parents`, children
+2501.09891): I islands of Q members, parents chosen by `population.select_parents`, children
 written by the policy from a text mutation prompt (`tasks.bound.mutation_text`: the parents and
 their scores written out), elitist replacement, ring migration and resets, all through the same
 population operators. What differs is where a candidate lives: its answer text is kept on the
@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo import _search_ops as ops
 from vpo import evaluation, search
-from vpo._search_ops import Population
+from vpo import population as ops
 from vpo.config import SamplerConfig
 from vpo.errors import ConfigError
+from vpo.population import Population
 from vpo.sampler import sample_with_keys
 from vpo.search import METHODS, SearchConfig, SearchTrace
 from vpo.tasks.base import Record

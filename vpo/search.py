@@ -36,10 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vpo import _search_ops as ops
 from vpo import evaluation, plots, sharding
-from vpo._search_ops import Population
+from vpo import population as ops
 from vpo.config import ConfigError
+from vpo.population import Population
 from vpo.sampler import generate
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask

@@ -1,9 +1,11 @@
-"""Population operators of the in-graph evolutionary search (pure jnp, one problem, no config).
+"""Population operators of the evolutionary search (pure jnp, one problem, no config), shared by
+the in-graph search (`vpo.search`) and the host-scored one (`vpo.host_search`).
 
 A `Population` holds candidate slots; its suffix X stands for the slot axes, which the caller
 names: [Q] members of one island, [I, Q] all islands, [C] or [N] a flat batch of children. A
-candidate is one answer as symbol ids of the task's alphabet (`Task.symbols`), with a mask.
-Empty slots have `valid = False`, `fitness = -inf`, `id = -1` and zero symbols. Two candidates are the same when their symbols (under their masks) agree.
+candidate is one answer as symbol ids of the task's alphabet (`Task.symbols`; for host search,
+the id of its text), with a mask. Empty slots have `valid = False`, `fitness = -inf`, `id = -1`
+and zero symbols. Two candidates are the same when their symbols (under their masks) agree.
 """
 
 from __future__ import annotations
