@@ -312,6 +312,94 @@ def test_max_at_k_equals_brute_force_enumeration(k):
         assert adv_m[b, 1] == 0
 
 
+@jax.jit
+def _max_at_2_normalised(r):
+    return {std: obj.max_at_k_advantages(r, 2, std_normalize=True, std=std)
+            for std in ("unbiased", "population")}
+
+
+def test_max_at_k_std_normalised_as_verl():
+    """verl's max_at_k: credits minus the group mean, over the unbiased std (torch.std) + 1e-6."""
+    rng = np.random.default_rng(11)
+    r = rng.uniform(size=(B, G)).astype(np.float32)
+    r[-1] = 0.3137  # a constant group: exactly 0 (rounding is never divided by a ~0 std)
+    out = _max_at_2_normalised(jnp.asarray(r))
+    for std, ddof in (("unbiased", 1), ("population", 0)):
+        for b in range(B - 1):
+            c = brute_max_at_k(r[b], 2)  # already centred
+            np.testing.assert_allclose(out[std][b], c / (c.std(ddof=ddof) + 1e-6), rtol=1e-5,
+                                       atol=1e-6)
+        np.testing.assert_array_equal(out[std][-1], 0.0)
+
+
+def brute_pass_at_k(correct, k, eps=1e-6):
+    """Every k-subset scores pass@k (1 if it holds a correct rollout); z-score over all subsets
+    (population std); a rollout's advantage is the mean z of the subsets that contain it."""
+    n = len(correct)
+    subsets = list(itertools.combinations(range(n), k))
+    score = np.array([float(any(correct[i] for i in s)) for s in subsets])
+    z = (score - score.mean()) / (score.std() + eps)
+    total, count = np.zeros(n), np.zeros(n)
+    for s, zs in zip(subsets, z, strict=True):
+        total[list(s)] += zs
+        count[list(s)] += 1
+    return total / count
+
+
+PASSK_N = 6
+PASSK_MASK = np.array([True, False, True, True, False, True])
+
+
+@jax.jit
+def _pass_at_k_all(correct):
+    """For k = 1..5 (static): advantages on the full groups and on 4 of the 6 rollouts."""
+    mask = jnp.broadcast_to(jnp.asarray(PASSK_MASK), correct.shape)
+    return {k: (obj.pass_at_k_advantages(correct, k), obj.pass_at_k_advantages(correct, k, mask))
+            for k in range(1, PASSK_N)}
+
+
+def test_pass_at_k_equals_brute_force_enumeration():
+    """Chen et al. 2025 (arXiv 2508.10751): the analytic advantages equal the enumeration over
+    all k-subsets, for every k < n and every count of correct rollouts (0, all, too few wrong);
+    a masked group equals the enumeration over its valid rollouts."""
+    correct = np.array([[i < c for i in range(PASSK_N)] for c in range(PASSK_N + 1)])
+    correct = np.concatenate([correct, correct[:, ::-1]])  # positions do not matter
+    out = _pass_at_k_all(jnp.asarray(correct))
+    for k, (adv, adv_m) in out.items():
+        for row, a, a_m in zip(correct, np.asarray(adv), np.asarray(adv_m), strict=True):
+            np.testing.assert_allclose(a, brute_pass_at_k(row, k), rtol=2e-5, atol=2e-5)
+            if k <= PASSK_MASK.sum():
+                np.testing.assert_allclose(a_m[PASSK_MASK], brute_pass_at_k(row[PASSK_MASK], k),
+                                           rtol=2e-5, atol=2e-5)
+            assert np.all(a_m[~PASSK_MASK] == 0)
+    # hand-computed, n = 6, c = 1, k = 2: rho = 1 - C(5,2)/C(6,2) = 1/3, sigma = sqrt(2)/3;
+    # A_pos = (2/3)/sigma, A_neg = (2/3 - C(4,1)/C(5,1))/sigma
+    sigma = math.sqrt(2) / 3
+    np.testing.assert_allclose(out[2][0][1], [(2 / 3) / sigma] + [(2 / 3 - 4 / 5) / sigma] * 5,
+                               rtol=1e-5)
+    # k = 1 is GRPO with the population std
+    r = jnp.asarray(correct, jnp.float32)
+    np.testing.assert_allclose(out[1][0], obj.grpo_advantages(r, std="population"), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_random_weight_grpo_is_grpo_on_a_group_shared_dirichlet_scalarisation():
+    rng = np.random.default_rng(12)
+    r = jnp.asarray(rng.uniform(size=(B, G, R)), jnp.float32)
+    w = jnp.asarray(rng.dirichlet(np.ones(R), size=B), jnp.float32)
+    adv, w_out = obj.random_weight_grpo_advantages(r, weights_BR=w, std="population")
+    np.testing.assert_array_equal(w_out, w)
+    np.testing.assert_allclose(
+        adv, obj.grpo_advantages(jnp.einsum("bgr,br->bg", r, w), std="population"), rtol=1e-5)
+    _, w1 = obj.random_weight_grpo_advantages(r, key=jax.random.key(0))
+    _, w2 = obj.random_weight_grpo_advantages(r, key=jax.random.key(1))
+    assert w1.shape == (B, R) and np.allclose(w1.sum(-1), 1.0) and bool(jnp.all(w1 >= 0))
+    assert len({tuple(np.round(x, 6)) for x in np.asarray(w1)}) == B  # one per group
+    assert not np.allclose(w1, w2)  # fresh per call (the step's key)
+    with pytest.raises(ValueError, match="exactly one"):
+        obj.random_weight_grpo_advantages(r)
+
+
 def test_best_of_group_hand_computed():
     r = jnp.asarray([[1.0, 3.0, 2.0, 0.0], [2.0, 2.0, 1.0, 0.0]])
     adv = obj.best_of_group_advantages(r, std_normalize=False)
@@ -335,6 +423,7 @@ _SCALAR_FNS = {
     "rloo": obj.rloo_advantages,
     "maxrl": obj.maxrl_advantages,
     "max_at_k": obj.max_at_k_advantages,
+    "pass_at_k": lambda r, mask_BG: obj.pass_at_k_advantages(r > 1, mask_BG=mask_BG),
     "best_of_group": obj.best_of_group_advantages,
 }
 _scalar_jit = {n: jax.jit(f) for n, f in _SCALAR_FNS.items()}
@@ -586,6 +675,68 @@ def test_kl_cov_penalises_exactly_the_top_covariance_tokens():
     np.testing.assert_allclose(float(met["kl_cov_frac"]) * n_valid, n, atol=1e-3)
 
 
+def test_kl_cov_with_zero_advantage_on_policy_gives_zero_gradient():
+    """On-policy every log-ratio is exactly 0; with A = 0 all tokens tie on cov and KL-Cov still
+    selects some: the |log ratio| penalty must not push them (torch: d|x|/dx = 0 at 0)."""
+    d = random_tokens(8)
+
+    @jax.jit
+    def grads(logp, mask):
+        def loss(lp, agg):
+            return obj.policy_loss(lp, lp, jnp.zeros((B, G)), mask, agg=agg, cov_control="kl_cov",
+                                   kl_cov_ratio=0.5, kl_cov_coef=3.0)
+
+        return {agg: jax.grad(loss, has_aux=True)(logp, agg) for agg in AGGS}
+
+    for grad, met in grads(d["logp"], d["mask"]).values():
+        assert float(met["kl_cov_frac"]) > 0.4  # the penalty is applied on half the tokens
+        np.testing.assert_array_equal(grad, 0.0)
+
+
+def test_kl_cov_penalty_gradient_follows_the_torch_sign_convention():
+    """d/dlogp of kl_cov_coef |logp - old| on a selected token is kl_cov_coef * sign(log ratio)
+    (0 where the ratio is exactly 1), plus the policy-gradient term -A exp(log ratio)."""
+    d = random_tokens(9)
+    mask = np.asarray(d["mask"])
+    # a third of the tokens exactly on-policy, the rest off by +-0.1
+    offset = np.random.default_rng(9).choice([-0.1, 0.0, 0.1], size=mask.shape)
+    old = d["logp"] - jnp.asarray(offset, jnp.float32)
+    coef, n_valid = 2.0, mask.sum()
+
+    @jax.jit
+    @jax.grad
+    def grad_fn(lp):
+        return obj.policy_loss(lp, old, d["adv"], d["mask"], cov_control="kl_cov",
+                               kl_cov_ratio=1.0, kl_cov_coef=coef)[0]  # every token selected
+
+    grad = np.asarray(grad_fn(d["logp"]))
+    log_ratio = np.asarray(d["logp"] - old)
+    adv = np.broadcast_to(np.asarray(d["adv"])[..., None], mask.shape)
+    want = np.where(mask, -adv * np.exp(log_ratio) + coef * np.sign(log_ratio), 0.0) / n_valid
+    assert (np.asarray(log_ratio)[mask] == 0).sum() > 10
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
+
+
+def test_cov_logp_adv_metric_is_the_token_covariance():
+    d = random_tokens(10)
+    _, met = obj.policy_loss(d["logp"], d["old"], d["adv"], d["mask"])
+    cov, _ = token_cov(d)
+    np.testing.assert_allclose(met["cov_logp_adv"], cov[np.asarray(d["mask"])].mean(), rtol=1e-5)
+
+
+def test_cov_min_tokens_floors_the_selection():
+    d = random_tokens(11)
+    n_valid = int(d["mask"].sum())
+
+    @jax.jit
+    def selected(logp, old, adv, mask):
+        return {n: obj.policy_loss(logp, old, adv, mask, cov_control="kl_cov", kl_cov_ratio=1e-3,
+                                   cov_min_tokens=n)[1]["kl_cov_frac"] for n in (1, 10, 10_000)}
+
+    for min_tokens, frac in selected(d["logp"], d["old"], d["adv"], d["mask"]).items():
+        np.testing.assert_allclose(float(frac) * n_valid, min(min_tokens, n_valid), atol=1e-3)
+
+
 def test_high_entropy_minority_mask():
     d = random_tokens(5)
     mask = d["mask"]
@@ -610,6 +761,7 @@ def test_policy_loss_validates_modes_and_shapes():
         (dict(cov_control="cov"), "cov_control"),
         (dict(kl_estimator="k4"), "kl_estimator"),
         (dict(clip_cov_ratio=20.0), "clip_cov_ratio"),
+        (dict(cov_min_tokens=0), "cov_min_tokens"),
     ):
         with pytest.raises(ValueError, match=name):
             obj.policy_loss(*args, **kw)

@@ -145,7 +145,7 @@ def test_smoke_train_writes_metrics(task, tmp_path):
         for key in ("loss", "reward", "entropy", "skipped_updates", "adv_std", "diversity",
                     "truncation_rate", "answers_per_rollout", "reward/first", "clip_frac_high",
                     "high_entropy_frac", "kl_cov_frac", "zero_variance_frac", "step_time_s",
-                    "solved_rate"):
+                    "solved_rate", "cov_logp_adv"):
             assert np.isfinite(r[key]), key
         assert r["generated_tokens"] == round(r["response_length"] * 4 * 8)  # B·G rollouts
         np.testing.assert_allclose(r["tokens_per_s"], r["generated_tokens"] / r["step_time_s"])
@@ -253,6 +253,12 @@ def test_config_errors_name_the_field(task):
         train_lib.check_run(run, task, P + 1)
     with pytest.raises(ConfigError, match="train.mutation_fraction"):
         TrainConfig(mutation_fraction=1.5)
+    pallas = dataclasses.replace(run, train=dataclasses.replace(run.train, logprob_impl="pallas"))
+    with pytest.raises(ConfigError, match="train.logprob_impl: 'pallas' runs on GPU or TPU"):
+        train_lib.check_run(pallas, task, P)
+    huge = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler, num_samples=10**8))
+    with pytest.raises(ConfigError, match=r"sampler\.num_samples: 100000000 .* need at least"):
+        train_lib.check_run(huge, task, P)
 
 
 def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
@@ -443,6 +449,66 @@ def test_dynamic_sampling_and_overlong_mask_in_update(task):
     want_den = mask[kept].sum() / run.train.num_minibatches  # mean over minibatches
     np.testing.assert_allclose(float(metrics["loss_denominator"]), want_den, rtol=1e-6)
     assert np.isfinite(float(metrics["loss"]))
+
+
+def test_default_cov_controls_select_at_least_10_tokens_per_update():
+    """At the default batch (RunConfig(): B/(minibatches·accum) prompts × G × T tokens per loss
+    call) the default Clip-Cov / KL-Cov settings act on >= 10 tokens (the 7B recipe's 2e-3 alone
+    would pick floor(2e-3 · 1024) = 2)."""
+    from vpo import objectives
+
+    run, ocfg = RunConfig(), ObjectiveConfig()
+    b = run.train.batch_size // (run.train.num_minibatches * run.train.grad_accum)
+    shape = (b, run.sampler.num_samples, run.sampler.max_new_tokens)
+    n_tokens = int(np.prod(shape))
+    assert int(ocfg.kl_cov_ratio * n_tokens) < 10 <= ocfg.cov_min_tokens
+    rng = np.random.default_rng(0)
+    logp = jnp.asarray(rng.normal(-1.0, 1.0, shape), jnp.float32)
+    adv = jnp.asarray(rng.choice([-3.0, 3.0], shape[:2]), jnp.float32)  # many 1 < cov < 5
+    mask = jnp.ones(shape, bool)
+    kw = dict(clip_cov_ratio=ocfg.clip_cov_ratio, clip_cov_lb=ocfg.clip_cov_lb,
+              clip_cov_ub=ocfg.clip_cov_ub, kl_cov_ratio=ocfg.kl_cov_ratio,
+              kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
+
+    @jax.jit
+    def selected(logp, adv, mask, key):
+        return {c: objectives.policy_loss(logp, logp, adv, mask, cov_control=c, key=key,
+                                          **kw)[1][f"{c}_frac"] * n_tokens
+                for c in ("kl_cov", "clip_cov")}
+
+    for control, n in selected(logp, adv, mask, jax.random.key(0)).items():
+        assert round(float(n)) >= 10, control
+
+
+@pytest.mark.slow
+def test_passk_with_dynamic_sampling_and_kl_cov_in_update(task):
+    """pass@k training sees `task.solved` through dynamic selection: of 8 sampled groups
+    (oversample 2 × B 4) the ones whose solved pattern varies are kept; KL-Cov acts and the
+    covariance metric is logged. Slow: one compile of the update (~20-50 s on 2 cores)."""
+    obj = ObjectiveConfig(advantage="passk", dynamic_sampling=True, oversample=2,
+                          cov_control="kl_cov")
+    run = dataclasses.replace(run_config(task, steps=1), objective=obj)
+    mesh = one_device()
+    tx = train_lib.make_optimizer(run.train)
+    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh, seed=0)
+    cfg = train_lib.step_config(run, task)
+    batch = loop_lib.shard_batch(next(data_lib.problem_iterator(task, 8, M, num_problems=64)),
+                                 mesh)
+    rollout = jax.jit(functools.partial(train_lib._sample, graphdef=graphdef, cfg=cfg))(
+        state, batch)
+    solved_NG = np.zeros((8, 8), bool)
+    solved_NG[[0, 2, 5], 3] = True  # groups 0, 2, 5 vary
+    solved_NG[7] = True  # all solved: no variation
+    rewards = np.broadcast_to(solved_NG[:, :, None, None], (8, 8, M, 2)).astype(np.float32)
+    smask = np.ones((8, 8, M), bool)
+    update = jax.jit(functools.partial(train_lib._update, graphdef=graphdef, tx=tx, task=task,
+                                       cfg=cfg))
+    _, metrics = update(state, batch, rollout, rewards, smask)
+    assert float(metrics["zero_variance_frac"]) == 5 / 8
+    assert float(metrics["kept_frac"]) == 3 / 4
+    assert float(metrics["solved_rate"]) == solved_NG.mean()
+    assert float(metrics["kl_cov_frac"]) > 0
+    assert np.isfinite(float(metrics["cov_logp_adv"])) and np.isfinite(float(metrics["loss"]))
 
 
 def test_dapo_config_errors():

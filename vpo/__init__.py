@@ -1,7 +1,63 @@
 """vpo: JAX-native RL post-training (GRPO family, Vector Policy Optimization) and in-graph search.
 
-Submodules are imported on demand (`from vpo import objectives, evaluation`), so importing the
-objective alone pulls in nothing but jax and numpy.
+The names most users need, importable from the package (each is loaded on first use, so
+`import vpo` stays light and `from vpo import vpo_advantages` pulls in only jax and numpy):
+
+    objectives   vpo_advantages, grpo_advantages, policy_loss, ... (`vpo.objectives`)
+    evaluation   pass_at_k, best_at_k, reward_diversity
+    tasks        Task, make_task, bind
+    loading      load_model (tiny preset, run folder, hf:/GGUF), from_pretrained,
+                 save_pretrained, load_tokenizer
+    configs      RunConfig, TrainConfig, ObjectiveConfig, SamplerConfig, ModelConfig,
+                 SearchConfig
+    entry points train, run_sft, evaluate_policy, make_search, run_method, run_host_method,
+                 run_compare
+    errors       ConfigError, CheckpointError, RewardError
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    **{name: "vpo.objectives" for name in (
+        "vpo_advantages", "grpo_advantages", "rloo_advantages", "gdpo_advantages",
+        "maxrl_advantages", "max_at_k_advantages", "pass_at_k_advantages",
+        "random_weight_grpo_advantages", "dirichlet_weights", "policy_loss", "kl_estimate")},
+    **{name: "vpo.evaluation" for name in ("pass_at_k", "best_at_k", "reward_diversity")},
+    "Task": "vpo.tasks.base",
+    "make_task": "vpo.tasks",
+    "bind": "vpo.tasks.bound",
+    "load_model": "vpo.checkpoint",
+    "from_pretrained": "vpo.hf",
+    "save_pretrained": "vpo.hf",
+    "load_tokenizer": "vpo.tokenizer",
+    **{name: "vpo.config" for name in ("SamplerConfig", "ModelConfig")},
+    **{name: "vpo.train_config" for name in ("RunConfig", "TrainConfig", "ObjectiveConfig")},
+    "SearchConfig": "vpo.search",
+    "train": "vpo.loop",
+    "run_sft": "vpo.sft",
+    "evaluate_policy": "vpo.policy_eval",
+    "make_search": "vpo.search",
+    "run_method": "vpo.search",
+    "run_host_method": "vpo.host_search",
+    "run_compare": "vpo.compare",
+    **{name: "vpo.errors" for name in ("ConfigError", "CheckpointError", "RewardError")},
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Load an exported name's module on first use (PEP 562)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

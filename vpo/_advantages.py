@@ -1,4 +1,5 @@
-"""The scalar group-baseline family: GRPO / Dr. GRPO, RLOO, MaxRL, Max@k, best-of-group, GDPO.
+"""The scalar group-baseline family: GRPO / Dr. GRPO, RLOO, MaxRL, Max@k, pass@k training,
+best-of-group, GDPO.
 
 Private module; the public names are re-exported by `vpo.objectives`. Dimension key: B prompts,
 G samples per prompt, R reward components.
@@ -6,8 +7,12 @@ G samples per prompt, R reward components.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vpo._common import (
     STD_DDOF,
@@ -18,6 +23,7 @@ from vpo._common import (
     group_stats,
     rollout_mask,
 )
+from vpo.config import GRPO_SCALES, STD_MODES
 
 Array = jax.Array
 
@@ -47,8 +53,8 @@ def grpo_advantages(
     Returns:
         adv_BG.
     """
-    check_choice("scale", scale, ("group", "batch", "none"))
-    check_choice("std", std, tuple(STD_DDOF))
+    check_choice("scale", scale, GRPO_SCALES)
+    check_choice("std", std, STD_MODES)
     rewards_BG = as_float(rewards_BG)
     check_shape("rewards_BG", rewards_BG, (None, None))
     m_BG = rollout_mask(rewards_BG, mask_BG)
@@ -92,12 +98,20 @@ def maxrl_advantages(
     return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
 
 
-def _log_comb(n: Array, k: Array) -> Array:
-    """log C(n, k) for real n >= k >= 0 (callers mask the rest)."""
-    lg = jax.scipy.special.gammaln
-    n = jnp.maximum(n, 0.0)
-    k = jnp.clip(k, 0.0, n)
-    return lg(n + 1.0) - lg(k + 1.0) - lg(n - k + 1.0)
+@functools.cache
+def _max_at_k_weights(G: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact binomial weights as [n, rank] tables (n = 0..G valid rollouts, rank 1-based; rank 0
+    and ranks above n are padding): own = C(rank-1, k-1) / C(n, k), other = C(rank-2, k-2) /
+    C(n, k) (0 for k < 2), both 0 for n < k. Integer binomials, one rounding to float32."""
+    own = np.zeros((G + 1, G + 1))
+    other = np.zeros((G + 1, G + 1))
+    for n in range(k, G + 1):
+        total = math.comb(n, k)
+        for i in range(1, n + 1):
+            own[n, i] = math.comb(i - 1, k - 1) / total
+            if k >= 2 and i >= 2:
+                other[n, i] = math.comb(i - 2, k - 2) / total
+    return own.astype(np.float32), other.astype(np.float32)
 
 
 def max_at_k_advantages(
@@ -106,6 +120,7 @@ def max_at_k_advantages(
     mask_BG: Array | None = None,
     *,
     std_normalize: bool = False,
+    std: str = "unbiased",
     eps: float = 1e-6,
 ) -> Array:
     r"""Max@k: unbiased credit for the expected max of a random k-subset of the group.
@@ -114,13 +129,16 @@ def max_at_k_advantages(
     credit over the k-subsets that contain it, each subset paying its max:
     ```
     Ahat_(i) = [ C(i-1, k-1) r_(i) + sum_{j>i} C(j-2, k-2) r_(j) ] / C(n, k)
-    A = Ahat - mean_g Ahat            (then / (std_g Ahat + eps) if std_normalize, ddof 0)
+    A = Ahat - mean_g Ahat            (then / (std_g Ahat + eps) if std_normalize)
     ```
-    `k` defaults to max(2, G // 2). Groups with fewer than k valid rollouts get 0.
+    `k` defaults to max(2, G // 2). Groups with fewer than k valid rollouts get 0. The std is
+    unbiased (ddof 1) by default, as verl's `norm_adv_by_std_in_grpo` (on by default there);
+    `std="population"` for ddof 0. k = n is degenerate (every credit is the group max: A = 0).
 
     References: "The Best of N Worlds", arXiv 2510.23393 (verl
     `compute_max_at_k_outcome_advantage`).
     """
+    check_choice("std", std, STD_MODES)
     rewards_BG = as_float(rewards_BG)
     check_shape("rewards_BG", rewards_BG, (None, None))
     G = rewards_BG.shape[1]
@@ -128,28 +146,91 @@ def max_at_k_advantages(
     if not 1 <= k <= G:
         raise ValueError(f"k={k} must satisfy 1 <= k <= G={G}")
     m_BG = rollout_mask(rewards_BG, mask_BG)
-    n_B = m_BG.sum(-1).astype(rewards_BG.dtype)
+    n_int_B = m_BG.sum(-1)
+    n_B = n_int_B.astype(rewards_BG.dtype)
     order_BG = jnp.argsort(jnp.where(m_BG, rewards_BG, -jnp.inf), axis=-1)  # padding sorts first
     sorted_BG = jnp.take_along_axis(rewards_BG, order_BG, axis=-1)
-    rank_BG = jnp.arange(1, G + 1, dtype=rewards_BG.dtype)[None, :] - (G - n_B)[:, None]  # 1-based
-    ok_BG = rank_BG >= k  # only ranks >= k can be a subset max
-    r_BG = jnp.where(rank_BG >= 1, sorted_BG, 0.0)
-    log_cnk_B1 = _log_comb(n_B, jnp.float32(k))[:, None]
-    c_own_BG = jnp.where(ok_BG, jnp.exp(_log_comb(rank_BG - 1, k - 1.0) - log_cnk_B1), 0.0)
+    rank_BG = jnp.arange(1, G + 1)[None, :] - (G - n_int_B)[:, None]  # 1-based; <= 0: padding
+    rank_BG = jnp.maximum(rank_BG, 0)
+    # Credits shift with the rewards (credit(r + c) = credit(r) + c k/n) and the mean removes
+    # the shift: computing them from r - min_g r makes a constant group's credits exactly 0, so
+    # the rounding of the binomial weights is never divided by a ~0 std.
+    low_B = jnp.min(jnp.where(m_BG, rewards_BG, jnp.inf), axis=-1)
+    low_B = jnp.where(n_B > 0, low_B, 0.0)
+    r_BG = jnp.where(rank_BG >= 1, sorted_BG - low_B[:, None], 0.0)
+    own_NR, other_NR = map(jnp.asarray, _max_at_k_weights(G, k))
+    c_own_BG = own_NR[n_int_B[:, None], rank_BG]
     if k >= 2:
-        c_other_BG = jnp.where(ok_BG, jnp.exp(_log_comb(rank_BG - 2, k - 2.0) - log_cnk_B1), 0.0)
-        paid_BG = c_other_BG * r_BG
+        paid_BG = other_NR[n_int_B[:, None], rank_BG] * r_BG
         above_BG = jnp.cumsum(paid_BG[:, ::-1], axis=-1)[:, ::-1] - paid_BG  # sum over j > i
     else:
         above_BG = jnp.zeros_like(r_BG)
     credit_sorted_BG = c_own_BG * r_BG + above_BG
     inverse_BG = jnp.argsort(order_BG, axis=-1)
     credit_BG = jnp.take_along_axis(credit_sorted_BG, inverse_BG, axis=-1)
-    mean_B, std_B, _ = group_stats(credit_BG, m_BG, 0)
+    mean_B, std_B, _ = group_stats(credit_BG, m_BG, STD_DDOF[std])
     adv_BG = credit_BG - mean_B[:, None]
     if std_normalize:
         adv_BG = adv_BG / (std_B[:, None] + eps)
     return jnp.where(m_BG & (n_B >= k)[:, None], adv_BG, 0.0)
+
+
+def _falling_ratio(top_B: Array, bottom_B: Array, j: int) -> Array:
+    """C(top, j) / C(bottom, j) = prod_{i<j} (top - i) / (bottom - i), for integer-valued
+    top <= bottom (0 when top < j: one factor is exactly 0); bottom >= j expected."""
+    out_B = jnp.ones_like(top_B)
+    for i in range(j):
+        out_B = out_B * (top_B - i) / jnp.maximum(bottom_B - i, 1.0)
+    return out_B
+
+
+def pass_at_k_advantages(
+    correct_BG: Array,
+    k: int | None = None,
+    mask_BG: Array | None = None,
+    *,
+    eps: float = 1e-6,
+) -> Array:
+    r"""Pass@k training: the analytic group advantage of the pass@k reward (binary outcomes).
+
+    With n valid rollouts of a group, c of them correct, every k-subset is rewarded with its
+    pass@k (1 if it holds a correct rollout) and z-scored over all C(n, k) subsets; a rollout's
+    advantage is the mean over the subsets that contain it. In closed form:
+    ```
+    rho   = 1 - C(n-c, k) / C(n, k)                    mean subset reward (pass@k)
+    sigma = sqrt(rho (1 - rho))                        its (population) std over subsets
+    A_pos = (1 - rho) / (sigma + eps)                  every correct rollout
+    A_neg = (1 - rho - C(n-c-1, k-1) / C(n-1, k-1)) / (sigma + eps)     every incorrect one
+    ```
+    `k` defaults to max(2, G // 2). Groups with fewer than k valid rollouts, no correct
+    rollout (c = 0) or fewer than k incorrect ones (rho = 1) get 0: every subset scores the same.
+
+    References: Chen et al., "Pass@k Training for Adaptively Balancing Exploration and
+    Exploitation of Large Reasoning Models", arXiv 2508.10751 (analytical derivation, §3).
+
+    Args:
+        correct_BG: bool (or 0/1) outcome of each rollout. mask_BG: optional rollout mask.
+
+    Returns:
+        adv_BG.
+    """
+    correct_BG = jnp.asarray(correct_BG)
+    check_shape("correct_BG", correct_BG, (None, None))
+    G = correct_BG.shape[1]
+    k = max(2, G // 2) if k is None else int(k)
+    if not 1 <= k <= G:
+        raise ValueError(f"k={k} must satisfy 1 <= k <= G={G}")
+    m_BG = rollout_mask(correct_BG, mask_BG)
+    pos_BG = m_BG & (correct_BG > 0)
+    n_B = m_BG.sum(-1).astype(jnp.float32)
+    c_B = pos_BG.sum(-1).astype(jnp.float32)
+    rho_B = 1.0 - _falling_ratio(n_B - c_B, n_B, k)
+    sigma_B = jnp.sqrt(jnp.maximum(rho_B * (1.0 - rho_B), 0.0))
+    a_pos_B = (1.0 - rho_B) / (sigma_B + eps)
+    a_neg_B = (1.0 - rho_B - _falling_ratio(n_B - c_B - 1.0, n_B - 1.0, k - 1)) / (sigma_B + eps)
+    live_B = (n_B >= k) & (c_B > 0) & (n_B - c_B >= k)
+    adv_BG = jnp.where(pos_BG, a_pos_B[:, None], a_neg_B[:, None])
+    return jnp.where(m_BG & live_B[:, None], adv_BG, 0.0)
 
 
 def best_of_group_advantages(
@@ -201,7 +282,7 @@ def gdpo_advantages(
     Whitening is over rollouts (verl whitens over response tokens, weighting long responses more).
     References: GDPO, NVlabs, arXiv 2601.05242.
     """
-    check_choice("std", std, tuple(STD_DDOF))
+    check_choice("std", std, STD_MODES)
     rewards_BGR = as_float(rewards_BGR)
     check_shape("rewards_BGR", rewards_BGR, (None, None, None))
     B, G, R = rewards_BGR.shape

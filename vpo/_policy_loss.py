@@ -9,12 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from vpo._common import as_float, check_choice, check_shape
+from vpo.config import AGG_MODES, COV_CONTROLS, KL_ESTIMATORS, RATIO_LEVELS
 
 Array = jax.Array
-
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 
 
 def loss_denominator(
@@ -62,9 +59,17 @@ def kl_estimate(logp_BGT: Array, ref_logp_BGT: Array, estimator: str = "k3") -> 
     return jnp.clip(jnp.exp(delta) - 1.0 - delta, -10.0, 10.0)
 
 
-def _select_count(fraction: float, n_valid: Array) -> Array:
-    """n = max(floor(fraction * n_valid), 1), robust to float32 rounding just below an integer."""
-    return jnp.maximum(jnp.floor(n_valid * fraction * (1.0 + 1e-6)), 1.0).astype(jnp.int32)
+def _select_count(fraction: float, n_valid: Array, min_count: int) -> Array:
+    """n = max(floor(fraction * n_valid), min_count), robust to float32 rounding just below an
+    integer (never more than there are eligible tokens: `_select_top` takes only those)."""
+    return jnp.maximum(jnp.floor(n_valid * fraction * (1.0 + 1e-6)), min_count).astype(jnp.int32)
+
+
+def _abs_torch_grad(x: Array) -> Array:
+    """|x| with the subgradient sign(x), 0 at x = 0 (torch's `abs` convention; `jnp.abs` has
+    gradient 1 at 0). On-policy every log-ratio is exactly 0, so KL-Cov's |log ratio| penalty
+    must not push the selected tokens there."""
+    return jax.lax.stop_gradient(jnp.sign(x)) * x
 
 
 def _spec(x: Array):
@@ -87,13 +92,16 @@ def _gathered(x: Array) -> Array:
     return _resharded(x, jax.sharding.PartitionSpec()).reshape(-1)
 
 
-def _select_top(score_BGT: Array, eligible_BGT: Array, n: Array, fraction: float) -> Array:
+def _select_top(score_BGT: Array, eligible_BGT: Array, n: Array, fraction: float,
+                min_count: int) -> Array:
     """Marks the (at most) n eligible tokens with the largest score, globally over the batch.
 
-    `lax.top_k` runs with the static bound `floor(fraction * size) + 1 >= n`: no full sort.
+    `lax.top_k` runs with the static bound `max(floor(fraction * size) + 1, min_count) >= n`:
+    no full sort.
     """
     flat = _gathered(jnp.where(eligible_BGT, score_BGT, -jnp.inf))
-    k_max = min(flat.shape[0], int(fraction * flat.shape[0] * (1.0 + 1e-6)) + 1)
+    k_max = min(flat.shape[0],
+                max(int(fraction * flat.shape[0] * (1.0 + 1e-6)) + 1, int(min_count)))
     vals, idx = jax.lax.top_k(flat, k_max)
     take = (jnp.arange(k_max) < n) & jnp.isfinite(vals)
     sel = jnp.zeros(flat.shape, bool).at[idx].set(take).reshape(score_BGT.shape)
@@ -130,11 +138,12 @@ def policy_loss(
     entropy_coef: float = 0.0,
     entropy_top_frac: float | None = None,
     cov_control: str = "none",
-    clip_cov_ratio: float = 2e-4,
+    clip_cov_ratio: float = 2e-3,
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
-    kl_cov_ratio: float = 2e-4,
+    kl_cov_ratio: float = 2e-3,
     kl_cov_coef: float = 1.0,
+    cov_min_tokens: int = 1,
     log_ratio_clamp: float = 20.0,
 ) -> tuple[Array, dict[str, Array]]:
     r"""PPO-clip policy-gradient loss (to minimise) with the GRPO-family controls.
@@ -159,10 +168,14 @@ def policy_loss(
     - Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617, algorithms.md §2.3), with
       `cov = (A - mean A)(logp - mean logp)` over valid tokens (stop-grad):
       "clip_cov": among valid tokens not clipped by PPO with `lb < cov < ub`, pick
-      `max(floor(clip_cov_ratio * N_valid), 1)` uniformly at random (needs `key`) and zero their pg
-      term (value and gradient). "kl_cov": no ratio clipping, `pg = L1`, and the top
-      `max(floor(kl_cov_ratio * N_valid), 1)` tokens by cov get `+ kl_cov_coef |logp - old_logp|`.
-      Ratios are fractions (the original repo's `k_percent` is 100x these).
+      `n = max(floor(clip_cov_ratio * N_valid), cov_min_tokens)` uniformly at random (needs
+      `key`) and zero their pg term (value and gradient). "kl_cov": no ratio clipping, `pg = L1`,
+      and the top `max(floor(kl_cov_ratio * N_valid), cov_min_tokens)` tokens by cov get
+      `+ kl_cov_coef |logp - old_logp|`, whose gradient is `sign(logp - old_logp)`, 0 at 0 (as
+      torch's; on-policy every log-ratio is 0). Ratios are fractions (the original repo's
+      `k_percent` is 100x these; the 7B recipe's 2e-3 is the default); `cov_min_tokens = 1` is
+      the original rule. `Cov(logp, A) = mean_valid cov` is returned as "cov_logp_adv" (the
+      quantity whose sign drives the entropy change, arXiv 2505.22617 §2.2).
     Token selections (quantile, top fraction, random pick) are taken over the whole arrays passed
     in, so under `jit` they are global over a batch sharded across devices.
 
@@ -178,16 +191,16 @@ def policy_loss(
       loss_denominator: explicit normaliser (e.g. `loss_denominator(full_mask, agg)`) for exact
         micro-batch accumulation; default: computed from this call's mask.
       horizon: constant length for "seq-mean-token-sum-norm" (default T).
-      Coefficients and clip ranges may be traced values; `clip_cov_ratio`, `kl_cov_ratio` and
-      `entropy_top_frac` are static (they size the token selections).
+      Coefficients and clip ranges may be traced values; `clip_cov_ratio`, `kl_cov_ratio`,
+      `cov_min_tokens` and `entropy_top_frac` are static (they size the token selections).
 
     Returns:
       (loss, metrics): metrics are scalars: "loss", "pg_loss", "loss_numerator", "loss_denominator",
       "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "ratio_min", "ratio_max",
       "ppo_kl", "kl" (if ref given), "entropy" (if given), "clip_cov_frac", "kl_cov_frac",
-      "high_entropy_frac"; fractions are over valid tokens.
+      "high_entropy_frac", "cov_logp_adv"; fractions are over valid tokens.
     """
-    check_choice("ratio_level", ratio_level, ("token", "sequence"))
+    check_choice("ratio_level", ratio_level, RATIO_LEVELS)
     check_choice("agg", agg, AGG_MODES)
     check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     check_choice("cov_control", cov_control, COV_CONTROLS)
@@ -218,6 +231,8 @@ def policy_loss(
     for name, frac in (("clip_cov_ratio", clip_cov_ratio), ("kl_cov_ratio", kl_cov_ratio)):
         if not 0.0 < frac <= 1.0:
             raise ValueError(f"{name}={frac} must be in (0, 1] (a fraction, not a percent)")
+    if int(cov_min_tokens) < 1:
+        raise ValueError(f"cov_min_tokens={cov_min_tokens} must be >= 1")
 
     sg = jax.lax.stop_gradient
     mask = jnp.asarray(mask_BGT, bool)
@@ -252,20 +267,19 @@ def policy_loss(
 
     n_valid = jnp.sum(m_BGT)
     clip_cov_sel = kl_cov_sel = jnp.zeros(shape, bool)
-    if cov_control != "none":
-        lp = sg(logp_BGT)
-        cov = (adv_BGT - _masked_mean(adv_BGT, mask)) * (lp - _masked_mean(lp, mask))
-        if cov_control == "clip_cov":
-            eligible = mask & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-            n = _select_count(clip_cov_ratio, n_valid)
-            u = _resharded(jax.random.uniform(key, shape), _spec(eligible))
-            clip_cov_sel = _select_top(u, eligible, n, clip_cov_ratio)
-            pg = jnp.where(clip_cov_sel, 0.0, pg)
-        else:
-            n = _select_count(kl_cov_ratio, n_valid)
-            kl_cov_sel = _select_top(cov, mask, n, kl_cov_ratio)
-            pg = jnp.where(kl_cov_sel, pg1 + kl_cov_coef * jnp.abs(tok_log_ratio), pg1)
-            clipped_high = clipped_low = clipped_dual = jnp.zeros(shape, bool)
+    lp = sg(logp_BGT)
+    cov = (adv_BGT - _masked_mean(adv_BGT, mask)) * (lp - _masked_mean(lp, mask))
+    if cov_control == "clip_cov":
+        eligible = mask & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        n = _select_count(clip_cov_ratio, n_valid, cov_min_tokens)
+        u = _resharded(jax.random.uniform(key, shape), _spec(eligible))
+        clip_cov_sel = _select_top(u, eligible, n, clip_cov_ratio, cov_min_tokens)
+        pg = jnp.where(clip_cov_sel, 0.0, pg)
+    elif cov_control == "kl_cov":
+        n = _select_count(kl_cov_ratio, n_valid, cov_min_tokens)
+        kl_cov_sel = _select_top(cov, mask, n, kl_cov_ratio, cov_min_tokens)
+        pg = jnp.where(kl_cov_sel, pg1 + kl_cov_coef * _abs_torch_grad(tok_log_ratio), pg1)
+        clipped_high = clipped_low = clipped_dual = jnp.zeros(shape, bool)
 
     high_ent = mask
     if entropy_top_frac is not None and entropy_top_frac < 1.0:
@@ -306,6 +320,7 @@ def policy_loss(
         clip_cov_frac=_masked_mean(clip_cov_sel, mask),
         kl_cov_frac=_masked_mean(kl_cov_sel, mask),
         high_entropy_frac=_masked_mean(high_ent, mask),
+        cov_logp_adv=_masked_mean(cov, mask),
     )
     return loss, jax.tree.map(sg, metrics)
 

@@ -1,4 +1,5 @@
-"""VPO: Dirichlet preference weights, the expected-max set score and the VPO advantage.
+"""VPO: Dirichlet preference weights, the expected-max set score and the VPO advantage; the
+random-weight GRPO baseline (one Dirichlet weight per group, no max).
 
 Private module; the public names are re-exported by `vpo.objectives`. Dimension key: B prompts,
 G samples per prompt, M answers per sample, R reward components, K Dirichlet weight draws.
@@ -13,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo import _prng
+from vpo._advantages import grpo_advantages
 from vpo._common import as_float, check_choice, check_shape, group_stats, rollout_mask
+from vpo.config import WEIGHT_SAMPLERS
 
 Array = jax.Array
 
@@ -115,7 +118,7 @@ def dirichlet_weights(
 
 def _draw_weights(key, num_groups, num_weights, num_rewards, alpha, sampler) -> Array:
     """`dirichlet_weights` in the [B, R, K] layout (K contiguous, so the math vectorises)."""
-    check_choice("sampler", sampler, ("iid", "lattice"))
+    check_choice("sampler", sampler, WEIGHT_SAMPLERS)
     B, K, R = int(num_groups), int(num_weights), int(num_rewards)
     if min(B, K, R) < 1:
         raise ValueError(f"num_groups, num_weights, num_rewards must be >= 1; got {(B, K, R)}")
@@ -283,3 +286,52 @@ def vpo_advantages(
         "vpo/zero_std_frac": jnp.sum(has_B & ~live_B) / n_groups,
     }
     return adv_BG, metrics
+
+
+def random_weight_grpo_advantages(
+    rewards_BGR: Array,
+    *,
+    key: Array | None = None,
+    weights_BR: Array | None = None,
+    alpha: float = 1.0,
+    scale: str = "group",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+    mask_BG: Array | None = None,
+) -> tuple[Array, Array]:
+    r"""Random-weight GRPO: scalar GRPO on a random scalarisation of the reward vectors.
+
+    For prompt b one weight `w_b ~ Dir(alpha 1_R)` is drawn (fresh per call, i.e. per step) and
+    shared by its G rollouts, which are compared on `s_bg = w_b . r_bg`:
+    ```
+    A_bg = (s_bg - mean_g s_b) / (std_g s_b + eps)          (`grpo_advantages` on s)
+    ```
+    For multi-answer generations pass `r_bg` = the sum of the valid answers' reward vectors (as
+    the fixed scalarisation sums w*^T r over them). The VPO paper's "Random-Weighting GRPO"
+    baseline: the stochastic scalarisation of VPO without its max over a set of answers, and
+    without the weight in the prompt (the authors' code bakes one weight into each prompt row;
+    its G rollouts share it).
+
+    Args:
+        rewards_BGR: reward vectors per rollout.
+        key: PRNG key for the weights (exactly one of `key`, `weights_BR`).
+        weights_BR: explicit weights, rows on the simplex.
+        alpha: Dirichlet concentration. scale, std, eps: as `grpo_advantages`.
+        mask_BG: optional rollout mask.
+
+    Returns:
+        (adv_BG, weights_BR).
+
+    References: Bahlous-Boldi et al., Vector Policy Optimization, arXiv 2605.22817 (baselines).
+    """
+    rewards_BGR = as_float(rewards_BGR)
+    check_shape("rewards_BGR", rewards_BGR, (None, None, None))
+    B, _, R = rewards_BGR.shape
+    if (key is None) == (weights_BR is None):
+        raise ValueError("random_weight_grpo_advantages needs exactly one of key= or weights_BR=")
+    if weights_BR is None:
+        weights_BR = _draw_weights(key, B, 1, R, alpha, "iid")[:, :, 0]
+    check_shape("weights_BR", weights_BR, (B, R))
+    weights_BR = as_float(weights_BR)
+    s_BG = jnp.einsum("bgr,br->bg", rewards_BGR, weights_BR, precision=jax.lax.Precision.HIGHEST)
+    return grpo_advantages(s_BG, mask_BG, scale=scale, std=std, eps=eps), weights_BR

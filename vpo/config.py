@@ -1,22 +1,123 @@
 """Frozen configuration dataclasses, validated on construction with errors that name the field.
 
-Sections: `ModelConfig` (the decoder's shapes), `SamplerConfig` (generation). Later sections
-(objective, train, search, experiment) live beside them. `MODEL_PRESETS` maps preset names to model
-shapes: `tiny` (tests), `small` (CPU experiments) and the published shapes of Qwen2.5 / Qwen3 /
-Llama-3.2 models (for accelerators; never instantiated in CPU tests).
+Sections: `ModelConfig` (the decoder's shapes), `SamplerConfig` (generation); the objective,
+train and run sections (`vpo.train_config`) validate with the same helper (`validate`) against
+the same name tables. `MODEL_PRESETS` maps preset names to model shapes: `tiny` (tests), `small`
+(CPU experiments) and the published shapes of Qwen2.5 / Qwen3 / Llama-3.2 models (for
+accelerators; never instantiated in CPU tests).
+
+Every name-valued field has one table of valid names here; the modules that act on a name
+(`vpo.rewards.ESTIMATORS`, `vpo.objectives`) take their names from these tables, so an unknown
+name is a `ConfigError` that lists the valid ones, raised before any array exists. This module
+imports nothing heavy (no jax): the objective modules import their tables from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 from vpo.errors import ConfigError  # noqa: F401  (re-exported: vpo.config.ConfigError)
 
+# -- name tables: the one list of valid names of each name-valued field ------------------------
+
+DTYPES = ("float32", "bfloat16", "float16")
+# Advantage estimators; `vpo.rewards.ESTIMATORS` maps each to its function, in this order.
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "gdpo", "vpo", "maxk", "passk", "rw_grpo")
+GRPO_SCALES = ("group", "batch", "none")
+STD_MODES = ("unbiased", "population")
+WEIGHT_SAMPLERS = ("iid", "lattice")
+RATIO_LEVELS = ("token", "sequence")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+COV_CONTROLS = ("none", "clip_cov", "kl_cov")
+SCHEDULES = ("constant", "cosine")
+LOGPROB_IMPLS = ("chunked", "pallas", "reference")
+
+
+# -- validation: one helper for every section --------------------------------------------------
 
 def _require(cond: bool, field: str, msg: str) -> None:
+    """`ConfigError("field: msg")` unless `cond`: the one way a config reports a bad value."""
     if not cond:
         raise ConfigError(f"{field}: {msg}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one field accepts. kind "int" / "real": a finite number in the range [lo, hi]
+    (`lo_open` / `hi_open` make an end open; None: unbounded); "bool"; "name": one of `names`.
+    `optional`: None is accepted too."""
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    names: tuple[str, ...] = ()
+    optional: bool = False
+
+    def describe(self) -> str:
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "name":
+            return "one of " + ", ".join(self.names)
+        what = "an integer" if self.kind == "int" else "a finite number"
+        if self.lo is not None and self.hi is not None:
+            lo, hi = "(["[not self.lo_open], ")]"[not self.hi_open]
+            what += f" in {lo}{self.lo:g}, {self.hi:g}{hi}"
+        elif self.lo is not None:
+            what += f" {'>' if self.lo_open else '>='} {self.lo:g}"
+        elif self.hi is not None:
+            what += f" {'<' if self.hi_open else '<='} {self.hi:g}"
+        return what + (" (or None)" if self.optional else "")
+
+    def accepts(self, value) -> bool:
+        if value is None:
+            return self.optional
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "name":
+            return isinstance(value, str) and value in self.names
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return False
+        if self.kind == "int" and not isinstance(value, numbers.Integral):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+
+def integer(lo: float | None = None, hi: float | None = None, *, optional: bool = False) -> Rule:
+    return Rule("int", lo, hi, optional=optional)
+
+
+def real(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+         hi_open: bool = False, optional: bool = False) -> Rule:
+    return Rule("real", lo, hi, lo_open, hi_open, optional=optional)
+
+
+def one_of(names: tuple[str, ...]) -> Rule:
+    return Rule("name", names=tuple(names))
+
+
+FLAG = Rule("bool")
+POSITIVE = integer(1)  # sizes and counts
+FRACTION = real(0.0, 1.0, lo_open=True)  # (0, 1]
+
+
+def validate(section: str, config, rules: dict[str, Rule]) -> None:
+    """Checks every field named in `rules` (a table per config class); the first bad value
+    raises `ConfigError("section.field: must be ...; got value")` (just "field" when
+    `section` is empty: the run's top-level fields)."""
+    for field, rule in rules.items():
+        value = getattr(config, field)
+        _require(rule.accepts(value), f"{section}.{field}" if section else field,
+                 f"must be {rule.describe()}; got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +128,15 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+
+    def __post_init__(self):
+        validate("model.rope_scaling", self, {
+            "factor": real(1.0), "low_freq_factor": real(0.0, lo_open=True),
+            "high_freq_factor": real(0.0, lo_open=True), "original_max_position": POSITIVE})
+        _require(self.high_freq_factor > self.low_freq_factor,
+                 "model.rope_scaling.high_freq_factor",
+                 f"must exceed low_freq_factor ({self.low_freq_factor}); got "
+                 f"{self.high_freq_factor} (the llama3 rule divides by their difference)")
 
 
 # LoRA targets: the name a config uses → the projection weight it adapts (`vpo.model`).
@@ -68,22 +178,25 @@ class ModelConfig:
     lora_targets: tuple[str, ...] | str = tuple(LORA_TARGETS)
 
     def __post_init__(self):
-        for name in ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "mlp_dim",
-                     "max_seq_len"):
-            _require(getattr(self, name) > 0, f"model.{name}", "must be a positive integer")
+        validate("model", self, {
+            **dict.fromkeys(("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads",
+                             "mlp_dim", "max_seq_len"), POSITIVE),
+            "head_dim": integer(1, optional=True), "rope_theta": real(0.0, lo_open=True),
+            "norm_eps": real(0.0, 1.0, lo_open=True), "qkv_bias": FLAG, "qk_norm": FLAG,
+            "tie_embeddings": FLAG, "param_dtype": one_of(DTYPES), "dtype": one_of(DTYPES),
+            "lora_alpha": real(0.0, lo_open=True)})
+        validate("model", self, {"lora_rank": integer(0, self.dim)})  # 0: full fine-tuning
+        _require(self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
+                 "model.rope_scaling", f"must be None or a RopeScaling; got {self.rope_scaling!r}")
         if self.head_dim is None:
             _require(self.dim % self.num_heads == 0, "model.num_heads",
                      f"must divide model.dim ({self.dim}) when model.head_dim is not set; "
                      f"got {self.num_heads}. Set model.head_dim or change the head count.")
             object.__setattr__(self, "head_dim", self.dim // self.num_heads)
-        _require(self.head_dim > 0 and self.head_dim % 2 == 0, "model.head_dim",
+        _require(self.head_dim % 2 == 0, "model.head_dim",
                  f"must be a positive even number (RoPE rotates pairs); got {self.head_dim}")
         _require(self.num_heads % self.num_kv_heads == 0, "model.num_kv_heads",
                  f"must divide model.num_heads ({self.num_heads}); got {self.num_kv_heads}")
-        _require(self.rope_theta > 0, "model.rope_theta", "must be positive")
-        for name in ("param_dtype", "dtype"):
-            _require(getattr(self, name) in ("float32", "bfloat16", "float16"), f"model.{name}",
-                     f"must be one of float32, bfloat16, float16; got {getattr(self, name)!r}")
         self._check_lora()
 
     def _check_lora(self):
@@ -91,11 +204,6 @@ class ModelConfig:
         if isinstance(targets, str):
             targets = tuple(t.strip() for t in targets.split(",") if t.strip())
         object.__setattr__(self, "lora_targets", tuple(targets))
-        _require(isinstance(self.lora_rank, int) and 0 <= self.lora_rank <= self.dim,
-                 "model.lora_rank", f"must be an integer in [0, model.dim = {self.dim}] (0: full "
-                 f"fine-tuning); got {self.lora_rank!r}")
-        _require(self.lora_alpha > 0, "model.lora_alpha",
-                 f"must be positive (the adapter scale is alpha / rank); got {self.lora_alpha}")
         bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
         _require(not bad, "model.lora_targets", f"unknown target(s) {', '.join(map(repr, bad))}; "
                  f"choose from {', '.join(LORA_TARGETS)}")
@@ -141,11 +249,9 @@ class SamplerConfig:
     top_k: int = 0
 
     def __post_init__(self):
-        _require(self.max_new_tokens > 0, "sampler.max_new_tokens", "must be positive")
-        _require(self.num_samples > 0, "sampler.num_samples", "must be positive")
-        _require(self.temperature >= 0, "sampler.temperature", "must be >= 0 (0 is greedy)")
-        _require(0 < self.top_p <= 1, "sampler.top_p", "must be in (0, 1]")
-        _require(self.top_k >= 0, "sampler.top_k", "must be >= 0 (0 disables top-k)")
+        validate("sampler", self, {"max_new_tokens": POSITIVE, "num_samples": POSITIVE,
+                                   "temperature": real(0.0), "top_p": FRACTION,
+                                   "top_k": integer(0)})
 
 
 _QWEN25 = dict(rope_theta=1_000_000.0, qkv_bias=True, norm_eps=1e-6, max_seq_len=32768,

@@ -1,6 +1,7 @@
 """The importable objective: pure, jittable advantage estimators and the policy-gradient loss.
 
-Depends only on jax and numpy: no model, trainer or config objects. Every function takes masks,
+Depends only on jax, numpy and the name tables of `vpo.config` (plain tuples): no model, trainer
+or config objects. Every function takes masks,
 documents shapes with the dimension key (B prompts, G samples per prompt, M answers per sample,
 R reward components, K Dirichlet weight draws, T generated tokens) and returns `(value, metrics)`
 where it is a loss (and for `vpo_advantages`, which logs the authors' diagnostics).
@@ -16,7 +17,8 @@ each micro-batch call; the micro-batch losses then sum to the full-batch loss.
 
 References (arXiv): VPO 2605.22817, GRPO 2402.03300, Dr. GRPO 2503.20783, DAPO 2503.14476,
 GSPO 2507.18071, Clip-Cov/KL-Cov 2505.22617, high-entropy minority 2506.01939, GDPO 2601.05242,
-MaxRL 2602.02710, Max@k 2510.23393, pass@k training 2503.19595, RLOO 2402.14740.
+MaxRL 2602.02710, Max@k 2510.23393, best-of-group pass@k 2503.19595, pass@k training
+(analytic) 2508.10751, RLOO 2402.14740.
 """
 
 from vpo._advantages import (
@@ -25,10 +27,16 @@ from vpo._advantages import (
     grpo_advantages,
     max_at_k_advantages,
     maxrl_advantages,
+    pass_at_k_advantages,
     rloo_advantages,
 )
 from vpo._policy_loss import AGG_MODES, kl_estimate, loss_denominator, policy_loss
-from vpo._vpo import dirichlet_weights, expected_max, vpo_advantages
+from vpo._vpo import (
+    dirichlet_weights,
+    expected_max,
+    random_weight_grpo_advantages,
+    vpo_advantages,
+)
 
 __all__ = [
     "AGG_MODES",
@@ -41,7 +49,9 @@ __all__ = [
     "loss_denominator",
     "max_at_k_advantages",
     "maxrl_advantages",
+    "pass_at_k_advantages",
     "policy_loss",
+    "random_weight_grpo_advantages",
     "rloo_advantages",
     "vpo_advantages",
 ]

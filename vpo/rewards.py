@@ -1,16 +1,22 @@
 """Rewards to advantages for one RL step: task rewards in-graph (`jax.vmap(task.reward)`) or
 on the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty
-and dynamic sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator (GRPO family or
-VPO, `vpo.objectives`). Pure functions; `vpo.train` calls them inside its jitted step.
+and dynamic sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator
+through the one name-to-function table `ESTIMATORS` (GRPO family, Max@k, pass@k training,
+random-weight GRPO or VPO, `vpo.objectives`). Pure functions; `vpo.train` calls them inside its
+jitted step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vpo import objectives
+from vpo.config import ADVANTAGES
 from vpo.tasks.bound import BoundTask
 from vpo.train_config import ObjectiveConfig
 from vpo.types import Rollout
@@ -35,50 +41,130 @@ def overlong_penalty(length_BG, max_len: int, cache_len: int):
     return jnp.where(start >= L, 0.0, jnp.where(max_len >= L, soft, -1.0))
 
 
-def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
-                    penalty_BG):
-    """The reward the configured estimator sees, with `penalty_BG` (overlong) added.
+def solved(task: BoundTask, rewards_BGMR, solution_mask_BGM):
+    """solved_BG: some valid answer of the generation satisfies `task.solved` (pass@k's
+    "correct")."""
+    solved_BGM = jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR) & solution_mask_BGM
+    return jnp.any(solved_BGM, axis=-1)
 
-    vpo: the vectors, penalty added to every component of every answer (Dirichlet weights sum
-    to 1, so each valid answer's wᵀr moves by the penalty; an empty answer set still scores 0)
-    → rewards_BGMR. gdpo: per-component sums over valid answers, penalty on each → reward_BGR.
-    Others: the scalarised reward plus the penalty → reward_BG.
+
+class Estimator(NamedTuple):
+    """One advantage estimator: the reward it sees and the function that turns it into adv_BG.
+
+    sees: "scalar" (w*ᵀr summed over valid answers, + penalty → reward_BG), "components"
+    (per-component sums over valid answers, + penalty on each → reward_BGR), "vectors" (every
+    answer's vector, + penalty on each component → rewards_BGMR) or "correct" (solved_BG).
+    fn(cfg, x, solution_mask_BGM, weights_R, key) -> (adv_BG, metrics).
     """
-    if cfg.advantage == "vpo":
+
+    sees: str
+    fn: Callable
+
+
+def _grpo(cfg, x_BG, smask, weights_R, key):
+    return objectives.grpo_advantages(x_BG, scale=cfg.grpo_scale, std=cfg.grpo_std), {}
+
+
+def _dr_grpo(cfg, x_BG, smask, weights_R, key):
+    return objectives.grpo_advantages(x_BG, scale="none", std=cfg.grpo_std), {}
+
+
+def _rloo(cfg, x_BG, smask, weights_R, key):
+    return objectives.rloo_advantages(x_BG), {}
+
+
+def _maxrl(cfg, x_BG, smask, weights_R, key):
+    return objectives.maxrl_advantages(x_BG), {}
+
+
+def _gdpo(cfg, x_BGR, smask, weights_R, key):
+    return objectives.gdpo_advantages(x_BGR, weights_R=jnp.asarray(weights_R),
+                                      std=cfg.grpo_std), {}
+
+
+def _vpo(cfg, x_BGMR, smask, weights_R, key):
+    return objectives.vpo_advantages(x_BGMR, smask, key=key, num_weights=cfg.num_weights,
+                                     alpha=cfg.alpha, sampler=cfg.weight_sampler)
+
+
+def _maxk(cfg, x_BG, smask, weights_R, key):
+    k = cfg.subset_size(x_BG.shape[1])
+    return objectives.max_at_k_advantages(x_BG, k, std_normalize=True, std=cfg.grpo_std), {}
+
+
+def _passk(cfg, correct_BG, smask, weights_R, key):
+    k = cfg.subset_size(correct_BG.shape[1])
+    return objectives.pass_at_k_advantages(correct_BG, k), {}
+
+
+def _rw_grpo(cfg, x_BGR, smask, weights_R, key):
+    adv_BG, _ = objectives.random_weight_grpo_advantages(
+        x_BGR, key=key, alpha=cfg.alpha, scale=cfg.grpo_scale, std=cfg.grpo_std)
+    return adv_BG, {}
+
+
+# The estimator table: `objective.advantage` → Estimator (names: `vpo.config.ADVANTAGES`).
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator("scalar", _grpo),  # GRPO, arXiv 2402.03300
+    "dr_grpo": Estimator("scalar", _dr_grpo),  # Dr. GRPO, arXiv 2503.20783
+    "rloo": Estimator("scalar", _rloo),  # RLOO, arXiv 2402.14740
+    "maxrl": Estimator("scalar", _maxrl),  # MaxRL, arXiv 2602.02710
+    "gdpo": Estimator("components", _gdpo),  # GDPO, arXiv 2601.05242
+    "vpo": Estimator("vectors", _vpo),  # VPO, arXiv 2605.22817
+    "maxk": Estimator("scalar", _maxk),  # Max@k, arXiv 2510.23393 (verl, std-normalised)
+    "passk": Estimator("correct", _passk),  # pass@k training, arXiv 2508.10751
+    "rw_grpo": Estimator("components", _rw_grpo),  # random-weight GRPO (VPO's baseline)
+}
+if tuple(ESTIMATORS) != ADVANTAGES:  # one list of names: the config validates against it
+    raise ImportError(f"vpo.rewards.ESTIMATORS {tuple(ESTIMATORS)} != vpo.config.ADVANTAGES "
+                      f"{ADVANTAGES}")
+
+
+def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
+                    penalty_BG, solved_BG=None):
+    """The reward the configured estimator sees (`Estimator.sees`), with `penalty_BG`
+    (overlong) added.
+
+    vectors: penalty added to every component of every answer (Dirichlet weights sum to 1, so
+    each valid answer's wᵀr moves by the penalty; an empty answer set still scores 0)
+    → rewards_BGMR. components: per-component sums over valid answers, penalty on each (so a
+    simplex weight moves wᵀr by the penalty once) → reward_BGR. correct: `solved_BG` (no
+    penalty: `ObjectiveConfig` rejects one) → float 0/1. scalar: the scalarised reward plus the
+    penalty → reward_BG.
+    """
+    sees = ESTIMATORS[cfg.advantage].sees
+    if sees == "vectors":
         return rewards_BGMR + penalty_BG[:, :, None, None]
-    if cfg.advantage == "gdpo":
+    if sees == "components":
         per_comp_BGR = jnp.sum(jnp.where(solution_mask_BGM[..., None], rewards_BGMR, 0.0), 2)
         return per_comp_BGR + penalty_BG[..., None]
+    if sees == "correct":
+        if solved_BG is None:
+            raise ValueError(f"objective.advantage={cfg.advantage!r} needs solved_BG (the "
+                             "task's solved predicate on the valid answers, `rewards.solved`)")
+        return jnp.asarray(solved_BG, jnp.float32)
     return scalarize(rewards_BGMR, solution_mask_BGM, weights_R) + penalty_BG
 
 
 def advantages(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, key,
-               penalty_BG=None):
-    """adv_BG and advantage metrics for the configured estimator (optional reward penalty_BG)."""
+               penalty_BG=None, solved_BG=None):
+    """adv_BG and advantage metrics of the configured estimator (`ESTIMATORS`), with an optional
+    reward penalty_BG; `solved_BG` (`solved`) is needed by estimators that see "correct"."""
     if penalty_BG is None:
         penalty_BG = jnp.zeros(rewards_BGMR.shape[:2], jnp.float32)
-    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG)
-    name = cfg.advantage
-    if name == "vpo":
-        return objectives.vpo_advantages(x, solution_mask_BGM, key=key,
-                                         num_weights=cfg.num_weights, alpha=cfg.alpha,
-                                         sampler=cfg.weight_sampler)
-    if name in ("grpo", "dr_grpo"):
-        scale = "none" if name == "dr_grpo" else cfg.grpo_scale
-        return objectives.grpo_advantages(x, scale=scale, std=cfg.grpo_std), {}
-    if name == "rloo":
-        return objectives.rloo_advantages(x), {}
-    if name == "maxrl":
-        return objectives.maxrl_advantages(x), {}
-    return objectives.gdpo_advantages(x, weights_R=jnp.asarray(weights_R), std=cfg.grpo_std), {}
+    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG, solved_BG)
+    return ESTIMATORS[cfg.advantage].fn(cfg, x, solution_mask_BGM, weights_R, key)
 
 
-def group_varies(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG):
-    """keep_B: the estimator's input is not identical across the G samples of a group (for vpo
-    the valid-answer pattern counts too). A group without variation has zero advantage."""
+def group_varies(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG,
+                 solved_BG=None):
+    """keep_B: the estimator's input is not identical across the G samples of a group (for
+    "vectors" the valid-answer pattern counts too; for rw_grpo the component sums, whose
+    random scalarisation differs almost surely when they do). A group without variation has
+    zero advantage."""
     B, G = rewards_BGMR.shape[:2]
-    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG)
-    if cfg.advantage == "vpo":
+    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG, solved_BG)
+    if ESTIMATORS[cfg.advantage].sees == "vectors":
         x = jnp.concatenate([jnp.where(solution_mask_BGM[..., None], x, 0.0).reshape(B, G, -1),
                              solution_mask_BGM.astype(jnp.float32)], axis=-1)
     x_BGX = x.reshape(B, G, -1)

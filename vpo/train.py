@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -37,7 +38,7 @@ from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import Decoder
 from vpo.sampler import generate
 from vpo.tasks.bound import BoundTask
-from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
+from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig, check_memory
 from vpo.types import Rollout
 
 
@@ -151,7 +152,7 @@ def policy_of(graphdef: nnx.GraphDef, state: TrainState) -> Decoder:
 # the training forward
 
 
-def unembedding_DV(model: Decoder) -> jax.Array:
+def unembedding_DV(model: Decoder) -> jax.Array:  # noqa: N802  (shape suffix)
     """The LM head as [D, V] in the compute dtype (the tied embedding transposed, or lm_head)."""
     w = model.embed[...].T if model.lm_head is None else model.lm_head[...]
     return w.astype(model.dtype)
@@ -246,24 +247,27 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
     B = N // ocfg.oversample
     rewards_NGMR = jnp.asarray(rewards_BGMR, jnp.float32)
     smask_NGM = jnp.asarray(solution_mask_BGM, bool)
-    sampled_metrics = rollout_metrics(task, rollout, rewards_NGMR, smask_NGM)
+    solved_NG = rewards_lib.solved(task, rewards_NGMR, smask_NGM)
+    sampled_metrics = rollout_metrics(task, rollout, rewards_NGMR, smask_NGM, solved_NG)
     if ocfg.overlong_cache_len:
         penalty_NG = rewards_lib.overlong_penalty(rollout.length_BG,
                                       ocfg.overlong_max_len or cfg.sampler.max_new_tokens,
                                       ocfg.overlong_cache_len)
     else:
         penalty_NG = jnp.zeros((N, G), jnp.float32)
-    keep_N = rewards_lib.group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG)
+    keep_N = rewards_lib.group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG,
+                                      solved_NG)
     chosen = (batch["prompt_BP"], batch["prompt_mask_BP"], rollout, rewards_NGMR, smask_NGM,
-              penalty_NG)
+              penalty_NG, solved_NG)
     if ocfg.dynamic_sampling:
         idx_B, valid_B = rewards_lib.dynamic_selection(keep_N, B)
         chosen = jax.tree.map(lambda x: x[idx_B], chosen)
     else:
         valid_B = jnp.ones((B,), bool)
-    prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG = chosen
+    prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG, solved_BG = (
+        chosen)
     adv_BG, adv_metrics = rewards_lib.advantages(ocfg, rewards_BGMR, solution_mask_BGM,
-                                                 weights_R, k_adv, penalty_BG)
+                                                 weights_R, k_adv, penalty_BG, solved_BG)
     loss_mask_BGT = rollout.mask_BGT & valid_B[:, None, None]
     if ocfg.overlong_mask:
         loss_mask_BGT = loss_mask_BGT & rollout.finished_BG[:, :, None]
@@ -293,7 +297,10 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
             dual_clip=ocfg.dual_clip, ratio_level=ocfg.ratio_level, agg=ocfg.agg,
             loss_denominator=den, horizon=T, kl_coef=ocfg.kl_coef,
             kl_estimator=ocfg.kl_estimator, entropy_coef=ocfg.entropy_coef,
-            entropy_top_frac=ocfg.entropy_top_frac, cov_control=ocfg.cov_control)
+            entropy_top_frac=ocfg.entropy_top_frac, cov_control=ocfg.cov_control,
+            clip_cov_ratio=ocfg.clip_cov_ratio, clip_cov_lb=ocfg.clip_cov_lb,
+            clip_cov_ub=ocfg.clip_cov_ub, kl_cov_ratio=ocfg.kl_cov_ratio,
+            kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
@@ -349,11 +356,14 @@ def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_m
     return new_state, metrics
 
 
-def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM):
-    """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved)."""
+def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM,
+                    solved_BG=None):
+    """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved);
+    `solved_BG` (`vpo.rewards.solved`) is computed when not given."""
     B, G, M, R = rewards_BGMR.shape
     reward_BG = rewards_lib.scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
-    solved_BGM = jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR) & solution_mask_BGM
+    if solved_BG is None:
+        solved_BG = rewards_lib.solved(task, rewards_BGMR, solution_mask_BGM)
     out = {
         "reward": jnp.mean(reward_BG),
         "entropy": _masked_mean(rollout.entropy_BGT, rollout.mask_BGT),
@@ -361,7 +371,7 @@ def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_ma
         "generated_tokens": jnp.sum(rollout.mask_BGT.astype(jnp.int32)),
         "truncation_rate": jnp.mean((~rollout.finished_BG).astype(jnp.float32)),
         "answers_per_rollout": jnp.mean(jnp.sum(solution_mask_BGM, -1).astype(jnp.float32)),
-        "solved_rate": jnp.mean(jnp.any(solved_BGM, -1).astype(jnp.float32)),
+        "solved_rate": jnp.mean(solved_BG.astype(jnp.float32)),
         "diversity": jnp.mean(evaluation.reward_diversity(
             rewards_BGMR.reshape(B, G * M, R), solution_mask_BGM.reshape(B, G * M))),
     }
@@ -448,9 +458,25 @@ def step_config(run: RunConfig, task: BoundTask) -> StepConfig:
                       pad_id=tok.pad_id)
 
 
+def device_memory() -> tuple[int, str]:
+    """(bytes, description) of the memory the run's devices have together: the sum of the
+    accelerators' `bytes_limit`, or the host's physical memory for CPU devices (which share it)."""
+    devices = jax.local_devices()
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    if all(limits):
+        total = sum(limits) * jax.process_count()
+        return total, f"{len(devices) * jax.process_count()} {devices[0].platform} device(s)"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
+
+
 def check_run(run: RunConfig, task: BoundTask, prompt_len: int) -> None:
-    """Cross-field checks between the run config and its task (whose longest prompt, mutation
-    prompts included, has `prompt_len` tokens), with the fix in the message."""
+    """Cross-field checks between the run config, its task (whose longest prompt, mutation
+    prompts included, has `prompt_len` tokens) and the backend, with the fix in the message;
+    then the size check: a run whose lower-bound memory (`RunConfig.memory_bytes`) exceeds
+    the devices' is rejected before anything is allocated."""
+    if run.train.logprob_impl == "pallas" and jax.default_backend() not in ("gpu", "tpu"):
+        raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
+                          f"{jax.default_backend()}; use 'chunked'")
     task.check_num_answers(run.train.num_answers)
     if run.model.vocab_size < task.tokenizer.size:
         raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
@@ -473,3 +499,4 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int) -> None:
                           f"exceeds L_max = {max_len} tokens; make it smaller")
     if run.sampler.num_samples < 2:
         raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")
+    check_memory(run, prompt_len, *device_memory())
