@@ -19,6 +19,7 @@ from vpo.config import (
     ModelConfig,
     RopeScaling,
     SamplerConfig,
+    SearchConfig,
     apply_overrides,
     from_dict,
     model_preset,
@@ -126,9 +127,27 @@ BAD = [
     (RunConfig, "mesh_data", 0, ">= 1 or -1"),
     (RunConfig, "mesh_fsdp", 0, ">= 1"),
     (RunConfig, "mesh_tensor", -1, ">= 1"),
+    # SearchConfig
+    (SearchConfig, "islands", 0, ">= 1"),
+    (SearchConfig, "members", 7, "multiple of search.num_answers"),
+    (SearchConfig, "parents", 9, "<= search.members"),
+    (SearchConfig, "children", 3, "multiple of search.num_answers"),
+    (SearchConfig, "generations", 0, ">= 1"),
+    (SearchConfig, "migration_interval", -1, ">= 0"),
+    (SearchConfig, "migration_count", 5, "<= search.members / 2"),
+    (SearchConfig, "reset_interval", 1.5, "an integer"),
+    (SearchConfig, "reset_count", -2, ">= 0"),
+    (SearchConfig, "fresh_rate", NAN, "in [0, 1]"),
+    (SearchConfig, "selection", "roulette", "tournament, boltzmann"),
+    (SearchConfig, "selection_temperature", 0.0, "> 0"),
+    (SearchConfig, "tournament_size", 0, ">= 1"),
+    (SearchConfig, "temperature", INF, ">= 0"),
+    (SearchConfig, "top_p", 0.0, "in (0, 1]"),
+    (SearchConfig, "num_answers", 0, ">= 1"),
 ]
 SECTION = {ModelConfig: "model", RopeScaling: "model.rope_scaling", SamplerConfig: "sampler",
-           ObjectiveConfig: "objective", TrainConfig: "train", RunConfig: ""}
+           ObjectiveConfig: "objective", TrainConfig: "train", RunConfig: "",
+           SearchConfig: "search"}
 # Fields whose bad value is reported under a sibling (the cross-field rule names the other).
 REPORTED_AS = {(ModelConfig, "num_kv_heads"): "model.num_kv_heads",
                (ObjectiveConfig, "clip_cov_lb"): "objective.clip_cov_ub"}

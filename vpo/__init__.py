@@ -36,7 +36,7 @@ _EXPORTS = {
     "load_tokenizer": "vpo.tokenizer",
     **{name: "vpo.config" for name in ("SamplerConfig", "ModelConfig")},
     **{name: "vpo.train_config" for name in ("RunConfig", "TrainConfig", "ObjectiveConfig")},
-    "SearchConfig": "vpo.search",
+    "SearchConfig": "vpo.config",
     "train": "vpo.loop",
     "run_sft": "vpo.sft",
     "evaluate_policy": "vpo.policy_eval",

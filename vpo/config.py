@@ -1,8 +1,8 @@
 """Frozen configuration dataclasses, validated on construction with errors that name the field.
 
-Sections: `ModelConfig` (the decoder's shapes), `SamplerConfig` (generation); the objective,
-train and run sections (`vpo.train_config`) validate with the same helper (`validate`) against
-the same name tables. `MODEL_PRESETS` maps preset names to model shapes: `tiny` (tests), `small`
+Sections: `ModelConfig` (the decoder's shapes), `SamplerConfig` (generation), `SearchConfig`
+(test-time search); the objective, train and run sections (`vpo.train_config`) validate with the
+same helper (`validate`) against the same name tables. `MODEL_PRESETS` maps preset names to model shapes: `tiny` (tests), `small`
 (CPU experiments) and the published shapes of Qwen2.5 / Qwen3 / Llama-3.2 models (for
 accelerators; never instantiated in CPU tests).
 
@@ -35,6 +35,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 SCHEDULES = ("constant", "cosine")
 LOGPROB_IMPLS = ("chunked", "pallas", "reference")
+SELECTIONS = ("tournament", "boltzmann")  # search parent selection
 
 
 # -- validation: one helper for every section --------------------------------------------------
@@ -252,6 +253,57 @@ class SamplerConfig:
         validate("sampler", self, {"max_new_tokens": POSITIVE, "num_samples": POSITIVE,
                                    "temperature": real(0.0), "top_p": FRACTION,
                                    "top_k": integer(0)})
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Island-model search settings (`vpo.search`, `vpo.host_search`; library defaults, not a
+    paper's setting)."""
+
+    islands: int = 4  # I
+    members: int = 8  # Q, population per island
+    parents: int = 2  # K, parents shown in one mutation prompt
+    children: int = 8  # C, candidates per island per generation (C / num_answers policy calls)
+    generations: int = 8
+    migration_interval: int = 2  # 0: never migrate
+    migration_count: int = 1
+    reset_interval: int = 0  # 0: never reset
+    reset_count: int = 0
+    fresh_rate: float = 1 / 6  # probability that a call samples the plain task prompt
+    selection: str = "boltzmann"
+    selection_temperature: float = 0.1  # Boltzmann temperature on fitness
+    tournament_size: int = 3
+    temperature: float = 1.0  # sampler
+    top_p: float = 1.0  # sampler
+    num_answers: int = 2  # m answers per policy call, each one candidate
+
+    def __post_init__(self):
+        validate("search", self, {
+            **dict.fromkeys(("islands", "members", "parents", "children", "generations",
+                             "num_answers", "tournament_size"), POSITIVE),
+            **dict.fromkeys(("migration_interval", "migration_count", "reset_interval",
+                             "reset_count"), integer(0)),
+            "fresh_rate": real(0.0, 1.0), "selection": one_of(SELECTIONS),
+            "selection_temperature": real(0.0, lo_open=True), "temperature": real(0.0),
+            "top_p": FRACTION})
+        _require(self.parents <= self.members, "search.parents",
+                 f"must be <= search.members ({self.members}); got {self.parents}")
+        m = self.num_answers
+        _require(self.members % m == 0, "search.members",
+                 f"must be a multiple of search.num_answers ({m}); got {self.members}")
+        _require(self.children % m == 0, "search.children",
+                 f"must be a multiple of search.num_answers ({m}); got {self.children}")
+        _require(2 * self.migration_count <= self.members, "search.migration_count",
+                 f"must be <= search.members / 2 ({self.members // 2}); got "
+                 f"{self.migration_count}")
+        _require(self.reset_count < self.islands or self.reset_interval == 0,
+                 "search.reset_count", f"must be < search.islands ({self.islands}) when resets "
+                 "are on")
+
+    @property
+    def budget(self) -> int:
+        """Candidates evaluated by a whole run: I·Q (initial) + generations·I·C."""
+        return self.islands * (self.members + self.generations * self.children)
 
 
 _QWEN25 = dict(rope_theta=1_000_000.0, qkv_bias=True, norm_eps=1e-6, max_seq_len=32768,

@@ -24,7 +24,6 @@ after generation g. Host-scored tasks search through `vpo.host_search` (same ope
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -38,7 +37,7 @@ from flax import nnx
 
 from vpo import evaluation, plots, sharding
 from vpo import population as ops
-from vpo.config import ConfigError
+from vpo.config import ConfigError, SearchConfig
 from vpo.population import Population
 from vpo.sampler import generate
 from vpo.tasks.base import Record
@@ -48,64 +47,7 @@ from vpo.tasks.bound import BoundTask
 #   -> (answers_BMA, answer_mask_BMA): B calls, m candidates each (symbol ids of the task)
 Propose = Callable[..., tuple[jax.Array, jax.Array]]
 
-SELECTIONS = ("tournament", "boltzmann")
 METHODS = ("search", "best_of_n", "revision")
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchConfig:
-    """Island-model search settings (library defaults, not a paper's setting)."""
-
-    islands: int = 4  # I
-    members: int = 8  # Q, population per island
-    parents: int = 2  # K, parents shown in one mutation prompt
-    children: int = 8  # C, candidates per island per generation (C / num_answers policy calls)
-    generations: int = 8
-    migration_interval: int = 2  # 0: never migrate
-    migration_count: int = 1
-    reset_interval: int = 0  # 0: never reset
-    reset_count: int = 0
-    fresh_rate: float = 1 / 6  # probability that a call samples the plain task prompt
-    selection: str = "boltzmann"
-    selection_temperature: float = 0.1  # Boltzmann temperature on fitness
-    tournament_size: int = 3
-    temperature: float = 1.0  # sampler
-    top_p: float = 1.0  # sampler
-    num_answers: int = 2  # m answers per policy call, each one candidate
-
-    def __post_init__(self):
-        def need(cond, field, msg):
-            if not cond:
-                raise ConfigError(f"search.{field}: {msg}")
-
-        for f in ("islands", "members", "parents", "children", "generations", "num_answers",
-                  "tournament_size"):
-            need(getattr(self, f) >= 1, f, f"must be >= 1; got {getattr(self, f)}")
-        need(self.parents <= self.members, "parents",
-             f"must be <= search.members ({self.members}); got {self.parents}")
-        m = self.num_answers
-        need(self.members % m == 0, "members",
-             f"must be a multiple of search.num_answers ({m}); got {self.members}")
-        need(self.children % m == 0, "children",
-             f"must be a multiple of search.num_answers ({m}); got {self.children}")
-        for f in ("migration_interval", "reset_interval", "migration_count", "reset_count"):
-            need(getattr(self, f) >= 0, f, f"must be >= 0; got {getattr(self, f)}")
-        need(2 * self.migration_count <= self.members, "migration_count",
-             f"must be <= search.members / 2 ({self.members // 2}); got {self.migration_count}")
-        need(self.reset_count < self.islands or self.reset_interval == 0, "reset_count",
-             f"must be < search.islands ({self.islands}) when resets are on")
-        need(0.0 <= self.fresh_rate <= 1.0, "fresh_rate", f"must be in [0, 1]; got "
-             f"{self.fresh_rate}")
-        need(self.selection in SELECTIONS, "selection",
-             f"{self.selection!r} is not one of {', '.join(SELECTIONS)}")
-        need(self.selection_temperature > 0, "selection_temperature", "must be > 0")
-        need(self.temperature >= 0, "temperature", "must be >= 0 (0 is greedy)")
-        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-
-    @property
-    def budget(self) -> int:
-        """Candidates evaluated by a whole run: I·Q (initial) + generations·I·C."""
-        return self.islands * (self.members + self.generations * self.children)
 
 
 class SearchState(NamedTuple):
