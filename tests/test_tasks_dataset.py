@@ -119,17 +119,34 @@ def test_parquet_rows_read_like_jsonl(files, tmp_path):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"question": "hi"}, r"row 1 has no `prompt` column \(columns: question\)"),
-    ({"prompt": "  "}, r"row 1: `prompt` is empty"),
-    ({"prompt": [{"role": "user"}]}, r"row 1: `prompt` must be text or a non-empty list"),
-    ({"prompt": [{"role": "assistant", "content": "x"}]}, r"row 1: the last chat message has "
-                                                          r"role 'assistant'"),
-    ({"prompt": 3}, r"row 1: `prompt` must be text"),
+    ({"question": "hi"}, r"bad.jsonl:2: prompt: missing \(columns: question\)"),
+    ({"prompt": "  "}, r"bad.jsonl:2: prompt: is empty"),
+    ({"prompt": [{"role": "user"}]}, r"bad.jsonl:2: prompt: must be text or a non-empty list"),
+    ({"prompt": [{"role": "assistant", "content": "x"}]}, r"bad.jsonl:2: prompt: the last chat "
+                                                          r"message has role 'assistant'"),
+    ({"prompt": 3}, r"bad.jsonl:2: prompt: must be text"),
+    ({"prompt": "x" * 500}, None),  # fine: a long prompt is only cut in messages
+    ({"prompt": "hi", "completion": 7}, r"bad.jsonl:2: completion: must be text"),
+    ({"prompt": ["x" * 500]}, r"prompt: must be text .* got list \['x{50}"),
 ])
 def test_bad_rows_are_named(files, tmp_path, row, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(row) + "\n")
-    with pytest.raises(ValueError, match=message):
+    if message is None:
+        make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
+        return
+    with pytest.raises(ValueError, match=message) as e:
+        make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
+    assert len(str(e.value)) < 300  # values cut in messages
+
+
+def test_bad_file_bytes_are_named(files, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(json.dumps(ROWS[0]).encode() + b"\n" + b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not UTF-8 text \(byte 0xe9 at column "):
+        make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
+    path.write_text('{"prompt": "' + "x" * (1 << 20) + '"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: the row is 1,048,\d+ bytes, over"):
         make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
 
 

@@ -2,16 +2,21 @@
 
 Each step directory is written atomically by orbax (temporary directory, then rename and commit
 marker), so an interrupted save never shadows the previous checkpoint. `restore` takes the newest
-step that restores cleanly and falls back to older ones, warning about each it skips.
+step that restores cleanly and falls back to older ones, warning about each it skips and moving
+it aside (`damaged-<step>`) so the run can save that step again; when none restores, a
+`CheckpointError` names the folder and each step's failure.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from vpo.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,9 @@ class CheckpointManager:
     """Keeps the last `keep` checkpoints under `directory` (steps as sub-directories)."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise CheckpointError(f"{directory}: is a file, not a checkpoint folder; move or "
+                                  "delete it (the run keeps its orbax checkpoints there)")
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._mngr = ocp.CheckpointManager(directory, options=options,
@@ -58,7 +66,7 @@ class CheckpointManager:
         self.wait()
         steps = [step] if step is not None else self.all_steps()[::-1]
         if not steps:
-            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+            raise CheckpointError(f"{self.directory}: no checkpoint to restore")
         abstract = abstract_like(like_state)
         errors = []
         for s in steps:
@@ -69,12 +77,30 @@ class CheckpointManager:
             except Exception as e:  # noqa: BLE001 -- a damaged step: try the previous one
                 log.warning("checkpoint step %d under %s did not restore (%s); trying an older "
                             "one", s, self.directory, e)
-                errors.append(f"step {s}: {e}")
+                errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
                 continue
             if data_iterator is not None and out.data:
-                data_iterator.set_state(out.data)
+                try:
+                    data_iterator.set_state(out.data)
+                except Exception as e:  # noqa: BLE001 -- a damaged data position
+                    errors.append(f"step {s}: data position: {str(e)[:200]}")
+                    continue
+            if step is None:
+                self._set_aside([t for t in steps if t > s])
             return out.state, s
-        raise RuntimeError(f"no checkpoint under {self.directory} restores: " + "; ".join(errors))
+        raise CheckpointError(f"{self.directory}: no checkpoint restores ("
+                              + "; ".join(errors) + "); delete the damaged step folders to "
+                              "start over, or restore a copy of the folder")
+
+    def _set_aside(self, damaged: list[int]) -> None:
+        """Rename the step folders that did not restore to `damaged-<step>` (kept for a look,
+        out of orbax's way: the resumed run saves those steps again)."""
+        if jax.process_index() == 0:
+            for s in damaged:
+                path = os.path.join(self.directory, str(s))
+                if os.path.isdir(path):
+                    os.replace(path, os.path.join(self.directory, f"damaged-{s}"))
+        self._mngr.reload()
 
     def config(self, step: int | None = None) -> dict[str, Any]:
         step = self.latest_step() if step is None else step
@@ -154,9 +180,14 @@ def load_policy(directory: str, mesh=None, **overrides):
     if not os.path.exists(info_path):
         raise FileNotFoundError(f"{directory} is not a policy folder (no policy.json); pass the "
                                 "--out folder of `vpo sft` or `vpo train`")
-    with open(info_path) as f:
-        info = json.load(f)
-    cfg = from_dict(ModelConfig, {**info["model"], **overrides})
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+        model_fields = info["model"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{info_path}: not a policy description ({type(e).__name__}: "
+                              f"{str(e)[:120]}); write the policy again") from None
+    cfg = from_dict(ModelConfig, {**model_fields, **overrides})
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
     abs_params = nnx.state(abstract, nnx.Param)
@@ -168,24 +199,45 @@ def load_policy(directory: str, mesh=None, **overrides):
         one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abs_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
                                   abs_params)
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(os.path.join(os.path.abspath(directory), "params"), abs_params)
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(os.path.join(os.path.abspath(directory), "params"),
+                                   abs_params)
+    except Exception as e:  # noqa: BLE001 -- orbax / tensorstore errors of a damaged folder
+        raise CheckpointError(f"{directory}/params: the policy's weights do not restore "
+                              f"({type(e).__name__}: {str(e)[:200]}); write the policy again "
+                              "(vpo sft / vpo train) or restore a copy") from None
     model = nnx.merge(graphdef, abs_state)
     nnx.update(model, params)
     return model, info
+
+
+# ModelConfig fields a checkpoint's parameters fix (their shapes and names): never overridden.
+SHAPE_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                "mlp_dim", "qkv_bias", "qk_norm", "tie_embeddings", "lora_rank", "lora_alpha",
+                "lora_targets")
 
 
 def load_model(spec: str, *, mesh=None, **overrides):
     """(Decoder, Tokenizer, info) of a policy folder (`vpo sft` / `vpo train`, its tokenizer
     beside it), `hf:/path/to/checkpoint-folder` or `hf:/path/to/model.gguf` (a llama.cpp file,
     dequantized to float32, its tokenizer rebuilt from its metadata: `vpo.gguf`); `overrides` are
-    ModelConfig fields that do not change the parameters (e.g. a longer max_seq_len). The one
-    loader every entry point uses."""
-    import os
-
+    ModelConfig fields that do not change the parameters (e.g. a longer max_seq_len, dtype);
+    one of `SHAPE_FIELDS` is a `ConfigError` naming it. The one loader every entry point uses."""
     from vpo import hf
+    from vpo.config import ModelConfig
     from vpo.tokenizer import load_tokenizer
 
+    known = {f for f in ModelConfig.__dataclass_fields__}
+    for key in overrides:
+        if key in SHAPE_FIELDS or key not in known:
+            raise ConfigError(f"model.{key}: cannot be set on the checkpoint {spec} (its "
+                              "parameters fix the model's shapes; LoRA adapters are added by "
+                              "`vpo train`'s model.lora_* overrides); drop the override")
+    if not hf.is_hf_spec(spec) and not os.path.isdir(spec):
+        raise CheckpointError(f"{spec}: no such policy folder; pass a `vpo sft --out` / "
+                              "`<vpo train --out>/policy` folder, or hf:PATH for a Hugging Face "
+                              "folder or .gguf file")
     if hf.is_hf_spec(spec):
         path = hf.hf_spec_path(spec)
         model = hf.from_pretrained(path, mesh=mesh, **{"param_dtype": "float32", **overrides})

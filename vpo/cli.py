@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -89,31 +90,98 @@ def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+# -- argument checks shared by sft / eval / search ---------------------------------------------
+
+def check_args(args: argparse.Namespace, *, positive: tuple[str, ...] = (),
+               finite: tuple[str, ...] = ()) -> None:
+    """Options in `positive` are integers >= 1 (when given); those in `finite` are finite
+    numbers >= 0 (> 0 for --lr); else a ConfigError naming the option."""
+    import math
+
+    from vpo.config import ConfigError
+
+    for name in positive:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1; got {v}")
+    for name in finite:
+        v = getattr(args, name)
+        if v is not None and (not math.isfinite(v) or v < 0 or (name == "lr" and v == 0)):
+            raise ConfigError(f"--{name.replace('_', '-')}: must be a finite number "
+                              f"{'> 0' if name == 'lr' else '>= 0'}; got {v}")
+
+
+def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
+    """The policy can read and write `task` with `num_answers` answers: the task takes that m,
+    its tokenizer fits the model's vocabulary, and its prompts hold no unknown words (a
+    word-level policy asked about another task's text); else a ConfigError naming it."""
+    import numpy as np
+
+    from vpo.config import ConfigError
+
+    task.check_num_answers(num_answers)
+    if model_cfg.vocab_size < task.tokenizer.size:
+        raise ConfigError(f"{source}: the model has {model_cfg.vocab_size} token embeddings "
+                          f"but its tokenizer for {task.name} has {task.tokenizer.size} tokens; "
+                          "use the policy with the tokenizer it was trained with")
+    unk = task.tokenizer.special_tokens.get("unk_token")
+    unk_id = task.tokenizer.backend.token_to_id(unk) if unk else None
+    if unk_id is not None:
+        tokens, mask = task.prompt_arrays(problems, num_answers)
+        if np.any(np.asarray(tokens)[np.asarray(mask)] == unk_id):
+            raise ConfigError(f"--task {task.name}: the tokenizer of {source} cannot write "
+                              f"{task.name} prompts (they hold words outside its "
+                              f"{task.tokenizer.size}-token vocabulary); pass the task the "
+                              "policy was trained on, or a policy trained on this task")
+
+
+def check_out(out: str) -> None:
+    """A report folder (`vpo eval` / `vpo search --out`) must not be a run or policy folder."""
+    from vpo import loop
+    from vpo.config import ConfigError
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out}: is a file, not a folder; pick a folder path")
+    found = [n for n in loop.run_contents(out) if n != "tb"]
+    if found:
+        raise ConfigError(f"--out {out}: holds a run or policy ({', '.join(found)}); write the "
+                          "report to its own folder")
+
+
 # -- sft ------------------------------------------------------------------------------------
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start on a task's demonstrations; writes a policy folder (weights and
     the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
-    from vpo import checkpoint
+    from vpo import checkpoint, loop
     from vpo.config import MODEL_PRESETS, ConfigError, model_preset
     from vpo.sft import run_sft
     from vpo.tasks.bound import seq_len_for
 
+    check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
+    loop.check_new_run(args.out, overwrite=args.overwrite)
     spec = args.model or args.preset
     dataset = dataset_kwargs(args)
     if dataset is not None and spec in MODEL_PRESETS:
         raise ConfigError("--data: SFT on your text needs a checkpoint's tokenizer; pass "
                           "--model hf:PATH or a policy folder")
+    if args.model is None and args.preset not in MODEL_PRESETS:
+        raise ConfigError(f"--preset: unknown model preset {args.preset!r}; choose one of "
+                          f"{', '.join(MODEL_PRESETS)}")
     task = load_task("dataset", spec, dataset) if dataset else load_task(args.task, spec)
-    need = max(512, seq_len_for(task, task.make_problems(args.seed, 64), args.answers,
-                                num_parents=2) + 64)
+    problems = task.make_problems(args.seed, 64)
+    task.check_num_answers(args.answers)
+    need = max(512, seq_len_for(task, problems, args.answers, num_parents=2) + 64)
     init = None
     if spec in MODEL_PRESETS:
         cfg = model_preset(spec, vocab_size=task.tokenizer.size, max_seq_len=need)
     else:
         init, _, _ = checkpoint.load_model(spec, max_seq_len=need)
         cfg = init.cfg
+        check_fit(cfg, task, problems, args.answers, spec)
+    if args.overwrite:
+        loop.clear_run(args.out)
     print(f"SFT {task.name}: {spec} policy ({cfg.num_params:,} params), {args.steps} "
           f"steps of {args.batch} demonstrations with {args.answers} answers each")
     _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
@@ -141,6 +209,7 @@ def _add_sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     _add_data(p)
     p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace a policy already in --out")
 
 
 # -- train ----------------------------------------------------------------------------------
@@ -247,21 +316,24 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     import dataclasses
     import json
 
-    from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
+    from vpo.config import ConfigError, apply_overrides, model_preset
     from vpo.tasks.bound import seq_len_for
     from vpo.train_config import RunConfig
 
     run = RunConfig()
     init_spec = None
     if config_file:
-        with open(config_file) as f:
-            run = from_dict(RunConfig, json.load(f))
+        run = read_config_file(config_file)
     base: list[str] = []
     if preset:
         if preset not in TRAIN_PRESETS:
             raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
                               f"{', '.join(TRAIN_PRESETS)}")
         task_name, base = TRAIN_PRESETS[preset]
+        if run.task_kwargs and run.task != task_name:
+            raise ConfigError(f"--preset {preset}: its task {task_name!r} replaces the config "
+                              f"file's task {run.task!r} and its task_kwargs; drop --preset or "
+                              "the file's task_kwargs")
         run = dataclasses.replace(run, task=task_name)
         if preset in PRESET_DATA and dataset is None:
             dataset = _preset_dataset(preset)
@@ -285,6 +357,11 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
             if value not in TASKS:
                 raise ConfigError(f"task: unknown task {value!r}; choose one of "
                                   f"{', '.join(TASKS)}")
+            if run.task_kwargs and value != run.task:
+                raise ConfigError(f"task={value}: the config's task_kwargs "
+                                  f"{json.dumps(run.task_kwargs)[:80]} are for task "
+                                  f"{run.task!r}; remove them from the config file to change "
+                                  "the task")
             run = dataclasses.replace(run, task=value)
         else:
             rest.append(item)
@@ -309,6 +386,34 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     return run, task, init_spec
 
 
+def read_config_file(path: str):
+    """The RunConfig of a JSON file (`--config`); unreadable JSON names file:line."""
+    import json
+
+    from vpo.config import ConfigError, from_dict
+    from vpo.train_config import RunConfig
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--config {path}:{e.lineno}: not valid JSON ({e.msg}); a RunConfig "
+                          "is one JSON object, e.g. a run's config.json") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not UTF-8 text; save it as UTF-8 JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object (a RunConfig), got "
+                          f"{type(data).__name__}")
+    for section in ("model", "sampler", "objective", "train"):
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"--config {path}: `{section}` must be an object of "
+                              f"{section}.* fields; got {type(data[section]).__name__}")
+    if not isinstance(data.get("task_kwargs", {}), dict):
+        raise ConfigError(f"--config {path}: task_kwargs must be an object of the task's "
+                          f"keyword arguments; got {type(data['task_kwargs']).__name__}")
+    return from_dict(RunConfig, data)
+
+
 def _use_compile_cache(folder: str) -> None:
     """Keep compiled steps on disk (a resumed or repeated run skips XLA compilation)."""
     import os
@@ -319,47 +424,104 @@ def _use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """RL training (GRPO family or VPO) on a task; metrics, checkpoints and the final policy
-    go to --out. `--resume` continues exactly from the latest complete checkpoint there."""
+INIT_FILE = "init.json"  # a run's starting policy (`--init` / `model=hf:`), read by --resume
+
+
+def _load_init(spec: str, run, overrides: list[str]):
+    """(Decoder, run with the checkpoint's model config, info) for `--init` / `model=hf:`.
+    `model.*` overrides are applied to the loaded model (dtype, max_seq_len, rope, norm eps) or
+    kept for `vpo train` (LoRA), or rejected by name (shapes the checkpoint fixes)."""
+    import dataclasses
+
+    from vpo import lora
+    from vpo.checkpoint import SHAPE_FIELDS, load_model
+    from vpo.config import ConfigError
+
+    keys = {item.partition("=")[0].split(".")[1] for item in overrides
+            if item.startswith("model.") and "." in item.partition("=")[0]}
+    lora_keys = set(lora.settings(run.model))
+    fixed = sorted((keys & set(SHAPE_FIELDS)) - lora_keys)
+    if fixed:
+        raise ConfigError(f"model.{fixed[0]}: the checkpoint {spec} fixes it (its parameters "
+                          "have that shape); drop the override, or train a preset model "
+                          "(model=tiny|small) from scratch instead")
+    extra = {k: getattr(run.model, k) for k in keys - lora_keys - {"max_seq_len"}}
+    init, _, info = load_model(spec, max_seq_len=run.model.max_seq_len, **extra)
+    if init.cfg != run.model:
+        run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
+                                                                 **lora.settings(run.model)))
+    return init, run, info
+
+
+def _resume_args(args: argparse.Namespace):
+    """(run, bound task, starting policy spec or None) of `vpo train --out RUN --resume`."""
     import json
     import os
 
-    from vpo import sharding
-    from vpo.checkpoint import load_model
-    from vpo.config import from_dict
-    from vpo.loop import train
+    from vpo import loop
+    from vpo.config import ConfigError
     from vpo.tasks import make_task
     from vpo.tasks.bound import bind
     from vpo.tokenizer import load_tokenizer
-    from vpo.train_config import RunConfig
+
+    for flag, given in (("--preset", args.preset), ("--config", args.config),
+                        ("--init", args.init), ("--data", args.data), ("--reward", args.reward),
+                        ("--weights", args.weights), ("--overwrite", args.overwrite)):
+        if given:
+            raise ConfigError(f"{flag}: not with --resume (the run in {args.out} keeps its own "
+                              "config, data and starting policy); drop it, or start a new run "
+                              "with another --out")
+    run = loop.resume_config(args.out, args.overrides)
+    task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(args.out))
+    init_spec = None
+    path = os.path.join(args.out, INIT_FILE)
+    if os.path.exists(path) and not loop.has_checkpoint(args.out):
+        with open(path) as f:  # killed before its first checkpoint: start again from the init
+            init_spec = json.load(f)["init"]
+    return run, task, init_spec
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """RL training (GRPO family or VPO) on a task; metrics, checkpoints and the final policy
+    go to --out. `--resume` continues exactly from the latest complete checkpoint there
+    (`train.steps=N` extends the run to N steps); --out must not hold a run otherwise
+    (`--overwrite` replaces it)."""
+    import json
+    import os
+
+    from vpo import loop, sharding
+    from vpo.checkpoint import load_model
 
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
     _use_compile_cache(args.compile_cache)
     sharding.initialize_distributed(sharding.DistributedConfig(
         enabled=args.distributed, coordinator=args.coordinator,
         num_processes=args.num_processes, process_id=args.process_id))
-    if args.resume and os.path.exists(os.path.join(args.out, "config.json")):
-        with open(os.path.join(args.out, "config.json")) as f:
-            run = from_dict(RunConfig, json.load(f))
-        task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(args.out))
-    else:
-        run, task, args.init = build_run_config(args.preset, args.config, args.overrides,
-                                                init=args.init, dataset=dataset_kwargs(args))
     init = None
-    if args.init:
-        init, _, info = load_model(args.init, max_seq_len=run.model.max_seq_len)
-        if init.cfg != run.model:
-            import dataclasses
-
-            from vpo import lora  # keep model.lora_* overrides: train() gives init the adapters
-            run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
-                                                                     **lora.settings(run.model)))
-        print(f"starting from the policy in {args.init} ({info.get('task', info.get('source'))})")
+    if args.resume:
+        run, task, init_spec = _resume_args(args)
+        if init_spec:
+            init, _, _ = load_model(init_spec, max_seq_len=run.model.max_seq_len)
+    else:
+        loop.check_new_run(args.out, overwrite=args.overwrite)
+        run, task, init_spec = build_run_config(args.preset, args.config, args.overrides,
+                                                init=args.init, dataset=dataset_kwargs(args))
+        if init_spec:
+            base = TRAIN_PRESETS[args.preset][1] if args.preset else []
+            init, run, info = _load_init(init_spec, run, [*base, *args.overrides])
+            print(f"starting from the policy in {init_spec} "
+                  f"({info.get('task', info.get('source'))})")
+        if args.overwrite:
+            loop.clear_run(args.out)
+        if init_spec:
+            os.makedirs(args.out, exist_ok=True)
+            spec = init_spec if init_spec.startswith("hf:") else os.path.abspath(init_spec)
+            with open(os.path.join(args.out, INIT_FILE), "w") as f:
+                json.dump({"init": spec}, f)
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
           f"{run.train.num_answers} answers; model {run.model.num_params:,} params -> {args.out}")
-    train(run, args.out, resume=args.resume, task=task, init=init)
+    loop.train(run, args.out, resume=args.resume, task=task, init=init)
     print(f"metrics: {os.path.join(args.out, 'metrics.jsonl')}; policy: "
           f"{os.path.join(args.out, 'policy')}")
     return 0
@@ -373,7 +535,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
     _add_data(p)
     p.add_argument("--out", required=True)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its "
+                   "newest checkpoint (train.steps=N extends it)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
                    help="persistent XLA compile cache ('' to disable)")
     p.add_argument("--distributed", action="store_true", help="multi-host: run the same command "
@@ -400,16 +564,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from vpo.checkpoint import load_model
     from vpo.tasks.bound import seq_len_for
 
+    check_args(args, positive=("budget", "problems", "answers"), finite=("temperature",))
+    check_out(args.out)
+    dataset = dataset_kwargs(args)
     for path in args.policy:
         model, _, info = load_model(path)
-        dataset = dataset_kwargs(args)
         if dataset is not None:
             task = load_task("dataset", path, dataset)
         else:
             task = load_task(args.task or info.get("task", "maze"), path,
-                              info.get("task_kwargs"))
+                             None if args.task and args.task != info.get("task")
+                             else info.get("task_kwargs"))
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
+        check_fit(model.cfg, task, problems, m, path)
         need = seq_len_for(task, problems, m)
         if need > model.cfg.max_seq_len:
             model, _, _ = load_model(path, max_seq_len=need)
@@ -450,6 +618,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from vpo import search, sharding
     from vpo.checkpoint import load_model
 
+    check_args(args, positive=("problems", "answers"), finite=("temperature",))
+    check_out(args.out)
     model, _, info = load_model(args.policy, max_seq_len=4096)
     kwargs = {"difficulty": args.difficulty} if args.task == "program" else {}
     task = load_task(args.task, args.policy, kwargs)
@@ -457,8 +627,9 @@ def cmd_search(args: argparse.Namespace) -> int:
                               children=args.children, generations=args.generations,
                               num_answers=args.answers or int(info.get("num_answers", 1)),
                               temperature=args.temperature)
-    problems = search.search_problems(task, task.make_problems(args.seed, args.problems),
-                                      cfg.num_answers)
+    records = task.make_problems(args.seed, args.problems)
+    check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
+    problems = search.search_problems(task, records, cfg.num_answers)
     traces = {}
     print(f"{task.name}: {args.problems} problems, budget {cfg.budget} candidates per problem "
           f"and method")
@@ -534,12 +705,19 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+DEBUG_ENV = "VPO_DEBUG"  # =1: errors show their traceback (as `--debug` does)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vpo", description="GRPO and VPO post-training in JAX")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error "
+                        f"(or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (fn, add_args) in COMMANDS.items():
         p = sub.add_parser(name, help=fn.__doc__.splitlines()[0], description=fn.__doc__)
         add_args(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
         p.set_defaults(fn=fn)
     args, extra = parser.parse_known_args(argv)
     # `section.key=value` overrides may sit between options (`--data F model=hf:X --out D`):
@@ -549,12 +727,60 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def _is_user_error(e: BaseException) -> bool:
+    """The library's typed errors, file-system errors, and ValueErrors raised by vpo's own
+    code (the innermost frame is in the package): what is wrong with the input, not a bug."""
+    import os
+
     from vpo.errors import CheckpointError, ConfigError, RewardError
 
+    if isinstance(e, (ConfigError, CheckpointError, RewardError, OSError)):
+        return True
+    if isinstance(e, ValueError) and e.__traceback__ is not None:
+        tb = e.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        package = os.path.dirname(os.path.abspath(__file__))
+        return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(package + os.sep)
+    return False
+
+
+def error_message(command: str, e: BaseException, limit: int = 1500) -> str:
+    """The one paragraph a user sees for `e`: what is wrong and how to fix it (the library's
+    message, cut at `limit` characters), and how to see the traceback."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
+        text = f"{e.filename}: {text}"
+    if len(text) > limit:
+        text = text[:limit] + " [...]"
+    return (f"vpo {command}: error: {text}\n(run with --debug or {DEBUG_ENV}=1 for the "
+            "traceback)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command. An error in the input (a bad value, file, checkpoint or reward) prints
+    one paragraph to stderr and returns 2; `--debug` / `VPO_DEBUG=1` re-raises it instead."""
+    import os
+
+    try:
+        args = _parse(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else 2
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.fn(args)
-    except (ConfigError, CheckpointError, RewardError, FileNotFoundError) as e:
-        print(f"vpo {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"vpo {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if debug or not _is_user_error(e):
+            raise
+        print(error_message(args.command, e), file=sys.stderr)
         return 2
 
 

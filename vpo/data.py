@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from vpo import sharding as sharding_lib
+from vpo.errors import ConfigError
 from vpo.tasks.base import Record, Task
 from vpo.tasks.bound import BoundTask
 
@@ -138,17 +139,58 @@ def load_jsonl_records(path: str, task: BoundTask | Task | None = None) -> list[
     """Problem records from a JSONL file (one JSON object per line, blank lines skipped); a
     malformed line raises a ValueError naming the file and line. With `task`, every record is
     also read as the task reads it (its statement, and its arrays for in-graph tasks), so a
-    record with a missing or ill-typed field fails here, at its line, not mid-run."""
+    record with a missing or ill-typed field fails here, at its line, not mid-run: each field
+    must have the type of the task's own generated problems (an int is not a float or a
+    bool), ints must fit int32 and stay >= 0 where the task's own are."""
     from vpo.tasks.dataset import read_jsonl
 
     try:
         lines = read_jsonl(path)
-    except ValueError as e:
-        raise ValueError(str(e).replace("no rows", "no problems")) from None
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("no rows", "no problems")) from None
     if task is not None:
+        base = task.task if isinstance(task, BoundTask) else task
+        templates = base.make_problems(0, 16)
         for lineno, row in lines:
+            for key, value in row.items():
+                like = [t[key] for t in templates if key in t]
+                if like:
+                    _check_like(value, like, f"{path}:{lineno}: {key}")
             _check_record(task, row, f"{path}:{lineno}")
     return [row for _, row in lines]
+
+
+def _kind(value) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "text", list: "list",
+            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _check_like(value, like: list, where: str) -> None:
+    """`value` has the JSON type of the task's own values `like` (recursively through lists and
+    objects), ints in int32 and non-negative where all of `like` are; else a ConfigError
+    naming `where` (file:line: field) with the value cut short."""
+    from vpo.tasks.dataset import short
+
+    kinds = {_kind(v) for v in like}
+    kind = _kind(value)
+    if kind not in kinds and not (kind == "int" and "float" in kinds):
+        raise ConfigError(f"{where}: expected {' or '.join(sorted(kinds))} (as the task's own "
+                          f"problems have), got {kind} {short(value)}")
+    if kind == "int":
+        lo = 0 if all(v >= 0 for v in like if _kind(v) == "int") else -2**31
+        if not lo <= value < 2**31:
+            raise ConfigError(f"{where}: {short(value)} is out of range; expected an integer in "
+                              f"[{lo}, 2**31)")
+    elif kind == "list":
+        items = [x for v in like if isinstance(v, list) for x in v]
+        if items:
+            for i, x in enumerate(value):
+                _check_like(x, items, f"{where}[{i}]")
+    elif kind == "object":
+        for k, x in value.items():
+            sub = [v[k] for v in like if isinstance(v, dict) and k in v]
+            if sub:
+                _check_like(x, sub, f"{where}.{k}")
 
 
 def _check_record(task: BoundTask | Task, record: Record, where: str) -> None:
@@ -160,8 +202,8 @@ def _check_record(task: BoundTask | Task, record: Record, where: str) -> None:
         if base.arrays is not None:
             base.arrays([record])
     except KeyError as e:
-        raise ValueError(f"{where}: {base.name} cannot read this problem: missing field "
+        raise ConfigError(f"{where}: {base.name} cannot read this problem: missing field "
                          f"{e.args[0]!r}") from None
     except Exception as e:  # noqa: BLE001  (the task's own error, reported at the line)
-        raise ValueError(f"{where}: {base.name} cannot read this problem: "
+        raise ConfigError(f"{where}: {base.name} cannot read this problem: "
                          f"{type(e).__name__}: {e}") from None

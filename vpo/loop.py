@@ -1,9 +1,17 @@
-"""The host loop: feed batches, run the jitted step, log one step late, checkpoint, resume."""
+"""The host loop: feed batches, run the jitted step, log one step late, checkpoint, resume.
+
+Run folders are never lost: `check_new_run` refuses an `--out` that already holds a run,
+`resume_config` reads a run back with only the overrides that keep it the same run, and the
+loop stops with a named error after `train.max_skipped_updates` consecutive skipped updates.
+`VPO_KILL_AT=point:step` (the kill soak, `experiments/kill_soak.py`) SIGKILLs the process at a
+named point of the loop (`KILL_POINTS`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import jax
@@ -13,7 +21,8 @@ from flax import nnx
 from vpo import data as data_lib
 from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
-from vpo.config import ConfigError
+from vpo.config import ConfigError, apply_overrides, from_dict
+from vpo.errors import CheckpointError, RewardError
 from vpo.model import Decoder
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
@@ -44,6 +53,161 @@ def shard_batch(batch, mesh):
     return jax.tree.map(put, batch)
 
 
+# -- run folders -------------------------------------------------------------------------------
+
+CONFIG = "config.json"
+# What a run writes into its folder (`train`), besides an empty `checkpoints/` made on start.
+RUN_FILES = (CONFIG, "init.json", "metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "tb",
+             "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+# Overrides that `--resume` applies: they change when the run stops, saves and logs, never what
+# a step computes. Everything else would make the resumed run a different run.
+RESUME_SAFE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints",
+               "train.log_every", "train.profile_every", "train.sample_every",
+               "train.max_skipped_updates")
+KILL_POINTS = ("step", "logged", "save", "saved", "exit-save", "policy")
+
+
+def run_contents(out_dir: str) -> list[str]:
+    """The run artefacts in `out_dir` (`RUN_FILES`, and `policy.json` of a policy folder); empty
+    for a new or empty folder, or one holding only an empty `checkpoints/`."""
+    if not os.path.isdir(out_dir):
+        return []
+    found = [n for n in (*RUN_FILES, "policy.json") if os.path.exists(os.path.join(out_dir, n))]
+    ckpt = os.path.join(out_dir, "checkpoints")
+    if "checkpoints" in found and os.path.isdir(ckpt) and not os.listdir(ckpt):
+        found.remove("checkpoints")
+    return found
+
+
+def has_checkpoint(out_dir: str) -> bool:
+    """Whether `out_dir/checkpoints` holds a step folder (orbax names them by step)."""
+    ckpt = os.path.join(out_dir, "checkpoints")
+    return os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt))
+
+
+def check_new_run(out_dir: str, *, overwrite: bool = False, flag: str = "--out") -> None:
+    """Raise unless `out_dir` can take a new run: not a file, and holding no run unless
+    `overwrite` (which `clear_run` then acts on, after the new config has validated)."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"{flag} {out_dir}: is a file, not a folder; pick a folder path")
+    found = run_contents(out_dir)
+    if found and not overwrite:
+        raise ConfigError(f"{flag} {out_dir}: already holds a run ({', '.join(found)}); continue "
+                          "it with --resume, pick a new folder, or pass --overwrite to replace it")
+
+
+def clear_run(out_dir: str) -> None:
+    """Delete the run artefacts (`RUN_FILES`) in `out_dir`; other files are left alone."""
+    import shutil
+
+    for name in (*RUN_FILES, "policy.json"):
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+def read_run_config(out_dir: str, *, flag: str = "--resume") -> RunConfig:
+    """The RunConfig saved in `out_dir/config.json`; a missing folder, a folder with no run or
+    an unreadable file is a named error."""
+    path = os.path.join(out_dir, CONFIG)
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"{flag}: there is no run folder {out_dir}; check the --out path, or "
+                          "start a new run there without --resume")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag}: {out_dir} holds no run to resume (no {CONFIG}); start a new "
+                          "run there without --resume")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"{path}:{e.lineno}" if isinstance(e, json.JSONDecodeError) else path
+        raise CheckpointError(f"{where}: the run's config is not valid JSON ({e}); restore it "
+                              "from the newest checkpoint's config/ or start a new run") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object (a RunConfig), got "
+                              f"{type(data).__name__}")
+    return from_dict(RunConfig, data)
+
+
+def resume_config(out_dir: str, overrides: list[str]) -> RunConfig:
+    """The saved run config of `out_dir` with the `RESUME_SAFE` overrides applied; any other
+    override is rejected by name (it would make the resumed run a different run)."""
+    run = read_run_config(out_dir)
+    for item in overrides:
+        key = item.partition("=")[0]
+        if key not in RESUME_SAFE:
+            raise ConfigError(f"{key}: cannot change on --resume (the run in {out_dir} would no "
+                              f"longer be the run it was); --resume applies only "
+                              f"{', '.join(RESUME_SAFE)}. To change {key}, start a new run: "
+                              f"--config {os.path.join(out_dir, CONFIG)} {item} --out NEW_DIR")
+    new = apply_overrides(run, overrides)
+    if new.train.steps != run.train.steps and new.train.schedule != "constant":
+        raise ConfigError(f"train.steps: the {new.train.schedule} learning-rate schedule spans "
+                          f"train.steps ({run.train.steps}), so changing it to "
+                          f"{new.train.steps} would change the learning rate of steps already "
+                          "taken; resume without it, or start a new run with --config "
+                          f"{os.path.join(out_dir, CONFIG)} train.steps={new.train.steps}")
+    return new
+
+
+def _write_json_atomic(path: str, data) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _policy_complete(out_dir: str) -> bool:
+    return all(os.path.exists(os.path.join(out_dir, "policy", n))
+               for n in ("policy.json", "tokenizer.json"))
+
+
+def kill_point(name: str, step: int) -> None:
+    """The kill soak's hook: SIGKILL this process at `name:step` when `VPO_KILL_AT` says so."""
+    if os.environ.get("VPO_KILL_AT") == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SkipGuard:
+    """Stops a run after `limit` consecutive skipped (non-finite) updates, one step late like
+    the metrics (the check reads the previous step's count once the next step is queued).
+
+    A step that skipped all its `per_step` updates adds them to the run of skips; one that
+    applied some restarts it at its own skipped count (their order inside a step is not
+    reported); `limit` 0 never stops. The error names the reward components that were not
+    finite (`reward/<name>` metrics), or says the rewards were finite.
+    """
+
+    def __init__(self, limit: int, per_step: int, task: BoundTask):
+        self.limit, self.per_step, self.task = limit, per_step, task
+        self.run = 0
+        self._pending: tuple[int, dict] | None = None
+
+    def check(self, step: int | None = None, metrics: dict | None = None) -> None:
+        """Queue `step`'s metrics; count the previously queued step's skips (raise if over)."""
+        prev, self._pending = self._pending, (None if metrics is None else (step, metrics))
+        if prev is None or self.limit <= 0:
+            return
+        done, m = prev
+        skipped = int(jax.device_get(m["skipped_updates"]))
+        self.run = self.run + skipped if skipped >= self.per_step else skipped
+        if self.run < self.limit:
+            return
+        bad = [name for name in self.task.reward_names
+               if f"reward/{name}" in m and not np.isfinite(float(jax.device_get(
+                   m[f"reward/{name}"])))]
+        cause = (f"reward component(s) {', '.join(bad)} of task {self.task.name!r} were not "
+                 "finite (NaN or inf)" if bad else "the loss or gradients were not finite "
+                 f"(the rewards of task {self.task.name!r} were finite)")
+        raise RewardError(f"train.max_skipped_updates: {self.run} consecutive updates were "
+                          f"skipped up to step {done} because {cause}; nothing was applied to "
+                          "the parameters. Fix the reward (its function or the task's scorer) "
+                          "and --resume from the last checkpoint, or raise "
+                          "train.max_skipped_updates")
+
+
 def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundTask,
           mesh=None, progress: bool = True, init: Decoder | None = None,
           stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
@@ -64,6 +228,10 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     from vpo.samples_log import SampleLog, one_line, sample_rows
 
     tcfg = config.train
+    limit = getattr(tcfg, "max_skipped_updates", 3)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ConfigError(f"train.max_skipped_updates: must be an integer >= 0 (0: never stop); "
+                          f"got {limit!r}")
     records = task.make_problems(tcfg.seed, tcfg.num_problems)
     tables = data_lib.prompt_tables(task, records, tcfg.num_answers,
                                     mutation_fraction=tcfg.mutation_fraction,
@@ -96,13 +264,19 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     start = 0
     if resume and manager.latest_step() is not None:
         state, start = manager.restore(state, data_it)
+        if start > tcfg.steps:
+            raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
+                              f"in {out_dir}; give train.steps >= {start}")
+        if start == tcfg.steps and _policy_complete(out_dir):
+            raise ConfigError(f"--resume: the run in {out_dir} already finished all {start} "
+                              f"steps; pass train.steps=N (N > {start}) to train it longer")
         if jax.process_index() == 0:
+            if _read_json(os.path.join(out_dir, CONFIG)) != config.to_json():
+                _write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())
             print(f"resuming: restored step {start} from {manager.directory}", flush=True)
-    else:
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(config.to_json(), f, indent=1)
-        if jax.process_index() == 0:
-            task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
+    elif jax.process_index() == 0:
+        task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
+        _write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
     cfg = step_config(config, task)
     step_fn = (make_host_rl_step(graphdef, tx, task, cfg, records) if task.is_host
                else make_rl_step(graphdef, tx, task, cfg))
@@ -118,8 +292,10 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         return every > 0 and (step + 1) % every == 0
 
     compiled = False  # the sampling probe's first call compiles it: done once, untimed
+    guard = SkipGuard(limit, tcfg.updates_per_step, task)
     try:
         for step in bar:
+            kill_point("step", step + 1)
             batch = shard_batch(next(data_it), mesh)
             host = rollout = rewards = None
             if due(tcfg.profile_every, step) or due(tcfg.sample_every, step):
@@ -132,6 +308,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
             else:
                 state, metrics = step_fn(state, batch)
             done = logger.log(step + 1, metrics, host)  # fetches the previous step's metrics
+            kill_point("logged", step + 1)
+            guard.check(step + 1, metrics)
             if done is not None:
                 bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
             if rollout is not None and due(tcfg.sample_every, step):
@@ -141,7 +319,13 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
                 if rows and progress and jax.process_index() == 0:
                     bar.write(f"step {step + 1}: {one_line(rows[0])}")
             if (step + 1) % tcfg.checkpoint_every == 0:
+                logger.flush()  # the step's metrics row lands before its checkpoint can
                 manager.save(step + 1, state, data_it, config.to_json())
+                kill_point("save", step + 1)
+                if os.environ.get("VPO_KILL_AT") == f"saved:{step + 1}":
+                    manager.wait()
+                    kill_point("saved", step + 1)
+        guard.check()
     except KeyboardInterrupt:
         _save_at_exit(manager, state, data_it, config, start)
         raise
@@ -153,6 +337,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         samples.close()
     _save_at_exit(manager, state, data_it, config, start)
     manager.close()
+    kill_point("policy", int(jax.device_get(state.step)))
     policy = policy_of(graphdef, state)  # LoRA: adapters folded in, a plain Decoder
     ckpt_lib.save_policy(os.path.join(out_dir, "policy"), lora_lib.base_config(config.model),
                          nnx.state(policy, nnx.Param),
@@ -202,4 +387,13 @@ def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> Non
     final = int(jax.device_get(state.step))
     if final > start and manager.latest_step() != final:
         manager.save(final, state, data_it, config.to_json())
+        kill_point("exit-save", final)
     manager.wait()
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

@@ -30,6 +30,31 @@ def _scalar(x) -> float | int:
     return v if isinstance(v, int) or math.isfinite(v) else float(v)
 
 
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A torn final line (what a kill mid-write leaves) is dropped;
+    any other unreadable line is a `CheckpointError` naming file:line."""
+    from vpo.errors import CheckpointError
+
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    rows = []
+    for i, raw in enumerate(lines[:last + 1]):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not an object with an integer `step`")
+        except ValueError as e:
+            if i == last:
+                break  # torn by a kill: the step is logged again when it is re-run
+            raise CheckpointError(f"{path}:{i + 1}: not a metrics row ({e}; starts "
+                                  f"{raw[:60]!r}); delete or fix the line, then resume") from None
+        rows.append(row)
+    return rows
+
+
 class MetricsLogger:
     """Writes `out_dir/metrics.jsonl` and TensorBoard events under `out_dir/tb` (process 0 only).
 
@@ -50,13 +75,15 @@ class MetricsLogger:
             return
         os.makedirs(out_dir, exist_ok=True)
         if resume_from is not None and os.path.exists(self.path):
-            with open(self.path) as f:
-                keep = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_from]
-            with open(self.path, "w") as f:
+            keep = [json.dumps(row) + "\n" for row in read_rows(self.path)
+                    if row["step"] <= resume_from]
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
                 f.writelines(keep)
+            os.replace(tmp, self.path)
         elif resume_from is None and os.path.exists(self.path):
             os.remove(self.path)
-        self._file = open(self.path, "a")
+        self._file = open(self.path, "a")  # noqa: SIM115  (open for the run; close() closes)
         if tensorboard:
             from tensorboardX import SummaryWriter
 

@@ -34,26 +34,45 @@ from vpo.tasks.base import Record, Task
 
 ANSWER_HINT = "a complete answer"
 ROW = "_row"  # the record's index in the file (not passed to reward functions)
+LINE = "_line"  # its line in the file (Parquet: row number from 1), for error messages
+MAX_ROW_BYTES = 1 << 20  # a longer line is a mistake (a whole corpus on one line), not a prompt
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def read_jsonl(path: str) -> list[tuple[int, Record]]:
-    """(line number, JSON object) per non-blank line; a bad line is a ValueError naming the
-    file and line."""
+    """(line number, JSON object) per non-blank line; a bad line (not UTF-8, not JSON, not an
+    object, over `MAX_ROW_BYTES`) is a ConfigError naming the file and line."""
     out: list[tuple[int, Record]] = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if len(raw) > MAX_ROW_BYTES:
+                raise ConfigError(f"{path}:{lineno}: the row is {len(raw):,} bytes, over the "
+                                  f"{MAX_ROW_BYTES:,}-byte limit of one row; split the file "
+                                  "into one JSON object per line")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not UTF-8 text (byte "
+                                  f"{raw[e.start]:#04x} at column {e.start + 1}); save the file "
+                                  "as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e.msg}, column "
+                                  f"{e.colno})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
-                                 f"{type(row).__name__}")
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object, got "
+                                  f"{type(row).__name__} {short(row)}")
             out.append((lineno, row))
     if not out:
-        raise ValueError(f"{path}: no rows (the file is empty)")
+        raise ConfigError(f"{path}: no rows (the file is empty)")
     return out
 
 
@@ -68,39 +87,56 @@ def read_rows(path: str) -> list[Record]:
         except ImportError:
             raise ConfigError(f"--data {path}: reading Parquet needs pyarrow; pip install "
                               "pyarrow (or vpo[data]), or convert the file to JSONL") from None
-        rows = pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # noqa: BLE001  (pyarrow's own error types)
+            raise ConfigError(f"--data {path}: not a readable Parquet file "
+                              f"({type(e).__name__}: {str(e)[:120]})") from None
         if not rows:
-            raise ValueError(f"{path}: no rows (the table is empty)")
-        return rows
-    return [row for _, row in read_jsonl(path)]
+            raise ConfigError(f"{path}: no rows (the table is empty)")
+        return [{**row, LINE: i + 1} for i, row in enumerate(rows)]
+    return [{**row, LINE: lineno} for lineno, row in read_jsonl(path)]
 
 
 def _check_prompt(prompt: Any, where: str) -> None:
     if isinstance(prompt, str):
         if prompt.strip():
             return
-        raise ValueError(f"{where}: `prompt` is empty; give the prompt text")
+        raise ConfigError(f"{where}: prompt: is empty; give the prompt text")
     if isinstance(prompt, list) and prompt and all(
             isinstance(m, dict) and isinstance(m.get("role"), str)
             and isinstance(m.get("content"), str) for m in prompt):
         if prompt[-1]["role"] == "user":
             return
-        raise ValueError(f"{where}: the last chat message has role {prompt[-1]['role']!r}; "
-                         "end the prompt with a user message")
-    raise ValueError(f"{where}: `prompt` must be text or a non-empty list of "
-                     "{'role': ..., 'content': ...} messages; got "
-                     f"{type(prompt).__name__} {str(prompt)[:60]!r}")
+        raise ConfigError(f"{where}: prompt: the last chat message has role "
+                          f"{short(prompt[-1]['role'])}; end the prompt with a user message")
+    raise ConfigError(f"{where}: prompt: must be text or a non-empty list of "
+                      "{'role': ..., 'content': ...} messages; got "
+                      f"{type(prompt).__name__} {short(prompt)}")
+
+
+def _check_completion(completion: Any, where: str) -> None:
+    if completion is None or isinstance(completion, str) or (
+            isinstance(completion, list) and completion
+            and all(isinstance(t, str) for t in completion)):
+        return
+    raise ConfigError(f"{where}: completion: must be text or a non-empty list of answer texts; "
+                      f"got {type(completion).__name__} {short(completion)}")
 
 
 def check_rows(rows: Sequence[Record], where: str) -> list[Record]:
-    """Each row has a usable `prompt`; returns copies carrying their index (`_row`)."""
+    """Each row has a usable `prompt` (and `completion`, when given); returns copies carrying
+    their index (`_row`). Errors name `where:line` (the file's line when the row has `_line`)."""
     out = []
     for i, row in enumerate(rows):
+        at = f"{where}:{row[LINE]}" if LINE in row else f"{where}: row {i}"
         if "prompt" not in row:
-            raise ValueError(f"{where}: row {i} has no `prompt` column (columns: "
-                             f"{', '.join(row)}); name the prompt column `prompt`")
-        _check_prompt(row["prompt"], f"{where}: row {i}")
-        out.append({**row, ROW: i})
+            columns = ", ".join(k for k in row if k != LINE)
+            raise ConfigError(f"{at}: prompt: missing (columns: {columns[:120]}); name "
+                              "the prompt column `prompt`")
+        _check_prompt(row["prompt"], at)
+        _check_completion(row.get("completion"), at)
+        out.append({**{k: v for k, v in row.items() if k != LINE}, ROW: i})
     return out
 
 
