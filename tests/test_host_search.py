@@ -96,3 +96,28 @@ def test_a_prompt_that_cannot_fit_is_a_named_error(setup):
     with pytest.raises(ValueError, match="model.max_seq_len"):
         host_search.run_host_method("search", model, task, task.make_problems(0, 1), cfg,
                                     jax.random.key(0), max_new_tokens=200)
+
+
+def test_cli_search_on_your_data(setup, tmp_path, capsys):
+    """`vpo search --data --reward` on a checkpoint: the three methods at one budget, a report."""
+    from vpo.cli import main
+
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "rewards.py").write_text(REWARDS)
+    rows = [{"prompt": "Name a number."},
+            {"prompt": [{"role": "user", "content": "Say something short."}]}]
+    (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "search"
+    rc = main(["search", "--policy", f"hf:{BPE}", "--data", str(d / "rows.jsonl"),
+               "--reward", f"{d}/rewards.py:has_digit", "--reward", f"{d}/rewards.py:short",
+               "--problems", "2", "--islands", "2", "--members", "2", "--children", "2",
+               "--generations", "2", "--answers", "1", "--max-new-tokens", "8",
+               "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "scored on the host" in text and "budget 12 candidates" in text
+    summary = json.loads((out / "search_traces.json").read_text())
+    assert set(summary) == set(METHODS)
+    assert all(s["evaluated"][-1] == 12 for s in summary.values())
+    assert (out / "search_solved.png").exists()

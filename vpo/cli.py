@@ -6,6 +6,7 @@
                [--data FILE --reward MODULE:FUNCTION ... [--weights 0.7,0.3]] --out DIR [--resume]
     vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
     vpo search --policy DIR [--task program] [--difficulty hard] [--problems 8] --out DIR
+    vpo search --policy hf:PATH --data FILE --reward MODULE:FUNCTION [...] --out DIR
     vpo compare [--preset smoke|default|paper] [section.key=value ...] [--out DIR]
 """
 
@@ -612,36 +613,38 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Evolutionary search (islands, the policy as mutation operator) vs best-of-N vs sequential
-    revision at an equal candidate budget; writes search_traces.json and search_solved.png."""
+    revision at an equal candidate budget; writes search_traces.json and search_solved.png.
+    Built-in tasks search in one jit; `--data/--reward` (and arithmetic) score on the host
+    between generations, with the parents and their scores written into the prompt."""
     import jax
 
-    from vpo import search, sharding
+    from vpo import host_search, search, sharding
     from vpo.checkpoint import load_model
 
-    check_args(args, positive=("problems", "answers"), finite=("temperature",))
+    check_args(args, positive=("problems", "answers", "max_new_tokens"), finite=("temperature",))
     check_out(args.out)
     model, _, info = load_model(args.policy, max_seq_len=4096)
-    kwargs = {"difficulty": args.difficulty} if args.task == "program" else {}
-    task = load_task(args.task, args.policy, kwargs)
+    dataset = dataset_kwargs(args)
+    if dataset is not None:
+        task = load_task("dataset", args.policy, dataset)
+    else:
+        kwargs = {"difficulty": args.difficulty} if args.task == "program" else {}
+        task = load_task(args.task, args.policy, kwargs)
     cfg = search.SearchConfig(islands=args.islands, members=args.members,
                               children=args.children, generations=args.generations,
                               num_answers=args.answers or int(info.get("num_answers", 1)),
                               temperature=args.temperature)
     records = task.make_problems(args.seed, args.problems)
     check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
-    problems = search.search_problems(task, records, cfg.num_answers)
-    traces = {}
-    print(f"{task.name}: {args.problems} problems, budget {cfg.budget} candidates per problem "
-          f"and method")
-    for method in search.METHODS:
-        mesh = sharding.make_mesh() if method == "search" else None
-        if mesh is not None and cfg.islands % mesh.shape["data"]:
-            mesh = None  # islands must split evenly over the data devices; else one device
-        _, traces[method] = search.run_method(method, model, task, problems, cfg,
-                                              jax.random.key(args.seed), mesh=mesh)
-    search.write_report(args.out, traces, title=f"{task.name}, {args.problems} problems")
+    where = "on the host" if task.is_host else "in one jit per method"
+    print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
+          f"and method, scored {where}")
+    traces = host_search.run_all_methods(model, task, records, cfg, jax.random.key(args.seed),
+                                         mesh=sharding.make_mesh(),
+                                         max_new_tokens=args.max_new_tokens)
+    search.write_report(args.out, traces, title=f"{task.name}, {len(records)} problems")
     for name, s in search.summarize(traces).items():
-        print(f"{name:>10}: solved {s['solved_count'][-1]}/{args.problems}, mean best fitness "
+        print(f"{name:>10}: solved {s['solved_count'][-1]}/{len(records)}, mean best fitness "
               f"{s['mean_best_fitness'][-1]:.3f}")
     print(f"written to {args.out}")
     return 0
@@ -649,7 +652,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help="policy folder or hf:/path")
-    p.add_argument("--task", choices=("program", "maze", "bandit"), default="program")
+    p.add_argument("--task", choices=("program", "maze", "bandit", "arithmetic"),
+                   default="program")
     p.add_argument("--difficulty", choices=("easy", "hard"), default="hard")
     p.add_argument("--answers", type=int, default=None, help="answers per call (m)")
     p.add_argument("--problems", type=int, default=8)
@@ -658,7 +662,10 @@ def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--children", type=int, default=8)
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget per "
+                   "call for host-scored tasks (default: the task's budget for m answers)")
     p.add_argument("--seed", type=int, default=4242)
+    _add_data(p)
     p.add_argument("--out", required=True)
 
 
