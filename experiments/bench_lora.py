@@ -72,8 +72,8 @@ def build(cfg: dict, rank: int):
     def update(state, batch, rollout):
         rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
                                                     rollout.mask_BGT, run.train.num_answers)
-        return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef,
-                                 tx=tx, task=task, cfg=step_cfg)
+        return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+                                             graphdef=graphdef, tx=tx, task=task, cfg=step_cfg)
 
     fused = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
                                       cfg=step_cfg))

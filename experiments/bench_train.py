@@ -69,8 +69,8 @@ def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
     def update(state, batch, rollout):
         rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
                                                     rollout.mask_BGT, run.train.num_answers)
-        return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
-                                 task=task, cfg=step_cfg)
+        return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+                                             graphdef=graphdef, tx=tx, task=task, cfg=step_cfg)
 
     t0 = time.perf_counter()
     _, metrics = jax.block_until_ready(fused(state, batch))

@@ -426,15 +426,15 @@ def test_dynamic_sampling_and_overlong_mask_in_update(task):
     cfg = train_lib.step_config(run, task)
     batch = loop_lib.shard_batch(next(data_lib.problem_iterator(task, 8, M, num_problems=64)),
                                  mesh)
-    rollout = jax.jit(functools.partial(train_lib._sample, graphdef=graphdef, cfg=cfg))(
+    rollout = jax.jit(functools.partial(train_lib.sample_rollout, graphdef=graphdef, cfg=cfg))(
         state, batch)
     r_NG = np.zeros((8, 8), np.float32)
     for n in (1, 3, 6):
         r_NG[n, n % 8] = 1.0
     rewards = np.broadcast_to(r_NG[:, :, None, None], (8, 8, M, 2)).copy()
     smask = np.ones((8, 8, M), bool)
-    update = jax.jit(functools.partial(train_lib._update, graphdef=graphdef, tx=tx, task=task,
-                                       cfg=cfg))
+    update = jax.jit(functools.partial(train_lib.update_from_rollout, graphdef=graphdef, tx=tx,
+                                       task=task, cfg=cfg))
     _, metrics = update(state, batch, rollout, rewards, smask)
     L = np.asarray(rollout.length_BG)
     T = run.sampler.max_new_tokens
@@ -494,15 +494,15 @@ def test_passk_with_dynamic_sampling_and_kl_cov_in_update(task):
     cfg = train_lib.step_config(run, task)
     batch = loop_lib.shard_batch(next(data_lib.problem_iterator(task, 8, M, num_problems=64)),
                                  mesh)
-    rollout = jax.jit(functools.partial(train_lib._sample, graphdef=graphdef, cfg=cfg))(
+    rollout = jax.jit(functools.partial(train_lib.sample_rollout, graphdef=graphdef, cfg=cfg))(
         state, batch)
     solved_NG = np.zeros((8, 8), bool)
     solved_NG[[0, 2, 5], 3] = True  # groups 0, 2, 5 vary
     solved_NG[7] = True  # all solved: no variation
     rewards = np.broadcast_to(solved_NG[:, :, None, None], (8, 8, M, 2)).astype(np.float32)
     smask = np.ones((8, 8, M), bool)
-    update = jax.jit(functools.partial(train_lib._update, graphdef=graphdef, tx=tx, task=task,
-                                       cfg=cfg))
+    update = jax.jit(functools.partial(train_lib.update_from_rollout, graphdef=graphdef, tx=tx,
+                                       task=task, cfg=cfg))
     _, metrics = update(state, batch, rollout, rewards, smask)
     assert float(metrics["zero_variance_frac"]) == 5 / 8
     assert float(metrics["kept_frac"]) == 3 / 4

@@ -235,8 +235,8 @@ def _split(tree, n: int):
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
 
 
-def _update(state: TrainState, batch, rollout: Rollout, rewards_BGMR, solution_mask_BGM, *,
-            graphdef, tx, task: BoundTask, cfg: StepConfig):
+def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR,
+                        solution_mask_BGM, *, graphdef, tx, task: BoundTask, cfg: StepConfig):
     """Overlong shaping, dynamic group selection, advantages, then the scanned PPO epochs ×
     minibatches. The inputs hold oversample × batch_size groups. Returns (state, metrics)."""
     ocfg, tcfg = cfg.objective, cfg.train
@@ -380,7 +380,7 @@ def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_ma
     return out
 
 
-def _sample(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Rollout:
+def sample_rollout(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Rollout:
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     k_sample = jax.random.split(key, 4)[0]
     B = batch["prompt_BP"].shape[0]
@@ -399,11 +399,11 @@ def rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask, cfg: Ste
     batch: {"problems": B problems, "prompt_BP": int32, "prompt_mask_BP": bool}.
     Jit it with `make_rl_step` (state donated).
     """
-    rollout = _sample(state, batch, graphdef=graphdef, cfg=cfg)
+    rollout = sample_rollout(state, batch, graphdef=graphdef, cfg=cfg)
     rewards_BGMR, smask_BGM = rewards_lib.in_graph_rewards(
         task, batch["problems"], rollout.tokens_BGT, rollout.mask_BGT, cfg.train.num_answers)
-    return _update(state, batch, rollout, rewards_BGMR, smask_BGM, graphdef=graphdef, tx=tx,
-                   task=task, cfg=cfg)
+    return update_from_rollout(state, batch, rollout, rewards_BGMR, smask_BGM, graphdef=graphdef,
+                               tx=tx, task=task, cfg=cfg)
 
 
 def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
@@ -417,7 +417,7 @@ def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
 def make_sample_step(graphdef, cfg: StepConfig) -> Callable:
     """The sampling part of a step, jitted: (state, batch) -> Rollout (the state is not donated;
     it draws the same samples as the step itself)."""
-    return jax.jit(functools.partial(_sample, graphdef=graphdef, cfg=cfg))
+    return jax.jit(functools.partial(sample_rollout, graphdef=graphdef, cfg=cfg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,8 +440,8 @@ def make_host_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -
     donated update. `records`: the problems that batch["problems"]["index"] points into."""
 
     def update(state, batch, rollout, rewards, smask):
-        return _update(state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx,
-                       task=task, cfg=cfg)
+        return update_from_rollout(state, batch, rollout, rewards, smask, graphdef=graphdef,
+                                   tx=tx, task=task, cfg=cfg)
 
     def score(batch, rollout):
         return rewards_lib.host_rewards(task, records, batch["problems"], rollout,
