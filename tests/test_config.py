@@ -18,6 +18,7 @@ from vpo.config import (
     ConfigError,
     ModelConfig,
     RopeScaling,
+    DistributedConfig,
     SamplerConfig,
     SearchConfig,
     apply_overrides,
@@ -127,6 +128,12 @@ BAD = [
     (RunConfig, "mesh_data", 0, ">= 1 or -1"),
     (RunConfig, "mesh_fsdp", 0, ">= 1"),
     (RunConfig, "mesh_tensor", -1, ">= 1"),
+    # DistributedConfig
+    (DistributedConfig, "enabled", 1, "true or false"),
+    (DistributedConfig, "coordinator", None, "a string"),
+    (DistributedConfig, "num_processes", 0, ">= 1"),
+    (DistributedConfig, "process_id", 2, "< num_processes"),
+    (DistributedConfig, "cpu_collectives", 3, "a string"),
     # SearchConfig
     (SearchConfig, "islands", 0, ">= 1"),
     (SearchConfig, "members", 7, "multiple of search.num_answers"),
@@ -147,7 +154,7 @@ BAD = [
 ]
 SECTION = {ModelConfig: "model", RopeScaling: "model.rope_scaling", SamplerConfig: "sampler",
            ObjectiveConfig: "objective", TrainConfig: "train", RunConfig: "",
-           SearchConfig: "search"}
+           SearchConfig: "search", DistributedConfig: "distributed"}
 # Fields whose bad value is reported under a sibling (the cross-field rule names the other).
 REPORTED_AS = {(ModelConfig, "num_kv_heads"): "model.num_kv_heads",
                (ObjectiveConfig, "clip_cov_lb"): "objective.clip_cov_ub"}

@@ -1,9 +1,10 @@
 """Frozen configuration dataclasses, validated on construction with errors that name the field.
 
 Sections: `ModelConfig` (the decoder's shapes), `SamplerConfig` (generation), `SearchConfig`
-(test-time search); the objective, train and run sections (`vpo.train_config`) validate with the
-same helper (`validate`) against the same name tables. `MODEL_PRESETS` maps preset names to model shapes: `tiny` (tests), `small`
-(CPU experiments) and the published shapes of Qwen2.5 / Qwen3 / Llama-3.2 models (for
+(test-time search), `DistributedConfig` (multi-host start-up); the objective, train and run
+sections (`vpo.train_config`) validate with the same helper (`validate`) against the same name
+tables. `MODEL_PRESETS` maps preset names to model shapes: `tiny` (tests), `small` (CPU
+experiments) and the published shapes of Qwen2.5 / Qwen3 / Llama-3.2 models (for
 accelerators; never instantiated in CPU tests).
 
 Every name-valued field has one table of valid names here; the modules that act on a name
@@ -49,7 +50,8 @@ def _require(cond: bool, field: str, msg: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """What one field accepts. kind "int" / "real": a finite number in the range [lo, hi]
-    (`lo_open` / `hi_open` make an end open; None: unbounded); "bool"; "name": one of `names`.
+    (`lo_open` / `hi_open` make an end open; None: unbounded); "bool"; "text": a string;
+    "name": one of `names`.
     `optional`: None is accepted too."""
 
     kind: str
@@ -63,6 +65,8 @@ class Rule:
     def describe(self) -> str:
         if self.kind == "bool":
             return "true or false"
+        if self.kind == "text":
+            return "a string" + (" (or None)" if self.optional else "")
         if self.kind == "name":
             return "one of " + ", ".join(self.names)
         what = "an integer" if self.kind == "int" else "a finite number"
@@ -80,6 +84,8 @@ class Rule:
             return self.optional
         if self.kind == "bool":
             return isinstance(value, bool)
+        if self.kind == "text":
+            return isinstance(value, str)
         if self.kind == "name":
             return isinstance(value, str) and value in self.names
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -107,6 +113,7 @@ def one_of(names: tuple[str, ...]) -> Rule:
 
 
 FLAG = Rule("bool")
+TEXT = Rule("text")
 POSITIVE = integer(1)  # sizes and counts
 FRACTION = real(0.0, 1.0, lo_open=True)  # (0, 1]
 
@@ -304,6 +311,27 @@ class SearchConfig:
     def budget(self) -> int:
         """Candidates evaluated by a whole run: I·Q (initial) + generations·I·C."""
         return self.islands * (self.members + self.generations * self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-host start-up through `jax.distributed.initialize` (nothing home-made).
+
+    Leave `coordinator` empty on TPU / SLURM / Open MPI, where JAX discovers the cluster itself.
+    """
+
+    enabled: bool = False
+    coordinator: str = ""  # "host:port" of process 0
+    num_processes: int = 1
+    process_id: int = 0
+    cpu_collectives: str = "gloo"  # for multi-process CPU runs (tests, laptops)
+
+    def __post_init__(self):
+        validate("distributed", self, {"enabled": FLAG, "coordinator": TEXT,
+                                       "num_processes": POSITIVE, "process_id": integer(0),
+                                       "cpu_collectives": TEXT})
+        _require(self.process_id < self.num_processes, "distributed.process_id",
+                 f"must be < num_processes ({self.num_processes}); got {self.process_id}")
 
 
 _QWEN25 = dict(rope_theta=1_000_000.0, qkv_bias=True, norm_eps=1e-6, max_seq_len=32768,

@@ -7,13 +7,14 @@ dimension replicated, so one table serves 1 CPU, 8 fake CPU devices, a GPU host 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from vpo.config import DistributedConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -91,20 +92,6 @@ def shard_model(model: nnx.Module, mesh, rules=RULES) -> nnx.Module:
     shardings = param_shardings(state, mesh, rules)
     nnx.update(model, jax.device_put(state, shardings))
     return model
-
-
-@dataclasses.dataclass(frozen=True)
-class DistributedConfig:
-    """Multi-host start-up through `jax.distributed.initialize` (nothing home-made).
-
-    Leave `coordinator` empty on TPU / SLURM / Open MPI, where JAX discovers the cluster itself.
-    """
-
-    enabled: bool = False
-    coordinator: str = ""  # "host:port" of process 0
-    num_processes: int = 1
-    process_id: int = 0
-    cpu_collectives: str = "gloo"  # for multi-process CPU runs (tests, laptops)
 
 
 def initialize_distributed(cfg: DistributedConfig) -> None:
