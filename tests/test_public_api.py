@@ -33,3 +33,16 @@ def test_library_modules_never_import_the_cli_or_the_compare_driver():
         if path.name in ("cli.py", "compare.py", "compare_report.py", "__init__.py"):  # drivers
             continue
         assert not pat.search(path.read_text()), path
+
+
+def test_exported_names_never_shadow_a_submodule():
+    """`from vpo import train` must give the module even when nothing imported it before."""
+    import pathlib
+
+    root = pathlib.Path(vpo.__file__).parent
+    submodules = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir()
+                                                        if (p / "__init__.py").exists()}
+    assert not set(vpo.__all__) & submodules
+    code = "from vpo import train, sampler; print(type(train).__name__, train.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["module", "vpo.train"]

@@ -10,8 +10,10 @@ The names most users need, importable from the package (each is loaded on first 
                  save_pretrained, load_tokenizer
     configs      RunConfig, TrainConfig, ObjectiveConfig, SamplerConfig, ModelConfig,
                  SearchConfig
-    entry points train, run_sft, evaluate_policy, make_search, run_method, run_host_method,
-                 run_compare
+    entry points run_training (`vpo.loop.train`), run_sft, evaluate_policy, make_search,
+                 run_method, run_host_method, run_compare
+
+An exported name never shadows a submodule: `from vpo import train` is the module `vpo.train`.
     errors       ConfigError, CheckpointError, RewardError
 """
 
@@ -37,7 +39,7 @@ _EXPORTS = {
     **{name: "vpo.config" for name in ("SamplerConfig", "ModelConfig")},
     **{name: "vpo.train_config" for name in ("RunConfig", "TrainConfig", "ObjectiveConfig")},
     "SearchConfig": "vpo.config",
-    "train": "vpo.loop",
+    "run_training": ("vpo.loop", "train"),
     "run_sft": "vpo.sft",
     "evaluate_policy": "vpo.policy_eval",
     "make_search": "vpo.search",
@@ -54,7 +56,9 @@ def __getattr__(name: str):
     """Load an exported name's module on first use (PEP 562)."""
     if name not in _EXPORTS:
         raise AttributeError(f"module 'vpo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    module, attr = (_EXPORTS[name] if isinstance(_EXPORTS[name], tuple)
+                    else (_EXPORTS[name], name))
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 
