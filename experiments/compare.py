@@ -1,12 +1,15 @@
-"""GRPO vs VPO from one warm start to search: the script form of `vpo compare`.
+"""GRPO vs VPO and their baselines from one warm start to search: the script form of
+`vpo compare`.
 
-Run:  python experiments/compare.py [--preset smoke|default|paper] [section.key=value ...]
+Run:  python experiments/compare.py [--preset smoke|default|full|paper] [section.key=value ...]
       [--out runs/compare]
 
-`get_config()` is the default preset (`vpo.compare.PRESETS`); edit it or pass overrides such as
-`num_seeds=1 arms=grpo,vpo,kl_cov train.steps=300`. The run folder gets report.md (headline
-table with 95% t-intervals over seeds, reproduced / not reproduced, wall time per stage),
-summary.json and best@k, pass@k, training and search PNGs.
+`get_config()` is the default preset (`vpo.compare.PRESETS`; `--preset full` is every arm on the
+9x9 maze with 5 seeds, hours on CPU, its estimate printed first); edit it or pass overrides such
+as `num_seeds=5 arms=grpo,maxk,vpo train.steps=300`. The run folder gets report.md (headline
+table with 95% t-intervals over seeds, three-way verdicts on paired differences, the search
+solve matrix and mutation-operator probe, the entropy law on held-out score, wall time per
+stage), summary.json and best@k, pass@k, training, entropy-law and search PNGs.
 """
 
 from __future__ import annotations

@@ -3,19 +3,18 @@
 Run:  python experiments/entropy_law.py [section.key=value ...] [--out runs/entropy_law]
 
 From one SFT warm start (vpo.compare.warm_start), GRPO with one answer per generation is trained
-plain, with Clip-Cov and with KL-Cov (vpo.compare.train_arms: same seeds, steps, G, lr). Per step
-the trainer logs H = mean token entropy of the training rollouts and R = the mean training reward
-w*ᵀr (no separate periodic evaluation: R is the on-policy training reward). Both are averaged over
-seeds and into equal chunks of steps, then R = -a·exp(H) + b is fitted by least squares on
-[-exp(H), 1] (vpo.entropy_law.fit_entropy_law). Printed and written to entropy_law.md: a, b, the
-predicted ceiling b - a at H = 0, R² of the fit, and the RMSE on the later half of the chunks of
-the fit made on the first half (next to the RMSE of predicting the early mean); the last-chunk
-entropy of each arm shows the floor Clip-Cov / KL-Cov keep. entropy_law.png: entropy and reward
-over steps with the early fit's prediction (dashed).
+plain, with Clip-Cov and with KL-Cov (vpo.compare.train_arms: same seeds, steps, G, lr). Each run
+checkpoints `law_points` times; at step 0 and at every checkpoint R is the policy's HELD-OUT
+evaluation score (best@1 on `law_problems` problems the run never trains on, temperature
+`eval_temperature`, the same key everywhere) and H the training token entropy of the 10 steps
+before it, as in the paper (validation score against training entropy).
 
-At this scale (8 prompts x 8 samples x ~16 tokens per step) Clip-Cov and KL-Cov act on
-max(floor(2e-4 · N), 1) = 1 token per batch (their paper ratio); the ratios are not yet
-ObjectiveConfig fields, so they cannot be raised from here.
+Per arm and seed, four models are fitted on the early half of the points and scored by RMSE on
+the later half (vpo.entropy_law.heldout_fits): the law, R linear in H, R linear in steps (a
+trend that ignores entropy) and a constant. The law is reproduced only when it beats all three
+on held-out points over seeds, with unbiased held-out residuals (vpo.claims.entropy_law_claim:
+paired t-interval, three-way verdict). Written to entropy_law.md and entropy_law.png (held-out
+score against entropy, mean over seeds).
 """
 
 from __future__ import annotations
@@ -27,11 +26,11 @@ import time
 
 import numpy as np
 
-from vpo import compare, compare_report, entropy_law, plots
+from vpo import claims, compare, compare_report, entropy_law
 
 
 def get_config(overrides: list[str] | None = None) -> compare.CompareConfig:
-    base = ["arms=grpo,clip_cov,kl_cov", "num_seeds=2", "train.steps=300"]
+    base = ["arms=grpo,clip_cov,kl_cov", "num_seeds=3", "train.steps=300", "law_points=6"]
     return compare.make_config("default", base + list(overrides or []))
 
 
@@ -41,49 +40,52 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="runs/entropy_law")
     args = p.parse_args(argv)
     cfg = get_config(args.overrides)
+    if not cfg.law_points:
+        raise SystemExit("law_points=0 records no trajectory; give law_points >= 3")
     task = compare.make_task(cfg)
     t0 = time.perf_counter()
-    policies = compare.warm_start(cfg, task, args.out)
-    runs = compare.train_arms(cfg, task, policies, args.out)
+    policy = compare.warm_start(cfg, task, args.out)
+    runs = compare.train_arms(cfg, task, policy, args.out)
     wall = time.perf_counter() - t0
-    fits, entropy, reward = {}, {}, {}
-    for arm, rs in runs.items():
-        steps = [r["step"] for r in rs[0].metrics]
-        H = np.mean([[r["entropy"] for r in s.metrics] for s in rs], axis=0)
-        R = np.mean([[r["reward"] for r in s.metrics] for s in rs], axis=0) / rs[0].num_answers
-        fits[arm] = fit = entropy_law.entropy_law_report(H, R)
-        window = max(1, len(steps) // 15)
-        entropy[arm] = (steps, compare_report.smooth(H, window))
-        reward[arm] = (steps, compare_report.smooth(R, window))
-        pred = fit["early_b"] - fit["early_a"] * np.exp(compare_report.smooth(H, window))
-        reward[f"{arm}: law, early fit"] = (steps, pred)
-    lines = ["| arm | a | b | ceiling b-a | R² | held-out RMSE | constant RMSE | entropy first "
-             "-> last |", "|---|---|---|---|---|---|---|---|"]
-    for arm, r in fits.items():
-        lines.append(f"| {arm} | {r['a']:.3f} | {r['b']:.3f} | {r['ceiling']:.3f} | "
-                     f"{r['r2']:.2f} | {r['rmse_heldout']:.4f} | {r['rmse_constant']:.4f} | "
-                     f"{r['entropy_first']:.3f} -> {r['entropy_last']:.3f} |")
-    table = "\n".join(lines)
-    floor = {arm: fits[arm]["entropy_last"] for arm in fits}
-    verdicts = [f"- {arm} keeps a higher late entropy than GRPO: "
-                f"{'yes' if floor[arm] > floor['grpo'] else 'no'} ({floor[arm]:.3f} vs "
-                f"{floor['grpo']:.3f})" for arm in fits if arm != "grpo" and "grpo" in fits]
+    law = compare_report.law_trajectories(runs)
+    table = compare_report.law_table(law)
+    lines = ["| arm | a | b | R² | " + " | ".join(f"RMSE {m}" for m in entropy_law.MODELS)
+             + " | verdict |", "|---|---|---|---|" + "---|" * (len(entropy_law.MODELS) + 1)]
+    verdicts = {}
+    for arm, t in table.items():
+        c = claims.entropy_law_claim(f"entropy law on {arm}", law[arm])
+        verdicts[arm] = c
+        lines.append(f"| {arm} | {compare_report._fmt(t['a'])} | {compare_report._fmt(t['b'])} "
+                     f"| {compare_report._fmt(t['r2'])} | "
+                     + " | ".join(compare_report._fmt(t["rmse"][m]) for m in entropy_law.MODELS)
+                     + f" | {c['verdict']} |")
+    floor = {arm: [compare_report._tail_mean(r.metrics, "entropy") for r in rs]
+             for arm, rs in runs.items()}
+    entropy_lines = [claims.compare_values(f"{arm} keeps training entropy above GRPO",
+                                           floor[arm], floor["grpo"], names=(arm, "grpo"))
+                     for arm in floor if arm != "grpo" and "grpo" in floor]
     cmd = " ".join(["python experiments/entropy_law.py", *args.overrides, f"--out {args.out}"])
-    load = compare_report.machine_load()
-    text = (f"# Entropy law on {cfg.task}\n\n`{cmd}` ({wall:.0f} s; {load})\n\n"
+    text = (f"# Entropy law on {cfg.task}\n\n`{cmd}` ({wall:.0f} s; "
+            f"{compare_report.machine_load()})\n\n"
             f"{cfg.train.steps} steps x {cfg.train.batch_size} prompts x G = "
-            f"{cfg.sampler.num_samples}, seeds {cfg.seeds}, R = training reward w*ᵀr, H = "
-            f"training-rollout token entropy, {fits[next(iter(fits))]['chunks']} chunks.\n\n"
-            f"{table}\n\n" + "\n".join(verdicts) + "\n\n![entropy law](entropy_law.png)\n")
+            f"{cfg.sampler.num_samples}, seeds {cfg.seeds}; R = held-out best@1 on "
+            f"{cfg.law_problems} problems at step 0 and {cfg.law_points} checkpoints, H = "
+            "training token entropy. Mean ± 95% interval over seeds.\n\n"
+            + "\n".join(lines) + "\n\n"
+            + "\n".join(f"- **{c['verdict']}**: {c['claim']}. {c['evidence']}."
+                        for c in [*verdicts.values(), *entropy_lines])
+            + "\n\n![entropy law](entropy_law.png)\n")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "entropy_law.md"), "w") as f:
         f.write(text)
-    plots.plot_metrics_over_steps(os.path.join(args.out, "entropy_law.png"),
-                                  {"entropy": entropy, "reward per answer": reward},
-                                  title="entropy law R = -a exp(H) + b",
-                                  dashed=[k for k in reward if k.endswith("early fit")])
+    curves = {arm: (np.mean([t["entropy"] for t in ts], 0), np.mean([t["score"] for t in ts], 0),
+                    None) for arm, ts in law.items()}
+    compare_report._plot_bands(os.path.join(args.out, "entropy_law.png"), curves, marker="o",
+                               xlabel="training token entropy H",
+                               ylabel="held-out score R (best@1)",
+                               title="entropy law R = -a exp(H) + b")
     print(text)
-    return fits
+    return {arm: {k: v for k, v in t.items() if k != "fits"} for arm, t in table.items()}
 
 
 if __name__ == "__main__":

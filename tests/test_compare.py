@@ -1,5 +1,5 @@
-"""vpo compare: config validation, the entropy-law fit, t-intervals, and the smoke preset end to
-end (report, PNGs, finite and consistent numbers)."""
+"""vpo compare: config validation, the entropy-law fit, t-intervals, the one warm start, and the
+smoke preset end to end (report, PNGs, finite and consistent numbers, three-way verdicts)."""
 
 import json
 import math
@@ -40,6 +40,9 @@ def test_mean_ci_is_a_student_t_interval():
     ("search.members=4", r"search\.members: 4 must be a multiple"),
     ("search_problems=99", "search_problems"),
     ("sft_steps=0", "sft_steps"),
+    ("law_budget=4", "law_budget: 4 must be a multiple"),
+    ("arms=grpo,grpo", "names an arm twice"),
+    ("eval_temperature=0", "eval_temperature"),
 ])
 def test_bad_compare_config_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -51,31 +54,64 @@ def test_presets_and_arm_configs():
     assert paper.objective.kl_coef == 1e-3 and paper.train.learning_rate == 1e-6
     assert paper.sampler.num_samples == 8 and paper.num_answers == 3
     assert paper.objective.num_weights == 100 and paper.objective.alpha == 1.0
-    cfg = compare.make_config("default", ["arms=grpo,multi_rlvr,vpo,kl_cov"])
+    assert paper.eval_temperature == 0.7 and paper.eval_budget == 30
+    full = compare.make_config("full")
+    assert full.task == "maze9" and full.num_seeds >= 5 and full.search_seeds >= 5
+    assert set(full.arm_names) == set(compare.ARMS)
+    cfg = compare.make_config("default", ["arms=" + ",".join(compare.ARMS)])
+    assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 5
     task = compare.make_task(cfg)
     from vpo.config import model_preset
     mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=512)
     runs = {a: compare.arm_run_config(cfg, task, a, 3, mcfg) for a in cfg.arm_names}
     assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3
     assert runs["multi_rlvr"].objective.advantage == "grpo"
-    assert runs["vpo"].objective.advantage == "vpo"
+    for arm in ("vpo", "maxk", "rw_grpo", "passk"):
+        assert runs[arm].objective.advantage == arm and runs[arm].train.num_answers == (
+            3 if arm == "vpo" else 1)
     assert runs["kl_cov"].objective.cov_control == "kl_cov"
+    assert runs["vpo_mut"].train.mutation_fraction > 0 == runs["vpo"].train.mutation_fraction
     assert {r.train.seed for r in runs.values()} == {3}
     assert {(r.train.steps, r.sampler.num_samples, r.train.batch_size) for r in runs.values()} \
         == {(cfg.train.steps, cfg.sampler.num_samples, cfg.train.batch_size)}
+    # the entropy law's checkpoints: law_points evenly spaced, all kept
+    assert runs["grpo"].train.checkpoint_every * cfg.law_points == cfg.train.steps
+    assert runs["grpo"].train.keep_checkpoints > cfg.law_points
+    est = compare.estimate_seconds(cfg, task)
+    assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
+    assert compare.estimate_seconds(full, compare.make_task(full))["total"] > 2 * est["total"]
+
+
+def test_one_warm_start_mixes_answer_counts():
+    """`run_sft` with several m trains one policy on 1-answer and 3-answer prompts (and their
+    mutation prompts) in every batch."""
+    from vpo import sft
+    from vpo.config import model_preset
+
+    cfg = compare.make_config("smoke")
+    task = compare.make_task(cfg)
+    from vpo.tasks.bound import seq_len_for
+
+    need = max(seq_len_for(task, task.make_problems(0, 8), m, num_parents=2) for m in (1, 3))
+    mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need + 16)
+    assert sft._split_rows(8, 3) == [3, 3, 2]
+    _, state, losses = sft.run_sft(task, mcfg, 2, batch_size=8, num_answers=(1, 3),
+                                   num_demos=4, mutation_fraction=0.5)
+    assert len(losses) == 2 and np.all(np.isfinite(losses)) and int(state.step) == 2
 
 
 @pytest.mark.slow
 def test_compare_smoke_writes_a_consistent_report(tmp_path):
     out = str(tmp_path / "cmp")
-    # both arms answer m = 3: one warm start, one evaluation and one search compile
     assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
-                     "train.steps=2", "--compile-cache", "", "--out", out]) == 0
+                     "train.steps=2", "law_points=2", "--compile-cache", "", "--out", out]) == 0
     for name in ("report.md", "summary.json", "best_at_k.png", "pass_at_k.png", "training.png",
-                 "search_solved.png", "eval.md", "report.png"):
+                 "search_solved.png", "entropy_law.png", "eval.md", "report.png"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
-    s = json.load(open(os.path.join(out, "summary.json")))
-    assert set(s["headline"]) == {"sft (m=3)", "multi_rlvr", "vpo"}
+    with open(os.path.join(out, "summary.json")) as f:
+        s = json.load(f)
+    assert set(s["headline"]) == {"sft (m=1)", "sft (m=3)", "multi_rlvr", "vpo"}
+    assert all(h["seeds"] == [0, 1] for h in s["headline"].values())  # rows pair by seed
     N, ks = s["config"]["eval_budget"], s["eval"]["ks"]
     for name, rows in s["eval"]["rows"].items():
         for r in rows:
@@ -83,16 +119,24 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
             assert all(np.isfinite(best)) and best == sorted(best), name  # best@k rises with k
             assert 0.0 <= r[f"pass@{N}"] <= 1.0 and r["entropy"] > 0
             assert len(r["best_P"]) == s["config"]["eval_problems"]
-    budget = s["search"]["budget"]
-    for name, rows in s["search"]["rows"].items():
-        assert rows[0]["evaluated"][-1] == budget, name  # equal candidate budget for every row
+    search = s["search"]
+    assert len(search["problems"]) == s["config"]["search_problems"]
+    for name, rows in search["rows"].items():
+        assert rows[0]["evaluated"][-1] == search["budget"], name  # equal candidate budget
+        assert np.shape(rows[0]["solved_SP"]) == (s["config"]["search_seeds"],
+                                                  len(search["problems"]))
     for arm in ("multi_rlvr", "vpo"):
         rows = s["train"][arm][0]["metrics"]
         assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
-    assert all(isinstance(c["holds"], bool) for c in s["claims"]) and s["claims"]
-    report = open(os.path.join(out, "report.md")).read()
-    assert "| vpo | 3 | 1 |" in report and "What reproduced" in report
-    assert s["wall_s"]["total"] > 0 and s["entropy_law"] == {}  # 2 steps: too few to fit
+        traj = s["entropy_law"][arm]["trajectories"][0]
+        assert traj["step"] == [0, 1, 2] and len(traj["score"]) == 3
+    assert s["probe"] and set(s["probe"]["vpo"][0]) >= {"valid", "improve", "copy", "distinct"}
+    assert s["claims"] and {c["verdict"] for c in s["claims"]} <= {
+        "reproduced", "refuted", "inconclusive"}
+    with open(os.path.join(out, "report.md")) as f:
+        report = f.read()
+    assert "| vpo | 3 | 2 |" in report and "## Claims" in report and "Solve matrix" in report
+    assert s["wall_s"]["total"] > 0
 
 
 def test_dashed_fit_shares_its_data_colour_and_pngs_combine(tmp_path):

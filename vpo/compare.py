@@ -1,26 +1,37 @@
-"""`vpo compare`: GRPO vs VPO side by side, from one warm start to test-time search.
+"""`vpo compare`: GRPO vs VPO and their baselines, from ONE warm start to test-time search.
 
 Stages (one function each; every stage calls the library, nothing is re-implemented here):
 
-  1. `warm_start`  SFT on the task's demonstrations (`vpo.sft.run_sft`), one policy per answer
-                   count m used by the arms; every arm with that m starts from the same params.
-  2. `train_arms`  RL per arm and seed (`vpo.loop.train`): same steps, prompts B, samples G,
-                   optimiser and seeds; arms differ only in the advantage / loss control and m.
-  3. `evaluate_arms` budget-fair evaluation (`vpo.policy_eval.sample_pool`): N candidates per
-                   problem for every arm (N/m generations of m answers, or N single answers).
-  4. `search_arms` island search (`vpo.search.run_method`) with each arm's policy as mutation
-                   operator on the problems the warm start found hardest, equal budget.
-  5. `write_report` report.md (headline table with mean and a 95% Student-t interval over
-                   seeds, PNGs, commands, wall time per stage, reproduced / not reproduced).
+  1. `warm_start`   ONE SFT policy (`vpo.sft.run_sft`) on a mixture of 1-answer and m-answer
+                    prompts (and search mutation prompts); every arm, whatever its m, starts
+                    from it, so differences between arms come from RL.
+  2. `train_arms`   RL per arm and seed (`vpo.loop.train`): same steps, prompts B, samples G,
+                    optimiser; seed i of every arm trains on the same problem order. Every run
+                    checkpoints `law_points` times; each checkpoint is scored on held-out
+                    problems (`law_trajectory`) for the entropy law.
+  3. `evaluate_arms` budget-fair evaluation at temperature `eval_temperature`
+                    (`vpo.policy_eval`): N candidates per problem for every row (N/m
+                    generations of m answers, or N single answers), every parsed answer scored
+                    the same way; seed i of every row (warm starts included) uses the same key.
+  4. `hard_problems` the search problems: the `search_problems` hardest for the warm start on
+                    a split of their own (`search_split_seed`), which no arm is evaluated or
+                    chosen on.
+  5. `search_arms`  island search (`vpo.search.run_method`) with each row's policy as mutation
+                    operator, `search_seeds` search seeds per policy, equal candidate budget,
+                    the same search keys for every row; `probe_arms` measures each policy as a
+                    mutation operator on its own (`policy_eval.mutation_probe`).
+  6. report        `vpo.compare_report`: paired 95% intervals over seeds and three-way verdicts
+                    (`vpo.claims`).
 
-Arms (`ARMS`): "grpo" is the paper's GRPO baseline, ONE answer per generation (m = 1) and the
-scalar reward w*ᵀr; "multi_rlvr" is GRPO on the m-answer prompt with the summed scalar
-Σ_j w*ᵀr_j (Puri et al., arXiv 2603.24844); "vpo" is VPO (arXiv 2605.22817) on the same m
-answers;
-"clip_cov" / "kl_cov" (Cui et al., arXiv 2505.22617) and "entropy_mask" (Wang et al., arXiv
-2506.01939, top-20% entropy tokens) are single-answer GRPO with an entropy control.
-The entropy law R = -a·exp(H) + b (Cui et al.) is fitted by `vpo.entropy_law`; the report is
-written by `vpo.compare_report`.
+Arms (`ARMS`): "grpo" is the paper's GRPO baseline, ONE answer per generation and the scalar
+reward w*ᵀr; "maxk" Max@K (k = max(2, G/2), std-normalised as in verl; arXiv 2510.23393);
+"rw_grpo" random-weight GRPO (a fresh Dirichlet weight, scalar GRPO on wᵀr); "passk" pass@k
+training (Chen et al. 2025, arXiv 2508.10751); "multi_rlvr" GRPO on the m-answer prompt with
+the summed scalar Σ_j w*ᵀr_j (Puri et al., arXiv 2603.24844); "vpo" VPO (arXiv 2605.22817) on
+the same m answers; "clip_cov" / "kl_cov" (Cui et al., arXiv 2505.22617) and "entropy_mask"
+(Wang et al., arXiv 2506.01939) single-answer GRPO with an entropy control; "grpo_mut" /
+"vpo_mut" the same as grpo / vpo with `train.mutation_fraction` > 0 (mutation prompts in RL),
+the remedy measured for the search stage.
 """
 
 from __future__ import annotations
@@ -29,13 +40,13 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from flax import nnx
 
-from vpo import checkpoint, compare_report, entropy_law, policy_eval, search, sharding
+from vpo import checkpoint, compare_report, policy_eval, search, sharding
 from vpo.checkpoint import load_model
 from vpo.config import ConfigError, SamplerConfig, apply_overrides, model_preset
 from vpo.loop import train
@@ -46,14 +57,29 @@ from vpo.tasks.bound import seq_len_for
 from vpo.train import model_of
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
-# Arm name -> (ObjectiveConfig field overrides, answers per generation; None = the run's m).
-ARMS: dict[str, tuple[dict[str, Any], int | None]] = {
-    "grpo": ({"advantage": "grpo"}, 1),
-    "multi_rlvr": ({"advantage": "grpo"}, None),
-    "vpo": ({"advantage": "vpo"}, None),
-    "clip_cov": ({"advantage": "grpo", "cov_control": "clip_cov"}, 1),
-    "kl_cov": ({"advantage": "grpo", "cov_control": "kl_cov"}, 1),
-    "entropy_mask": ({"advantage": "grpo", "entropy_top_frac": 0.2}, 1),
+
+class Arm(NamedTuple):
+    """One arm: ObjectiveConfig changes, answers per generation (None: the run's m) and
+    TrainConfig changes."""
+
+    objective: dict[str, Any]
+    answers: int | None
+    train: dict[str, Any] = {}
+
+
+MUTATION_REMEDY = 0.25  # train.mutation_fraction of the *_mut arms
+ARMS: dict[str, Arm] = {
+    "grpo": Arm({"advantage": "grpo"}, 1),
+    "maxk": Arm({"advantage": "maxk"}, 1),
+    "rw_grpo": Arm({"advantage": "rw_grpo"}, 1),
+    "passk": Arm({"advantage": "passk"}, 1),
+    "multi_rlvr": Arm({"advantage": "grpo"}, None),
+    "vpo": Arm({"advantage": "vpo"}, None),
+    "clip_cov": Arm({"advantage": "grpo", "cov_control": "clip_cov"}, 1),
+    "kl_cov": Arm({"advantage": "grpo", "cov_control": "kl_cov"}, 1),
+    "entropy_mask": Arm({"advantage": "grpo", "entropy_top_frac": 0.2}, 1),
+    "grpo_mut": Arm({"advantage": "grpo"}, 1, {"mutation_fraction": MUTATION_REMEDY}),
+    "vpo_mut": Arm({"advantage": "vpo"}, None, {"mutation_fraction": MUTATION_REMEDY}),
 }
 TASKS = ("maze", "maze9", "program")
 
@@ -61,31 +87,42 @@ TASKS = ("maze", "maze9", "program")
 @dataclasses.dataclass(frozen=True)
 class CompareConfig:
     """One comparison run. `objective`, `train` and `sampler` are shared by every arm (each arm
-    then sets its advantage / cov control and m); `train.seed` is the first of `num_seeds`
+    then sets its advantage / controls and m); `train.seed` is the first of `num_seeds`
     consecutive RL seeds. Override with `section.key=value` like `vpo train`."""
 
     task: str = "maze"  # "maze" (5x5), "maze9" (the paper's 9x9), "program"
     model: str = "tiny"  # model preset (vpo.config.MODEL_PRESETS)
     arms: str = "grpo,multi_rlvr,vpo"  # comma-separated names from ARMS
     num_answers: int = 3  # m of the multi-answer arms
-    num_seeds: int = 2
+    num_seeds: int = 3
     init: str = ""  # a policy folder or hf:/path every arm starts from instead of SFT
-    sft_steps: int = 300  # SFT warm start per m (skipped when `init` is set)
+    sft_steps: int = 300  # the one SFT warm start (skipped when `init` is set)
     sft_batch: int = 32
     sft_lr: float = 3e-3
     sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
+    sft_demos: int = 512  # demonstrations (and mutation demonstrations) per m
     eval_problems: int = 64
-    eval_budget: int = 12  # candidates per problem, a multiple of every arm's m
+    eval_budget: int = 30  # candidates per problem (best@k up to k = 30), a multiple of every m
     eval_seed: int = 4242  # held-out problem set (the paper's test seed)
-    search_problems: int = 8  # the hardest eval problems for the evaluated policies
+    eval_temperature: float = 0.7  # the paper's evaluation temperature
+    law_points: int = 5  # held-out evaluations per RL run for the entropy law (0: off)
+    law_problems: int = 32  # held-out problems (seed eval_seed + 1) scored at each of them
+    law_budget: int = 6  # candidates per problem at each of them
+    search_split_seed: int = 5151  # the search problems' own split (no arm is chosen on it)
+    search_pool: int = 64  # problems of that split the warm start is evaluated on
+    search_problems: int = 8  # the hardest of them for the warm start
+    search_seeds: int = 5  # independent searches per policy (shared keys across rows)
+    search_best_of_n: bool = False  # also best-of-N with each policy at the search's budget
+    probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=300, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
+        steps=200, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
     sampler: SamplerConfig = dataclasses.field(default_factory=lambda: SamplerConfig(
         num_samples=8, temperature=1.0))
     search: SearchConfig = dataclasses.field(default_factory=lambda: SearchConfig(
-        islands=4, members=6, parents=2, children=6, generations=6, num_answers=1))
+        islands=4, members=6, parents=2, children=6, generations=6, num_answers=1,
+        temperature=0.7))
 
     def __post_init__(self):
         names = self.arm_names
@@ -93,27 +130,45 @@ class CompareConfig:
         if unknown or not names:
             raise ConfigError(f"arms: unknown arm(s) {', '.join(unknown) or '(none)'}; choose "
                               f"from {', '.join(ARMS)} (comma-separated)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"arms: {self.arms!r} names an arm twice")
+        for a in names:
+            try:
+                dataclasses.replace(self.objective, **ARMS[a].objective)
+                dataclasses.replace(self.train, **ARMS[a].train)
+            except ConfigError as e:
+                raise ConfigError(f"arms: arm {a!r} does not configure: {e}") from None
         if self.task not in TASKS:
             raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
         if self.devices == 0 or self.devices < -1:
             raise ConfigError(f"devices: must be >= 1 or -1 (all); got {self.devices}")
-        for f in ("num_answers", "num_seeds", "sft_batch", "eval_problems",
-                  "eval_budget", "search_problems"):
+        for f in ("num_answers", "num_seeds", "sft_batch", "sft_demos", "eval_problems",
+                  "eval_budget", "search_problems", "search_seeds", "search_pool",
+                  "law_problems", "law_budget", "probe_samples"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"{f}: must be >= 1; got {getattr(self, f)}")
-        for m in {self.arm_answers(a) for a in names}:
-            if self.eval_budget % m:
-                raise ConfigError(f"eval_budget: {self.eval_budget} must be a multiple of every "
-                                  f"arm's m ({m}); e.g. {m * 4}")
+        if self.law_points < 0:
+            raise ConfigError(f"law_points: must be >= 0 (0: no entropy-law trajectory); got "
+                              f"{self.law_points}")
+        if self.law_points and self.train.steps < self.law_points:
+            raise ConfigError(f"law_points: {self.law_points} checkpoints need train.steps >= "
+                              f"{self.law_points}; got {self.train.steps} (or set law_points=0)")
+        if not self.eval_temperature > 0:
+            raise ConfigError(f"eval_temperature: must be > 0; got {self.eval_temperature}")
+        for m in self.all_answers:
+            for f in ("eval_budget", "law_budget"):
+                if getattr(self, f) % m:
+                    raise ConfigError(f"{f}: {getattr(self, f)} must be a multiple of every m "
+                                      f"in use ({m}); e.g. {m * 4}")
             for f in ("members", "children"):
                 if getattr(self.search, f) % m:
                     raise ConfigError(f"search.{f}: {getattr(self.search, f)} must be a multiple "
-                                      f"of every arm's m ({m})")
+                                      f"of every m in use ({m})")
         if self.sft_steps < 1 and not self.init:
             raise ConfigError("sft_steps: must be >= 1 unless init= names a policy to start from")
-        if self.search_problems > self.eval_problems:
-            raise ConfigError(f"search_problems: {self.search_problems} > eval_problems "
-                              f"({self.eval_problems}); the hardest are picked from the eval set")
+        if self.search_problems > self.search_pool:
+            raise ConfigError(f"search_problems: {self.search_problems} > search_pool "
+                              f"({self.search_pool}); the hardest are picked from that pool")
 
     @property
     def arm_names(self) -> list[str]:
@@ -124,7 +179,12 @@ class CompareConfig:
         return [self.train.seed + i for i in range(self.num_seeds)]
 
     def arm_answers(self, arm: str) -> int:
-        return ARMS[arm][1] or self.num_answers
+        return ARMS[arm].answers or self.num_answers
+
+    @property
+    def all_answers(self) -> list[int]:
+        """The m of the warm-start mixture and of the warm-start rows: 1 and num_answers."""
+        return sorted({1, self.num_answers})
 
 
 def _paper_objective() -> ObjectiveConfig:
@@ -134,25 +194,41 @@ def _paper_objective() -> ObjectiveConfig:
                            dual_clip=3.0, kl_coef=1e-3, kl_estimator="k3", entropy_coef=0.0)
 
 
+FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,entropy_mask,grpo_mut,"
+             "vpo_mut")
+
 PRESETS: dict[str, CompareConfig] = {
     # CI: a few steps of everything (the test may shrink it further with overrides).
     "smoke": CompareConfig(
-        num_seeds=1, sft_steps=40, eval_problems=8, eval_budget=6, search_problems=2,
+        num_seeds=2, sft_steps=40, sft_demos=32, eval_problems=8, eval_budget=6,
+        search_problems=2, search_best_of_n=True,
+        search_pool=8, search_seeds=2, law_points=2, law_problems=4, probe_samples=2,
         train=TrainConfig(steps=4, batch_size=8, num_problems=64, learning_rate=3e-4,
                           checkpoint_every=10_000),
         sampler=SamplerConfig(num_samples=4),
         search=SearchConfig(islands=2, members=3, parents=2, children=3, generations=2,
-                            num_answers=1)),
-    # <= 20 minutes on a quiet 2-core CPU: 3 arms x 3 seeds, tiny policy.
-    "default": CompareConfig(num_seeds=3),
+                            num_answers=1, temperature=0.7)),
+    # The quickstart: <= 10 minutes on 2 CPU cores (3 arms x 3 seeds, maze 5x5, tiny policy).
+    "default": CompareConfig(),
+    # Every arm on the paper's 9x9 maze, 5 seeds, the tiny policy: hours on a 2-core CPU (the
+    # estimate is printed up front), minutes on an accelerator.
+    "full": CompareConfig(
+        task="maze9", arms=FULL_ARMS, num_seeds=5, sft_steps=600, eval_problems=100,
+        eval_budget=30, search_problems=16, search_pool=100, search_seeds=5, law_points=6,
+        search_best_of_n=True,
+        train=TrainConfig(steps=600, batch_size=8, num_problems=1000, learning_rate=3e-4,
+                          checkpoint_every=10_000)),
     # The paper's scale (VPO §1.6): Qwen3 policy, G = 8, m = 3, K = 100, α = 1, lr 1e-6 constant,
-    # AdamW wd 0.01, k3 KL 1e-3, T = 1.0, 128 prompts/step, minibatch 64; 9x9 maze, 100 test
-    # problems. Needs accelerators and the checkpoint in ~/ckpt/Qwen3-4B (`hf download Qwen/Qwen3-4B
-    # --local-dir ~/ckpt/Qwen3-4B`, or init=hf:<folder>); see tpu_setup.sh.
+    # AdamW wd 0.01, k3 KL 1e-3, T = 1.0 in training and 0.7 in evaluation, 128 prompts/step,
+    # minibatch 64; 9x9 maze, 100 test problems, best@30; the headline arms. Needs
+    # accelerators; `init=` names the checkpoint: a `vpo sft` / `vpo train` policy folder or
+    # hf:<folder> (default ~/ckpt/Qwen3-4B: `hf download Qwen/Qwen3-4B --local-dir
+    # ~/ckpt/Qwen3-4B`); see tpu_setup.sh.
     "paper": CompareConfig(
-        task="maze9", model="qwen3-4b", arms="grpo,multi_rlvr,vpo", num_answers=3, num_seeds=3,
-        init="hf:~/ckpt/Qwen3-4B", sft_steps=0, devices=-1, eval_problems=100, eval_budget=30,
-        search_problems=32,
+        task="maze9", model="qwen3-4b", arms="grpo,maxk,multi_rlvr,vpo", num_answers=3,
+        num_seeds=3, init="hf:~/ckpt/Qwen3-4B", sft_steps=0, devices=-1, eval_problems=100,
+        eval_budget=30, search_problems=32, search_pool=279, search_seeds=5, law_problems=100,
+        law_budget=3,
         objective=_paper_objective(),
         # 2 epochs of the 1000 training mazes at 128 prompts per step (VPO §1.4, §1.6).
         train=TrainConfig(steps=16, batch_size=128, num_minibatches=2, num_problems=1000,
@@ -160,7 +236,7 @@ PRESETS: dict[str, CompareConfig] = {
                           checkpoint_every=8, seed=42),
         sampler=SamplerConfig(num_samples=8, temperature=1.0, top_p=1.0),
         search=SearchConfig(islands=8, members=12, parents=2, children=12, generations=20,
-                            num_answers=1)),
+                            num_answers=1, temperature=0.7)),
 }
 
 
@@ -179,12 +255,47 @@ def make_task(cfg: CompareConfig):
     return checkpoint.load_task(cfg.task, cfg.init or None)
 
 
-# -- statistics -------------------------------------------------------------------------------
+# Seconds per token on 2 CPU cores, tiny policy, measured on the maze 5x5 quickstart (commit of
+# issue 16, load average ~7 from other jobs): an SFT row-token (demonstration building
+# included), an RL sample-token, an evaluation candidate-token and a search candidate-token
+# (mutation probe included); plus the fixed cost of one RL run (compile, checkpoints).
+_COST = {"sft": 1.6e-4, "rl": 5.0e-5, "eval": 2.0e-5, "search": 3.3e-5, "fixed_per_run": 6.0}
+
+
+def estimate_seconds(cfg: CompareConfig, task) -> dict[str, float]:
+    """A rough wall-time estimate per stage on 2 CPU cores for the tiny policy: tokens
+    processed x the per-token costs of `_COST`; meaningless for an accelerator or a large
+    model, where it is not printed."""
+    recs = task.make_problems(cfg.eval_seed, 4)
+    P = max(task.prompt_arrays(recs, m)[0].shape[1] for m in cfg.all_answers)
+    tok = {m: P + task.completion_len(m)
+           for m in {*cfg.all_answers, *map(cfg.arm_answers, cfg.arm_names)}}
+    arms = [cfg.arm_answers(a) for a in cfg.arm_names]
+    rl = sum(cfg.num_seeds * cfg.train.steps * cfg.train.batch_size * cfg.sampler.num_samples
+             * tok[m] for m in arms)
+    law = sum(cfg.num_seeds * cfg.law_points * cfg.law_problems * cfg.law_budget // m * tok[m]
+              for m in arms)
+    ev = sum(cfg.num_seeds * cfg.eval_problems * cfg.eval_budget // m * tok[m]
+             for m in arms + cfg.all_answers)
+    ev += sum(cfg.search_pool * cfg.eval_budget // m * tok[m] for m in cfg.all_answers)
+    policies = [(m, cfg.num_seeds) for m in arms] + [(m, 1) for m in cfg.all_answers]
+    srch = sum(n * cfg.search_seeds * cfg.search_problems * cfg.search.budget // m
+               * (tok[m] + P) for m, n in policies)
+    out = {"warm start": 0.0 if cfg.init else _COST["sft"] * cfg.sft_steps * cfg.sft_batch
+           * max(tok.values()),
+           "RL": _COST["rl"] * (rl + law) + _COST["fixed_per_run"] * len(arms) * cfg.num_seeds,
+           "evaluation": _COST["eval"] * ev,
+           "search": _COST["search"] * srch * (1.5 if cfg.search_best_of_n else 1.0)}
+    out["total"] = sum(out.values())
+    return out
+
+
 # -- stages -----------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class ArmRun:
-    """One trained (arm, seed): its run folder, final policy and per-step training metrics."""
+    """One trained (arm, seed): its run folder, final policy, per-step training metrics and
+    the entropy-law trajectory (held-out score at each checkpoint)."""
 
     arm: str
     seed: int
@@ -192,6 +303,7 @@ class ArmRun:
     out_dir: str
     model: Any
     metrics: list[dict[str, float]]
+    law: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
 
 def _seq_len(cfg: CompareConfig, task, m: int) -> int:
@@ -201,30 +313,26 @@ def _seq_len(cfg: CompareConfig, task, m: int) -> int:
     return max(512, seq_len_for(task, records, m, num_parents=cfg.search.parents) + 64)
 
 
-def warm_start(cfg: CompareConfig, task, out_dir: str, log=print) -> dict[int, Any]:
-    """{m: policy} for every m the arms use: `run_sft` on m-answer demonstrations, a share
-    `sft_mutation_fraction` of them search mutation prompts (same steps, batch, lr and seed),
-    saved to out_dir/sft_m<m>; or the `init` policy for every m."""
-    policies = {}
-    for m in sorted({cfg.arm_answers(a) for a in cfg.arm_names}):
-        if cfg.init:
-            policies[m] = load_model(cfg.init, max_seq_len=_seq_len(cfg, task, m))[0]
-            continue
-        mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size,
-                            max_seq_len=_seq_len(cfg, task, m))
-        graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
-                                          learning_rate=cfg.sft_lr, num_answers=m,
-                                          seed=cfg.train.seed,
-                                          mutation_fraction=cfg.sft_mutation_fraction,
-                                          mutation_parents=cfg.search.parents)
-        path = os.path.join(out_dir, f"sft_m{m}")
-        checkpoint.save_policy(path, mcfg, state.params,
-                               {"task": cfg.task, "num_answers": m, "sft_steps": cfg.sft_steps,
-                                "sft_loss_first": losses[0], "sft_loss_last": losses[-1]},
-                               tokenizer=task.tokenizer)
-        log(f"  SFT m={m}: loss {losses[0]:.3f} -> {losses[-1]:.3f} ({path})")
-        policies[m] = model_of(graphdef, state)
-    return policies
+def warm_start(cfg: CompareConfig, task, out_dir: str, log=print):
+    """The ONE policy every arm starts from: `run_sft` on a mixture of 1-answer and m-answer
+    demonstrations (a share `sft_mutation_fraction` of them search mutation prompts), saved to
+    out_dir/sft; or the `init` policy."""
+    max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
+    if cfg.init:
+        return load_model(cfg.init, max_seq_len=max_len)[0]
+    mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size, max_seq_len=max_len)
+    graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
+                                      learning_rate=cfg.sft_lr, num_answers=cfg.all_answers,
+                                      num_demos=cfg.sft_demos, seed=cfg.train.seed,
+                                      mutation_fraction=cfg.sft_mutation_fraction,
+                                      mutation_parents=cfg.search.parents)
+    path = os.path.join(out_dir, "sft")
+    checkpoint.save_policy(path, mcfg, state.params,
+                           {"task": cfg.task, "num_answers": cfg.all_answers,
+                            "sft_steps": cfg.sft_steps, "sft_loss_first": losses[0],
+                            "sft_loss_last": losses[-1]}, tokenizer=task.tokenizer)
+    log(f"  SFT m in {cfg.all_answers}: loss {losses[0]:.3f} -> {losses[-1]:.3f} ({path})")
+    return model_of(graphdef, state)
 
 
 def _copy(model):
@@ -235,97 +343,184 @@ def _copy(model):
 
 
 def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, model_cfg):
-    """The `RunConfig` of one arm and seed: the shared sections, then the arm's changes."""
-    changes, _ = ARMS[arm]
+    """The `RunConfig` of one arm and seed: the shared sections, then the arm's changes; with
+    `law_points` the run checkpoints that many times (and keeps them all)."""
+    spec = ARMS[arm]
     m = cfg.arm_answers(arm)
+    tcfg = dataclasses.replace(cfg.train, seed=seed, num_answers=m,
+                               mutation_parents=cfg.search.parents, **spec.train)
+    if cfg.law_points:
+        tcfg = dataclasses.replace(tcfg, checkpoint_every=cfg.train.steps // cfg.law_points,
+                                   keep_checkpoints=cfg.law_points + 1)
     return RunConfig(
         model=model_cfg,
         sampler=dataclasses.replace(cfg.sampler, max_new_tokens=task.completion_len(m)),
-        objective=dataclasses.replace(cfg.objective, **changes),
-        train=dataclasses.replace(cfg.train, seed=seed, num_answers=m,
-                                  mutation_parents=cfg.search.parents),
-        task=cfg.task, mesh_data=-1 if cfg.devices == -1 else cfg.devices)
+        objective=dataclasses.replace(cfg.objective, **spec.objective),
+        train=tcfg, task=cfg.task, mesh_data=-1 if cfg.devices == -1 else cfg.devices)
 
 
-def train_arms(cfg: CompareConfig, task, policies: dict[int, Any], out_dir: str, log=print
+def _law_score(cfg: CompareConfig, task, model, m: int) -> float:
+    """Held-out evaluation score (mean w*ᵀr per candidate, i.e. best@1) on the law problems at
+    the evaluation temperature, with the same key for every policy and checkpoint."""
+    records = task.make_problems(cfg.eval_seed + 1, cfg.law_problems)
+    return policy_eval.evaluate_policy(
+        model, task, records, num_answers=m, budget=cfg.law_budget, ks=[1],
+        key=jax.random.key(cfg.eval_seed + 1), temperature=cfg.eval_temperature)["best@1"]
+
+
+def law_trajectory(cfg: CompareConfig, task, path: str, graphdef, state, metrics,
+                   start_score: float, m: int) -> dict[str, list[float]]:
+    """(step, H, R) at step 0 and every checkpoint of a run: H = mean token entropy of the
+    training rollouts of the last (up to) 10 steps before it (step 0: the first step's, drawn
+    from the warm start), R = `_law_score` of the checkpoint's policy."""
+    mngr = checkpoint.CheckpointManager(os.path.join(path, "checkpoints"),
+                                        keep=cfg.law_points + 1)
+    H = np.array([r["entropy"] for r in metrics], float)
+    out = {"step": [0], "entropy": [float(H[0])], "score": [start_score]}
+    try:
+        for s in mngr.all_steps():
+            restored, _ = mngr.restore(state, step=s)
+            out["step"].append(s)
+            out["entropy"].append(float(H[max(0, s - 10):s].mean()))
+            out["score"].append(_law_score(cfg, task, model_of(graphdef, restored), m))
+    finally:
+        mngr.close()
+    return out
+
+
+def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print
                ) -> dict[str, list[ArmRun]]:
-    """RL for every arm and seed from its m's warm start → {arm: [ArmRun per seed]}."""
+    """RL for every arm and seed from the warm start → {arm: [ArmRun per seed]}."""
     devices = jax.devices() if cfg.devices == -1 else jax.devices()[:cfg.devices]
     mesh = sharding.make_mesh(devices=devices)
     runs: dict[str, list[ArmRun]] = {}
+    start_scores: dict[int, float] = {}
+    total, done, t_all = len(cfg.arm_names) * cfg.num_seeds, 0, time.perf_counter()
     for arm in cfg.arm_names:
         m = cfg.arm_answers(arm)
+        if cfg.law_points and m not in start_scores:
+            start_scores[m] = _law_score(cfg, task, policy, m)
         for seed in cfg.seeds:
-            run = arm_run_config(cfg, task, arm, seed, policies[m].cfg)
+            run = arm_run_config(cfg, task, arm, seed, policy.cfg)
             path = os.path.join(out_dir, "arms", arm, f"seed{seed}")
             t0 = time.perf_counter()
             graphdef, state = train(run, path, task=task, mesh=mesh, progress=False,
-                                    init=_copy(policies[m]))
+                                    init=_copy(policy))
             with open(os.path.join(path, JSONL)) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
+            law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)
+                   if cfg.law_points else {})
             runs.setdefault(arm, []).append(ArmRun(arm, seed, m, path, model_of(graphdef, state),
-                                                   rows))
+                                                   rows, law))
+            done += 1
+            left = (time.perf_counter() - t_all) / done * (total - done)
             log(f"  {arm} seed {seed}: {len(rows)} steps, reward {rows[0]['reward']:.3f} -> "
                 f"{rows[-1]['reward']:.3f}, entropy {rows[0]['entropy']:.3f} -> "
-                f"{rows[-1]['entropy']:.3f} ({time.perf_counter() - t0:.0f} s)")
+                f"{rows[-1]['entropy']:.3f} ({time.perf_counter() - t0:.0f} s; run {done} of "
+                f"{total}, ~{left / 60:.1f} min of RL left)")
     return runs
 
 
-def _policy_rows(cfg, policies, runs):
-    """(row name, arm, seed, m, model) for the warm starts and every trained arm and seed."""
-    rows = [(f"sft (m={m})", "sft", cfg.train.seed, m, p) for m, p in policies.items()]
+def policy_rows(cfg: CompareConfig, policy, runs) -> list[tuple[str, int, int, Any]]:
+    """(row name, seed, m, model): the warm start in every m of the mixture (once per seed, so
+    its rows pair with the arms' seeds) and every trained arm and seed."""
+    rows = [(f"sft (m={m})", seed, m, policy) for m in cfg.all_answers for seed in cfg.seeds]
     for arm, seed_runs in runs.items():
-        rows += [(arm, arm, r.seed, r.num_answers, r.model) for r in seed_runs]
+        rows += [(arm, r.seed, r.num_answers, r.model) for r in seed_runs]
     return rows
 
 
-def evaluate_arms(cfg: CompareConfig, task, policies, runs) -> dict[str, Any]:
+def evaluate_arms(cfg: CompareConfig, task, policy, runs) -> dict[str, Any]:
     """Budget-fair evaluation on cfg.eval_problems held-out problems: per row and seed the
-    metrics of `evaluation.summarize_pool` + entropy, and per-problem best score / solved."""
+    metrics of `evaluation.summarize_pool` + entropy, and per-problem best score / solved.
+    Seed s of every row is evaluated with the key fold_in(key(eval_seed), s)."""
     records = task.make_problems(cfg.eval_seed, cfg.eval_problems)
     ks = policy_eval.default_ks(cfg.eval_budget)
-    out: dict[str, Any] = {"ks": ks, "rows": {}}
-    for name, _, seed, m, model in _policy_rows(cfg, policies, runs):
+    out: dict[str, Any] = {"ks": ks, "temperature": cfg.eval_temperature, "rows": {}}
+    for name, seed, m, model in policy_rows(cfg, policy, runs):
         metrics, per = policy_eval.evaluate_policy_per_problem(
             model, task, records, num_answers=m, budget=cfg.eval_budget, ks=ks,
-            key=jax.random.fold_in(jax.random.key(cfg.eval_seed), seed))
+            key=jax.random.fold_in(jax.random.key(cfg.eval_seed), seed),
+            temperature=cfg.eval_temperature)
         out["rows"].setdefault(name, []).append(
             {"seed": seed, "m": m, **metrics, **{k: v.tolist() for k, v in per.items()}})
     return out
 
 
-def hardest_problems(evals: dict[str, Any], num: int) -> list[int]:
-    """Indices of the `num` eval problems that were hardest for all evaluated policies (warm
-    starts and every arm and seed, equally weighted per row): lowest solved fraction first, then
-    lowest mean best candidate score; ties keep the problem order."""
-    per_row = [(np.mean([r["solved_P"] for r in rs], 0), np.mean([r["best_P"] for r in rs], 0))
-               for rs in evals["rows"].values()]
-    solved = np.mean([s for s, _ in per_row], axis=0)
-    best = np.mean([b for _, b in per_row], axis=0)
-    return [int(i) for i in np.lexsort((np.arange(best.size), best, solved))[:num]]
+def hard_problems(cfg: CompareConfig, task, policy) -> dict[str, Any]:
+    """The search problems: of `search_pool` problems from the split `search_split_seed` (used
+    by no other stage), the `search_problems` the warm start found hardest at the evaluation
+    budget, over its m modes: fewest solved, then lowest best score; ties keep the order."""
+    records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
+    solved, best = [], []
+    for m in cfg.all_answers:
+        _, per = policy_eval.evaluate_policy_per_problem(
+            policy, task, records, num_answers=m, budget=cfg.eval_budget, ks=[1],
+            key=jax.random.key(cfg.search_split_seed), temperature=cfg.eval_temperature)
+        solved.append(per["solved_P"])
+        best.append(per["best_P"])
+    s, b = np.mean(solved, axis=0), np.mean(best, axis=0)
+    idx = [int(i) for i in np.lexsort((np.arange(b.size), b, s))[:cfg.search_problems]]
+    return {"split_seed": cfg.search_split_seed, "pool": cfg.search_pool, "problems": idx,
+            "warm_start_solved": s[idx].tolist(), "warm_start_best": b[idx].tolist(),
+            "pool_solved_mean": float(s.mean())}
 
 
-def search_arms(cfg: CompareConfig, task, policies, runs, problem_idx: list[int]
+def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
                 ) -> dict[str, Any]:
     """Island search (`vpo.search.run_method`) with each row's policy as mutation operator on
-    the chosen eval problems at the same budget (the search key is shared by all rows)."""
-    records = task.make_problems(cfg.eval_seed, cfg.eval_problems)
-    sub = [records[i] for i in problem_idx]
-    out: dict[str, Any] = {"problems": problem_idx, "budget": cfg.search.budget, "rows": {}}
-    for name, _, seed, m, model in _policy_rows(cfg, policies, runs):
-        scfg = dataclasses.replace(cfg.search, num_answers=m)
-        problems = search.search_problems(task, sub, m)
-        _, trace = search.run_method("search", model, task, problems, scfg,
-                                     jax.random.key(cfg.eval_seed))
-        s = search.summarize({name: trace})[name]
-        out["rows"].setdefault(name, []).append(
-            {"seed": seed, "m": m, "evaluated": s["evaluated"], "solved_count": s["solved_count"],
-             "mean_best_fitness": s["mean_best_fitness"],
-             "solved_P": np.asarray(trace.solved)[:, -1].tolist()})
+    the chosen problems, `search_seeds` searches each (the problems repeated, every copy its own
+    key), the same keys for every row and seed. Per row and seed: solved_SP [search seed,
+    problem] at the end, solved_SG [search seed, point] counts over the budget and, with
+    `search_best_of_n`, best_of_n_SP: best-of-N with the same policy, budget and keys."""
+    records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
+    sub = [records[i] for i in chosen["problems"]]
+    S, P = cfg.search_seeds, len(sub)
+    out: dict[str, Any] = {**chosen, "budget": cfg.search.budget, "seeds": S, "rows": {}}
+    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    for name, seed, m, model in policy_rows(cfg, policy, runs):
+        if (id(model), m) not in seen:  # the warm start's rows share one policy and the keys
+            scfg = dataclasses.replace(cfg.search, num_answers=m)
+            problems = jax.tree.map(lambda x: np.concatenate([np.asarray(x)] * S),
+                                    search.search_problems(task, sub, m))
+            _, trace = search.run_method("search", model, task, problems, scfg,
+                                         jax.random.key(cfg.search_split_seed + 1))
+            solved = np.asarray(trace.solved).reshape(S, P, -1)
+            seen[id(model), m] = {"evaluated": np.asarray(trace.evaluated)[0].tolist(),
+                                  "solved_SP": solved[:, :, -1].tolist(),
+                                  "solved_SG": solved.sum(1).tolist()}
+            if cfg.search_best_of_n:
+                _, bon = search.run_method("best_of_n", model, task, problems, scfg,
+                                           jax.random.key(cfg.search_split_seed + 1))
+                seen[id(model), m]["best_of_n_SP"] = np.asarray(bon.solved).reshape(
+                    S, P, -1)[:, :, -1].tolist()
+        out["rows"].setdefault(name, []).append({"seed": seed, "m": m, **seen[id(model), m]})
     return out
 
 
-# -- summary, claims and the report -------------------------------------------------------------
+def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
+               ) -> dict[str, list[dict[str, float]]]:
+    """`policy_eval.mutation_probe` for every row and seed on the search's hard problems (the
+    task's weaker parents of good answers in the mutation prompt), the same prompts and key for
+    all; {} for tasks without mutation demonstrations."""
+    if task.is_host or not task.has_mutation_demonstrations:
+        return {}
+    records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
+    records = [records[i] for i in chosen["problems"]]
+    inputs = {m: policy_eval.mutation_probe_inputs(task, records, num_answers=m,
+                                                   num_parents=cfg.search.parents,
+                                                   seed=cfg.search_split_seed)
+              for m in cfg.all_answers}
+    out: dict[str, list[dict[str, float]]] = {}
+    seen: dict[tuple[int, int], dict[str, float]] = {}
+    for name, seed, m, model in policy_rows(cfg, policy, runs):
+        if (id(model), m) not in seen:  # the warm start's rows share one policy and key
+            seen[id(model), m] = policy_eval.mutation_probe(
+                model, task, inputs[m], num_answers=m, temperature=cfg.search.temperature,
+                key=jax.random.key(cfg.search_split_seed + 3), samples=cfg.probe_samples)
+        out.setdefault(name, []).append({"seed": seed, **seen[id(model), m]})
+    return out
+
 
 def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare",
                 log=print, with_search: bool = True) -> dict[str, Any]:
@@ -334,6 +529,11 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=1)
     task = make_task(cfg)
+    if cfg.model in ("tiny", "small") and jax.default_backend() == "cpu":
+        est = estimate_seconds(cfg, task)
+        log(f"estimated wall time on 2 CPU cores (rough, from the quickstart's measured costs): "
+            f"{est['total'] / 60:.0f} min (" + ", ".join(
+                f"{k} {v / 60:.1f}" for k, v in est.items() if k != "total") + ")")
     wall: dict[str, float] = {}
     loads = [compare_report.machine_load()]
 
@@ -345,24 +545,18 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
         log(f"[{name}] {wall[name]:.1f} s")
         return result
 
-    policies = stage("warm start", lambda: warm_start(cfg, task, out_dir, log))
-    runs = stage("RL", lambda: train_arms(cfg, task, policies, out_dir, log))
-    evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policies, runs))
-    searches = None
+    policy = stage("warm start", lambda: warm_start(cfg, task, out_dir, log))
+    runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log))
+    evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs))
+    searches = probes = None
     if with_search:
-        idx = hardest_problems(evals, cfg.search_problems)
-        searches = stage("search", lambda: search_arms(cfg, task, policies, runs, idx))
-    law = {}
-    for arm in ("grpo", "clip_cov", "kl_cov", "entropy_mask", "multi_rlvr", "vpo"):
-        if arm in runs and cfg.train.steps >= 4:
-            rs = runs[arm]
-            H = np.mean([[r["entropy"] for r in s.metrics] for s in rs], axis=0)
-            R = np.mean([[r["reward"] for r in s.metrics] for s in rs], axis=0) / rs[0].num_answers
-            law[arm] = entropy_law.entropy_law_report(H, R)
+        chosen = stage("hard problems", lambda: hard_problems(cfg, task, policy))
+        searches = stage("search", lambda: search_arms(cfg, task, policy, runs, chosen))
+        probes = stage("mutation probe", lambda: probe_arms(cfg, task, policy, runs, chosen))
     wall["total"] = sum(wall.values())
     loads.append(compare_report.machine_load())
     summary = compare_report.write_report(out_dir, cfg, command=command, wall=wall, runs=runs,
-                                          evals=evals, searches=searches, law=law,
+                                          evals=evals, searches=searches, probes=probes,
                                           load=" -> ".join(loads))
     log(f"report: {os.path.join(out_dir, 'report.md')} ({wall['total']:.0f} s)")
     return summary

@@ -1,9 +1,9 @@
-"""The `vpo compare` report: headline table with Student-t intervals over seeds, the issue's
-claims checked against the measured numbers, PNGs and report.md / summary.json.
+"""The `vpo compare` report: headline table with Student-t intervals over seeds, the papers'
+claims with three-way verdicts on paired differences (`vpo.claims`), RL against its warm start,
+the search stage (per-problem solve matrix, solved-vs-budget curves with intervals, the
+mutation-operator probe), the entropy law on held-out score, PNGs and report.md / summary.json.
 
-Reads what the stages in `vpo.compare` produced (training metrics per arm and seed, the
-budget-fair evaluation, the search traces, the entropy-law fits); computes nothing new about the
-policies.
+Reads what the stages in `vpo.compare` produced; computes nothing new about the policies.
 """
 
 from __future__ import annotations
@@ -16,23 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-from vpo import plots, policy_eval
+from vpo import claims, entropy_law, plots, policy_eval
 
 if TYPE_CHECKING:
     from vpo.compare import CompareConfig
+
+TAIL_FRAC = 0.2  # "late training" = the last 20% of steps
+PROBE_KEYS = ("valid", "improve", "copy", "distinct", "solved", "child_fitness", "entropy")
 
 
 def mean_ci(values) -> tuple[float, float]:
     """Mean and the half-width of a 95% Student-t interval over seeds, t_{0.975, n-1}·s/√n
     (s the unbiased std); half-width NaN for a single seed."""
-    from scipy import stats
-
-    x = np.asarray(values, float)
-    if x.size < 2:
-        return float(x.mean()), float("nan")
-    return float(x.mean()), float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1)
-                                  / math.sqrt(x.size))
+    return claims.t_interval(values)
 
 
 def smooth(x, window: int) -> np.ndarray:
@@ -44,39 +43,9 @@ def smooth(x, window: int) -> np.ndarray:
     return (c[i] - c[lo]) / (i - lo)
 
 
-TAIL_FRAC = 0.2  # "late training" = the last 20% of steps
-TIE = 5e-4  # differences below this (the table's precision) count as ties, i.e. not "higher"
-
-
-def _higher(v: float, g: float) -> bool:
-    return v > g + TIE
-
-
 def _tail_mean(rows: list[dict[str, float]], key: str) -> float:
     n = max(1, round(TAIL_FRAC * len(rows)))
     return float(np.mean([r[key] for r in rows[-n:]]))
-
-
-def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, Any]]:
-    """Per row (warm starts, arms): seeds and {metric: [value per seed]} for the table."""
-    N = cfg.eval_budget
-    out = {}
-    for name, rows in evals["rows"].items():
-        vals = {"best@1": [r["best@1"] for r in rows], f"best@{N}": [r[f"best@{N}"] for r in rows],
-                f"pass@{N}": [r[f"pass@{N}"] for r in rows],
-                "diversity": [r["diversity"] for r in rows],
-                "distinct": [r["distinct"] for r in rows], "entropy": [r["entropy"] for r in rows]}
-        if name in runs:
-            vals["train entropy"] = [_tail_mean(r.metrics, "entropy") for r in runs[name]]
-            vals["train diversity"] = [_tail_mean(r.metrics, "diversity") for r in runs[name]]
-        if searches is not None:
-            vals["search solved"] = [s["solved_count"][-1] for s in searches["rows"][name]]
-        out[name] = {"m": rows[0]["m"], "seeds": [r["seed"] for r in rows], "values": vals}
-    return out
-
-
-def _mean(head, row, metric) -> float:
-    return float(np.mean(head[row]["values"][metric]))
 
 
 def _fmt(values) -> str:
@@ -84,66 +53,138 @@ def _fmt(values) -> str:
     return f"{mean:.3f}" if math.isnan(hw) else f"{mean:.3f} ± {hw:.3f}"
 
 
-def claims(cfg: CompareConfig, head, evals, searches, law) -> list[dict[str, Any]]:
-    """The issue's expected results, each checked against the measured numbers:
-    {"claim", "holds" (bool), "evidence"}. A claim whose arms did not run is left out."""
+def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, Any]]:
+    """Per row (warm starts, arms): m, seeds and {metric: [value per seed]} (seeds in the same
+    order in every row, so values pair by position)."""
     N, ks = cfg.eval_budget, evals["ks"]
+    out = {}
+    for name, rows in evals["rows"].items():
+        vals = {f"best@{k}": [r[f"best@{k}"] for r in rows] for k in ks}
+        for key in (f"pass@{N}", "diversity", "distinct", "valid_fraction", "entropy"):
+            vals[key] = [r[key] for r in rows]
+        if name in runs:
+            vals["train entropy"] = [_tail_mean(r.metrics, "entropy") for r in runs[name]]
+            vals["train diversity"] = [_tail_mean(r.metrics, "diversity") for r in runs[name]]
+        if searches is not None:
+            vals["search solved"] = [float(np.mean(np.sum(s["solved_SP"], -1)))
+                                     for s in searches["rows"][name]]
+        out[name] = {"m": rows[0]["m"], "seeds": [r["seed"] for r in rows], "values": vals}
+    return out
+
+
+def law_trajectories(runs) -> dict[str, list[dict[str, list[float]]]]:
+    """{arm: [per seed {"step", "entropy", "score"}]} for the runs that recorded one."""
+    return {arm: [r.law for r in rs] for arm, rs in runs.items()
+            if rs and all(len(r.law.get("step", ())) >= 3 for r in rs)}
+
+
+def law_table(law) -> dict[str, dict[str, Any]]:
+    """Per arm, the per-seed `entropy_law.heldout_fits` and their means."""
+    out = {}
+    for arm, trajs in law.items():
+        fits = [entropy_law.heldout_fits(t["step"], t["entropy"], t["score"]) for t in trajs]
+        out[arm] = {"fits": fits, "a": [f["a"] for f in fits], "b": [f["b"] for f in fits],
+                    "r2": [f["r2"] for f in fits],
+                    "rmse": {k: [f["rmse"][k] for f in fits] for k in entropy_law.MODELS}}
+    return out
+
+
+def _per_search(searches, row: str) -> np.ndarray:
+    """Solved count per search seed, averaged over the row's policy seeds ([search seed])."""
+    return np.mean([np.sum(r["solved_SP"], -1) for r in searches["rows"][row]], axis=0)
+
+
+def against_warm_start(head, N: int, searches=None) -> list[dict[str, Any]]:
+    """Every arm against the warm start in its m: claim "RL improves on its warm start" per
+    metric, three-way; evaluation metrics paired by seed (same evaluation keys), search solved
+    paired by search seed (shared search keys; the warm start is one policy, so its noise is
+    the searches')."""
     out = []
+    for arm, h in head.items():
+        sft = f"sft (m={h['m']})"
+        if arm.startswith("sft") or sft not in head:
+            continue
+        for metric in ("best@1", f"best@{N}", "diversity", "search solved"):
+            if metric == "search solved" and searches is not None:
+                c = claims.compare_values(f"{arm} {metric} above its warm start's",
+                                          _per_search(searches, arm),
+                                          _per_search(searches, sft), names=(arm, sft))
+                c["evidence"] = c["evidence"].replace("paired seeds", "paired searches")
+                out.append(c)
+            elif metric in h["values"] and metric in head[sft]["values"]:
+                out.append(claims.compare_values(
+                    f"{arm} {metric} above its warm start's", h["values"][metric],
+                    head[sft]["values"][metric], names=(arm, sft)))
+    return out
 
-    def add(claim, holds, evidence):
-        out.append({"claim": claim, "holds": bool(holds), "evidence": evidence})
 
-    scalar = [a for a in ("grpo", "multi_rlvr") if a in head]
-    if "vpo" in head:
-        for base in scalar:
-            v, g = _mean(head, "vpo", f"best@{N}"), _mean(head, base, f"best@{N}")
-            add(f"VPO best@{N} >= {base} best@{N} (equal candidate budget)", v >= g - TIE,
-                f"{v:.3f} vs {g:.3f}")
-            gaps = [float(np.mean([r[f"best@{k}"] for r in evals["rows"]["vpo"]])
-                          - np.mean([r[f"best@{k}"] for r in evals["rows"][base]])) for k in ks]
-            add(f"the best@k gap VPO - {base} grows with k (k=1 -> k={N})",
-                _higher(gaps[-1], gaps[0]),
-                ", ".join(f"k={k}: {d:+.3f}" for k, d in zip(ks, gaps, strict=True)))
-            for metric in ("diversity", "train diversity", "train entropy"):
-                v, g = _mean(head, "vpo", metric), _mean(head, base, metric)
-                what = {"diversity": "reward-space diversity of the eval candidates",
-                        "train diversity": "reward-space diversity of training rollouts (last "
-                                           "20% of steps)",
-                        "train entropy": "token entropy of training rollouts (last 20% of "
-                                         "steps)"}[metric]
-                add(f"VPO keeps higher {what} than {base}", _higher(v, g),
-                    f"{v:.3f} vs {g:.3f}")
-            if searches is not None:
-                solved = {a: np.any([s["solved_P"] for s in searches["rows"][a]], axis=0)
-                          for a in ("vpo", base)}
-                only_v = int(np.sum(solved["vpo"] & ~solved[base]))
-                only_b = int(np.sum(solved[base] & ~solved["vpo"]))
-                add(f"in search, VPO's policy solves problems {base}'s never does, more of them "
-                    f"than the reverse (any seed, budget {searches['budget']})", only_v > only_b,
-                    f"{only_v} solved only by VPO, {only_b} only by {base}, of "
-                    f"{len(searches['problems'])} hardest problems")
-    if "grpo" in law:
-        r = law["grpo"]
-        add("the entropy law R = -a·exp(H) + b fits GRPO's trajectory (R² >= 0.5, a > 0, and the "
-            "early fit predicts later steps better than a constant)",
-            r["r2"] >= 0.5 and r["a"] > 0 and r["rmse_heldout"] < r["rmse_constant"],
-            f"a={r['a']:.3f}, b={r['b']:.3f}, ceiling {r['ceiling']:.3f}, R² {r['r2']:.2f}, "
-            f"held-out RMSE {r['rmse_heldout']:.4f} vs constant {r['rmse_constant']:.4f}")
-    for arm in ("clip_cov", "kl_cov", "entropy_mask"):
-        if arm in head and "grpo" in head:
-            v, g = _mean(head, arm, "train entropy"), _mean(head, "grpo", "train entropy")
-            add(f"{arm} keeps training entropy above plain GRPO", _higher(v, g),
-                f"{v:.3f} vs {g:.3f}")
+def remedies(head, probes) -> list[dict[str, Any]]:
+    """`*_mut` arms (mutation prompts in RL) against the same arm without them, paired by
+    seed: search solved and the probe's improve / valid fractions."""
+    out = []
+    for arm in head:
+        base = arm.removesuffix("_mut")
+        if base == arm or base not in head:
+            continue
+        pairs = [("search solved", head[arm]["values"].get("search solved"),
+                  head[base]["values"].get("search solved"))]
+        if probes and arm in probes and base in probes:
+            pairs += [(f"probe {k}", [p[k] for p in probes[arm]], [p[k] for p in probes[base]])
+                      for k in ("improve", "valid")]
+        out += [claims.compare_values(f"train.mutation_fraction raises {base}'s {what}", a, b,
+                                      names=(arm, base))
+                for what, a, b in pairs if a is not None and b is not None]
+    return out
+
+
+def _plot_bands(path: str, curves: dict[str, tuple], *, xlabel: str, ylabel: str, title: str,
+                marker: str | None = None) -> str:
+    """Lines with shaded 95% intervals: curves {name: (xs, mean, half-width or None)}."""
+    fig = Figure(figsize=(5.4, 3.8))
+    ax = fig.add_subplot()
+    for name, (xs, mean, half) in curves.items():
+        xs, mean = np.asarray(xs, float), np.asarray(mean, float)
+        line = ax.plot(xs, mean, marker=marker, label=name)[0]
+        if half is not None and np.all(np.isfinite(half)):
+            ax.fill_between(xs, mean - np.asarray(half), mean + np.asarray(half), alpha=0.15,
+                            color=line.get_color())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if len(curves) > 1:
+        ax.legend(fontsize=7)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def _search_curves(searches) -> dict[str, tuple]:
+    """Per row: evaluated candidates → solved count, mean over search seeds per policy seed,
+    then mean ± t-interval over policy seeds (over search seeds for a single policy)."""
+    out = {}
+    for name, rows in searches["rows"].items():
+        per = np.array([np.mean(r["solved_SG"], axis=0) for r in rows])  # [seed, point]
+        if per.shape[0] < 2:
+            per = np.asarray(rows[0]["solved_SG"], float)
+        ci = [mean_ci(per[:, g]) for g in range(per.shape[1])]
+        out[name] = (rows[0]["evaluated"], [c[0] for c in ci], [c[1] for c in ci])
     return out
 
 
 def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[str, float],
-                 runs, evals, searches, law, load: str = "") -> dict[str, Any]:
-    """report.md, summary.json and the PNGs (best@k, pass@k, training curves, search, and all
-    four in report.png) in out_dir; returns the summary."""
+                 runs, evals, searches=None, probes=None, load: str = "") -> dict[str, Any]:
+    """report.md, summary.json and the PNGs (best@k, pass@k, training curves, search, entropy
+    law, and all in report.png) in out_dir; returns the summary."""
     head = headline(cfg, runs, evals, searches)
-    checked = claims(cfg, head, evals, searches, law)
     ks, N = evals["ks"], cfg.eval_budget
+    law = law_trajectories(runs)
+    solved = None if searches is None else claims.search_claim_inputs(
+        {name: [r["solved_SP"] for r in rows] for name, rows in searches["rows"].items()})
+    checked = claims.check(head, ks, law=law, search=solved)
+    warm = against_warm_start(head, N, searches)
+    fixes = remedies(head, probes)
+    laws = law_table(law)
     means = {}
     for name, h in head.items():
         rows = evals["rows"][name]
@@ -151,7 +192,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         means[label] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]
                         if isinstance(rows[0][k], float)}
     policy_eval.write_report(out_dir, means, ks, title=f"{cfg.task}: {cfg.eval_problems} "
-                             f"problems, {N} candidates each (mean over seeds)")
+                             f"problems, {N} candidates each, T = {cfg.eval_temperature:g} "
+                             "(mean over seeds)")
     window = max(1, cfg.train.steps // 15)
     panels: dict[str, dict] = {"entropy": {}, "diversity": {}, "reward per answer slot": {}}
     for arm, seed_runs in runs.items():
@@ -161,92 +203,123 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
             ys = np.mean([[r[key] for r in s.metrics] for s in seed_runs], axis=0)
             ys = ys / seed_runs[0].num_answers if key == "reward" else ys
             panels[metric][arm] = (steps, smooth(ys, window))
+    pngs = [["best_at_k.png", "pass_at_k.png"]]
     if runs:
         plots.plot_metrics_over_steps(os.path.join(out_dir, "training.png"), panels,
                                       title=f"training (mean over seeds, {window}-step average)")
+        pngs.append(["training.png"])
+    if law:
+        curves = {arm: (np.mean([t["entropy"] for t in ts], 0), np.mean([t["score"] for t in ts],
+                                                                        0), None)
+                  for arm, ts in law.items()}
+        _plot_bands(os.path.join(out_dir, "entropy_law.png"), curves, marker="o",
+                    xlabel="training token entropy H", ylabel="held-out score R (best@1)",
+                    title="held-out score against entropy over training (mean over seeds)")
+        pngs[0].append("entropy_law.png")
     if searches is not None:
-        curves = {name: (rows[0]["evaluated"], np.mean([r["solved_count"] for r in rows], 0))
-                  for name, rows in searches["rows"].items()}
-        plots.plot_metric_vs_k(os.path.join(out_dir, "search_solved.png"), curves,
-                               metric=f"solved (of {len(searches['problems'])})", log_x=False,
-                               xlabel="candidates evaluated per problem",
-                               title="island search on the hardest problems (mean over seeds)")
-    layout = [["best_at_k.png", "pass_at_k.png"]
-              + (["search_solved.png"] if searches is not None else []), ["training.png"]]
+        _plot_bands(os.path.join(out_dir, "search_solved.png"), _search_curves(searches),
+                    xlabel="candidates evaluated per problem",
+                    ylabel=f"solved (of {len(searches['problems'])})",
+                    title="island search on the hard problems (mean, 95% interval)")
+        pngs[-1].append("search_solved.png")
     plots.combine_pngs(os.path.join(out_dir, "report.png"),
-                       [[os.path.join(out_dir, n) for n in row if n != "training.png" or runs]
-                        for row in layout],
+                       [[os.path.join(out_dir, n) for n in row] for row in pngs],
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
-               "load": load, "headline": head, "claims": checked, "entropy_law": law,
-               "eval": evals, "search": searches,
+               "load": load, "headline": head, "claims": checked,
+               "against_warm_start": warm, "remedies": fixes,
+               "entropy_law": {a: {k: v for k, v in t.items() if k != "fits"} | {
+                   "trajectories": law[a]} for a, t in laws.items()},
+               "eval": evals, "search": searches, "probe": probes,
                "train": {arm: [{"seed": r.seed, "dir": os.path.relpath(r.out_dir, out_dir),
                                 "metrics": r.metrics} for r in rs] for arm, rs in runs.items()}}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+        json.dump(summary, f, indent=1, default=float)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(_report_text(cfg, command, wall, head, checked, law, searches, load))
+        f.write(report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches,
+                            probes, load))
     return summary
 
 
-def _report_text(cfg, command, wall, head, checked, law, searches, load) -> str:
+def _verdict_line(c: dict[str, Any]) -> str:
+    return f"- **{c['verdict']}**: {c['claim']}. {c['evidence']}."
+
+
+def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, probes, load
+                ) -> str:
     N = cfg.eval_budget
-    metrics = ["best@1", f"best@{N}", f"pass@{N}", "diversity", "distinct", "entropy",
-               "train entropy", "train diversity", "search solved"]
+    metrics = ["best@1", f"best@{N}", f"pass@{N}", "diversity", "distinct", "valid_fraction",
+               "entropy", "train entropy", "train diversity", "search solved"]
     metrics = [k for k in metrics if any(k in h["values"] for h in head.values())]
     seeds = max(len(h["seeds"]) for h in head.values())
-    ms = sorted({h["m"] for h in head.values()})
+    start = ("the init policy" if cfg.init else f"SFT, {cfg.sft_steps} steps on a mixture of "
+             f"m in {cfg.all_answers} prompts")
     lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
              f"`{command}`", "",
-             f"Policy `{cfg.model}`{' from ' + cfg.init if cfg.init else ''}; "
+             f"Policy `{cfg.model}`{' from ' + cfg.init if cfg.init else ''}; one warm start "
+             f"for every arm ({start}); "
              f"{cfg.train.steps} RL steps x {cfg.train.batch_size} prompts x G = "
              f"{cfg.sampler.num_samples} samples, lr {cfg.train.learning_rate:g}, seeds "
              f"{cfg.seeds}. Arms: " + "; ".join(_arm_text(a, cfg) for a in cfg.arm_names) + ".",
              "",
              f"Evaluation: {cfg.eval_problems} held-out problems (seed {cfg.eval_seed}), N = {N} "
-             f"candidates per problem for every policy (N/m generations of m answers). Search: "
-             f"island search with the policy as mutation operator on the "
-             f"{cfg.search_problems} eval problems hardest for all policies above (fewest "
-             f"solved, then lowest best score), "
-             f"{searches['budget'] if searches else 0} candidates per problem. Cells: mean "
+             f"candidates per problem for every policy (N/m generations of m answers) at "
+             f"temperature {cfg.eval_temperature:g}; every parsed answer is a scored candidate "
+             "for every policy (repeats inside a generation are not zeroed). Seed i of every "
+             "row (the warm-start rows too) is evaluated with the same key, so rows pair by "
+             "seed. Cells: mean "
              + ("± half-width of a 95% Student-t interval over seeds." if seeds > 1 else
                 "(one seed)."), "",
              "| policy | m | seeds | " + " | ".join(metrics) + " |",
              "|---|---|---|" + "---|" * len(metrics)]
     for name, h in head.items():
         cells = [_fmt(h["values"][k]) if k in h["values"] else "" for k in metrics]
+        if name.startswith("sft") and searches is not None and "search solved" in metrics:
+            # one policy searched with the shared keys: its interval is over the searches
+            cells[metrics.index("search solved")] = _fmt(_per_search(searches, name))
         lines.append(f"| {name} | {h['m']} | {len(h['seeds'])} | " + " | ".join(cells) + " |")
     lines += ["", "best@k: mean over problems of the best w*ᵀr among k candidates; pass@k: "
               "unbiased probability that k candidates contain a solution; diversity: mean "
               "pairwise L1 distance of valid candidates' reward vectors; distinct: distinct "
-              "valid answers; train entropy / diversity: last 20% of training steps; search "
-              f"solved: problems solved of {cfg.search_problems}. The warm-start rows "
-              f"(sft, m in {ms}) are the common starting points.", "",
-              "## What reproduced and what did not", "",
-              "Computed from the numbers above (a claim holds if the means say so; with few "
-              "seeds and overlapping intervals it is not significant).", ""]
-    for c in checked:
-        lines.append(f"- **{'reproduced' if c['holds'] else 'not reproduced'}**: {c['claim']}. "
-                     f"{c['evidence']}.")
-    against = [_against_warm_start(head, arm, N) for arm in head if not arm.startswith("sft")]
-    against = [a for a in against if a]
-    if against:
-        lines += ["", "RL against its warm start (same m, mean over seeds; `warm -> RL`): "
-                  + "; ".join(against) + "."]
-    if law:
-        lines += ["", "## Entropy law", "",
-                  "R = -a·exp(H) + b fitted by least squares on [-exp(H), 1], H = mean token "
-                  "entropy of training rollouts, R = training reward per answer slot (mean "
-                  "w*ᵀr), both averaged over seeds and then into equal chunks of steps; the "
-                  "early fit uses the first half of the chunks.", "",
-                  "| arm | a | b | ceiling b-a | R² | held-out RMSE (early fit) | RMSE of a "
-                  "constant | entropy first -> last chunk |", "|---|---|---|---|---|---|---|---|"]
-        for arm, r in law.items():
-            lines.append(f"| {arm} | {r['a']:.3f} | {r['b']:.3f} | {r['ceiling']:.3f} | "
-                         f"{r['r2']:.2f} | {r['rmse_heldout']:.4f} | {r['rmse_constant']:.4f} | "
-                         f"{r['entropy_first']:.3f} -> {r['entropy_last']:.3f} |")
+              "valid answers; valid_fraction: candidates that parse; train entropy / "
+              "diversity: last 20% of training steps; search solved: hard problems solved, "
+              f"mean over {cfg.search_seeds} searches (warm-start rows: interval over those "
+              "searches, one policy). The warm-start rows are the one SFT policy answering in "
+              "each m.", "",
+              "## Claims", "",
+              "Each claim is a paired difference over seeds (same warm start, same problems, "
+              "same evaluation keys) with a 95% Student-t interval: **reproduced** when the "
+              "interval excludes 0 in the claimed direction, **refuted** when it excludes 0 "
+              "the other way, **inconclusive** otherwise (ties and saturated values included). "
+              "Token-entropy and training-diversity claims compare arms with the same m only.",
+              ""]
+    lines += [_verdict_line(c) for c in checked] or ["(no claim applies to these arms)"]
+    if warm:
+        lines += ["", "## RL against its warm start", "",
+                  "Same m, paired by seed (the warm start evaluated with each seed's key).", ""]
+        lines += [_verdict_line(c) for c in warm]
+    if searches is not None:
+        lines += _search_text(cfg, searches, head)
+    if probes:
+        lines += _probe_text(cfg, head, probes, fixes)
+    if laws:
+        lines += ["", "## Entropy law on held-out score", "",
+                  f"Per run, R = held-out score (best@1 on {cfg.law_problems} problems of seed "
+                  f"{cfg.eval_seed + 1}, {cfg.law_budget} candidates each, T = "
+                  f"{cfg.eval_temperature:g}, same key at every point) at step 0 and at "
+                  f"{cfg.law_points} checkpoints, H = training token entropy of the 10 steps "
+                  "before each. Four models are fitted on the early half of each seed's points "
+                  "and scored by RMSE on the later half; a, b and R² are the law's fit on all "
+                  "points. Mean ± 95% interval over seeds.", "",
+                  "| arm | a | b | R² | RMSE law | RMSE linear in H | RMSE trend in steps | "
+                  "RMSE constant |", "|---|---|---|---|---|---|---|---|"]
+        for arm, t in laws.items():
+            lines.append(f"| {arm} | {_fmt(t['a'])} | {_fmt(t['b'])} | {_fmt(t['r2'])} | "
+                         + " | ".join(_fmt(t["rmse"][k]) for k in entropy_law.MODELS) + " |")
     lines += ["", "## Figures", "", "![best@k](best_at_k.png) ![pass@k](pass_at_k.png)", "",
               "![training](training.png)", ""]
+    if laws:
+        lines += ["![entropy law](entropy_law.png)", ""]
     if searches:
         lines += ["![search](search_solved.png)", ""]
     lines += ["## Wall time", "", "| stage | seconds |", "|---|---|"]
@@ -254,29 +327,94 @@ def _report_text(cfg, command, wall, head, checked, law, searches, load) -> str:
     if load:
         lines += ["", f"Machine: {load}"]
     lines += ["", "Per-run metrics: `arms/<arm>/seed<k>/metrics.jsonl` (and TensorBoard under "
-              "`tb/`); warm starts: `sft_m<m>/`; all numbers: `summary.json`.", ""]
+              "`tb/`); the warm start: `sft/`; all numbers: `summary.json`.", ""]
     return "\n".join(lines)
 
 
-def _against_warm_start(head, arm: str, N: int) -> str:
-    """One arm's headline metrics next to those of the warm start with its m ('' if absent)."""
-    sft = f"sft (m={head[arm]['m']})"
-    if sft not in head:
-        return ""
-    metrics = ["best@1", f"best@{N}", f"pass@{N}", "diversity", "search solved"]
-    return f"{arm} " + ", ".join(f"{k} {_delta(head, arm, sft, k)}" for k in metrics
-                                 if k in head[arm]["values"] and k in head[sft]["values"])
+def _search_text(cfg, searches, head) -> list[str]:
+    P, S = len(searches["problems"]), searches["seeds"]
+    lines = ["", "## Search", "",
+             f"The {P} problems of split {searches['split_seed']} (of {searches['pool']}, which "
+             "no arm is trained, evaluated or chosen on) that the warm start found hardest "
+             f"(solved fraction {np.mean(searches['warm_start_solved']):.2f} over its m modes, "
+             f"pool mean {searches['pool_solved_mean']:.2f}). Each policy is the mutation "
+             f"operator of {S} island searches per problem, {searches['budget']} candidates "
+             "each, the same search keys for every policy. Because the problems are chosen as "
+             "hard for the warm start, warm start vs RL comparisons on them lean against the "
+             "warm start; arm vs arm comparisons do not.", "",
+             "Solve matrix: the fraction of (policy seed, search) runs that solve each problem.",
+             "", "| policy | " + " | ".join(f"p{i}" for i in searches["problems"]) + " | solved "
+             "(mean ± 95%) |", "|---|" + "---|" * (P + 1)]
+    for name, rows in searches["rows"].items():
+        rate = np.mean([np.mean(r["solved_SP"], axis=0) for r in rows], axis=0)
+        per = (_per_search(searches, name) if name.startswith("sft")
+               else head[name]["values"]["search solved"])
+        lines.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in rate) + f" | {_fmt(per)} |")
+    arms = [a for a in searches["rows"] if not a.startswith("sft")]
+    only = []
+    for a in arms:
+        for b in arms:
+            if a < b:
+                sa = np.any([np.any(r["solved_SP"], axis=0) for r in searches["rows"][a]], 0)
+                sb = np.any([np.any(r["solved_SP"], axis=0) for r in searches["rows"][b]], 0)
+                only.append(f"{a} {int(np.sum(sa & ~sb))} vs {b} {int(np.sum(sb & ~sa))}")
+    if only:
+        lines += ["", "Problems solved in some run of one arm and in none of the other's: "
+                  + "; ".join(only) + "."]
+    bon = {n: rs for n, rs in searches["rows"].items() if "best_of_n_SP" in rs[0]}
+    if bon:
+        lines += ["", "Island search against best-of-N (independent samples from the plain "
+                  "prompt) with the same policy, budget and keys: problems solved, mean over "
+                  "searches, paired by seed (does the search add anything to sampling?).", ""]
+        for name, rows in bon.items():
+            if name.startswith("sft"):  # one policy: pair over the shared search keys
+                a = np.sum(rows[0]["solved_SP"], -1).tolist()
+                b = np.sum(rows[0]["best_of_n_SP"], -1).tolist()
+                unit = "searches"
+            else:
+                a = [float(np.mean(np.sum(r["solved_SP"], -1))) for r in rows]
+                b = [float(np.mean(np.sum(r["best_of_n_SP"], -1))) for r in rows]
+                unit = "policy seeds"
+            c = claims.compare_values(f"{name}: island search solves more than best-of-N", a, b,
+                                      names=("search", "best-of-N"))
+            lines.append(_verdict_line(c).replace("paired seeds", f"paired {unit}"))
+    return lines
 
 
-def _delta(head, arm: str, base: str, metric: str) -> str:
-    a, b = _mean(head, arm, metric), _mean(head, base, metric)
-    return f"{b:.3f} -> {a:.3f}"
+def _probe_text(cfg, head, probes, fixes) -> list[str]:
+    lines = ["", "## The policy as mutation operator", "",
+             "`policy_eval.mutation_probe` on the search's hard problems: the task's weaker "
+             "parents of good answers in the search's mutation prompt, "
+             f"{cfg.probe_samples} generations per problem, the children scored as the search "
+             "scores them. Fractions of "
+             "child slots: valid (well-formed, new in its generation), improve (beats the best "
+             "parent), copy (repeats a parent), distinct (distinct valid children / slots), solved "
+             "(solves the problem); "
+             "child fitness: mean w*ᵀr per slot. The plain-prompt valid fraction from the "
+             "evaluation, for comparison. Mean ± 95% interval over seeds (the warm start: "
+             "one policy, one measurement).",
+             "", "| policy | " + " | ".join(PROBE_KEYS) + " | valid (plain prompt) |",
+             "|---|" + "---|" * (len(PROBE_KEYS) + 1)]
+    for name, rows in probes.items():
+        v = head[name]["values"]
+        one = name.startswith("sft")  # one policy, one key: a single measurement
+        lines.append(f"| {name} | " + " | ".join(f"{rows[0][k]:.3f}" if one else
+                                                 _fmt([r[k] for r in rows]) for k in PROBE_KEYS)
+                     + f" | {_fmt(v['valid_fraction'])} |")
+    if fixes:
+        lines += ["", "Mutation prompts in RL (`train.mutation_fraction`), paired by seed:", ""]
+        lines += [_verdict_line(c) for c in fixes]
+    return lines
 
 
 def _arm_text(arm: str, cfg: CompareConfig) -> str:
     m = cfg.arm_answers(arm)
-    return {"grpo": "**grpo** = GRPO, 1 answer per generation, scalar reward w*ᵀr (the paper's "
+    text = {"grpo": "**grpo** = GRPO, 1 answer per generation, scalar reward w*ᵀr (the paper's "
                     "GRPO baseline)",
+            "maxk": "**maxk** = Max@K (m=1; k = max(2, G/2), std-normalised)",
+            "rw_grpo": "**rw_grpo** = random-weight GRPO (m=1; a fresh Dirichlet weight, GRPO "
+                       "on wᵀr)",
+            "passk": "**passk** = pass@k training (m=1; analytic advantages)",
             "multi_rlvr": f"**multi_rlvr** = GRPO on {m} answers per generation with the summed "
                           "scalar Σ_j w*ᵀr_j (Multi-RLVR)",
             "vpo": f"**vpo** = VPO, {m} answers per generation, E_w~Dir({cfg.objective.alpha:g})"
@@ -284,7 +422,18 @@ def _arm_text(arm: str, cfg: CompareConfig) -> str:
             "clip_cov": "**clip_cov** = GRPO (m=1) with Clip-Cov",
             "kl_cov": "**kl_cov** = GRPO (m=1) with KL-Cov",
             "entropy_mask": "**entropy_mask** = GRPO (m=1), gradient on the top-20% entropy "
-                            "tokens only"}[arm]
+                            "tokens only"}
+    if arm.endswith("_mut"):
+        base = arm.removesuffix("_mut")
+        return (f"**{arm}** = {base} with mutation prompts in RL (train.mutation_fraction = "
+                f"{_mut_fraction(arm):g})")
+    return text[arm]
+
+
+def _mut_fraction(arm: str) -> float:
+    from vpo.compare import ARMS
+
+    return ARMS[arm].train.get("mutation_fraction", 0.0)
 
 
 def machine_load() -> str:

@@ -4,10 +4,20 @@ Budget-fair (VPO paper protocol, algorithms.md §1.3/§1.7): a policy answering 
 generation gets budget/m generations per problem, a single-answer policy budget generations, so
 every arm has the same N candidates per problem. Metrics per arm: best@k and pass@k for each k,
 reward-space diversity, Pareto fraction, E_w[max], distinct solutions, token entropy.
+
+Every parsed answer is scored the same way for every arm: a repeat of an earlier answer in the
+same generation is scored like any other answer (`score_all_answers`), exactly as a single-answer
+policy's repeats across generations are, so no arm has its duplicates zeroed. (Training keeps
+the paper's in-generation de-duplication, which Multi-RLVR's summed reward needs.)
+
+`mutation_probe` measures a policy as the search's mutation operator on its own: format,
+improvement over the parents and copying, on mutation prompts built from the task's weaker
+parents.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -19,8 +29,9 @@ import numpy as np
 from vpo import evaluation, plots
 from vpo.config import ConfigError, SamplerConfig
 from vpo.model import Decoder
-from vpo.rewards import host_rewards, in_graph_rewards
+from vpo.rewards import in_graph_rewards
 from vpo.sampler import sample
+from vpo.tasks import answers as answers_lib
 from vpo.tasks.bound import BoundTask
 
 
@@ -30,11 +41,58 @@ def default_ks(budget: int) -> list[int]:
     return ks + [budget]
 
 
+def read_all_answers(task: BoundTask, completion_T, mask_T, num_answers: int):
+    """The m answers of one generation as symbol ids, repeats KEPT → (symbols_MA, mask_MA,
+    valid_M) (`BoundTask.parse` without its duplicate removal; the same byte and symbol
+    tables)."""
+    bytes_VL, len_V = task.tokenizer.token_bytes()
+    cap = task.byte_cap
+    sym_SW, sym_len_S = answers_lib.symbol_table(task.task.symbols)
+    b_X, live_X = answers_lib.completion_bytes(
+        completion_T, mask_T, jnp.asarray(bytes_VL[:, :cap], jnp.int32),
+        jnp.asarray(np.minimum(len_V, cap), jnp.int32), task.num_bytes(completion_T.shape[-1]))
+    return answers_lib.read_symbols(b_X, live_X, jnp.asarray(sym_SW), jnp.asarray(sym_len_S),
+                                    num_answers=num_answers, answer_len=task.answer_len)
+
+
+def score_all_answers(task: BoundTask, problems, tokens_BGT, mask_BGT, num_answers: int):
+    """Every parsed answer of B problems × G generations scored by the task, repeats included →
+    (rewards_BGMR, valid_BGM, symbols_BGMA, mask_BGMA)."""
+    def one(problem, t_T, m_T):
+        sym_MA, smask_MA, valid_M = read_all_answers(task, t_T, m_T, num_answers)
+        rewards_MR, _ = task.score_symbols(problem, sym_MA, smask_MA)
+        return jnp.where(valid_M[:, None], rewards_MR, 0.0), valid_M, sym_MA, smask_MA
+
+    per_problem = jax.vmap(one, in_axes=(None, 0, 0))
+    return jax.vmap(per_problem)(problems["task"], tokens_BGT, mask_BGT)
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted_scorer(task: BoundTask, num_answers: int):
+    """`score_all_answers` jitted once per (task, m): evaluation calls it for every policy."""
+    return jax.jit(lambda p, t, m: score_all_answers(task, p, t, m, num_answers))
+
+
+def host_score_all_answers(task: BoundTask, records, tokens_BGT, mask_BGT, num_answers: int
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Host tasks: every parsed answer of B problems × G generations scored on its own by the
+    task's scorer (so a repeat inside a generation is not zeroed) → (rewards_BGMR, valid_BGM)."""
+    tokens_BGT, mask_BGT = np.asarray(tokens_BGT), np.asarray(mask_BGT)
+    B, G, T = tokens_BGT.shape
+    texts = task.completion_texts(tokens_BGT.reshape(B * G, T), mask_BGT.reshape(B * G, T))
+    slots = [a for t in texts for a in task.parse_text(t, num_answers)]
+    rows = [records[b] for b in range(B) for _ in range(G * num_answers)]
+    rewards, valid = task.task.score(rows, [[a] for a in slots])
+    return (np.asarray(rewards, np.float32).reshape(B, G, num_answers, -1),
+            np.asarray(valid, bool).reshape(B, G, num_answers))
+
+
 def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
                 key, temperature: float = 1.0, top_p: float = 1.0, chunk: int = 16):
     """Sample budget/m generations per problem → (pool, answers_PNA, answer_mask_PNA, entropy).
 
     `budget` must be a multiple of `num_answers`. Problems are processed `chunk` at a time.
+    Every parsed answer is a scored candidate (`score_all_answers`, `host_score_all_answers`).
     answers_PNA are symbol ids for in-graph tasks (distinct-solution counts); None for host
     tasks.
     """
@@ -50,9 +108,7 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
                           "policy with a larger max_seq_len")
     cfg = SamplerConfig(max_new_tokens=T, num_samples=G, temperature=temperature, top_p=top_p)
     tok = task.tokenizer
-    if not task.is_host:
-        parse = jax.jit(jax.vmap(jax.vmap(lambda t, m: task.parse(t, m, num_answers)[:2])))
-        reward_fn = jax.jit(lambda p, t, m: in_graph_rewards(task, p, t, m, num_answers))
+    score_fn = None if task.is_host else _jitted_scorer(task, num_answers)
     outs = []
     for i, start in enumerate(range(0, prompts.shape[0], chunk)):
         sl = slice(start, start + chunk)
@@ -60,12 +116,11 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
         r = sample(model, prompts[sl], pmask[sl], jax.random.fold_in(key, i), cfg,
                    stop_ids=tok.stop_ids, pad_id=tok.pad_id)
         if task.is_host:
-            rewards, smask = host_rewards(task, records[sl], {"index": np.arange(
-                len(records[sl]))}, r, num_answers)
+            rewards, smask = host_score_all_answers(task, records[sl], r.tokens_BGT,
+                                                    r.mask_BGT, num_answers)
             answers = amask = np.zeros(smask.shape + (1,), np.int32)
         else:
-            rewards, smask = reward_fn(sub, r.tokens_BGT, r.mask_BGT)
-            answers, amask = parse(r.tokens_BGT, r.mask_BGT)
+            rewards, smask, answers, amask = score_fn(sub, r.tokens_BGT, r.mask_BGT)
         ent = float(jnp.sum(r.entropy_BGT * r.mask_BGT)), float(jnp.sum(r.mask_BGT))
         outs.append((np.asarray(rewards), np.asarray(smask), np.asarray(answers),
                      np.asarray(amask), ent))
@@ -122,3 +177,94 @@ def write_report(out_dir: str, results: Mapping[str, Mapping[str, float]], ks: S
         plots.plot_metric_vs_k(os.path.join(out_dir, f"{metric}_at_k.png"), curves,
                                metric=f"{metric}@k", title=title or None)
     return table
+
+
+def mutation_probe_inputs(task: BoundTask, records, *, num_answers: int, num_parents: int,
+                          seed: int = 0) -> dict[str, np.ndarray]:
+    """The probe's mutation prompts (built once, shared by every policy probed): per problem
+    the task's weaker parents (`task.mutation_demonstrations`, 1..K of them, drawn with
+    `seed`) with their real rewards in the search's mutation prompt
+    (`BoundTask.mutation_prompt_arrays`) → its arrays plus parent symbols "parents_BKA" /
+    "parent_mask_BKA" and the problems' "task" arrays."""
+    if task.is_host or not task.has_mutation_demonstrations:
+        raise ValueError(f"task {task.name!r} has no in-graph mutation prompts to probe")
+    M, K = num_answers, num_parents
+    rng = np.random.default_rng(seed)
+    parents = [task.task.mutation_demonstrations(r, rng, K, M)[0] for r in records]
+    mut = task.mutation_prompt_arrays(records, parents, M, K)
+    sym_BKA, pmask_BKA = task.parent_symbols(parents, K)
+    return {**mut, "parents_BKA": sym_BKA,
+            "parent_mask_BKA": pmask_BKA & mut["parent_valid_BK"][..., None],
+            "task": task.problem_arrays(records)["task"]}
+
+
+@functools.lru_cache(maxsize=32)
+def _probe_scorer(task: BoundTask, num_answers: int):
+    """Children of the probe scored as the search scores them, jitted once per (task, m) →
+    per-slot (valid_BGM, fitness_BGM, copy_BGM), distinct_B and per-slot solved_BGM."""
+    M = num_answers
+    w_R = jnp.asarray(task.eval_weights_R, jnp.float32)
+
+    def score(inputs, tokens_BGT, mask_BGT):
+        rewards_BGMR, valid_BGM = in_graph_rewards(task, inputs, tokens_BGT, mask_BGT, M)
+        sym_BGMA, smask_BGMA = jax.vmap(jax.vmap(lambda t, m: task.parse(t, m, M)[:2]))(
+            tokens_BGT, mask_BGT)
+        fit_BGM = jnp.where(valid_BGM, rewards_BGMR @ w_R, 0.0)
+        child_BGMA = jnp.where(smask_BGMA, sym_BGMA, -1)
+        parent_BKA = jnp.where(inputs["parent_mask_BKA"], inputs["parents_BKA"], -1)
+        same_BGMK = jnp.all(child_BGMA[:, :, :, None, :] == parent_BKA[:, None, None], -1)
+        present_BK = jnp.any(inputs["parent_mask_BKA"], -1)
+        copy_BGM = valid_BGM & jnp.any(same_BGMK & present_BK[:, None, None, :], -1)
+        B, G = valid_BGM.shape[:2]
+        flat = lambda x: x.reshape((B, G * M) + x.shape[3:])  # noqa: E731
+        distinct_B = evaluation.distinct_solutions(flat(sym_BGMA), flat(smask_BGMA),
+                                                   flat(valid_BGM))
+        solved_BGM = valid_BGM & jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR)
+        return valid_BGM, fit_BGM, copy_BGM, distinct_B, solved_BGM
+
+    return jax.jit(score)
+
+
+def mutation_probe(model: Decoder, task: BoundTask, inputs: dict[str, np.ndarray], *,
+                   num_answers: int, key, temperature: float = 1.0, samples: int = 4
+                   ) -> dict[str, float]:
+    """The policy as the search's mutation operator, measured without a search around it.
+
+    On the mutation prompts of `mutation_probe_inputs` (weaker parents with their rewards) the
+    policy writes `samples` generations of m children each, scored as the search scores them
+    (a repeat inside a generation is invalid). Problem-averaged fractions of child SLOTS:
+
+      valid      well-formed, new within its generation        (format kept?)
+      improve    valid and w*ᵀr(child) > max_k w*ᵀr(parent_k)  (does mutation help?)
+      copy       valid and equal to one of the prompt's parents (copying instead of mutating)
+      distinct   distinct valid children / slots, over all of a problem's generations
+                 (collapse onto one answer?)
+      solved     valid and solving the problem (`task.solved`)
+    and child_fitness (mean w*ᵀr over slots, invalid 0), parent_fitness (mean best parent),
+    entropy (mean token entropy of the children).
+    """
+    M = num_answers
+    T = task.completion_len(M)
+    prompts, pmask = inputs["prompt_BP"], inputs["prompt_mask_BP"]
+    if prompts.shape[1] + T > model.cfg.max_seq_len:
+        raise ConfigError(f"model.max_seq_len: {model.cfg.max_seq_len} < mutation prompt "
+                          f"{prompts.shape[1]} + {T} generated tokens")
+    cfg = SamplerConfig(max_new_tokens=T, num_samples=samples, temperature=temperature)
+    tok = task.tokenizer
+    r = sample(model, prompts, pmask, key, cfg, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    valid, fit, copy, distinct, solved = _probe_scorer(task, M)(
+        {k: inputs[k] for k in ("task", "parents_BKA", "parent_mask_BKA")},
+        r.tokens_BGT, r.mask_BGT)
+    w_R = np.asarray(task.eval_weights_R, np.float32)
+    pfit_BK = np.where(inputs["parent_valid_BK"], inputs["parent_rewards_BKR"] @ w_R, -np.inf)
+    best_parent_B = pfit_BK.max(-1)
+    valid, fit = np.asarray(valid), np.asarray(fit)
+    return {"valid": float(valid.mean()),
+            "improve": float((valid & (fit > best_parent_B[:, None, None])).mean()),
+            "copy": float(np.asarray(copy).mean()), "solved": float(np.asarray(solved).mean()),
+            "distinct": float(np.mean(np.asarray(distinct) / (valid.shape[1] * M))),
+            "child_fitness": float(fit.mean()),
+            "parent_fitness": float(np.where(np.isfinite(best_parent_B), best_parent_B,
+                                             0.0).mean()),
+            "entropy": float(jnp.sum(r.entropy_BGT * r.mask_BGT)
+                             / jnp.maximum(jnp.sum(r.mask_BGT), 1.0))}

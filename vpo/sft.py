@@ -2,6 +2,8 @@
 
 RL needs a base policy that already produces well-formed answers; `run_sft` trains one from the
 task's `demonstrations` (diverse valid answers, e.g. maze routes via gold, via diamond, direct).
+Given several answer counts (`num_answers=(1, 3)`) every batch mixes 1-answer and m-answer
+prompts, so one warm start serves single- and multi-answer RL arms (`vpo compare`).
 Evolutionary search (`vpo.search`) also uses the policy as its mutation operator, so by default
 a fraction of every batch are mutation-prompt demonstrations (`mutation_demonstration_set`):
 K weaker parents with their real rewards in `task.mutation_prompt` → m children that each score
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -155,29 +158,40 @@ def mutation_demonstration_set(task: BoundTask, num: int, num_answers: int, num_
                  "mean_parents": np.mean(stats["parents"])}
 
 
-def _left_pad(demos: dict[str, np.ndarray], length: int, pad_id: int
-              ) -> dict[str, np.ndarray]:
-    """Prompts left-padded to `length` (positions count from the first real token, so padding
-    changes nothing for the model)."""
-    extra = length - demos["prompt_BP"].shape[1]
-    return {**demos,
-            "prompt_BP": np.pad(demos["prompt_BP"], ((0, 0), (extra, 0)),
+def _pad_to(demos: dict[str, np.ndarray], prompt_len: int, target_len: int, pad_id: int
+            ) -> dict[str, np.ndarray]:
+    """Prompts left-padded to `prompt_len` (positions count from the first real token, so padding
+    changes nothing for the model), targets right-padded to `target_len` (masked out)."""
+    extra = prompt_len - demos["prompt_BP"].shape[1]
+    more = target_len - demos["target_BT"].shape[1]
+    return {"prompt_BP": np.pad(demos["prompt_BP"], ((0, 0), (extra, 0)),
                                 constant_values=pad_id),
-            "prompt_mask_BP": np.pad(demos["prompt_mask_BP"], ((0, 0), (extra, 0)))}
+            "prompt_mask_BP": np.pad(demos["prompt_mask_BP"], ((0, 0), (extra, 0))),
+            "target_BT": np.pad(demos["target_BT"], ((0, 0), (0, more)), constant_values=pad_id),
+            "target_mask_BT": np.pad(demos["target_mask_BT"], ((0, 0), (0, more)))}
+
+
+def _split_rows(total: int, parts: int) -> list[int]:
+    """`total` rows over `parts` sets as evenly as possible (earlier sets get the remainder)."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
 
 
 def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: int = 32,
-            learning_rate: float = 3e-3, num_answers: int = 1, num_demos: int = 1024,
-            seed: int = 0, mesh=None, mutation_fraction: float = 0.5, mutation_parents: int = 2,
-            init=None) -> tuple[nnx.GraphDef, TrainState, list[float]]:
+            learning_rate: float = 3e-3, num_answers: int | Sequence[int] = 1,
+            num_demos: int = 1024, seed: int = 0, mesh=None, mutation_fraction: float = 0.5,
+            mutation_parents: int = 2, init=None
+            ) -> tuple[nnx.GraphDef, TrainState, list[float]]:
     """Supervised fine-tuning on the task's demonstrations → (graphdef, state, losses).
 
+    num_answers: m, or several m (e.g. (1, 3)): then every batch mixes the m-answer prompts in
+      equal shares, so ONE warm start serves single- and multi-answer arms alike (as every
+      method in the VPO paper starts from the same base model).
     mutation_fraction: share of every batch (rounded to whole rows) drawn from
-      `mutation_demonstration_set` with `mutation_parents` parent slots (match
-      `SearchConfig.parents`), so the policy learns to act as the search's mutation operator.
-      Ignored (plain demonstrations only) for tasks without `mutation_demonstrations`
-      (bandit, arithmetic), and with a warning when mutation prompt + completion do not fit
-      `model_cfg.max_seq_len`; 0 turns it off.
+      `mutation_demonstration_set` (for each m, in equal shares) with `mutation_parents` parent
+      slots (match `SearchConfig.parents`), so the policy learns to act as the search's mutation
+      operator. Ignored (plain demonstrations only) for tasks without
+      `mutation_demonstrations` (bandit, arithmetic), and with a warning when mutation prompt +
+      completion do not fit `model_cfg.max_seq_len`; 0 turns it off.
     init: a `Decoder` to start from (a pretrained checkpoint); None starts from random weights.
       LoRA: with `model_cfg.lora_rank` > 0 (a fresh model, or a plain `init`, which then gets
       model_cfg's adapters) or an `init` that has adapters, only the adapters train
@@ -185,6 +199,9 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     """
     if not 0.0 <= mutation_fraction <= 1.0:
         raise ValueError(f"mutation_fraction={mutation_fraction} must be in [0, 1]")
+    ms = sorted({int(num_answers)} if np.ndim(num_answers) == 0 else set(num_answers))
+    if not ms or ms[0] < 1:
+        raise ValueError(f"num_answers={num_answers!r}: want m >= 1 or a non-empty list of them")
     mesh = sharding_lib.make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
     tcfg = TrainConfig(steps=steps, learning_rate=learning_rate, warmup_steps=min(20, steps // 10),
                        schedule="cosine", batch_size=batch_size)
@@ -196,36 +213,39 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
             init = lora_lib.as_configured(init, model_cfg, seed=seed)
         graphdef, state, _ = state_from_model(init, tx, mesh, seed=seed)
         model_cfg = init.cfg
-    sets = [demonstration_set(task, num_demos, num_answers, seed)]
-    need = sets[0]["prompt_BP"].shape[1] + sets[0]["target_BT"].shape[1]
+    plain = [demonstration_set(task, num_demos, m, seed + 7919 * i) for i, m in enumerate(ms)]
+    need = max(d["prompt_BP"].shape[1] + d["target_BT"].shape[1] for d in plain)
     if need > model_cfg.max_seq_len:
         raise ConfigError(f"model.max_seq_len: {model_cfg.max_seq_len} < {need} (prompt + "
                           "demonstration); raise it")
     n_mut = int(round(batch_size * mutation_fraction)) if task.has_mutation_demonstrations else 0
-    if n_mut:
+    mut = []
+    if n_mut > 0:
         # never more rows than the run can draw (short smoke runs stay cheap)
-        mut, _ = mutation_demonstration_set(task, min(num_demos, steps * n_mut), num_answers,
-                                            mutation_parents, seed + 1)
-        need = mut["prompt_BP"].shape[1] + mut["target_BT"].shape[1]
+        mut = [mutation_demonstration_set(task, min(num_demos, steps * n_mut), m,
+                                          mutation_parents, seed + 1 + 7919 * i)[0]
+               for i, m in enumerate(ms)]
+        need = max(d["prompt_BP"].shape[1] + d["target_BT"].shape[1] for d in mut)
         if need > model_cfg.max_seq_len:
             warnings.warn(f"run_sft: mutation demonstrations need model.max_seq_len >= {need} "
                           f"(mutation prompt + completion); got {model_cfg.max_seq_len}, so "
                           "this run trains on plain demonstrations only. Raise max_seq_len to "
                           "include them, or pass mutation_fraction=0 to silence this.",
                           stacklevel=2)
-            n_mut = 0
-    if n_mut:
-        P = max(sets[0]["prompt_BP"].shape[1], mut["prompt_BP"].shape[1])
-        pad = task.tokenizer.pad_id
-        sets = [_left_pad(sets[0], P, pad), _left_pad(mut, P, pad)]
-    sizes = [batch_size - n_mut, n_mut]
+            mut, n_mut = [], 0
+    sets = plain + mut
+    P = max(d["prompt_BP"].shape[1] for d in sets)
+    T = max(d["target_BT"].shape[1] for d in sets)
+    sets = [_pad_to(d, P, T, task.tokenizer.pad_id) for d in sets]
+    sizes = _split_rows(batch_size - n_mut, len(plain)) + (_split_rows(n_mut, len(mut))
+                                                           if mut else [])
     step = jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
     rng = np.random.default_rng(seed)
     losses = []
     pending = None
     for _ in range(steps):
-        idx = [rng.integers(0, len(d["target_BT"]), size=b)
-               for d, b in zip(sets, sizes, strict=False)]  # no mutation set: 1 of 2
+        idx = [rng.integers(0, len(d["target_BT"]), size=b) for d, b in zip(sets, sizes,
+                                                                              strict=True)]
         batch = {k: jax.device_put(
                      np.concatenate([d[k][i] for d, i in zip(sets, idx, strict=True)]),
                      sharding_lib.batch_sharding(mesh, sets[0][k].ndim))

@@ -1,0 +1,159 @@
+"""The claim logic of `vpo compare` on synthetic summaries: claims that should not hold come out
+inconclusive or refuted, claims that do hold come out reproduced (instant: no training)."""
+
+import numpy as np
+import pytest
+
+from vpo import claims, entropy_law, evaluation
+
+KS = [1, 2, 3, 5, 10, 20, 30]
+NOT_REPRODUCED = {claims.INCONCLUSIVE, claims.REFUTED}
+
+
+def _best_at_ks(scores_PN) -> dict[str, float]:
+    s = np.sort(scores_PN, axis=-1)
+    return {f"best@{k}": float(np.mean(s @ evaluation.best_at_k_weights(s.shape[1], k)))
+            for k in KS}
+
+
+def _row(m, pools, **extra):
+    """A headline row from per-seed candidate pools [P, N] (and extra per-seed metrics)."""
+    per = [_best_at_ks(p) for p in pools]
+    values = {k: [d[k] for d in per] for k in per[0]}
+    return {"m": m, "seeds": list(range(len(pools))), "values": {**values, **extra}}
+
+
+def _by_claim(checked):
+    return {c["claim"]: c["verdict"] for c in checked}
+
+
+def test_verdict_is_three_way_on_paired_intervals():
+    assert claims.verdict([0.10, 0.12, 0.11]) == claims.REPRODUCED
+    assert claims.verdict([-0.10, -0.12, -0.11]) == claims.REFUTED
+    assert claims.verdict([-0.10, -0.12, -0.11], higher=False) == claims.REPRODUCED
+    assert claims.verdict([0.2, -0.1, 0.05]) == claims.INCONCLUSIVE  # 0 inside the interval
+    assert claims.verdict([0.3]) == claims.INCONCLUSIVE  # one seed: no interval
+    assert claims.verdict([0.0, 0.0, 0.0]) == claims.INCONCLUSIVE  # 0.000 vs 0.000: a tie
+    assert claims.verdict([1e-4, 2e-4, 1e-4]) == claims.INCONCLUSIVE  # below the precision
+    mean, half = claims.t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.302653 / np.sqrt(3), rel=1e-5)
+
+
+def test_saturated_scores_are_inconclusive_never_reproduced():
+    ones = [np.ones((8, 30))] * 3
+    zeros = [np.zeros((8, 30))] * 3
+    for pools in (ones, zeros):
+        head = {"vpo": _row(3, pools, diversity=[0.0] * 3),
+                "grpo": _row(1, pools, diversity=[0.0] * 3)}
+        verdicts = set(_by_claim(claims.check(head, KS)).values())
+        assert verdicts == {claims.INCONCLUSIVE}
+
+
+def test_a_third_of_the_slots_wasted_is_not_a_vpo_win():
+    """Same per-candidate score distribution, but a third of VPO's slots score 0: VPO's gap to
+    GRPO shrinks with k (towards 0 from below) without ever being positive."""
+    rng = np.random.default_rng(0)
+    grpo, vpo = [], []
+    for _ in range(5):
+        grpo.append(rng.beta(2, 3, (64, 30)))
+        v = rng.beta(2, 3, (64, 30))
+        v[:, ::3] = 0.0
+        vpo.append(v)
+    div = lambda: list(rng.normal(1.0, 0.05, 5))  # noqa: E731  same diversity distribution
+    head = {"vpo": _row(3, vpo, diversity=div()), "grpo": _row(1, grpo, diversity=div())}
+    got = _by_claim(claims.check(head, KS))
+    assert got and set(got.values()) <= NOT_REPRODUCED, got
+    gap = next(c for c in claims.check(head, KS) if "grows" in c["claim"])
+    assert gap["diff"] > 0  # the gap does grow with k: only its sign at k = 30 stops the claim
+    assert got[next(k for k in got if "best@30 >" in k)] == claims.REFUTED
+
+
+def test_a_real_spread_advantage_is_reproduced():
+    """VPO's candidates are more spread (lower mean, much higher best@30): VPO loses at k = 1,
+    wins at k = 30, the gap grows, and its diversity is higher."""
+    rng = np.random.default_rng(1)
+    grpo = [np.clip(rng.normal(0.5, 0.03, (64, 30)), 0, 1) for _ in range(4)]
+    vpo = [rng.uniform(0.0, 0.95, (64, 30)) for _ in range(4)]
+    head = {"vpo": _row(3, vpo, diversity=[1.3, 1.25, 1.35, 1.3]),
+            "grpo": _row(1, grpo, diversity=[0.2, 0.3, 0.25, 0.2])}
+    checked = claims.check(head, KS)
+    assert {c["verdict"] for c in checked} == {claims.REPRODUCED}, _by_claim(checked)
+    assert np.mean(head["vpo"]["values"]["best@1"]) < np.mean(head["grpo"]["values"]["best@1"])
+
+
+def test_token_entropy_claims_only_compare_arms_with_the_same_m():
+    pools = [np.full((4, 30), 0.5)] * 3
+    extra = {"diversity": [1.0] * 3, "train diversity": [1.0] * 3}
+    head = {"vpo": _row(3, pools, **extra, **{"train entropy": [0.5, 0.6, 0.55]}),
+            "grpo": _row(1, pools, **extra, **{"train entropy": [0.1, 0.1, 0.12]}),
+            "multi_rlvr": _row(3, pools, **extra, **{"train entropy": [0.2, 0.25, 0.2]})}
+    entropy = [c for c in claims.check(head, KS) if "token entropy" in c["claim"]]
+    assert [c["claim"] for c in entropy] == [
+        "VPO keeps higher token entropy of training rollouts (last 20% of steps) than "
+        "multi_rlvr (both m=3)"]
+    assert entropy[0]["verdict"] == claims.REPRODUCED
+
+
+def _trajectories(f, seeds=5, noise=0.01):
+    steps = np.arange(0, 301, 50.0)
+    out = []
+    for s in range(seeds):
+        r = np.random.default_rng(100 + s)
+        H = np.linspace(0.95, 0.05, steps.size) + r.normal(0, 0.01, steps.size)
+        out.append({"step": steps, "entropy": H, "score": f(H) + r.normal(0, noise, steps.size)})
+    return out
+
+
+@pytest.mark.parametrize("name, f, want", [
+    ("law", lambda H: 1.0 - 0.3 * np.exp(H), {claims.REPRODUCED}),
+    ("linear in H", lambda H: 0.9 - 0.4 * H, NOT_REPRODUCED),
+    ("sqrt(1 - H)", lambda H: np.sqrt(np.clip(1 - H, 0, None)), NOT_REPRODUCED),
+    ("constant", lambda H: np.full_like(H, 0.6), NOT_REPRODUCED),
+])
+def test_entropy_law_must_beat_linear_trend_and_constant_on_held_out_points(name, f, want):
+    c = claims.entropy_law_claim(name, _trajectories(f))
+    assert c["verdict"] in want, c["evidence"]
+
+
+def test_entropy_law_trend_in_steps_alone_does_not_reproduce():
+    """Score rises with steps while entropy wanders (no relation to H): the trend model wins."""
+    steps = np.arange(0, 301, 50.0)
+    trajs = [{"step": steps, "entropy": 0.5 + 0.3 * np.random.default_rng(s).random(steps.size),
+              "score": 0.3 + steps / 1000 + np.random.default_rng(9 + s).normal(0, 0.005, 7)}
+             for s in range(5)]
+    assert claims.entropy_law_claim("trend", trajs)["verdict"] in NOT_REPRODUCED
+
+
+def test_heldout_fits_recover_the_law_and_score_the_alternatives():
+    steps = np.arange(8.0)
+    H = np.linspace(1.5, 0.1, 8)
+    fits = entropy_law.heldout_fits(steps, H, 1.2 - 0.3 * np.exp(H))
+    assert (fits["a"], fits["b"]) == pytest.approx((0.3, 1.2), abs=1e-9)
+    assert fits["rmse"]["law"] < 1e-9 < min(fits["rmse"][k] for k in ("linear_h", "trend",
+                                                                      "constant"))
+    assert fits["fit_points"] == 4 and fits["r2"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=">= 3 paired"):
+        entropy_law.heldout_fits(steps[:2], H[:2], H[:2])
+
+
+def test_search_claim_is_paired_over_policy_seeds():
+    rng = np.random.default_rng(3)
+    same = rng.random((3, 5, 8)) < 0.3  # [policy seed, search seed, problem]
+    solved = claims.search_claim_inputs({"vpo": same, "grpo": same,
+                                         "multi_rlvr": rng.random((3, 5, 8)) < 0.05})
+    assert solved["vpo"] == pytest.approx(same.sum(-1).mean(-1))
+    pools = [np.full((4, 30), 0.5)] * 3
+    head = {a: _row(m, pools, diversity=[1.0] * 3) for a, m in
+            (("vpo", 3), ("grpo", 1), ("multi_rlvr", 3))}
+    got = {c["claim"]: c["verdict"] for c in claims.check(head, KS, search=solved)
+           if "search" in c["claim"]}
+    assert got == {
+        "in search at equal budget, VPO's policy solves more of the hard problems than grpo's":
+            claims.INCONCLUSIVE,
+        "in search at equal budget, VPO's policy solves more of the hard problems than "
+        "multi_rlvr's": claims.REPRODUCED}
+
+
+def test_unpaired_values_are_an_error():
+    with pytest.raises(ValueError, match="not paired"):
+        claims.compare_values("x", [1, 2, 3], [1, 2])
