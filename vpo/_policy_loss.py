@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from vpo._common import as_float, check_choice, check_shape
 from vpo.config import AGG_MODES, COV_CONTROLS, KL_ESTIMATORS, RATIO_LEVELS
+from vpo.tree_ops import masked_mean
 
 Array = jax.Array
 
@@ -111,10 +112,6 @@ def _select_top(score_BGT: Array, eligible_BGT: Array, n: Array, fraction: float
 def _maybe_nonzero(coef) -> bool:
     """False only for a Python number equal to 0 (a traced coefficient, e.g. a schedule, counts)."""
     return not isinstance(coef, int | float) or coef != 0.0
-
-
-def _masked_mean(x: Array, m: Array) -> Array:
-    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1)
 
 
 def policy_loss(
@@ -268,7 +265,7 @@ def policy_loss(
     n_valid = jnp.sum(m_BGT)
     clip_cov_sel = kl_cov_sel = jnp.zeros(shape, bool)
     lp = sg(logp_BGT)
-    cov = (adv_BGT - _masked_mean(adv_BGT, mask)) * (lp - _masked_mean(lp, mask))
+    cov = (adv_BGT - masked_mean(adv_BGT, mask)) * (lp - masked_mean(lp, mask))
     if cov_control == "clip_cov":
         eligible = mask & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         n = _select_count(clip_cov_ratio, n_valid, cov_min_tokens)
@@ -293,10 +290,10 @@ def policy_loss(
     if ref_logp_BGT is not None:
         kl = kl_estimate(logp_BGT, sg(ref_logp_BGT), kl_estimator)
         per_token = per_token + kl_coef * kl
-        metrics["kl"] = _masked_mean(kl, mask)
+        metrics["kl"] = masked_mean(kl, mask)
     if entropy_BGT is not None:
         per_token = per_token - entropy_coef * entropy_BGT
-        metrics["entropy"] = _masked_mean(entropy_BGT, mask)
+        metrics["entropy"] = masked_mean(entropy_BGT, mask)
 
     if loss_denominator is None:
         den = _denominator(mask, agg, horizon=horizon)
@@ -310,17 +307,17 @@ def policy_loss(
         pg_loss=_numerator(pg, m_BGT, agg) / safe_den,
         loss_numerator=num,
         loss_denominator=den,
-        clip_frac_low=_masked_mean(clipped_low, mask),
-        clip_frac_high=_masked_mean(clipped_high, mask),
-        clip_frac_dual=_masked_mean(clipped_dual, mask),
-        ratio_mean=_masked_mean(ratio, mask),
+        clip_frac_low=masked_mean(clipped_low, mask),
+        clip_frac_high=masked_mean(clipped_high, mask),
+        clip_frac_dual=masked_mean(clipped_dual, mask),
+        ratio_mean=masked_mean(ratio, mask),
         ratio_min=jnp.min(jnp.where(mask, ratio, jnp.inf)),
         ratio_max=jnp.max(jnp.where(mask, ratio, -jnp.inf)),
-        ppo_kl=_masked_mean(-tok_log_ratio, mask),
-        clip_cov_frac=_masked_mean(clip_cov_sel, mask),
-        kl_cov_frac=_masked_mean(kl_cov_sel, mask),
-        high_entropy_frac=_masked_mean(high_ent, mask),
-        cov_logp_adv=_masked_mean(cov, mask),
+        ppo_kl=masked_mean(-tok_log_ratio, mask),
+        clip_cov_frac=masked_mean(clip_cov_sel, mask),
+        kl_cov_frac=masked_mean(kl_cov_sel, mask),
+        high_entropy_frac=masked_mean(high_ent, mask),
+        cov_logp_adv=masked_mean(cov, mask),
     )
     return loss, jax.tree.map(sg, metrics)
 

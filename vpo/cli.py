@@ -7,7 +7,7 @@
     vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
     vpo search --policy DIR [--task program] [--difficulty hard] [--problems 8] --out DIR
     vpo search --policy hf:PATH --data FILE --reward MODULE:FUNCTION [...] --out DIR
-    vpo compare [--preset smoke|default|paper] [section.key=value ...] [--out DIR]
+    vpo compare [--preset smoke|default|full|paper] [section.key=value ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -686,16 +686,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     summary = compare.run_compare(cfg, args.out, command=command,
                                   with_search=not args.no_search)
     for c in summary["claims"]:
-        print(f"  {'reproduced' if c['holds'] else 'NOT reproduced'}: {c['claim']} "
-              f"({c['evidence']})")
+        print(f"  {c['verdict']}: {c['claim']} ({c['evidence']})")
     return 0
 
 
 def _add_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=50 "
                    "num_seeds=1 arms=grpo,vpo,kl_cov search.generations=4")
-    p.add_argument("--preset", default="default", help="smoke (CI, ~1 min), default (<= 20 min "
-                   "on 2 CPU cores) or paper (accelerators, Qwen3; see tpu_setup.sh)")
+    p.add_argument("--preset", default="default", help="smoke (CI), default (the quickstart, "
+                   "<= 10 min on 2 CPU cores), full (all arms, 9x9 maze, 5 seeds; hours on CPU, "
+                   "its estimate printed first) or paper (accelerators; init=<policy folder or "
+                   "hf:folder>)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--no-search", action="store_true", help="skip the search stage")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",

@@ -28,15 +28,13 @@ from vpo.config import ConfigError, ModelConfig
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
     TrainState,
-    _masked_mean,
-    _select,
-    _tree_finite,
     completion_logp,
     init_state,
     make_optimizer,
     state_from_model,
 )
 from vpo.train_config import TrainConfig
+from vpo.tree_ops import all_finite, masked_mean, select_tree
 
 
 def sft_step(state: TrainState, batch, *, graphdef, tx):
@@ -52,15 +50,15 @@ def sft_step(state: TrainState, batch, *, graphdef, tx):
         logp_B1T, _ = completion_logp(model, batch["prompt_BP"], batch["prompt_mask_BP"],
                                       batch["target_BT"][:, None])
         m_BT = batch["target_mask_BT"]
-        return -_masked_mean(logp_B1T[:, 0], m_BT)
+        return -masked_mean(logp_B1T[:, 0], m_BT)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    finite = jnp.isfinite(loss) & _tree_finite(grads)
+    finite = jnp.isfinite(loss) & all_finite(grads)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     new_state = state._replace(step=state.step + 1,
-                               params=_select(finite, new_params, state.params),
-                               opt_state=_select(finite, new_opt, state.opt_state))
+                               params=select_tree(finite, new_params, state.params),
+                               opt_state=select_tree(finite, new_opt, state.opt_state))
     return new_state, {"loss": loss, "skipped_updates": (~finite).astype(jnp.int32)}
 
 

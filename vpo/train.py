@@ -39,6 +39,7 @@ from vpo.model import Decoder
 from vpo.sampler import generate
 from vpo.tasks.bound import BoundTask
 from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig, check_memory
+from vpo.tree_ops import all_finite, masked_mean, select_tree
 from vpo.types import Rollout
 
 
@@ -217,19 +218,6 @@ class StepConfig:
     pad_id: int
 
 
-def _masked_mean(x, m):
-    return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1)
-
-
-def _select(pred, new, old):
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
-def _tree_finite(tree) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves))
-
-
 def _split(tree, n: int):
     """Leading axis B → [n, B/n, ...]."""
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
@@ -321,11 +309,11 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         loss = jnp.sum(losses)  # micro-batch losses sum to the minibatch loss
         metrics = jax.tree.map(jnp.mean, metrics)
         metrics["loss"] = loss
-        finite = jnp.isfinite(loss) & _tree_finite(grads)
+        finite = jnp.isfinite(loss) & all_finite(grads)
         updates, new_opt = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return ((_select(finite, new_params, params), _select(finite, new_opt, opt_state),
+        return ((select_tree(finite, new_params, params), select_tree(finite, new_opt, opt_state),
                  skipped + (~finite).astype(jnp.int32)), metrics)
 
     def epoch(carry, key):
@@ -341,10 +329,10 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     metrics.update(adv_metrics)
     metrics.update(sampled_metrics)
     valid_BG = jnp.broadcast_to(valid_B[:, None], adv_BG.shape)
-    adv_mean = _masked_mean(adv_BG, valid_BG)
+    adv_mean = masked_mean(adv_BG, valid_BG)
     metrics.update(
         adv_mean=adv_mean,
-        adv_std=jnp.sqrt(_masked_mean(jnp.square(adv_BG - adv_mean), valid_BG)),
+        adv_std=jnp.sqrt(masked_mean(jnp.square(adv_BG - adv_mean), valid_BG)),
         overlong_penalty=jnp.mean(penalty_NG),
         zero_variance_frac=jnp.mean((~keep_N).astype(jnp.float32)),
         kept_frac=jnp.mean(valid_B.astype(jnp.float32)),
@@ -366,7 +354,7 @@ def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_ma
         solved_BG = rewards_lib.solved(task, rewards_BGMR, solution_mask_BGM)
     out = {
         "reward": jnp.mean(reward_BG),
-        "entropy": _masked_mean(rollout.entropy_BGT, rollout.mask_BGT),
+        "entropy": masked_mean(rollout.entropy_BGT, rollout.mask_BGT),
         "response_length": jnp.mean(rollout.length_BG.astype(jnp.float32)),
         "generated_tokens": jnp.sum(rollout.mask_BGT.astype(jnp.int32)),
         "truncation_rate": jnp.mean((~rollout.finished_BG).astype(jnp.float32)),
