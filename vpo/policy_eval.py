@@ -31,7 +31,6 @@ from vpo.config import ConfigError, SamplerConfig
 from vpo.model import Decoder
 from vpo.rewards import in_graph_rewards
 from vpo.sampler import sample
-from vpo.tasks import answers as answers_lib
 from vpo.tasks.bound import BoundTask
 
 
@@ -43,16 +42,8 @@ def default_ks(budget: int) -> list[int]:
 
 def read_all_answers(task: BoundTask, completion_T, mask_T, num_answers: int):
     """The m answers of one generation as symbol ids, repeats KEPT → (symbols_MA, mask_MA,
-    valid_M) (`BoundTask.parse` without its duplicate removal; the same byte and symbol
-    tables)."""
-    bytes_VL, len_V = task.tokenizer.token_bytes()
-    cap = task.byte_cap
-    sym_SW, sym_len_S = answers_lib.symbol_table(task.task.symbols)
-    b_X, live_X = answers_lib.completion_bytes(
-        completion_T, mask_T, jnp.asarray(bytes_VL[:, :cap], jnp.int32),
-        jnp.asarray(np.minimum(len_V, cap), jnp.int32), task.num_bytes(completion_T.shape[-1]))
-    return answers_lib.read_symbols(b_X, live_X, jnp.asarray(sym_SW), jnp.asarray(sym_len_S),
-                                    num_answers=num_answers, answer_len=task.answer_len)
+    valid_M) (`BoundTask.parse` without its duplicate removal)."""
+    return task.parse(completion_T, mask_T, num_answers, dedup=False)
 
 
 def score_all_answers(task: BoundTask, problems, tokens_BGT, mask_BGT, num_answers: int):

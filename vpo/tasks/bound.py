@@ -355,15 +355,17 @@ class BoundTask:
             out.append(raw[:X].decode("utf-8", errors="replace"))
         return out
 
-    def parse(self, completion_T, mask_T, num_answers: int):
-        """In-graph answers of one generation → (symbols_MA, mask_MA, valid_M), duplicates of an
-        earlier valid answer removed."""
+    def parse(self, completion_T, mask_T, num_answers: int, *, dedup: bool = True):
+        """In-graph answers of one generation → (symbols_MA, mask_MA, valid_M); with `dedup`
+        (training, search) duplicates of an earlier valid answer are invalid, without it
+        (evaluation: every parsed answer is a candidate) repeats are kept."""
         bytes_VL, len_V, sym_SW, sym_len_S = (jnp.asarray(x) for x in self._tables)
         b_X, live_X = answers_lib.completion_bytes(completion_T, mask_T, bytes_VL, len_V,
                                                    self.num_bytes(completion_T.shape[-1]))
         sym_MA, smask_MA, valid_M = answers_lib.read_symbols(
             b_X, live_X, sym_SW, sym_len_S, num_answers=num_answers, answer_len=self.answer_len)
-        valid_M = answers_lib.first_occurrence(sym_MA, smask_MA, valid_M)
+        if dedup:
+            valid_M = answers_lib.first_occurrence(sym_MA, smask_MA, valid_M)
         return sym_MA, smask_MA & valid_M[:, None], valid_M
 
     def score_symbols(self, problem, symbols_NA, mask_NA) -> tuple[jax.Array, jax.Array]:
