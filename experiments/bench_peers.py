@@ -1,7 +1,15 @@
-"""Race the peers: vpo against HF `generate`, Tunix and TRL on the same random Qwen2 checkpoints.
+"""Race the peers: vpo against HF `generate`, Tunix and TRL on the same checkpoints.
 
-Run:  python experiments/bench_peers.py                 (both sizes, peers included when built)
+Run:  python experiments/bench_peers.py                 (three sizes, peers included when built)
       python experiments/bench_peers.py --sizes tiny --rounds 1 --no-peers      (vpo side only)
+      python experiments/bench_peers.py --sizes smollm2 --rounds 1 --reps 2     (the real model)
+
+Sizes: `tiny` and `small` are random Qwen2 checkpoints (`make_ckpt.py`); `smollm2` is the real
+pretrained SmolLM2-135M-Instruct (49,152-token vocabulary, 30 layers; `make_smollm2.py`, or the
+same conversion of `vpo.gguf.smollm2_path()`), raced against HF generate and TRL only (no Tunix
+model for it), on its own shapes: B=2 prompts x G=8, a 64-token prompt budget, 64 new tokens.
+For it the vpo side runs in a subprocess of its own, so that its peak resident memory can be set
+against the peers' (`peak_rss_mb`, each peer script's whole process).
 
 Workloads (the peer scripts' constants, `../shared/peers/*.py`):
   * sampling: B=8 prompts x G=8 samples, P=32 prompt tokens (the Tunix scripts' random strings over
@@ -30,6 +38,7 @@ import json
 import os
 import pathlib
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,13 +65,18 @@ TMP = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
 PEERS = pathlib.Path(os.environ.get("VPO_PEERS_DIR", REPO.parent / "shared" / "peers"))
 VENVS = pathlib.Path(os.environ.get("VPO_VENVS", TMP / "vpo-venvs"))
 CKPTS = pathlib.Path(os.environ.get("VPO_PEER_CKPTS", TMP / "vpo-peer"))
-B, G, P, T = 8, 8, 32, 64
+SHAPES = {"tiny": (8, 8, 32, 64), "small": (8, 8, 32, 64),  # B, G, P, T of each size
+          "smollm2": (2, 8, 64, 64)}
+B, G, P, T = SHAPES["tiny"]  # the two random sizes and their peers' defaults
 NO_EOS = -1  # an EOS id no token takes: every sample generates exactly T tokens
 GOALS = {  # (workload, size) -> (peers, required speed ratio vpo / fastest listed peer)
     ("sampling", "tiny"): [("hf_generate", 3.0), ("tunix_sampler", 2.0)],
     ("sampling", "small"): [("hf_generate", 3.0), ("tunix_sampler", 1.3)],
     ("grpo_step", "tiny"): [("trl|tunix", 3.0)],
     ("grpo_step", "small"): [("trl|tunix", 1.3)],
+    ("sampling", "smollm2"): [("hf_generate", 3.0)],
+    ("grpo_step", "smollm2"): [("trl", 2.0)],  # step <= 1/2 of TRL's time
+    ("step_memory", "smollm2"): [("trl", 2.0)],  # peak memory <= 1/2 of TRL's
     ("vpo_advantage", "-"): [("vpo_numpy_loop", 50.0)],
 }
 # Dense bf16 peak FLOP/s for the MFU line on accelerators (by jax device_kind substring).
@@ -71,22 +85,23 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "v5e": 197e12, "v5
 
 
 def get_config() -> dict:
-    return dict(sizes=("tiny", "small"), rounds=3, sample_reps=5, step_reps=5, dtype="float32")
+    return dict(sizes=("tiny", "small", "smollm2"), rounds=3, sample_reps=5, step_reps=5,
+                dtype="float32")
 
 
 # ---------------------------------------------------------------------------------------------
 # the vpo side
 
 
-def prompt_strings(num: int) -> list[str]:
-    """The peers' prompts: random strings over "abcdefghij" of P characters, seed 0."""
+def prompt_strings(num: int, length: int = P) -> list[str]:
+    """The peers' prompts: random strings over "abcdefghij" of `length` characters, seed 0."""
     rnd = random.Random(0)
-    return ["".join(rnd.choice("abcdefghij") for _ in range(P)) for _ in range(num)]
+    return ["".join(rnd.choice("abcdefghij") for _ in range(length)) for _ in range(num)]
 
 
-def encode_prompts(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_prompts(tok, texts: list[str], length: int = P) -> tuple[np.ndarray, np.ndarray]:
     ids = [tok.encode(t) for t in texts]
-    return left_pad(ids, P, tok.pad_id, truncate=True)
+    return left_pad(ids, length, tok.pad_id, truncate=True)
 
 
 class CountATask(NamedTuple):
@@ -129,11 +144,13 @@ class VpoSize:
 
     def __init__(self, size: str, dtype: str):
         self.size = size
+        self.B, self.G, self.P, self.T = SHAPES[size]
         folder = CKPTS / size
         self.model = hf.from_pretrained(folder, dtype=dtype)
         self.tok = hf.load_tokenizer(folder)
-        self.prompts_BP, self.mask_BP = encode_prompts(self.tok, prompt_strings(B))
-        self.cfg = SamplerConfig(max_new_tokens=T, num_samples=G, temperature=1.0)
+        self.prompts_BP, self.mask_BP = encode_prompts(
+            self.tok, prompt_strings(self.B, self.P), self.P)
+        self.cfg = SamplerConfig(max_new_tokens=self.T, num_samples=self.G, temperature=1.0)
         self.compile_s: dict[str, float] = {}
         self.calls = 0
         self._build_step()
@@ -141,12 +158,14 @@ class VpoSize:
     # -- sampling -------------------------------------------------------------------------------
     def _sample(self):
         self.calls += 1
+        B, G = self.B, self.G
         keys = jax.random.split(jax.random.key(self.calls), B * G).reshape(B, G)
         return sample_with_keys(self.model, self.prompts_BP, self.mask_BP, keys, self.cfg,
                                 stop_ids=(NO_EOS,), pad_id=self.tok.pad_id)
 
     def sampling(self, reps: int) -> float:
         """Median warm generated tokens/s over `reps` calls (first call: compile, reported)."""
+        B, G, T = self.B, self.G, self.T
         if "sampling" not in self.compile_s:
             rollout, self.compile_s["sampling"] = _timed(self._sample)
             n = int(rollout.mask_BGT.sum())
@@ -157,7 +176,8 @@ class VpoSize:
     # -- GRPO step ------------------------------------------------------------------------------
     def _build_step(self):
         a_id = self.tok.encode("a")[0]
-        prompts, pmask = encode_prompts(self.tok, prompt_strings(B))
+        B = self.B
+        prompts, pmask = self.prompts_BP, self.mask_BP
         self.task = CountATask(a_id, self.tok)
         tcfg = TrainConfig(batch_size=B, num_answers=1, learning_rate=1e-5, steps=10**6)
         self.step_cfg = train_lib.StepConfig(self.cfg, ObjectiveConfig(advantage="grpo"), tcfg,
@@ -191,8 +211,8 @@ class VpoSize:
         def update(state, batch, rollout):
             rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"],
                                                         rollout.tokens_BGT, rollout.mask_BGT, 1)
-            return train_lib._update(state, batch, rollout, rewards, smask, graphdef=graphdef,
-                                     tx=tx, task=task, cfg=cfg)
+            return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+                                                 graphdef=graphdef, tx=tx, task=task, cfg=cfg)
 
         rollout = jax.block_until_ready(sample(self.state, self.batch))
         compiled = update.lower(self.state, self.batch, rollout).compile()
@@ -210,8 +230,10 @@ class VpoSize:
 # the peers (subprocesses in their own venvs)
 
 
-def peers_available() -> bool:
-    return all((VENVS / v / ".ok").exists() for v in ("hf", "tunix", "jax")) and PEERS.is_dir()
+def peers_available(size: str = "tiny") -> bool:
+    """The venvs a size's peers need (SmolLM2: the hf venv only) and the peer scripts."""
+    venvs = ("hf",) if size == "smollm2" else ("hf", "tunix", "jax")
+    return all((VENVS / v / ".ok").exists() for v in venvs) and PEERS.is_dir()
 
 
 def ensure_checkpoint(size: str) -> None:
@@ -220,8 +242,13 @@ def ensure_checkpoint(size: str) -> None:
     if not (VENVS / "hf" / ".ok").exists():
         raise SystemExit(f"no checkpoint at {CKPTS / size} and no hf venv to make one; run "
                          f"bash {PEERS / 'venvs.sh'} all (or set VPO_PEER_CKPTS)")
-    subprocess.run([str(VENVS / "hf/bin/python"), str(PEERS / "make_ckpt.py"), "--size", size,
+    make = (["make_smollm2.py"] if size == "smollm2" else ["make_ckpt.py", "--size", size])
+    subprocess.run([str(VENVS / "hf/bin/python"), str(PEERS / make[0]), *make[1:],
                     "--out", str(CKPTS / size)], check=True, capture_output=True)
+
+
+def shape_flags(size: str) -> list[str]:
+    return [x for k, v in zip("BGPT", SHAPES[size], strict=True) for x in (f"--{k}", str(v))]
 
 
 def _run_peer(venv: str, script: str, *args: str, env: dict | None = None) -> dict:
@@ -237,26 +264,58 @@ def _run_peer(venv: str, script: str, *args: str, env: dict | None = None) -> di
     return json.loads(lines[-1])
 
 
-def peer_sampling(size: str) -> dict:
+def peer_sampling(size: str, reps: int) -> dict:
+    """name -> (tokens/s, first-call s, peak resident MB of the peer's process)."""
     ck = str(CKPTS / size)
     out = {}
-    r = _run_peer("hf", "hf_generate.py", "--ckpt", ck)
-    out["hf_generate"] = (r["tok_per_s_median"], r["first_s"])
+    r = _run_peer("hf", "hf_generate.py", "--ckpt", ck, *shape_flags(size), "--reps", str(reps))
+    out["hf_generate"] = (r["tok_per_s_median"], r["first_s"], r["peak_rss_mb"])
+    if size == "smollm2":  # no Tunix model for the Llama-architecture checkpoint
+        return out
     r = _run_peer("tunix", "tunix_sample.py", "--ckpt", ck, env={"JAX_PLATFORMS": "cpu"})
-    out["tunix_sampler"] = (r["tok_per_s_median"], r["first_s"])
+    out["tunix_sampler"] = (r["tok_per_s_median"], r["first_s"], r.get("peak_rss_mb"))
     return out
 
 
 def peer_grpo(size: str) -> dict:
-    """Seconds per step: TRL's median step; Tunix's (train 6 steps - train 2 steps) / 4."""
+    """Seconds per step: TRL's median step; Tunix's (train 6 steps - train 2 steps) / 4.
+    name -> (s/step, first/total s, peak resident MB)."""
     ck = str(CKPTS / size)
-    r = _run_peer("hf", "trl_grpo.py", "--ckpt", ck, "--steps", "6")
-    out = {"trl_grpo": (r["median_step_s"], r["total_s"])}
+    steps = "3" if size == "smollm2" else "6"  # TRL times the steps after the first
+    r = _run_peer("hf", "trl_grpo.py", "--ckpt", ck, "--steps", steps, *shape_flags(size))
+    out = {"trl_grpo": (r["median_step_s"], r["total_s"], r["peak_rss_mb"])}
+    if size == "smollm2":
+        return out
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     t = {n: _run_peer("tunix", "tunix_grpo.py", "--ckpt", ck, "--steps", str(n), env=env)
-         ["train_s"] for n in (2, 6)}
-    out["tunix_grpo"] = ((t[6] - t[2]) / 4, t[2])
+         for n in (2, 6)}
+    out["tunix_grpo"] = ((t[6]["train_s"] - t[2]["train_s"]) / 4, t[2]["train_s"],
+                         t[6].get("peak_rss_mb"))
     return out
+
+
+def vpo_worker(size: str, dtype: str, reps: int) -> dict:
+    """The vpo side of one size in this process, with its peak resident memory: after sampling
+    (`peak_rss_mb_sampling`) and after the GRPO steps (`peak_rss_mb`, the process maximum)."""
+    def rss():
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+    v = VpoSize(size, dtype)
+    sampling = v.sampling(reps)
+    rss_sampling = rss()
+    step = v.grpo_step(reps)
+    return dict(vpo_worker=size, sampling=sampling, grpo_step=step, compile=v.compile_s,
+                peak_rss_mb_sampling=rss_sampling, peak_rss_mb=rss())
+
+
+def run_vpo_worker(size: str, dtype: str, reps: int) -> dict:
+    cmd = [sys.executable, __file__, "--vpo-worker", size, "--dtype", dtype, "--reps", str(reps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"vpo_worker"')]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"vpo worker for {size} failed (rc {proc.returncode}): "
+                           f"{proc.stderr[-800:]}")
+    return json.loads(lines[-1])
 
 
 def peer_numpy_loop() -> float:
@@ -272,7 +331,7 @@ def _med(xs):
 
 
 def run(cfg: dict, with_peers: bool) -> dict:
-    res: dict = {"vpo": {}, "peer": {}, "compile": {}, "split": {}}
+    res: dict = {"vpo": {}, "peer": {}, "compile": {}, "split": {}, "memory": {}}
 
     def add(d, key, v):  # record, and print at once (a long run shows its progress)
         d.setdefault(key, []).append(v)
@@ -280,15 +339,18 @@ def run(cfg: dict, with_peers: bool) -> dict:
         print(f"  {side} {key[0]} {key[1]}: {v:.4g} (load {os.getloadavg()[0]:.1f})", flush=True)
     for size in cfg["sizes"]:
         ensure_checkpoint(size)
+        if size == "smollm2":
+            run_smollm2(cfg, with_peers and peers_available(size), res, add)
+            continue
         v = VpoSize(size, cfg["dtype"])
         for r in range(cfg["rounds"]):
             add(res["vpo"], ("sampling", size), v.sampling(cfg["sample_reps"]))
             add(res["vpo"], ("grpo_step", size), v.grpo_step(cfg["step_reps"]))
-            if with_peers:
-                for name, (x, first) in peer_sampling(size).items():
+            if with_peers and peers_available(size):
+                for name, (x, first, _) in peer_sampling(size, 5).items():
                     add(res["peer"], (name, size), x)
                     res["compile"].setdefault((name, size), first)
-                for name, (x, first) in peer_grpo(size).items():
+                for name, (x, first, _) in peer_grpo(size).items():
                     add(res["peer"], (name, size), x)
                     res["compile"].setdefault((name, size), first)
             print(f"  [{size} round {r + 1}/{cfg['rounds']} done]", flush=True)
@@ -300,9 +362,47 @@ def run(cfg: dict, with_peers: bool) -> dict:
         add(res["vpo"], ("vpo_advantage_iid", "-"), adv["iid"]["ms"])
         add(res["vpo"], ("vpo_advantage_lattice", "-"), adv["lattice"]["ms"])
         add(res["peer"], ("numpy_loop_inprocess", "-"), adv["numpy_ms"])
-        if with_peers:
+        if with_peers and peers_available():
             add(res["peer"], ("vpo_numpy_loop", "-"), peer_numpy_loop())
     return res
+
+
+def run_smollm2(cfg: dict, with_peers: bool, res: dict, add) -> None:
+    """SmolLM2-135M: per round the vpo side in its own process, then HF generate and TRL."""
+    size = "smollm2"
+    for r in range(cfg["rounds"]):
+        w = run_vpo_worker(size, cfg["dtype"], cfg["sample_reps"])
+        add(res["vpo"], ("sampling", size), w["sampling"])
+        add(res["vpo"], ("grpo_step", size), w["grpo_step"])
+        res["memory"].setdefault(("vpo_sampling", size), []).append(w["peak_rss_mb_sampling"])
+        res["memory"].setdefault(("vpo_grpo_step", size), []).append(w["peak_rss_mb"])
+        for k, s in w["compile"].items():
+            res["compile"].setdefault((f"vpo_{k}", size), s)
+        if with_peers:
+            for name, (x, first, mb) in [*peer_sampling(size, cfg["sample_reps"]).items(),
+                                         *peer_grpo(size).items()]:
+                add(res["peer"], (name, size), x)
+                res["compile"].setdefault((name, size), first)
+                res["memory"].setdefault((name, size), []).append(mb)
+        print(f"  [{size} round {r + 1}/{cfg['rounds']} done]", flush=True)
+
+
+def memory_rows(res: dict) -> list[str]:
+    """Peak resident memory (MB) of each process that measured a SmolLM2 workload."""
+    mem = {k: _med(x) for k, x in res["memory"].items()}
+    rows = []
+    for work, ours, theirs, goal in (("sampling", "vpo_sampling", "hf_generate", None),
+                                     ("grpo step", "vpo_grpo_step", "trl_grpo", 2.0)):
+        if (ours, "smollm2") in mem and (theirs, "smollm2") in mem:
+            a, b = mem[(ours, "smollm2")], mem[(theirs, "smollm2")]
+            met = "" if goal is None else ("yes" if b / a >= goal else "NO")
+            want = "" if goal is None else f">= {goal}x"
+            rows.append(f"| peak memory, {work} | smollm2 | {a:,.0f} MB | {theirs} | {b:,.0f} MB "
+                        f"| {b / a:.2f}x (peer/vpo MB) | {want} | {met} |")
+        elif (ours, "smollm2") in mem:
+            rows.append(f"| peak memory, {work} | smollm2 | {mem[(ours, 'smollm2')]:,.0f} MB | "
+                        f"(peers not run) | | | | |")
+    return rows
 
 
 def table(res: dict) -> list[str]:
@@ -316,7 +416,7 @@ def table(res: dict) -> list[str]:
         rows.append(f"| {work} | {size} | {vval} {unit} | {pname} | {pval} {unit} | "
                     f"{ratio:.2f}x | {'' if goal is None else f'>= {goal}x'} | {met} |")
 
-    for size in ("tiny", "small"):
+    for size in SHAPES:
         if ("sampling", size) in vpo:
             x = vpo[("sampling", size)]
             for pname, goal in GOALS[("sampling", size)]:
@@ -345,28 +445,32 @@ def table(res: dict) -> list[str]:
                     goal = 50.0 if name.endswith("iid") and pname == "vpo_numpy_loop" else None
                     row(name.replace("_", " "), "B128 G8 M3 R5 K100", f"{x:.3f}", "ms", pname,
                         f"{p:.3f}", p / x, goal)
-    return rows
+    return rows + memory_rows(res)
 
 
 def main(argv=None):
     cfg = get_config()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", nargs="+", default=list(cfg["sizes"]), choices=["tiny", "small"])
+    ap.add_argument("--sizes", nargs="+", default=list(cfg["sizes"]), choices=list(SHAPES))
     ap.add_argument("--rounds", type=int, default=cfg["rounds"])
     ap.add_argument("--reps", type=int, default=cfg["sample_reps"])
     ap.add_argument("--dtype", default=cfg["dtype"], help="vpo param/compute dtype")
     ap.add_argument("--no-peers", action="store_true", help="vpo side only")
     ap.add_argument("--json", help="also write the raw measurements here")
+    ap.add_argument("--vpo-worker", choices=list(SHAPES), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.vpo_worker:  # one size's vpo side in this process (its peak memory): one JSON line
+        print(json.dumps(vpo_worker(a.vpo_worker, a.dtype, a.reps)), flush=True)
+        return None
     cfg.update(sizes=tuple(a.sizes), rounds=a.rounds, sample_reps=a.reps, step_reps=a.reps,
                dtype=a.dtype)
-    with_peers = not a.no_peers and peers_available()
-    if not a.no_peers and not with_peers:
+    with_peers = not a.no_peers
+    if with_peers and not all(peers_available(s) for s in cfg["sizes"]):
         print(f"peer venvs not found under {VENVS} (run bash {PEERS / 'venvs.sh'} all): "
-              "vpo side only")
+              "vpo side only where they are missing")
     dev = jax.devices()[0]
     print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}) x{jax.device_count()}; "
-          f"load {os.getloadavg()[0]:.2f} at start; B={B} G={G} P={P} T={T}", flush=True)
+          f"load {os.getloadavg()[0]:.2f} at start; B G P T: {SHAPES}", flush=True)
     res = run(cfg, with_peers)
     print("\n".join(["", *table(res), ""]))
     print("compile / first call (s): " + ", ".join(

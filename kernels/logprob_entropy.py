@@ -27,6 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from vpo.kernels.precision import dot_f32
 
 _NEG = -1e30
 
@@ -55,7 +56,7 @@ def _validate(hidden_ND, w_DV, targets_N):
 def logprob_entropy_reference(hidden_ND, w_DV, targets_N):
     """(logp_N, entropy_N) from the full [N, V] logits (float32)."""
     _validate(hidden_ND, w_DV, targets_N)
-    logits = jnp.dot(hidden_ND, w_DV, preferred_element_type=jnp.float32)
+    logits = dot_f32(hidden_ND, w_DV)
     logp_NV = jax.nn.log_softmax(logits, axis=-1)
     logp_N = jnp.take_along_axis(logp_NV, targets_N[:, None], axis=-1)[:, 0]
     entropy_N = -jnp.sum(jnp.exp(logp_NV) * logp_NV, axis=-1)
@@ -92,7 +93,7 @@ def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048):
     @jax.checkpoint
     def body(carry, xs):
         w_DC, valid_C, offset = xs
-        z = jnp.dot(hidden_ND, w_DC, preferred_element_type=jnp.float32)
+        z = dot_f32(hidden_ND, w_DC)
         z = jnp.where(valid_C[None, :], z, _NEG)
         return _merge(carry, z, targets_N, offset), None
 
@@ -114,7 +115,7 @@ def _kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int,
         sz_ref[...] = jnp.zeros(sz_ref.shape, jnp.float32)
         tgt_ref[...] = jnp.zeros(tgt_ref.shape, jnp.float32)
 
-    z = jnp.dot(h_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    z = dot_f32(h_ref[...], w_ref[...])
     cols = j * block_v + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
     z = jnp.where(cols < vocab, z, _NEG)
     carry = (m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...])

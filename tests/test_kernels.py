@@ -1,16 +1,20 @@
-"""Vocabulary-tiled log-prob/entropy: chunked and Pallas (interpret) paths equal the reference."""
+"""Kernels beside their references: vocabulary-tiled log-prob/entropy (chunked and Pallas
+interpret) and decode attention over a shared prefix + per-sample suffix (Pallas interpret);
+float32-accumulating products of bfloat16 operands on CPU."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
+from vpo.kernels.decode_attention import BlockSizes as DecodeBlockSizes
+from vpo.kernels.decode_attention import decode_attention, decode_attention_reference
 from vpo.kernels.logprob_entropy import (
     BlockSizes,
     logprob_entropy,
     logprob_entropy_chunked,
     logprob_entropy_reference,
 )
+from vpo.kernels.precision import dot_f32, einsum_f32
 
 N, D, V = 40, 16, 300  # V not a multiple of the tile: exercises the ragged last tile
 
@@ -68,3 +72,66 @@ def test_shape_errors(inputs):
         logprob_entropy_chunked(hidden, w[:-1], targets)
     with pytest.raises(ValueError, match="expected hidden_ND"):
         logprob_entropy_reference(hidden[None], w, targets)
+
+
+# -- decode attention: shared prefix + per-sample suffix ------------------------------------
+
+DB, DG, DN, DH, DE, DP, DC = 2, 3, 2, 2, 8, 21, 40  # P, C not multiples of the key block
+
+
+@pytest.fixture(scope="module")
+def decode_inputs():
+    rng = np.random.default_rng(1)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    mask = np.ones((DB, DP), bool)
+    mask[0, :6] = False  # prompt 0 left-padded
+    return (normal(DB, DG, DN, DH, DE), normal(DB, DN, DP, DE), normal(DB, DN, DP, DE),
+            jnp.asarray(mask), normal(DB, DG, DN, DC, DE), normal(DB, DG, DN, DC, DE))
+
+
+def test_decode_attention_reference_is_attention_over_the_valid_keys(decode_inputs):
+    """By hand for one row: softmax over its real prefix keys and suffix slots < length."""
+    q, kp, vp, mask, kc, vc = decode_inputs
+    length = 7
+    out = jax.jit(decode_attention_reference)(q, kp, vp, mask, kc, vc, length)
+    b, g, n, h = 0, 1, 1, 0
+    keys = np.concatenate([np.asarray(kp[b, n])[np.asarray(mask[b])], kc[b, g, n, :length]])
+    vals = np.concatenate([np.asarray(vp[b, n])[np.asarray(mask[b])], vc[b, g, n, :length]])
+    s = keys @ np.asarray(q[b, g, n, h]) / np.sqrt(DE)
+    p = np.exp(s - s.max())
+    np.testing.assert_allclose(out[b, g, n, h], p @ vals / p.sum(), atol=1e-5)
+
+
+def test_decode_attention_pallas_interpret_matches_reference(decode_inputs):
+    q, kp, vp, mask, kc, vc = decode_inputs
+    bs = DecodeBlockSizes(block_k=8, block_rows=8)  # several key blocks, padded rows
+    run = jax.jit(lambda n: decode_attention(q, kp, vp, mask, kc, vc, n, block_sizes=bs,
+                                             interpret=True))
+    ref_fn = jax.jit(decode_attention_reference)
+    for length in (1, 8, 9, DC):  # one slot, a whole block, one past it, the whole cache
+        ref = ref_fn(q, kp, vp, mask, kc, vc, length)
+        np.testing.assert_allclose(run(length), ref, atol=1e-5, rtol=0)
+
+
+def test_decode_attention_shape_errors(decode_inputs):
+    q, kp, vp, mask, kc, vc = decode_inputs
+    with pytest.raises(ValueError, match="shape mismatch: suffix v"):
+        decode_attention_reference(q, kp, vp, mask, kc, vc[:, :, :, 1:], 3)
+    with pytest.raises(ValueError, match="expected q"):
+        decode_attention(q[0], kp, vp, mask, kc, vc, 3, interpret=True)
+
+
+def test_f32_products_of_bfloat16_operands_run_on_cpu():
+    """XLA's CPU runtime has no bf16 x bf16 -> f32 dot: the attention value product below fails
+    with plain `preferred_element_type` (UNIMPLEMENTED); the helpers upcast on CPU."""
+    rng = np.random.default_rng(0)
+    e = jnp.asarray(rng.standard_normal((2, 3, 4, 2, 4, 5)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((2, 4, 5, 32)), jnp.bfloat16)
+    spec = "bgnhsp,bnpe->bgnhse"
+    out = jax.jit(einsum_f32, static_argnums=0)(spec, e, v)
+    exact = np.einsum(spec, np.asarray(e, np.float32), np.asarray(v, np.float32))
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-5)
+    a, b = e.reshape(-1, 5), v[0, 0]
+    np.testing.assert_allclose(jax.jit(dot_f32)(a, b),
+                               np.asarray(a, np.float32) @ np.asarray(b, np.float32), atol=1e-5)

@@ -1,4 +1,5 @@
-"""Decoder: cached decode equals the full forward, causality via gradients, config validation."""
+"""Decoder: cached decode (whole or grown cache, XLA or the Pallas kernel) equals the full forward,
+causality via gradients, bf16 on CPU, config validation."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +8,7 @@ import pytest
 from flax import nnx
 
 from vpo.config import ConfigError, ModelConfig, RopeScaling, model_preset
-from vpo.model import Decoder, rope_cos_sin, rope_inv_freq
+from vpo.model import Decoder, KVCache, Prefix, rope_cos_sin, rope_inv_freq
 
 VARIANTS = {
     "llama_tied": dict(),
@@ -39,9 +40,10 @@ def test_cached_decode_matches_full_forward(model):
     @jax.jit
     def decode(tokens, mask):
         hidden, prefix = model.prefill(tokens[:, :P], mask[:, :P])
-        cache = model.init_cache(B, 1, T)
+        cache = model.init_cache(B, 1, 2)
         outs = []
-        for t in range(T):
+        for t in range(T):  # the cache grown as the sampler does: 2, 4, 8 slots
+            cache = cache.grown(max(2, 2 ** t.bit_length()))
             h, cache = model.extend(tokens[:, None, P + t:P + t + 1], prefix, cache, t)
             outs.append(model.logits(h[:, 0, 0]))
         teacher, _ = model.extend(tokens[:, None, P:], prefix)  # no cache: all T at once
@@ -132,3 +134,62 @@ def test_llama3_rope_scaling_bands():
     wavelen = 2 * np.pi / plain
     np.testing.assert_allclose(scaled[wavelen < 8192 / 4], plain[wavelen < 8192 / 4])
     np.testing.assert_allclose(scaled[wavelen > 8192], plain[wavelen > 8192] / 32, rtol=1e-6)
+
+
+def test_grown_cache_keeps_its_slots():
+    cache = KVCache((jnp.ones((1, 2, 1, 3, 4)),), (2 * jnp.ones((1, 2, 1, 3, 4)),))
+    g = cache.grown(5)
+    assert g.k_BGNCE[0].shape == (1, 2, 1, 5, 4)
+    np.testing.assert_array_equal(g.v_BGNCE[0][:, :, :, :3], cache.v_BGNCE[0])
+    assert not np.asarray(g.k_BGNCE[0][:, :, :, 3:]).any()
+    assert cache.grown(3) is cache and cache.grown(2) is cache
+
+
+def test_decode_kernel_interpret_matches_xla():
+    """A decode step through the Pallas kernel (interpret mode) equals the XLA path, at a
+    position inside the first key block and one past it, with a left-padded prompt."""
+    m = Decoder(model_preset("tiny", qkv_bias=True), rngs=nnx.Rngs(0))
+    B, G, P, C = 2, 3, 5, 10
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(3, 64, (B, P)), jnp.int32)
+    mask = jnp.ones((B, P), bool).at[1, :2].set(False)
+    cache_tokens = jnp.asarray(rng.integers(3, 64, (B, G, C)), jnp.int32)
+
+    @jax.jit
+    def step(t):
+        _, prefix = m.prefill(prompts, mask)
+        _, cache = m.extend(cache_tokens, prefix)  # C earlier tokens: slots [0, C) filled
+        tok = cache_tokens[:, :, :1]
+        xla, _ = m.extend(tok, prefix, cache, t)
+        pallas, _ = m.extend(tok, prefix, cache, t, attention="interpret")
+        return m.logits(xla), m.logits(pallas)
+
+    for t in (0, 7):
+        xla, pallas = step(t)
+        np.testing.assert_allclose(pallas, xla, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="one new token"):
+        m.extend(cache_tokens, Prefix((), (), mask, mask.sum(1)), None, 0, attention="pallas")
+
+
+def test_bfloat16_parameters_run_on_cpu():
+    """A bf16 model runs its forward, the training forward (`extend` over the completion: the
+    bf16 x bf16 -> f32 dot that crashed CPU) and a decode step, each close to the f32 forward
+    of the same weights."""
+    f32 = Decoder(model_preset("tiny"), rngs=nnx.Rngs(0))
+    cfg = model_preset("tiny", dtype="bfloat16", param_dtype="bfloat16")
+    bf16 = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))  # no eager init: f32's weights
+    nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(f32, nnx.Param)))
+    tokens = jnp.asarray(np.random.default_rng(1).integers(3, 64, (2, 9)), jnp.int32)
+
+    @jax.jit
+    def run(model):
+        logits = model(tokens)
+        _, prefix = model.prefill(tokens[:, :5])
+        teacher, _ = model.extend(tokens[:, None, 5:], prefix)
+        h, _ = model.extend(tokens[:, None, 5:6], prefix, model.init_cache(2, 1, 4), 0)
+        return logits, model.logits(teacher[:, 0]), model.logits(h[:, 0])
+
+    ref = np.asarray(jax.jit(lambda m: m(tokens))(f32))
+    for got, want in zip(run(bf16), (ref, ref[:, 5:], ref[:, 5:6]), strict=True):
+        assert got.dtype == jnp.float32 and np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, want, atol=0.02)  # logits up to ~0.8; bf16 rounding

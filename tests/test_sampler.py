@@ -1,5 +1,6 @@
 """Sampler: stop ids (one or several), a pad id that is a real token, determinism, greedy limit,
-filters, prefix sharing, mesh invariance."""
+filters, prefix sharing, mesh invariance, decode phases (a growing cache) equal to the whole-cache
+path, bf16 parameters on CPU."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,14 @@ from flax import nnx
 from vpo import _prng, sharding
 from vpo.config import ConfigError, SamplerConfig, model_preset
 from vpo.model import Decoder
-from vpo.sampler import choose_tokens, left_pad, sample, sample_with_keys
+from vpo.sampler import (
+    _generate_jit,
+    choose_tokens,
+    decode_windows,
+    left_pad,
+    sample,
+    sample_with_keys,
+)
 
 PAD, EOS = 0, 2
 B, P, T, G = 8, 6, 12, 4
@@ -225,6 +233,55 @@ def test_tensor_parallel_mesh_matches(model, prompts):
     multi = run(m, (jax.device_put(prompts[0], sharding.batch_sharding(mesh, 2)),
                     jax.device_put(prompts[1], sharding.batch_sharding(mesh, 2))), 4)
     np.testing.assert_array_equal(single.tokens_BGT, multi.tokens_BGT)
+
+
+def test_decode_windows():
+    assert decode_windows(12, 4) == (4, 8, 12)
+    assert decode_windows(16, 4) == (4, 8, 16)
+    assert decode_windows(1024) == (64, 128, 256, 512, 1024)
+    assert decode_windows(64) == (64,) and decode_windows(12) == (12,)
+    with pytest.raises(ValueError, match="decode block"):
+        decode_windows(8, 0)
+
+
+def phased(model, prompts, keys, decode_block, temperature=1.0):
+    graphdef, state = nnx.split(model)
+    return _generate_jit(graphdef, state, prompts[0], prompts[1], keys, jnp.float32(temperature),
+                         jnp.float32(1.0), jnp.int32(0), max_new_tokens=T, stop_ids=(EOS,),
+                         pad_id=PAD, decode_block=decode_block)
+
+
+def test_phased_decode_equals_whole_cache(model, prompts):
+    """Decoding with the cache grown in phases (8, then 12 slots) gives the tokens, log-probs and
+    entropies of the whole 12-slot cache at every step (`run`: T is below the first phase's
+    length), on one device and on a mesh."""
+    keys = jax.random.split(jax.random.key(6), B * G).reshape(B, G)
+    whole = run(model, prompts, 6)
+    grown = phased(model, prompts, keys, 8)
+    assert not np.asarray(whole.finished_BG).all()  # rows run into the later phases
+    np.testing.assert_array_equal(grown.tokens_BGT, whole.tokens_BGT)
+    np.testing.assert_array_equal(grown.mask_BGT, whole.mask_BGT)
+    for name in ("logp_BGT", "sample_logp_BGT", "entropy_BGT"):
+        np.testing.assert_allclose(getattr(grown, name), getattr(whole, name), atol=1e-5)
+    mesh = sharding.make_mesh(data=4, tensor=2)
+    m = sharding.shard_model(nnx.clone(model), mesh)
+    on_mesh = phased(m, tuple(jax.device_put(x, sharding.batch_sharding(mesh, 2))
+                              for x in prompts), keys, 8)
+    assert len(on_mesh.tokens_BGT.sharding.device_set) == 8
+    np.testing.assert_array_equal(on_mesh.tokens_BGT, whole.tokens_BGT)
+    np.testing.assert_allclose(on_mesh.logp_BGT, whole.logp_BGT, atol=1e-5)
+
+
+def test_bfloat16_model_samples_on_cpu(prompts):
+    """bf16 parameters and compute on CPU: sampling runs (no bf16 x bf16 -> f32 dot) and gives
+    valid tokens with finite log-probs."""
+    m = Decoder(model_preset("tiny", dtype="bfloat16", param_dtype="bfloat16"),
+                rngs=nnx.Rngs(0))
+    r = run(m, prompts, 7)
+    assert r.tokens_BGT.shape == (B, G, T)
+    toks, mask = np.asarray(r.tokens_BGT), np.asarray(r.mask_BGT)
+    assert ((toks >= 0) & (toks < 64)).all()
+    assert np.isfinite(np.asarray(r.logp_BGT)).all() and (np.asarray(r.logp_BGT)[mask] <= 0).all()
 
 
 def test_budget_errors(model):

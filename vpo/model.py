@@ -16,6 +16,13 @@ Three entry points share one attention routine:
     prefill work and prefix memory do not grow with G. Decoding is `extend` with S = 1; the
     training forward is `extend` over all T completion tokens.
 
+Decode attention reads the whole suffix cache it is given, so the sampler keeps the cache as
+long as the tokens so far need (`KVCache.grown`, doubling): a step at position t costs O(P + t),
+not O(P + budget). On GPU / TPU a decode step can run the Pallas kernel
+(`vpo.kernels.decode_attention`, `decode_attention_impl`), which bounds its reads itself.
+Products that accumulate in float32 go through `vpo.kernels.precision`, so bfloat16 parameters
+also run on CPU (whose runtime lacks a bf16 × bf16 → f32 dot).
+
 Dimension key: B batch (prompts), G continuations per prompt, S new tokens, P prompt length,
 C suffix-cache length, V vocab, D width, F MLP width, H query heads, N KV heads, E head dim,
 L layers.
@@ -31,8 +38,22 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vpo.config import LORA_TARGETS, ModelConfig
+from vpo.kernels import decode_attention as decode_lib
+from vpo.kernels.precision import einsum_f32
 
 _MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
+
+
+_KERNELS = ("pallas", "interpret")  # `Decoder.extend(attention=...)` besides "xla"
+_KERNEL_BLOCK_K = decode_lib.BlockSizes.get_default().block_k
+
+
+def decode_attention_impl() -> str:
+    """The decode-attention path for the default backend: the Pallas kernel on one GPU / TPU,
+    XLA elsewhere (Pallas compiles only for accelerators, and XLA cannot partition a kernel
+    over a mesh of several devices)."""
+    on_accelerator = jax.default_backend() in ("gpu", "tpu")
+    return "pallas" if on_accelerator and jax.device_count() == 1 else "xla"
 
 
 class Prefix(NamedTuple):
@@ -58,6 +79,17 @@ class KVCache(NamedTuple):
 
     k_BGNCE: tuple[jax.Array, ...]  # one per layer
     v_BGNCE: tuple[jax.Array, ...]
+
+    def grown(self, length: int) -> KVCache:
+        """This cache with zero slots appended up to `length` slots (a copy; the same cache
+        if it has that many already). A decode loop that doubles the cache when full copies
+        fewer than 2·T slots in all and attends to O(t) slots at step t."""
+        C = self.k_BGNCE[0].shape[3]
+        if length <= C:
+            return self
+        pad = ((0, 0), (0, 0), (0, 0), (0, length - C), (0, 0))
+        grow = lambda x: jnp.pad(x, pad)  # noqa: E731
+        return KVCache(tuple(map(grow, self.k_BGNCE)), tuple(map(grow, self.v_BGNCE)))
 
 
 def _lead(x, ndim: int):
@@ -190,24 +222,22 @@ def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=
     N = k_BGNCE.shape[2]
     q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, N, H // N, E)
     q = q.transpose(0, 1, 3, 4, 2, 5)  # bgnhse
-    s_own = jnp.einsum("bgnhse,bgnce->bgnhsc", q, k_BGNCE, preferred_element_type=jnp.float32)
+    s_own = einsum_f32("bgnhse,bgnce->bgnhsc", q, k_BGNCE)
     s_own = jnp.where(mask_BGSC[:, :, None, None], s_own, _MASKED)
     m = jnp.max(s_own, axis=-1, keepdims=True)
     if prefix_kv is not None:
         kp, vp = prefix_kv
-        s_pre = jnp.einsum("bgnhse,bnpe->bgnhsp", q, kp, preferred_element_type=jnp.float32)
+        s_pre = einsum_f32("bgnhse,bnpe->bgnhsp", q, kp)
         s_pre = jnp.where(prefix_mask_BP[:, None, None, None, None, :], s_pre, _MASKED)
         m = jnp.maximum(m, jnp.max(s_pre, axis=-1, keepdims=True))
     m = jax.lax.stop_gradient(m)  # any shift gives the same softmax
     e_own = jnp.exp(s_own - m)
     z = jnp.sum(e_own, axis=-1, keepdims=True)
-    out = jnp.einsum("bgnhsc,bgnce->bgnhse", e_own.astype(v_BGNCE.dtype), v_BGNCE,
-                     preferred_element_type=jnp.float32)
+    out = einsum_f32("bgnhsc,bgnce->bgnhse", e_own.astype(v_BGNCE.dtype), v_BGNCE)
     if prefix_kv is not None:
         e_pre = jnp.exp(s_pre - m)
         z = z + jnp.sum(e_pre, axis=-1, keepdims=True)
-        out = out + jnp.einsum("bgnhsp,bnpe->bgnhse", e_pre.astype(vp.dtype), vp,
-                               preferred_element_type=jnp.float32)
+        out = out + einsum_f32("bgnhsp,bnpe->bgnhse", e_pre.astype(vp.dtype), vp)
     return (out / z).astype(v_BGNCE.dtype)
 
 
@@ -239,7 +269,12 @@ class Attention(nnx.Module):
         y = _plus_lora(jnp.einsum("bgsd,dhe->bgshe", x, w[...].astype(self.dtype)), lora, x)
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
-    def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP):
+    def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP,
+                 kernel=None):
+        """Attention of the S new tokens. `kernel` ("pallas" | "interpret"): one decode token
+        (S = 1) through the Pallas kernel, which reads only cache slots [0, start + 1).
+        Returns (y_BGSD, (k, v)): the whole cache with the new keys written (without a cache:
+        the new keys)."""
         q = self._project(x_BGSD, self.wq, self.bq, self.wq_lora)
         k = self._project(x_BGSD, self.wk, self.bk, self.wk_lora)
         v = self._project(x_BGSD, self.wv, self.bv, self.wv_lora)
@@ -251,9 +286,16 @@ class Attention(nnx.Module):
             at = (0, 0, 0, start, 0)
             k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
             v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
-        out_BGNHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP)
         H, E, D = self.wo.shape
         N = k.shape[2]
+        if kernel is not None:
+            Bt, G = q.shape[:2]
+            out_BGNHE = decode_lib.decode_attention(
+                q[:, :, 0].reshape(Bt, G, N, H // N, E), *prefix_kv, prefix_mask_BP, k, v,
+                start + 1, interpret=kernel == "interpret")
+            out_BGNHSE = out_BGNHE[:, :, :, :, None].astype(v.dtype)
+        else:
+            out_BGNHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP)
         wo_NHED = self.wo[...].astype(self.dtype).reshape(N, H // N, E, D)
         y = jnp.einsum("bgnhse,nhed->bgsd", out_BGNHSE, wo_NHED)
         if self.wo_lora is not None:  # query head n·(H/N) + h, as in wo_NHED
@@ -291,9 +333,9 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv, start, prefix_kv, prefix_mask):
+    def __call__(self, x, cos, sin, mask, cache_kv, start, prefix_kv, prefix_mask, kernel=None):
         h, kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, start, prefix_kv,
-                          prefix_mask)
+                          prefix_mask, kernel)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -319,14 +361,13 @@ class Decoder(nnx.Module):
     def logits(self, hidden_xD):
         """Unembedding: final hidden states [..., D] → logits [..., V] (float32)."""
         w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-        return jnp.einsum("...d,dv->...v", hidden_xD, w.astype(self.dtype),
-                          preferred_element_type=jnp.float32)
+        return einsum_f32("...d,dv->...v", hidden_xD, w.astype(self.dtype))
 
     def rope(self, positions):
         """(cos, sin) of RoPE at integer `positions` (any shape) → positions.shape + (E,)."""
         return rope_cos_sin(positions, rope_inv_freq(self.cfg))
 
-    def _run(self, tokens_BGS, mask_BGSC, cache, start, prefix, cos_sin):
+    def _run(self, tokens_BGS, mask_BGSC, cache, start, prefix, cos_sin, kernel=None):
         x = self.embed[...].astype(self.dtype)[tokens_BGS]
         cos, sin = cos_sin  # [B or 1, G or 1, S, E]: broadcast over the dims they lack
         ks, vs = [], []
@@ -334,7 +375,7 @@ class Decoder(nnx.Module):
             cache_kv = None if cache is None else (cache.k_BGNCE[i], cache.v_BGNCE[i])
             prefix_kv = None if prefix is None else (prefix.k_BNPE[i], prefix.v_BNPE[i])
             x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
-                              None if prefix is None else prefix.mask_BP)
+                              None if prefix is None else prefix.mask_BP, kernel)
             ks.append(k)
             vs.append(v)
         return self.final_norm(x), tuple(ks), tuple(vs)
@@ -358,7 +399,7 @@ class Decoder(nnx.Module):
         return self.logits(self.prefill(tokens_BS, mask_BS)[0])
 
     def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0,
-               rope=None):
+               rope=None, attention: str = "xla"):
         """G continuations per prompt: new tokens at suffix slots [start, start+S).
 
         Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
@@ -367,21 +408,34 @@ class Decoder(nnx.Module):
         `prefix.length_B + start + s` (`self.rope(...)`); a decode loop computes them once for
         all steps instead of evaluating sin/cos every step. Computed per prompt, not per
         continuation (the G continuations share positions).
+        Attention reads every cache slot (masked beyond start + s): a decode loop keeps the
+        cache only as long as the tokens so far need (`KVCache.grown`), so a step costs
+        O(tokens so far), not O(budget).
+        `attention`: "xla" (any backend), or "pallas" / "interpret" for one decode token (S = 1)
+        with a cache through `vpo.kernels.decode_attention` (`decode_attention_impl` picks by
+        backend), which reads only slots [0, start + 1) of a cache of any length.
         Returns (hidden_BGSD, KVCache with the new keys written).
         """
         B, G, S = tokens_BGS.shape
         C = S if cache is None else cache.k_BGNCE[0].shape[3]
+        kernel = None if attention == "xla" else attention
+        if kernel is not None and (S != 1 or cache is None or kernel not in _KERNELS):
+            raise ValueError(f"attention={attention!r} needs one new token (S = 1, got {S}) "
+                             f"and a cache; choose one of 'xla', {', '.join(map(repr, _KERNELS))}")
         pos_S = start + jnp.arange(S)
         mask_SC = jnp.arange(C)[None, :] <= pos_S[:, None]
         mask_BGSC = jnp.broadcast_to(mask_SC, (B, G, S, C))
         if rope is None:
             rope = self.rope(prefix.length_B[:, None, None] + pos_S[None, None, :])
-        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope)
+        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope, kernel)
         return h, KVCache(k, v)
 
-    def init_cache(self, batch: int, group: int, length: int) -> KVCache:
-        """Zeroed suffix cache for `group` continuations of `batch` prompts, `length` slots."""
+    def init_cache(self, batch: int, group: int, length: int, attention: str = "xla") -> KVCache:
+        """Zeroed suffix cache for `group` continuations of `batch` prompts: `length` slots,
+        rounded up to a whole number of kernel blocks for the Pallas decode kernel."""
         c = self.cfg
+        if attention != "xla":
+            length = -(-length // _KERNEL_BLOCK_K) * _KERNEL_BLOCK_K
         shape = (batch, group, c.num_kv_heads, length, c.head_dim)
         zeros = tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers))
         return KVCache(zeros, tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers)))

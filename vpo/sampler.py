@@ -6,6 +6,8 @@ and top-k are traced scalars: changing them never recompiles. `temperature == 0`
 Every (prompt, sample) pair owns a key; the token at step t is drawn by inverting the sampling
 distribution's CDF at the uniform hash(key, t) (`vpo._prng`, one random number per token), so
 the same keys give the same tokens whatever the batch layout, mesh or group sharing.
+Decoding runs in phases whose suffix cache doubles (`decode_windows`), so a step at position t
+attends to O(t) cache slots, not to the whole budget of max_new_tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from flax import nnx
 
 from vpo import _prng
 from vpo.config import ConfigError, SamplerConfig
-from vpo.model import Decoder, KVCache
+from vpo.model import Decoder, KVCache, decode_attention_impl
 from vpo.tokenizer import left_pad  # noqa: F401  (re-exported: sampler.left_pad)
 from vpo.types import Rollout
 
@@ -101,8 +103,31 @@ class _Loop(NamedTuple):
     out: Rollout
 
 
+DECODE_BLOCK = 64  # the first decode window; see `decode_windows`
+
+
+def decode_windows(max_new_tokens: int, block: int = DECODE_BLOCK) -> tuple[int, ...]:
+    """Suffix-cache lengths of the decode phases: block, 2·block, 4·block, … capped at
+    max_new_tokens.
+
+    Steps t < windows[0] run with a windows[0]-slot cache, then steps windows[i-1] ≤ t <
+    windows[i] with the cache grown to windows[i] slots (`KVCache.grown`): a step attends to
+    fewer than 2·max(t + 1, block) slots, not to max_new_tokens. Each phase is one
+    `lax.while_loop` (its own compiled body); `block ≥ max_new_tokens` gives one phase with the
+    whole cache, the path before phases.
+    """
+    if block < 1:
+        raise ValueError(f"decode block must be >= 1, got {block}")
+    ends, end = [], block
+    while end < max_new_tokens:
+        ends.append(end)
+        end *= 2
+    return (*ends, max_new_tokens)
+
+
 def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
-             max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
+             max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
+             decode_block: int = DECODE_BLOCK) -> Rollout:
     """Pure sampling function (call it inside your own jit, or use `sample`).
 
     Args:
@@ -114,18 +139,23 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
         from the tokenizer (`Tokenizer.stop_ids`).
       pad_id: written after the end. It may be an ordinary token: `mask_BGT`, never the token
         value, says which positions were generated.
+      decode_block: the first suffix-cache length (`decode_windows`); the cache doubles as
+        decoding goes on. `decode_block >= max_new_tokens`: the whole cache at every step (one
+        phase). The Pallas kernel (GPU / TPU) bounds its reads itself and runs one phase.
     Returns a `Rollout` with [B, G, T] arrays, T = max_new_tokens. The loop stops early once
     every sequence has emitted a stop token; later positions are pad and masked.
     """
     B, G = keys_BG.shape
     T = max_new_tokens
+    attention = decode_attention_impl()
+    windows = decode_windows(T, T if attention != "xla" else decode_block)
     hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
     logits_BV = model.logits(hidden_BPD[:, -1])
     zeros = jnp.zeros((B, G, T), jnp.float32)
     init = _Loop(
         t=jnp.int32(0),
         logits_BGV=jnp.broadcast_to(logits_BV[:, None], (B, G, logits_BV.shape[-1])),
-        cache=model.init_cache(B, G, T),
+        cache=model.init_cache(B, G, windows[0], attention),
         done_BG=jnp.zeros((B, G), bool),
         out=Rollout(jnp.full((B, G, T), pad_id, jnp.int32), zeros, zeros, zeros,
                     jnp.zeros((B, G, T), bool), jnp.zeros((B, G), jnp.int32),
@@ -150,24 +180,29 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
             mask_BGT=write(o.mask_BGT, live),
         )
         rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.t, 1, axis=2), rope_B1TE)
-        hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope)
+        hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope,
+                                     attention=attention)
         stopped_BG = live & jnp.any(tok[:, :, None] == stop_S[None, None, :], axis=-1)
         return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache, s.done_BG | stopped_BG, out)
 
-    def cond(s: _Loop):
-        return (s.t < T) & ~jnp.all(s.done_BG)
+    def cond(s: _Loop, end: int):
+        return (s.t < end) & ~jnp.all(s.done_BG)
 
-    final = jax.lax.while_loop(cond, body, init)
+    final = init
+    for end in windows:
+        final = final._replace(cache=final.cache.grown(end))
+        final = jax.lax.while_loop(functools.partial(cond, end=end), body, final)
     return final.out._replace(length_BG=final.out.mask_BGT.sum(-1).astype(jnp.int32),
                               finished_BG=final.done_BG)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "stop_ids", "pad_id"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "stop_ids", "pad_id",
+                                             "decode_block"))
 def _generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
-                  max_new_tokens, stop_ids, pad_id):
+                  max_new_tokens, stop_ids, pad_id, decode_block=DECODE_BLOCK):
     return generate(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
                     top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                    pad_id=pad_id)
+                    pad_id=pad_id, decode_block=decode_block)
 
 
 def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
