@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,9 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vpo import claims, entropy_law, plots, policy_eval
-
-if TYPE_CHECKING:
-    from vpo.compare import CompareConfig
+from vpo.train_config import ARMS, CompareConfig
 
 TAIL_FRAC = 0.2  # "late training" = the last 20% of steps
 PROBE_KEYS = ("valid", "improve", "copy", "distinct", "solved", "child_fitness", "entropy")
@@ -431,7 +429,6 @@ def _arm_text(arm: str, cfg: CompareConfig) -> str:
 
 
 def _mut_fraction(arm: str) -> float:
-    from vpo.compare import ARMS
 
     return ARMS[arm].train.get("mutation_fraction", 0.0)
 

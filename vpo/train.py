@@ -33,12 +33,17 @@ from vpo import evaluation, objectives
 from vpo import lora as lora_lib
 from vpo import rewards as rewards_lib
 from vpo import sharding as sharding_lib
-from vpo.config import ConfigError, ModelConfig, SamplerConfig
+from vpo.config import ConfigError, ModelConfig
 from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import Decoder
 from vpo.sampler import generate
 from vpo.tasks.bound import BoundTask
-from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig, check_memory
+from vpo.train_config import (
+    RunConfig,
+    StepConfig,
+    TrainConfig,
+    check_memory,
+)
 from vpo.tree_ops import all_finite, masked_mean, select_tree
 from vpo.types import Rollout
 
@@ -205,17 +210,6 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
 
 # ---------------------------------------------------------------------------------------------
 # the update
-
-
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-    """The static part of a step (hashable: part of the jit cache key)."""
-
-    sampler: SamplerConfig
-    objective: ObjectiveConfig
-    train: TrainConfig
-    stop_ids: tuple[int, ...]  # from the tokenizer
-    pad_id: int
 
 
 def _split(tree, n: int):
