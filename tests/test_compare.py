@@ -82,24 +82,6 @@ def test_presets_and_arm_configs():
     assert compare.estimate_seconds(full, compare.make_task(full))["total"] > 2 * est["total"]
 
 
-def test_one_warm_start_mixes_answer_counts():
-    """`run_sft` with several m trains one policy on 1-answer and 3-answer prompts (and their
-    mutation prompts) in every batch."""
-    from vpo import sft
-    from vpo.config import model_preset
-
-    cfg = compare.make_config("smoke")
-    task = compare.make_task(cfg)
-    from vpo.tasks.bound import seq_len_for
-
-    need = max(seq_len_for(task, task.make_problems(0, 8), m, num_parents=2) for m in (1, 3))
-    mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need + 16)
-    assert sft._split_rows(8, 3) == [3, 3, 2]
-    _, state, losses = sft.run_sft(task, mcfg, 2, batch_size=8, num_answers=(1, 3),
-                                   num_demos=4, mutation_fraction=0.5)
-    assert len(losses) == 2 and np.all(np.isfinite(losses)) and int(state.step) == 2
-
-
 @pytest.mark.slow
 def test_compare_smoke_writes_a_consistent_report(tmp_path):
     out = str(tmp_path / "cmp")

@@ -387,20 +387,3 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
         search.run_method("search", small, task, problems, cfg, key)
 
 
-@pytest.mark.slow
-def test_run_sft_mixes_mutation_demonstrations_by_default(program_task):
-    """Default SFT trains on plain + mutation-prompt demonstrations (mutation_fraction=0.5)
-    without the too-short-model fallback warning; a bad fraction names the field."""
-    import warnings
-
-    from vpo.sft import run_sft
-
-    task = program_task
-    need = seq_len_for(task, task.make_problems(0, 1), 2, num_parents=2)
-    cfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need)
-    with pytest.raises(ValueError, match="mutation_fraction"):
-        run_sft(task, cfg, 1, mutation_fraction=1.5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the fallback warning would fail here
-        _, _, losses = run_sft(task, cfg, 3, batch_size=8, num_answers=2, num_demos=16)
-    assert len(losses) == 3 and np.all(np.isfinite(losses))
