@@ -148,3 +148,19 @@ def test_kill_soak_fast(tmp_path):
     spec.loader.exec_module(soak)
     results = soak.main(str(tmp_path / "soak"), soak.FAST, log=lambda *a: None)
     assert [r["exact"] for r in results] == [True] * 3, results
+
+
+def test_checkpoints_under_a_relative_out_path_restore(tmp_path, monkeypatch):
+    """`--out runs/x` (relative, as in the quickstart) saves and restores: orbax needs absolute
+    paths, so the manager makes them absolute."""
+    import jax.numpy as jnp
+
+    from vpo.checkpoint import CheckpointManager
+
+    monkeypatch.chdir(tmp_path)
+    state = {"w": jnp.arange(4.0)}
+    mngr = CheckpointManager("runs/rel/checkpoints", async_save=False)
+    mngr.save(1, state)
+    mngr.wait()
+    restored, _ = mngr.restore(state, step=1)
+    assert (restored["w"] == state["w"]).all()

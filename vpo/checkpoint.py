@@ -31,6 +31,7 @@ class CheckpointManager:
     """Keeps the last `keep` checkpoints under `directory` (steps as sub-directories)."""
 
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+        directory = os.path.abspath(directory)  # orbax restores from absolute paths only
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise CheckpointError(f"{directory}: is a file, not a checkpoint folder; move or "
                                   "delete it (the run keeps its orbax checkpoints there)")
