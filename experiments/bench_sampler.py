@@ -53,7 +53,7 @@ def naive_generate(graphdef, state, prompts_BP, keys_BG, *, T):
     return jax.lax.fori_loop(0, T, body, (buf, mask))[0][:, P:]
 
 
-def _time(fn, repeats):
+def time_calls(fn, repeats):
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     first = time.perf_counter() - t0
@@ -76,8 +76,8 @@ def bench_point(preset, B, G, P, T, repeats):
                                jnp.float32(cfg.temperature), jnp.float32(1.0), jnp.int32(0),
                                max_new_tokens=T, stop_ids=STOP, pad_id=PAD)
     naive = functools.partial(naive_generate, graphdef, state, prompts, keys, T=T)
-    c_first, c_t = _time(cached, repeats)
-    n_first, n_t = _time(naive, max(1, repeats // 2))
+    c_first, c_t = time_calls(cached, repeats)
+    n_first, n_t = time_calls(naive, max(1, repeats // 2))
     toks = B * G * T
     print(f"{preset:6s} B={B:3d} G={G:2d} P={P:3d} T={T:4d} | cached {toks / c_t:10,.0f} tok/s "
           f"(compile+first {c_first:5.2f}s) | no-cache {toks / n_t:9,.0f} tok/s "
@@ -99,8 +99,8 @@ def bench_prefix_sharing(preset="small", G=8, P=128, T=8):
     shared = flops(prompt, keys.reshape(1, G))
     copies = flops(jnp.repeat(prompt, G, 0), keys.reshape(G, 1))
     prefill = jax.jit(lambda s, t: nnx.merge(graphdef, s).prefill(t)[0])
-    _, t_one = _time(lambda: prefill(state, prompt), 20)
-    _, t_many = _time(lambda: prefill(state, jnp.repeat(prompt, G, 0)), 20)
+    _, t_one = time_calls(lambda: prefill(state, prompt), 20)
+    _, t_many = time_calls(lambda: prefill(state, jnp.repeat(prompt, G, 0)), 20)
     print(f"prefix sharing ({preset}, P={P}, T={T}, G={G}): whole-call FLOPs shared/copies = "
           f"{shared / copies:.3f} ({shared:.3g} vs {copies:.3g}); prefill time 1 prompt vs {G} "
           f"copies: {t_one * 1e3:.2f} ms vs {t_many * 1e3:.2f} ms ({t_many / t_one:.1f}x)")

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
+from bench_sampler import time_calls  # experiments/ is sys.path[0] when run as a script
 from flax import nnx
 
 from vpo import population as ops
@@ -81,19 +80,6 @@ def generate_jit(graphdef, params, prompts_BP, mask_BP, keys_BG, temperature, to
                     pad_id=pad_id)
 
 
-def _time(fn, repeats):
-    """(first call incl. compile, median of `repeats` later calls) in seconds."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times)
-
-
 def host_loop(model, task, problem, cfg, key):
     """The same search, one Python iteration (3 dispatches + 1 host read) per generation."""
     graphdef, params = nnx.split(model)
@@ -130,7 +116,7 @@ def sampler_only(model, task, problem, cfg, key):
 
 def timed(fn, repeats):
     """(result, first-call seconds, median seconds) with bench_sampler's timing helper."""
-    first, median = _time(fn, repeats)
+    first, median = time_calls(fn, repeats)
     return fn(), first, median
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+from test_run_folders import snapshot  # tests/ is on sys.path under pytest
 
 from vpo import cli
 
@@ -249,16 +250,6 @@ CASES = [
     ("sft-data-no-model", ["sft", *DATA, *RUN], ["--data", "--model"]),
     ("compare-preset", ["compare", "--preset", "nope", *RUN], ["--preset", "nope"]),
 ]
-
-
-def snapshot(folder):
-    out = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, folder)] = f.read()
-    return out
 
 
 def test_the_table_is_large_and_unique():
