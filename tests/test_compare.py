@@ -120,6 +120,46 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     assert "| vpo | 3 | 2 |" in report and "## Claims" in report and "Solve matrix" in report
     assert s["wall_s"]["total"] > 0
 
+    # Interrupted after RL of one run and before the search: --resume reads the finished parts
+    # back, redoes the rest, and the report is the same as the uninterrupted one.
+    os.remove(os.path.join(out, "arms", "vpo", "seed1", compare.ARM_DONE))
+    os.remove(os.path.join(out, "stages", "search.json"))
+    assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
+                     "train.steps=2", "law_points=2", "--compile-cache", "", "--out", out,
+                     "--resume"]) == 0
+    with open(os.path.join(out, "summary.json")) as f:
+        again = json.load(f)
+    for key in ("headline", "eval", "search", "probe", "claims", "entropy_law"):
+        assert again[key] == s[key], key
+    def untimed(train):  # a redone run measures its own step times
+        return {arm: [{**r, "metrics": [{k: v for k, v in m.items() if not k.endswith("_s")}
+                                        for m in r["metrics"]]} for r in rows]
+                for arm, rows in train.items()}
+
+    assert untimed(again["train"]) == untimed(s["train"])
+
+
+def test_compare_never_replaces_a_folder_silently(tmp_path):
+    cfg = compare.make_config("smoke")
+    out = str(tmp_path)
+    with pytest.raises(ConfigError, match="holds no comparison"):
+        compare.check_out_dir(cfg, out, resume=True, overwrite=False)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(json.loads(json.dumps(compare.dataclasses.asdict(cfg))), f)
+    os.makedirs(os.path.join(out, "arms"))
+    with pytest.raises(ConfigError, match="already holds a comparison.*--resume"):
+        compare.check_out_dir(cfg, out, resume=False, overwrite=False)
+    compare.check_out_dir(cfg, out, resume=True, overwrite=False)  # same settings: fine
+    other = compare.make_config("smoke", ["num_seeds=3", "train.steps=5"])
+    with pytest.raises(ConfigError, match=r"num_seeds, train differ"):
+        compare.check_out_dir(other, out, resume=True, overwrite=False)
+    with pytest.raises(ConfigError, match="choose one"):
+        compare.check_out_dir(cfg, out, resume=True, overwrite=True)
+    with open(os.path.join(out, "mine.txt"), "w") as f:
+        f.write("not the comparison's")
+    compare.check_out_dir(cfg, out, resume=False, overwrite=True)
+    assert os.listdir(out) == ["mine.txt"]  # only the comparison's own outputs removed
+
 
 def test_dashed_fit_shares_its_data_colour_and_pngs_combine(tmp_path):
     from matplotlib.figure import Figure

@@ -7,7 +7,7 @@
     vpo eval   --policy DIR [--policy DIR ...] [--task maze] [--budget 12] [--problems 32] --out DIR
     vpo search --policy DIR [--task program] [--difficulty hard] [--problems 8] --out DIR
     vpo search --policy hf:PATH --data FILE --reward MODULE:FUNCTION [...] --out DIR
-    vpo compare [--preset smoke|default|full|paper] [section.key=value ...] [--out DIR]
+    vpo compare [--preset smoke|default|full|paper] [section.key=value ...] [--out DIR] [--resume]
 """
 
 from __future__ import annotations
@@ -684,7 +684,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"{command}: arms {', '.join(cfg.arm_names)} x seeds {cfg.seeds}, {cfg.train.steps} "
           f"RL steps each -> {args.out}")
     summary = compare.run_compare(cfg, args.out, command=command,
-                                  with_search=not args.no_search)
+                                  with_search=not args.no_search, resume=args.resume,
+                                  overwrite=args.overwrite)
     for c in summary["claims"]:
         print(f"  {c['verdict']}: {c['claim']} ({c['evidence']})")
     return 0
@@ -698,6 +699,11 @@ def _add_compare(p: argparse.ArgumentParser) -> None:
                    "its estimate printed first) or paper (accelerators; init=<policy folder or "
                    "hf:folder>)")
     p.add_argument("--out", default="runs/compare")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted comparison "
+                   "in --out (same preset and overrides): finished stages and RL runs are read "
+                   "back, an unfinished run continues from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the comparison already in --out")
     p.add_argument("--no-search", action="store_true", help="skip the search stage")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
                    help="persistent XLA compile cache ('' to disable)")

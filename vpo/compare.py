@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -181,6 +182,7 @@ class ArmRun:
     model: Any
     metrics: list[dict[str, float]]
     law: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0  # training + entropy-law scoring
 
 
 def _seq_len(cfg: CompareConfig, task, m: int) -> int:
@@ -190,20 +192,23 @@ def _seq_len(cfg: CompareConfig, task, m: int) -> int:
     return max(512, seq_len_for(task, records, m, num_parents=cfg.search.parents) + 64)
 
 
-def warm_start(cfg: CompareConfig, task, out_dir: str, log=print):
+def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False):
     """The ONE policy every arm starts from: `run_sft` on a mixture of 1-answer and m-answer
     demonstrations (a share `sft_mutation_fraction` of them search mutation prompts), saved to
-    out_dir/sft; or the `init` policy."""
+    out_dir/sft; or the `init` policy. `resume`: a complete out_dir/sft is loaded, not redone."""
     max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
     if cfg.init:
         return load_model(cfg.init, max_seq_len=max_len)[0]
+    path = os.path.join(out_dir, "sft")
+    if resume and _complete(path):
+        log(f"  resumed: the warm start in {path}")
+        return load_model(path, max_seq_len=max_len)[0]
     mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size, max_seq_len=max_len)
     graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
                                       learning_rate=cfg.sft_lr, num_answers=cfg.all_answers,
                                       num_demos=cfg.sft_demos, seed=cfg.train.seed,
                                       mutation_fraction=cfg.sft_mutation_fraction,
                                       mutation_parents=cfg.search.parents)
-    path = os.path.join(out_dir, "sft")
     checkpoint.save_policy(path, mcfg, state.params,
                            {"task": cfg.task, "num_answers": cfg.all_answers,
                             "sft_steps": cfg.sft_steps, "sft_loss_first": losses[0],
@@ -265,9 +270,38 @@ def law_trajectory(cfg: CompareConfig, task, path: str, graphdef, state, metrics
     return out
 
 
-def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print
-               ) -> dict[str, list[ArmRun]]:
-    """RL for every arm and seed from the warm start → {arm: [ArmRun per seed]}."""
+def _complete(policy_dir: str) -> bool:
+    """A policy folder `checkpoint.save_policy` finished (it writes policy.json after the
+    parameters, the tokenizer last)."""
+    return all(os.path.exists(os.path.join(policy_dir, n))
+               for n in ("policy.json", "tokenizer.json"))
+
+
+def _read_arm_run(path: str, arm: str, seed: int, m: int, max_len: int) -> ArmRun | None:
+    """A finished (arm, seed) of an earlier, interrupted `vpo compare`: its `ARM_DONE` record
+    (entropy-law trajectory, seconds), metrics and exported policy; None if it did not finish."""
+    done = os.path.join(path, ARM_DONE)
+    if not os.path.exists(done):
+        return None
+    with open(done) as f:
+        record = json.load(f)
+    with open(os.path.join(path, JSONL)) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    model = load_model(os.path.join(path, "policy"), max_seq_len=max_len)[0]
+    return ArmRun(arm, seed, m, path, model, rows, record["law"], record["seconds"])
+
+
+ARM_DONE = "compare_run.json"  # written last in an (arm, seed) folder: the run is complete
+
+
+def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
+               resume: bool = False) -> dict[str, list[ArmRun]]:
+    """RL for every arm and seed from the warm start → {arm: [ArmRun per seed]}.
+
+    `resume`: finished runs of an interrupted comparison are read back (`_read_arm_run`); an
+    unfinished one continues from its last checkpoint (`loop.train(resume=True)`, which
+    continues exactly as the uninterrupted run would), or is redone if it had finished
+    training but not its entropy-law scores."""
     devices = jax.devices() if cfg.devices == -1 else jax.devices()[:cfg.devices]
     mesh = sharding.make_mesh(devices=devices)
     runs: dict[str, list[ArmRun]] = {}
@@ -280,15 +314,28 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print
         for seed in cfg.seeds:
             run = arm_run_config(cfg, task, arm, seed, policy.cfg)
             path = os.path.join(out_dir, "arms", arm, f"seed{seed}")
+            earlier = (_read_arm_run(path, arm, seed, m, policy.cfg.max_seq_len)
+                       if resume else None)
+            if earlier is not None:
+                runs.setdefault(arm, []).append(earlier)
+                total -= 1
+                log(f"  {arm} seed {seed}: resumed (finished earlier, {earlier.seconds:.0f} s)")
+                continue
+            if resume and _complete(os.path.join(path, "policy")):
+                shutil.rmtree(path)  # trained, but killed before its law scores: redo it
+            elif not resume and os.path.exists(path):
+                shutil.rmtree(path)
             t0 = time.perf_counter()
-            graphdef, state = train(run, path, task=task, mesh=mesh, progress=False,
-                                    init=_copy(policy))
+            graphdef, state = train(run, path, resume=resume, task=task, mesh=mesh,
+                                    progress=False, init=_copy(policy))
             with open(os.path.join(path, JSONL)) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)
                    if cfg.law_points else {})
+            seconds = time.perf_counter() - t0
+            _write_json(os.path.join(path, ARM_DONE), {"law": law, "seconds": seconds})
             runs.setdefault(arm, []).append(ArmRun(arm, seed, m, path, model_of(graphdef, state),
-                                                   rows, law))
+                                                   rows, law, seconds))
             done += 1
             left = (time.perf_counter() - t_all) / done * (total - done)
             log(f"  {arm} seed {seed}: {len(rows)} steps, reward {rows[0]['reward']:.3f} -> "
@@ -399,12 +446,67 @@ def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     return out
 
 
+def _write_json(path: str, data) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)  # atomic: a killed process leaves the old file or none
+
+
+def _plain(x):
+    """numpy scalars and arrays as JSON values."""
+    return x.tolist() if hasattr(x, "tolist") else str(x)
+
+
+def _read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+# What `run_compare` writes in its folder, so --overwrite removes exactly that.
+OUTPUTS = ("config.json", "sft", "arms", "stages", "report.md", "summary.json")
+
+
+def check_out_dir(cfg: CompareConfig, out_dir: str, *, resume: bool, overwrite: bool) -> None:
+    """A comparison folder is never silently replaced: an existing one needs `resume` (same
+    config, finished stages and runs are read back) or `overwrite` (its outputs removed)."""
+    path = os.path.join(out_dir, "config.json")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite: choose one")
+    if resume:
+        if not os.path.exists(path):
+            raise ConfigError(f"--resume: {out_dir} holds no comparison (no config.json); run "
+                              "without --resume to start one there")
+        old, new = _read_json(path), json.loads(json.dumps(dataclasses.asdict(cfg)))
+        diff = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+        if diff:
+            raise ConfigError(f"--resume: the comparison in {out_dir} was started with other "
+                              f"settings ({', '.join(diff)} differ); resume it with the same "
+                              "--preset and overrides, or start a new one in another --out")
+    elif os.path.exists(path):
+        if not overwrite:
+            raise ConfigError(f"--out: {out_dir} already holds a comparison; continue it with "
+                              "--resume, pick a new folder, or pass --overwrite to replace it")
+        for name in OUTPUTS:
+            target = os.path.join(out_dir, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            elif os.path.exists(target):
+                os.remove(target)
+
+
 def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare",
-                log=print, with_search: bool = True) -> dict[str, Any]:
-    """All stages; writes out_dir/report.md and friends and returns the summary."""
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(cfg), f, indent=1)
+                log=print, with_search: bool = True, resume: bool = False,
+                overwrite: bool = False) -> dict[str, Any]:
+    """All stages; writes out_dir/report.md and friends and returns the summary.
+
+    Each finished stage is kept in out_dir/stages/<stage>.json (its result and seconds) and
+    each finished RL run in its folder, so `resume=True` continues an interrupted comparison
+    where it stopped with the same results (the stages are seeded); the report's stage times
+    add up the time spent in every session."""
+    check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
+    os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
+    _write_json(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
     task = make_task(cfg)
     if cfg.model in ("tiny", "small") and jax.default_backend() == "cpu":
         est = estimate_seconds(cfg, task)
@@ -414,16 +516,39 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     wall: dict[str, float] = {}
     loads = [compare_report.machine_load()]
 
-    def stage(name, fn):
+    def stage(name, fn, cached: bool = True):
+        """Run a stage, or read it back when resuming; `cached=False`: the stage keeps its own
+        progress (warm start, RL) and reports its time through `fn`'s return."""
+        path = os.path.join(out_dir, "stages", name.replace(" ", "_") + ".json")
+        if resume and cached and os.path.exists(path):
+            record = _read_json(path)
+            wall[name] = record["seconds"]
+            log(f"[{name}] resumed ({wall[name]:.1f} s earlier)")
+            return record["result"]
         log(f"[{name}]")
         t0 = time.perf_counter()
         result = fn()
         wall[name] = time.perf_counter() - t0
+        if cached:  # read back as a resumed run would, so both give the same report
+            result = json.loads(json.dumps(result, default=_plain))
+            _write_json(path, {"result": result, "seconds": wall[name]})
         log(f"[{name}] {wall[name]:.1f} s")
         return result
 
-    policy = stage("warm start", lambda: warm_start(cfg, task, out_dir, log))
-    runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log))
+    def warm():
+        t0, sft = time.perf_counter(), os.path.join(out_dir, "stages", "warm_start.json")
+        before = _read_json(sft)["seconds"] if resume and os.path.exists(sft) else 0.0
+        model = warm_start(cfg, task, out_dir, log, resume=resume)
+        if not before:
+            _write_json(sft, {"seconds": time.perf_counter() - t0})
+        return model, before
+
+    (policy, before) = stage("warm start", warm, cached=False)
+    wall["warm start"] += before
+    runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log, resume=resume),
+                 cached=False)
+    if resume:  # the RL stage's time: every run's own, whichever session trained it
+        wall["RL"] = sum(r.seconds for rs in runs.values() for r in rs)
     evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs))
     searches = probes = None
     if with_search:
