@@ -2,12 +2,16 @@
 
 import json
 import os
+import pathlib
 
 import pytest
 
 from vpo import cli
 from vpo.config import ConfigError
 
+
+def _read(path) -> str:
+    return pathlib.Path(path).read_text()
 
 def test_overrides_are_typed_and_fitted_to_the_task():
     run, task, _ = cli.build_run_config("smoke", None, ["train.steps=6", "objective.advantage=vpo",
@@ -41,16 +45,16 @@ def test_cli_reports_config_errors(capsys, tmp_path):
 def test_train_smoke_and_resume(tmp_path):
     out = str(tmp_path / "run")
     assert cli.main(["train", "--preset", "smoke", "--out", out]) == 0
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in _read(os.path.join(out, "metrics.jsonl")).splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(k in rows[0] for k in ("loss", "reward", "entropy"))
     assert os.path.exists(os.path.join(out, "policy", "policy.json"))
     # resume with more steps continues from the last checkpoint (step 3)
-    cfg = json.load(open(os.path.join(out, "config.json")))
+    cfg = json.loads(_read(os.path.join(out, "config.json")))
     cfg["train"]["steps"] = 4
-    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    pathlib.Path(out, "config.json").write_text(json.dumps(cfg))
     assert cli.main(["train", "--out", out, "--resume"]) == 0
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in _read(os.path.join(out, "metrics.jsonl")).splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
 
 
@@ -63,7 +67,7 @@ def test_sft_then_eval_writes_report(tmp_path):
                      ev]) == 0
     for name in ("eval.md", "eval.json", "best_at_k.png", "pass_at_k.png"):
         assert os.path.getsize(os.path.join(ev, name)) > 0
-    metrics = json.load(open(os.path.join(ev, "eval.json")))["sft (m=2)"]
+    metrics = json.loads(_read(os.path.join(ev, "eval.json")))["sft (m=2)"]
     assert 0.0 <= metrics["best@1"] <= metrics["best@4"] <= 1.0
 
 
@@ -75,7 +79,7 @@ def test_search_writes_curves(tmp_path):
     assert cli.main(["search", "--policy", sft, "--difficulty", "easy", "--problems", "2",
                      "--islands", "2", "--members", "2", "--children", "2", "--generations", "2",
                      "--out", out]) == 0
-    traces = json.load(open(os.path.join(out, "search_traces.json")))
+    traces = json.loads(_read(os.path.join(out, "search_traces.json")))
     assert set(traces) == {"search", "best_of_n", "revision"}
     budgets = {tuple(t["evaluated"]) for t in traces.values()}
     assert len(budgets) == 1  # the same candidate budget at every point for every method
@@ -133,20 +137,20 @@ def test_train_on_your_data_and_reward_functions(tmp_path, capsys):
                      "train.steps=3", *common]) == 2
     err = capsys.readouterr().err
     assert "flaky" in err and "value nan for dataset row" in err and "not finite" in err
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in _read(os.path.join(out, "metrics.jsonl")).splitlines()]
     assert [r["step"] for r in rows] == [1]
     assert {"reward/correct", "reward/short", "reward/flaky"} <= set(rows[0])
     assert rows[0]["reward/flaky"] == pytest.approx(0.5)
-    samples = [json.loads(line) for line in open(os.path.join(out, "samples.jsonl"))]
+    samples = [json.loads(line) for line in _read(os.path.join(out, "samples.jsonl")).splitlines()]
     assert samples and all(len(s["rewards"][0]) == 3 for s in samples)
     assert {s["step"] for s in samples} == {1}
     # the user fixes the function; --resume continues from the step-1 checkpoint
     os.remove(tmp_path / "FAIL")
     assert cli.main(["train", "--out", out, "--resume"]) == 0
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in _read(os.path.join(out, "metrics.jsonl")).splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["reward/flaky"] == pytest.approx(0.5) for r in rows)
-    info = json.load(open(os.path.join(out, "policy", "policy.json")))
+    info = json.loads(_read(os.path.join(out, "policy", "policy.json")))
     assert info["task"] == "dataset" and info["task_kwargs"]["path"] == str(data)
 
 

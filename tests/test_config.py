@@ -16,9 +16,9 @@ import pytest
 from vpo import config as config_lib
 from vpo.config import (
     ConfigError,
+    DistributedConfig,
     ModelConfig,
     RopeScaling,
-    DistributedConfig,
     SamplerConfig,
     SearchConfig,
     apply_overrides,

@@ -2,6 +2,7 @@
 task's host scorer; samples.jsonl on resume keeps only the steps a resumed run will not redo."""
 
 import json
+import pathlib
 import types
 
 import numpy as np
@@ -11,6 +12,9 @@ from vpo.tasks import make_task
 from vpo.tasks.answers import format_answers
 from vpo.tasks.bound import bind, task_word_tokenizer
 
+
+def _read(path) -> str:
+    return pathlib.Path(path).read_text()
 
 def test_rows_hold_the_text_and_the_host_scores():
     raw = make_task("bandit")
@@ -55,8 +59,8 @@ def test_resume_keeps_earlier_steps_and_drops_a_torn_line(tmp_path):
     log = SampleLog(str(tmp_path), resume_from=20, tensorboard=False)
     log.write(30, [{"completion": "again", "score": 1.0}])
     log.close()
-    rows = [json.loads(line) for line in open(tmp_path / JSONL)]
+    rows = [json.loads(line) for line in _read(tmp_path / JSONL).splitlines()]
     assert [(r["step"], r["completion"]) for r in rows] == [(10, "s10"), (20, "s20"),
                                                              (30, "again")]
     SampleLog(str(tmp_path), tensorboard=False).close()  # a fresh run starts a fresh file
-    assert open(tmp_path / JSONL).read() == ""
+    assert _read(tmp_path / JSONL) == ""

@@ -85,7 +85,8 @@ def completion_bytes(tokens_T: jax.Array, mask_T: jax.Array, bytes_VL: jax.Array
 
     Token t (where mask_T; only the leading run of True counts) writes its length_V bytes at the
     running offset; ids outside the byte table (a model vocabulary padded beyond the
-    tokenizer's) add none; bytes past X are cut. Positions at or after the end hold 0 and live False.
+    tokenizer's) add none; bytes past X are cut. Positions at or after the end hold 0 and live
+    False.
     """
     X = num_bytes
     live_T = jnp.cumprod(mask_T.astype(jnp.int32)) > 0

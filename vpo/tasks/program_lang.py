@@ -101,7 +101,7 @@ def _depth_change(tok: str) -> tuple[int, int]:
     return {PUSH_CONST: (0, 1), PUSH_X: (0, 1), DUP: (1, 1), SWAP: (2, 0)}.get(op, (2, -1))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _feasible(depth: int, remaining: int) -> bool:
     """Can `remaining` more tokens take the stack from `depth` to exactly 1 without error?"""
     if remaining == 0:
