@@ -105,6 +105,16 @@ def test_lattice_has_lower_variance_than_iid():
     assert est["lattice"].std() < 0.5 * est["iid"].std()
 
 
+@pytest.mark.parametrize("D", [1, 2, 3, 4, 5, 9])
+def test_sorting_network_sorts(D):
+    from vpo import _vpo
+
+    u = np.random.default_rng(D).uniform(size=(3, D, 7)).astype(np.float32)
+    u[0, :, 0] = u[0, 0, 0]  # ties
+    got = np.stack(_vpo._sorted_rows(jnp.asarray(u)), axis=1)
+    np.testing.assert_array_equal(got, np.sort(u, axis=1))
+
+
 def test_bad_sampler_names_the_argument():
     with pytest.raises(ValueError, match="sampler"):
         obj.dirichlet_weights(jax.random.key(0), 1, 4, 2, sampler="sobol")
