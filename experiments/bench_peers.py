@@ -14,7 +14,8 @@ against the peers' (`peak_rss_mb`, each peer script's whole process).
 Workloads (the peer scripts' constants, `../shared/peers/*.py`):
   * sampling: B=8 prompts x G=8 samples, P=32 prompt tokens (the Tunix scripts' random strings over
     "abcdefghij", through the checkpoint's tokenizer), exactly T=64 new tokens at temperature 1
-    (vpo: an EOS id no token takes, so no sequence stops early); warm generated tokens/s.
+    (vpo: a stop id no token takes, vocab_size, so no sequence stops early); warm generated
+    tokens/s.
   * GRPO step: B=8 x G=8, T=64, one optimiser update per batch, no KL, reward = fraction of
     completion tokens that are "a" (the peers' string reward, computed on token ids in-graph);
     vpo runs `vpo.train.make_rl_step` (sample -> reward -> advantages -> update, one jit, state
@@ -68,7 +69,6 @@ CKPTS = pathlib.Path(os.environ.get("VPO_PEER_CKPTS", TMP / "vpo-peer"))
 SHAPES = {"tiny": (8, 8, 32, 64), "small": (8, 8, 32, 64),  # B, G, P, T of each size
           "smollm2": (2, 8, 64, 64)}
 B, G, P, T = SHAPES["tiny"]  # the two random sizes and their peers' defaults
-NO_EOS = -1  # an EOS id no token takes: every sample generates exactly T tokens
 GOALS = {  # (workload, size) -> (peers, required speed ratio vpo / fastest listed peer)
     ("sampling", "tiny"): [("hf_generate", 3.0), ("tunix_sampler", 2.0)],
     ("sampling", "small"): [("hf_generate", 3.0), ("tunix_sampler", 1.3)],
@@ -142,15 +142,18 @@ def _timed(fn):
 class VpoSize:
     """One checkpoint loaded through `vpo.hf`, with its compiled sampling call and RL step."""
 
-    def __init__(self, size: str, dtype: str):
+    def __init__(self, size: str, dtype: str, remat: bool = False, scan_layers: bool = False):
         self.size = size
         self.B, self.G, self.P, self.T = SHAPES[size]
+        self.remat = remat
         folder = CKPTS / size
-        self.model = hf.from_pretrained(folder, dtype=dtype)
+        self.model = hf.from_pretrained(folder, dtype=dtype, scan_layers=scan_layers)
         self.tok = hf.load_tokenizer(folder)
         self.prompts_BP, self.mask_BP = encode_prompts(
             self.tok, prompt_strings(self.B, self.P), self.P)
         self.cfg = SamplerConfig(max_new_tokens=self.T, num_samples=self.G, temperature=1.0)
+        # a stop id no token takes (ids are < vocab_size): every sample generates exactly T tokens
+        self.no_eos = self.model.cfg.vocab_size
         self.compile_s: dict[str, float] = {}
         self.calls = 0
         self._build_step()
@@ -160,8 +163,9 @@ class VpoSize:
         self.calls += 1
         B, G = self.B, self.G
         keys = jax.random.split(jax.random.key(self.calls), B * G).reshape(B, G)
-        return sample_with_keys(self.model, self.prompts_BP, self.mask_BP, keys, self.cfg,
-                                stop_ids=(NO_EOS,), pad_id=self.tok.pad_id)
+        model = train_lib.model_of(self.graphdef, self.state)  # the state's own weights
+        return sample_with_keys(model, self.prompts_BP, self.mask_BP, keys, self.cfg,
+                                stop_ids=(self.no_eos,), pad_id=self.tok.pad_id)
 
     def sampling(self, reps: int) -> float:
         """Median warm generated tokens/s over `reps` calls (first call: compile, reported)."""
@@ -179,12 +183,16 @@ class VpoSize:
         B = self.B
         prompts, pmask = self.prompts_BP, self.mask_BP
         self.task = CountATask(a_id, self.tok)
-        tcfg = TrainConfig(batch_size=B, num_answers=1, learning_rate=1e-5, steps=10**6)
+        tcfg = TrainConfig(batch_size=B, num_answers=1, learning_rate=1e-5, steps=10**6,
+                           remat=self.remat)
         self.step_cfg = train_lib.StepConfig(self.cfg, ObjectiveConfig(advantage="grpo"), tcfg,
-                                             stop_ids=(NO_EOS,), pad_id=self.tok.pad_id)
+                                             stop_ids=(self.no_eos,), pad_id=self.tok.pad_id)
         self.tx = train_lib.make_optimizer(tcfg)
         self.mesh = sharding.make_mesh(devices=jax.devices()[:1])
         self.graphdef, self.state, _ = train_lib.state_from_model(self.model, self.tx, self.mesh)
+        # the state owns a copy of the weights (the step donates it): drop the loaded model, as
+        # a training script would, rather than hold the weights twice
+        self.model_cfg, self.model = self.model.cfg, None
         self.batch = dict(problems={"task": jnp.zeros((B,), jnp.int32)},
                           prompt_BP=jnp.asarray(prompts), prompt_mask_BP=jnp.asarray(pmask))
         self.step = train_lib.make_rl_step(self.graphdef, self.tx, self.task, self.step_cfg)
@@ -253,7 +261,11 @@ def shape_flags(size: str) -> list[str]:
 
 def _run_peer(venv: str, script: str, *args: str, env: dict | None = None) -> dict:
     cmd = [str(VENVS / venv / "bin/python"), str(PEERS / script), *args]
-    full_env = {**os.environ, **(env or {})}
+    # torch's OpenMP threads spin while they wait for each other; on 2 cores shared with other
+    # processes one of them is often descheduled and the other burns its slice spinning (HF
+    # generate measured 6 tok/s that way, ~57 tokens per CPU-second otherwise): threads that
+    # sleep instead of spinning, as XLA's do.
+    full_env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", **(env or {})}
     for k in ("XLA_FLAGS", "JAX_PLATFORMS"):  # ours must not leak into the peer's process
         if k not in (env or {}):
             full_env.pop(k, None)

@@ -33,6 +33,7 @@ NAN, INF = math.nan, math.inf
 BAD = [
     # ModelConfig
     (ModelConfig, "vocab_size", 0, ">= 1"),
+    (ModelConfig, "scan_layers", "yes", "true or false"),
     (ModelConfig, "dim", -32, ">= 1"),
     (ModelConfig, "num_layers", 2.0, "an integer"),
     (ModelConfig, "num_heads", "4", "an integer"),
@@ -92,6 +93,7 @@ BAD = [
     (ObjectiveConfig, "overlong_cache_len", -1, ">= 0"),
     (ObjectiveConfig, "overlong_max_len", 0, ">= 1"),
     # TrainConfig
+    (TrainConfig, "remat", 1, "true or false"),
     (TrainConfig, "seed", -1, ">= 0"),
     (TrainConfig, "steps", 0, ">= 1"),
     (TrainConfig, "batch_size", 0, ">= 1"),

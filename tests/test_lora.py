@@ -153,6 +153,32 @@ def test_adapters_start_at_base_and_merge_exactly():
         lora.with_adapters(adapted, RANK)
 
 
+def test_scanned_adapters_match_unrolled():
+    """Adapters inside the scanned layer stack (`scan_layers=True`): the same logits and adapter
+    gradients as the unrolled stack, and the merged export folds the same weights."""
+    cfg = model_preset("tiny", num_layers=3, lora_rank=RANK, scan_layers=False)
+    unrolled = Decoder(cfg, rngs=nnx.Rngs(3))
+    graphdef, ab, base = lora.split(unrolled)
+    keys = iter(jax.random.split(jax.random.key(2), len(jax.tree.leaves(ab))))
+    ab = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), ab)
+    scanned_def = lora.split(Decoder(dataclasses.replace(cfg, scan_layers=True),
+                                     rngs=nnx.Rngs(3)))[0]
+
+    def loss(ab, graphdef):
+        return jnp.sum(jax.nn.log_softmax(lora.merge(graphdef, ab, base)(TOKENS))[..., 5])
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (want, g_want), (got, g_got) = grad(ab, graphdef), grad(ab, scanned_def)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for x, y in zip(arrays(g_got), arrays(g_want), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * np.abs(y).max())
+    scanned = lora.merge(scanned_def, ab, base)
+    assert scanned.scanned
+    np.testing.assert_allclose(logits(lora.merged(scanned), TOKENS),
+                               logits(lora.merged(lora.merge(graphdef, ab, base)), TOKENS),
+                               atol=1e-5, rtol=0)
+
+
 def test_rl_trains_only_adapters(rl):
     state, plain = rl["state"], rl["plain"]
     assert state.ref_params is None  # no second copy of the base for the KL reference

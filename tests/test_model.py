@@ -1,5 +1,8 @@
 """Decoder: cached decode (whole or grown cache, XLA or the Pallas kernel) equals the full forward,
-causality via gradients, bf16 on CPU, config validation."""
+causality via gradients, bf16 on CPU, config validation; the scanned layer stack (and per-block
+remat) equals the unrolled one in logits, prefix, decode and gradients."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,9 @@ VARIANTS = {
     "qwen2_bias_untied": dict(qkv_bias=True, tie_embeddings=False),
     "qwen3_qknorm": dict(qk_norm=True, head_dim=16),
     "llama3_rope_scaling": dict(rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64)),
+    # the layer stack as one lax.scan (stacked prefix and cache)
+    "qwen2_scanned": dict(qkv_bias=True, tie_embeddings=False, scan_layers=True),
+    "qwen3_scanned": dict(qk_norm=True, head_dim=16, scan_layers=True),
 }
 
 
@@ -114,6 +120,7 @@ def test_published_shapes():
     (dict(head_dim=7), "model.head_dim"),
     (dict(vocab_size=0), "model.vocab_size"),
     (dict(dtype="float64"), "model.dtype"),
+    (dict(scan_layers="yes"), "model.scan_layers"),
 ])
 def test_bad_config_names_field(kwargs, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -193,3 +200,103 @@ def test_bfloat16_parameters_run_on_cpu():
     for got, want in zip(run(bf16), (ref, ref[:, 5:], ref[:, 5:6]), strict=True):
         assert got.dtype == jnp.float32 and np.isfinite(np.asarray(got)).all()
         np.testing.assert_allclose(got, want, atol=0.02)  # logits up to ~0.8; bf16 rounding
+
+
+def test_scan_layers_is_opt_in():
+    assert not model_preset("tiny").scan and not ModelConfig(num_layers=30).scan
+    assert ModelConfig(num_layers=2, scan_layers=True).scan
+
+
+def _scanned_pair(**kw):
+    """(unrolled, scanned) tiny decoders with the same random weights (norm scales and biases
+    perturbed), 3 layers. The parameter layout is the same, so one state serves both."""
+    cfg = model_preset("tiny", num_layers=3, scan_layers=False, **kw)
+    a = Decoder(cfg, rngs=nnx.Rngs(0))
+    state = nnx.state(a, nnx.Param)
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    nnx.update(a, jax.tree.unflatten(treedef, leaves))
+    b = nnx.merge(nnx.graphdef(Decoder(dataclasses.replace(cfg, scan_layers=True),
+                                       rngs=nnx.Rngs(0))), nnx.state(a))
+    assert not a.scanned and b.scanned
+    return a, b
+
+
+@pytest.mark.parametrize("kw", [dict(qkv_bias=True, tie_embeddings=False),
+                                dict(qk_norm=True, head_dim=16)])
+def test_scanned_matches_unrolled(kw):
+    """Scanned vs unrolled stack on the same weights: full-forward logits, the prefix (stacked
+    vs a tuple), cached decode through a growing cache, and the training forward (prefill +
+    extend) with its gradients, with and without per-block remat: equal up to float rounding."""
+    a, b = _scanned_pair(**kw)
+    B, G, P, T = 2, 3, 5, 6
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(3, 64, (B, P)), jnp.int32)
+    mask = jnp.ones((B, P), bool).at[1, :2].set(False)
+    tokens = jnp.asarray(rng.integers(3, 64, (B, G, T)), jnp.int32)
+
+    @jax.jit
+    def run(model):
+        full = model(prompts, mask)
+        _, prefix = model.prefill(prompts, mask)
+        cache, outs = model.init_cache(B, G, 2), []
+        for t in range(T):
+            cache = cache.grown(max(2, 2 ** t.bit_length()))
+            h, cache = model.extend(tokens[:, :, t:t + 1], prefix, cache, t)
+            outs.append(model.logits(h))
+        return full, prefix, jnp.concatenate(outs, 2), cache
+
+    (fa, pa, da, ca), (fb, pb, db, cb) = run(a), run(b)
+    assert isinstance(pa.k_BNPE, tuple) and pb.k_BNPE.shape[0] == 3
+    assert isinstance(ca.k_BGNCE, tuple) and cb.k_BGNCE.shape == (3, *ca.k_BGNCE[0].shape)
+    np.testing.assert_allclose(fb, fa, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(db, da, atol=1e-5, rtol=0)
+    for i in range(3):
+        np.testing.assert_allclose(pb.k_BNPE[i], pa.k_BNPE[i], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(cb.v_BGNCE[i], ca.v_BGNCE[i], atol=1e-5, rtol=0)
+
+    def loss(params, graphdef, remat):
+        m = nnx.merge(graphdef, params)
+        h, prefix = m.prefill(prompts, mask, remat=remat)
+        hs, _ = m.extend(tokens, prefix, remat=remat)
+        return jnp.sum(jax.nn.log_softmax(m.logits(hs))[..., 7]) + jnp.sum(h[:, -1] ** 2)
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=(1, 2))
+    want_loss, want = grad(nnx.state(a, nnx.Param), nnx.graphdef(a), False)
+    for model, remat in ((a, True), (b, False), (b, True)):
+        got_loss, got = grad(nnx.state(model, nnx.Param), nnx.graphdef(model), remat)
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * np.abs(y).max())
+
+
+def test_scanned_decode_kernel_interpret_matches_xla():
+    """The Pallas decode kernel (interpret mode) inside the layer scan equals the XLA path."""
+    _, m = _scanned_pair(qkv_bias=True)
+    B, G, P, C = 2, 3, 5, 10
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(3, 64, (B, P)), jnp.int32)
+    mask = jnp.ones((B, P), bool).at[1, :2].set(False)
+    cache_tokens = jnp.asarray(rng.integers(3, 64, (B, G, C)), jnp.int32)
+
+    @jax.jit
+    def step(t):
+        _, prefix = m.prefill(prompts, mask)
+        _, cache = m.extend(cache_tokens, prefix)
+        tok = cache_tokens[:, :, :1]
+        xla, _ = m.extend(tok, prefix, cache, t)
+        pallas, _ = m.extend(tok, prefix, cache, t, attention="interpret")
+        return m.logits(xla), m.logits(pallas)
+
+    xla, pallas = step(7)
+    np.testing.assert_allclose(pallas, xla, atol=1e-5, rtol=0)
+
+
+def test_grown_stacked_cache_keeps_its_slots():
+    cache = KVCache(jnp.ones((2, 1, 2, 1, 3, 4)), 2 * jnp.ones((2, 1, 2, 1, 3, 4)))
+    g = cache.grown(5)
+    assert g.k_BGNCE.shape == (2, 1, 2, 1, 5, 4) and g.k_BGNCE[1].shape == (1, 2, 1, 5, 4)
+    np.testing.assert_array_equal(g.v_BGNCE[:, :, :, :, :3], cache.v_BGNCE)
+    assert not np.asarray(g.k_BGNCE[:, :, :, :, 3:]).any()
+    assert cache.grown(3) is cache

@@ -59,12 +59,14 @@ def decode_attention_impl() -> str:
 class Prefix(NamedTuple):
     """Keys/values of each prompt, computed once and shared by its G continuations.
 
-    One [B, N, P, E] array per layer (a tuple, not a stacked [L, ...] array: reading a layer then
-    costs no slice copy), laid out so that attention contracts E with (B, N) as batch dims.
+    One [B, N, P, E] array per layer, laid out so that attention contracts E with (B, N) as
+    batch dims: a tuple of L arrays from an unrolled decoder (reading a layer then costs no slice
+    copy), one stacked [L, B, N, P, E] array from a scanned one (`ModelConfig.scan`; the layer
+    scan reads its slice). `k_BNPE[i]` is layer i's either way.
     """
 
-    k_BNPE: tuple[jax.Array, ...]  # one per layer
-    v_BNPE: tuple[jax.Array, ...]
+    k_BNPE: tuple[jax.Array, ...] | jax.Array  # one per layer
+    v_BNPE: tuple[jax.Array, ...] | jax.Array
     mask_BP: jax.Array  # True on real prompt tokens (prompts are left-padded)
     length_B: jax.Array  # number of real prompt tokens = position of the first new token
 
@@ -72,13 +74,15 @@ class Prefix(NamedTuple):
 class KVCache(NamedTuple):
     """Per-continuation keys/values of generated tokens, written at slots [0, C).
 
-    One [B, G, N, C, E] buffer per layer: inside the decode `while_loop` each is updated in place
-    by one dynamic-update-slice per step (a stacked [L, ...] cache would be re-stacked, i.e.
-    copied whole, every step) and read by attention without a transpose.
+    Unrolled decoder: one [B, G, N, C, E] buffer per layer (a tuple); inside the decode
+    `while_loop` each is updated in place by one dynamic-update-slice per step and read by
+    attention without a transpose. Scanned decoder (`ModelConfig.scan`): one stacked
+    [L, B, G, N, C, E] buffer, carried through the layer scan and updated in place at
+    (layer, slot). `k_BGNCE[i]` is layer i's either way.
     """
 
-    k_BGNCE: tuple[jax.Array, ...]  # one per layer
-    v_BGNCE: tuple[jax.Array, ...]
+    k_BGNCE: tuple[jax.Array, ...] | jax.Array  # one per layer
+    v_BGNCE: tuple[jax.Array, ...] | jax.Array
 
     def grown(self, length: int) -> KVCache:
         """This cache with zero slots appended up to `length` slots (a copy; the same cache
@@ -87,9 +91,14 @@ class KVCache(NamedTuple):
         C = self.k_BGNCE[0].shape[3]
         if length <= C:
             return self
-        pad = ((0, 0), (0, 0), (0, 0), (0, length - C), (0, 0))
-        grow = lambda x: jnp.pad(x, pad)  # noqa: E731
-        return KVCache(tuple(map(grow, self.k_BGNCE)), tuple(map(grow, self.v_BGNCE)))
+
+        def grow(x):  # the slot axis C is the second to last of both layouts
+            return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, length - C), (0, 0)])
+
+        def each(xs):
+            return grow(xs) if isinstance(xs, jax.Array) else tuple(map(grow, xs))
+
+        return KVCache(each(self.k_BGNCE), each(self.v_BGNCE))
 
 
 def _lead(x, ndim: int):
@@ -367,39 +376,95 @@ class Decoder(nnx.Module):
         """(cos, sin) of RoPE at integer `positions` (any shape) → positions.shape + (E,)."""
         return rope_cos_sin(positions, rope_inv_freq(self.cfg))
 
-    def _run(self, tokens_BGS, mask_BGSC, cache, start, prefix, cos_sin, kernel=None):
+    @property
+    def scanned(self) -> bool:
+        """Whether the layer stack runs as one `lax.scan` (`ModelConfig.scan`)."""
+        return self.cfg.scan
+
+    def _run(self, tokens_BGS, mask_BGSC, cache, start, prefix, cos_sin, kernel=None,
+             remat=False):
+        """Embedding → the L blocks → final norm. Returns (hidden, keys, values): the keys and
+        values of every layer (the whole caches when `cache` is given), a tuple of L arrays
+        (unrolled) or one stacked [L, ...] array (scanned)."""
         x = self.embed[...].astype(self.dtype)[tokens_BGS]
         cos, sin = cos_sin  # [B or 1, G or 1, S, E]: broadcast over the dims they lack
+        prefix_mask = None if prefix is None else prefix.mask_BP
+        block_def = nnx.graphdef(self.layers[0])
+
+        def block(state, x, cache_kv, prefix_kv):
+            return nnx.merge(block_def, state)(x, cos, sin, mask_BGSC, cache_kv, start,
+                                               prefix_kv, prefix_mask, kernel)
+
+        if remat:  # keep only each block's input for the backward pass; recompute the rest
+            block = jax.checkpoint(block, prevent_cse=not self.scanned)
+        if self.scanned:
+            x, ks, vs = self._scan_blocks(block, x, cache, prefix)
+            return self.final_norm(x), ks, vs
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
             cache_kv = None if cache is None else (cache.k_BGNCE[i], cache.v_BGNCE[i])
             prefix_kv = None if prefix is None else (prefix.k_BNPE[i], prefix.v_BNPE[i])
-            x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
-                              None if prefix is None else prefix.mask_BP, kernel)
+            if remat:
+                x, (k, v) = block(nnx.state(layer), x, cache_kv, prefix_kv)
+            else:
+                x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
+                                  prefix_mask, kernel)
             ks.append(k)
             vs.append(v)
         return self.final_norm(x), tuple(ks), tuple(vs)
 
+    def _scan_blocks(self, block, x, cache, prefix):
+        """The L blocks as one `lax.scan` over their stacked weights: one compiled block body
+        instead of L (compile time and compile memory do not grow with L). The layers' weights
+        are stacked [L, ...] for the scan (one copy of the blocks' weights, which the backward
+        pass turns back into per-layer gradients). A cache is carried through the scan as one
+        stacked buffer and updated in place at (layer, slot); a prefix is read per layer."""
+        stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(b) for b in self.layers))
+        kc = vc = pk = pv = None
+        if cache is not None:
+            kc, vc = stack_layers(cache.k_BGNCE), stack_layers(cache.v_BGNCE)
+        if prefix is not None:
+            pk, pv = stack_layers(prefix.k_BNPE), stack_layers(prefix.v_BNPE)
+
+        def body(carry, xs):
+            x, kc, vc = carry
+            i, state, pk_i, pv_i = xs
+            cache_kv = None if kc is None else (kc[i], vc[i])
+            x, (k, v) = block(state, x, cache_kv, None if pk_i is None else (pk_i, pv_i))
+            if kc is None:
+                return (x, None, None), (k, v)
+            kc = jax.lax.dynamic_update_index_in_dim(kc, k.astype(kc.dtype), i, 0)
+            vc = jax.lax.dynamic_update_index_in_dim(vc, v.astype(vc.dtype), i, 0)
+            return (x, kc, vc), None
+
+        layers = jnp.arange(self.cfg.num_layers, dtype=jnp.int32)
+        (x, kc, vc), kv = jax.lax.scan(body, (x, kc, vc), (layers, stacked, pk, pv))
+        return (x, *kv) if kc is None else (x, kc, vc)
+
     # -- entry points -------------------------------------------------------------------------
-    def prefill(self, tokens_BP, mask_BP=None):
-        """Causal forward over left-padded prompts → (hidden_BPD, Prefix)."""
+    def prefill(self, tokens_BP, mask_BP=None, *, remat: bool = False):
+        """Causal forward over left-padded prompts → (hidden_BPD, Prefix). `remat`: each block
+        recomputed in the backward pass (`jax.checkpoint`), which keeps one [B, P, D] input
+        per layer instead of every intermediate (for a forward that is differentiated)."""
         B, P = tokens_BP.shape
         mask_BP = jnp.ones((B, P), bool) if mask_BP is None else mask_BP.astype(bool)
         positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1) - 1, 0)
         causal_PP = jnp.tril(jnp.ones((P, P), bool))
         mask_B1PP = (causal_PP[None] & mask_BP[:, None, :])[:, None]
         h, k, v = self._run(tokens_BP[:, None], mask_B1PP, None, 0, None,
-                            self.rope(positions_BP[:, None]))
-        prefix = Prefix(tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v), mask_BP,
-                        mask_BP.sum(axis=1).astype(jnp.int32))
-        return h[:, 0], prefix
+                            self.rope(positions_BP[:, None]), remat=remat)
+        if self.scanned:  # [L, B, 1, N, P, E] -> [L, B, N, P, E]
+            k, v = k[:, :, 0], v[:, :, 0]
+        else:
+            k, v = tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v)
+        return h[:, 0], Prefix(k, v, mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
 
     def __call__(self, tokens_BS, mask_BS=None):
         """Full causal forward → logits_BSV (float32)."""
         return self.logits(self.prefill(tokens_BS, mask_BS)[0])
 
     def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0,
-               rope=None, attention: str = "xla"):
+               rope=None, attention: str = "xla", *, remat: bool = False):
         """G continuations per prompt: new tokens at suffix slots [start, start+S).
 
         Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
@@ -414,6 +479,7 @@ class Decoder(nnx.Module):
         `attention`: "xla" (any backend), or "pallas" / "interpret" for one decode token (S = 1)
         with a cache through `vpo.kernels.decode_attention` (`decode_attention_impl` picks by
         backend), which reads only slots [0, start + 1) of a cache of any length.
+        `remat`: as in `prefill` (the training forward over all T completion tokens).
         Returns (hidden_BGSD, KVCache with the new keys written).
         """
         B, G, S = tokens_BGS.shape
@@ -427,7 +493,7 @@ class Decoder(nnx.Module):
         mask_BGSC = jnp.broadcast_to(mask_SC, (B, G, S, C))
         if rope is None:
             rope = self.rope(prefix.length_B[:, None, None] + pos_S[None, None, :])
-        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope, kernel)
+        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope, kernel, remat)
         return h, KVCache(k, v)
 
     def init_cache(self, batch: int, group: int, length: int, attention: str = "xla") -> KVCache:
@@ -437,5 +503,13 @@ class Decoder(nnx.Module):
         if attention != "xla":
             length = -(-length // _KERNEL_BLOCK_K) * _KERNEL_BLOCK_K
         shape = (batch, group, c.num_kv_heads, length, c.head_dim)
+        if self.scanned:  # one stacked buffer, carried through the layer scan
+            shape = (c.num_layers, *shape)
+            return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))
         zeros = tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers))
         return KVCache(zeros, tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers)))
+
+
+def stack_layers(xs) -> jax.Array:
+    """Per-layer arrays as one stacked [L, ...] array (a stacked array is returned as is)."""
+    return xs if isinstance(xs, jax.Array) else jnp.stack(xs)

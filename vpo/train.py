@@ -164,24 +164,25 @@ def unembedding_DV(model: Decoder) -> jax.Array:  # noqa: N802  (shape suffix)
     return w.astype(model.dtype)
 
 
-def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT):
+def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
+                      remat: bool = False):
     """Final hidden state that predicts each completion token → hidden_BGTD.
 
     Position t is predicted from the prompt's last state (t = 0) or from completion token t-1.
     Each prompt is prefilled once and its G completions attend to the shared prefix, exactly as
-    the sampler computed them.
+    the sampler computed them. `remat`: blocks recomputed in the backward pass (`Decoder.prefill`).
     """
     B, G, T = tokens_BGT.shape
-    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP)
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
     first_BG1D = jnp.broadcast_to(hidden_BPD[:, None, -1:], (B, G, 1, hidden_BPD.shape[-1]))
     if T == 1:
         return first_BG1D
-    hidden_BGSD, _ = model.extend(tokens_BGT[:, :, :-1], prefix)
+    hidden_BGSD, _ = model.extend(tokens_BGT[:, :, :-1], prefix, remat=remat)
     return jnp.concatenate([first_BG1D, hidden_BGSD], axis=2)
 
 
 def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
-                    vocab_block: int = 4096, impl: str = "chunked"):
+                    vocab_block: int = 4096, impl: str = "chunked", remat: bool = False):
     """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
 
     Computed from the hidden states in vocabulary tiles of `vocab_block` columns
@@ -190,10 +191,11 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     tile, computed directly (no scan, no rematerialisation: the same memory, less time).
     `impl="pallas"` runs the Pallas kernel instead of the `lax.scan` path (GPU / TPU, single
     device: XLA cannot partition the kernel over a mesh); `impl="reference"` always
-    materialises all the logits (the definition; a baseline for benchmarks).
+    materialises all the logits (the definition; a baseline for benchmarks). `remat`: the
+    decoder blocks are recomputed in the backward pass (`TrainConfig.remat`).
     """
     B, G, T = tokens_BGT.shape
-    hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT)
+    hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT, remat=remat)
     hidden_ND = hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1])
     w_DV, targets_N = unembedding_DV(model), tokens_BGT.reshape(-1)
     block_v = min(vocab_block, w_DV.shape[1])
@@ -271,7 +273,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         model = lora_lib.merge(graphdef, params, state.frozen)
         logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
                                     mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
-                                    impl=tcfg.logprob_impl)
+                                    impl=tcfg.logprob_impl, remat=tcfg.remat)
         return objectives.policy_loss(
             logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
             ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
@@ -297,9 +299,14 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             (loss, metrics), grads = grad_fn(params, m, den, k)
             return jax.tree.map(jnp.add, acc, grads), (loss, metrics)
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
         keys = jax.random.split(key, tcfg.grad_accum)
-        grads, (losses, metrics) = jax.lax.scan(micro, zeros, (micros, keys))
+        if tcfg.grad_accum == 1:  # no accumulator: a zero-filled copy of the params saved
+            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], micros), den,
+                                             keys[0])
+            losses, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            grads, (losses, metrics) = jax.lax.scan(micro, zeros, (micros, keys))
         loss = jnp.sum(losses)  # micro-batch losses sum to the minibatch loss
         metrics = jax.tree.map(jnp.mean, metrics)
         metrics["loss"] = loss
