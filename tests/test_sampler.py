@@ -12,6 +12,9 @@ from vpo import _prng, sharding
 from vpo.config import ConfigError, SamplerConfig, model_preset
 from vpo.model import Decoder
 from vpo.sampler import (
+    _first_crossing,
+    _first_crossing_blocked,
+    _first_crossing_cumsum,
     _generate_jit,
     choose_tokens,
     decode_windows,
@@ -186,6 +189,33 @@ def test_inverse_cdf_draw_follows_the_distribution():
     freq = np.bincount(tok.ravel(), minlength=6) / n
     np.testing.assert_allclose(freq, probs, atol=4 * np.sqrt(0.25 / n))
     assert freq[5] == 0 and tok[0, 0] == 4
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's cumsum rounding")
+@pytest.mark.parametrize("V", [1, 5, 16, 17, 64, 201, 256])
+def test_blocked_first_crossing_equals_the_cumsum_search(V):
+    """The CPU search without the [.., V] cumulative sums returns the very token of the
+    `jnp.cumsum` definition, rounding included: masses over many magnitudes, zeros (filtered
+    tokens), and thresholds at, just below and past the cumulative sums (the rounding edges,
+    where a different summation order would pick a neighbour)."""
+    rng = np.random.default_rng(V)
+    R = 256
+    q = (rng.random((R, V)) * np.exp(rng.normal(size=(R, V)) * rng.choice([0, 1, 6], (R, 1))))
+    q = np.where(rng.random((R, V)) < rng.choice([0.0, 0.5, 0.95], (R, 1)), 0.0, q)
+    q = q.astype(np.float32)
+    cum = np.asarray(jnp.cumsum(jnp.asarray(q), axis=-1))
+    at = cum[np.arange(R), rng.integers(0, V, R)]
+    thr = np.stack([rng.random(R).astype(np.float32) * q.sum(-1), at,
+                    np.nextafter(at, np.float32(-np.inf)), cum[:, -1],
+                    np.nextafter(cum[:, -1], np.float32(np.inf))]).astype(np.float32)
+    q_b = jnp.broadcast_to(jnp.asarray(q), (5, R, V))
+    ref = np.asarray(jax.jit(_first_crossing_cumsum)(q_b, jnp.asarray(thr)))
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(_first_crossing_blocked)(q_b, jnp.asarray(thr))), ref)
+    np.testing.assert_array_equal(np.asarray(jax.jit(_first_crossing)(q_b, jnp.asarray(thr))),
+                                  ref)
+    has_mass = (q > 0).any(-1)
+    assert (q[np.arange(R), ref] > 0)[:, has_mass].all()  # a zero-mass token is never drawn
 
 
 def test_unrolled_threefry_matches_jax():

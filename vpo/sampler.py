@@ -52,15 +52,81 @@ def _inverse_cdf_draw(u_BG, scores_BGV):
     random number per row where Gumbel-max (`jax.random.categorical`) needs V, and on CPU the
     V per-row threefry draws dominated a decode step (V=4096: ~25% of the step). A zero-mass
     token (filtered out) is never returned. Returns (token_BG, log_normaliser_BG = logsumexp).
+    The search is `_first_crossing` (on CPU without materialising the cumulative sums).
     """
     max_BG1 = jnp.max(scores_BGV, axis=-1, keepdims=True)
     q_BGV = jnp.exp(scores_BGV - max_BG1)
     total_BG = jnp.sum(q_BGV, axis=-1)
-    above_BGV = (jnp.cumsum(q_BGV, axis=-1) > (u_BG * total_BG)[..., None]) & (q_BGV > 0)
-    V = scores_BGV.shape[-1]
-    last_BG = V - 1 - jnp.argmax(q_BGV[..., ::-1] > 0, axis=-1)  # rounding: u·total ≥ cumsum
+    token_BG = _first_crossing(q_BGV, u_BG * total_BG)
+    return token_BG, max_BG1[..., 0] + jnp.log(total_BG)
+
+
+def _first_crossing_cumsum(q_BGV, thr_BG):
+    """The definition: first v with q_v > 0 and cumsum(q)_v > thr; when no v qualifies (float
+    rounding: thr ≥ the last cumulative sum), the last v with q_v > 0 (V - 1 if none)."""
+    V = q_BGV.shape[-1]
+    above_BGV = (jnp.cumsum(q_BGV, axis=-1) > thr_BG[..., None]) & (q_BGV > 0)
+    last_BG = V - 1 - jnp.argmax(q_BGV[..., ::-1] > 0, axis=-1)
     token_BG = jnp.where(jnp.any(above_BGV, axis=-1), jnp.argmax(above_BGV, axis=-1), last_BG)
-    return token_BG.astype(jnp.int32), max_BG1[..., 0] + jnp.log(total_BG)
+    return token_BG.astype(jnp.int32)
+
+
+# XLA:CPU rewrites a cumulative sum longer than this into blocks of this length
+# (`ReduceWindowRewriter`, base length 16): the sums within each block run left to right, the
+# block offsets are a left-to-right cumulative sum of the block totals, and each output is
+# (sum within its block) + (its block's offset).
+_CPU_SCAN_BLOCK = 16
+
+
+def _first_crossing_blocked(q_BGV, thr_BG):
+    """`_first_crossing_cumsum` with XLA:CPU's cumsum rounding, bit for bit, without the
+    [.., V] cumulative sums (V ≤ 16·16).
+
+    XLA:CPU's `jnp.cumsum` over V > 16 (see `_CPU_SCAN_BLOCK`) costs 16·V adds per row in
+    reduce-window loops: at V = 201 (the word-level maze vocabulary) `choose_tokens` took
+    ~42 µs of a ~230 µs tiny-model decode step on a 2-core CPU, ~22 µs with this. Here: the
+    16-wide block totals (left to right, as XLA sums a block), their cumulative sums, which
+    are exactly the cumulative sums at the block ends (with at most 16 blocks the offsets are
+    one left-to-right scan, so block b's end = offset_b + total_b = offset_{b+1}), then the
+    cumulative sums of the one block where the sum first exceeds thr. Sums of non-negative q
+    never decrease, so "first index above thr" is a count of the sums ≤ thr, and the first sum
+    above thr is at a q_v > 0 (adding a zero changes nothing), as the definition asks.
+    """
+    V, K = q_BGV.shape[-1], _CPU_SCAN_BLOCK
+    nb = -(-V // K)
+    nd = q_BGV.ndim
+    tiles_BGNK = jnp.pad(q_BGV, [(0, 0)] * (nd - 1) + [(0, nb * K - V)]).reshape(
+        *q_BGV.shape[:-1], nb, K)
+    total_BGN = tiles_BGNK[..., 0]  # left to right, one add at a time (a reduce may reorder)
+    for j in range(1, K):
+        total_BGN = total_BGN + tiles_BGNK[..., j]
+    ends_BGN = jnp.cumsum(total_BGN, axis=-1)  # ≤ 16 long: one left-to-right scan
+    thr_BG1 = thr_BG[..., None]
+    block_BG = jnp.minimum(jnp.sum(ends_BGN <= thr_BG1, axis=-1), nb - 1)
+    offset_BG = jnp.take_along_axis(ends_BGN, jnp.maximum(block_BG - 1, 0)[..., None],
+                                    axis=-1)[..., 0]
+    tile_BGK = jnp.take_along_axis(tiles_BGNK, block_BG[..., None, None], axis=-2)[..., 0, :]
+    within_BGK = jnp.cumsum(tile_BGK, axis=-1)
+    # block 0 has no offset (XLA adds an exact 0; adding 0.0 would too, for q ≥ 0)
+    cum_BGK = jnp.where((block_BG > 0)[..., None], within_BGK + offset_BG[..., None], within_BGK)
+    first_BG = block_BG * K + jnp.sum(cum_BGK <= thr_BG1, axis=-1)
+    iota_BGV = jax.lax.broadcasted_iota(jnp.int32, q_BGV.shape, nd - 1)
+    last_pos_BG = jnp.max(jnp.where(q_BGV > 0, iota_BGV, -1), axis=-1)
+    last_BG = jnp.where(last_pos_BG < 0, V - 1, last_pos_BG)
+    found_BG = ends_BGN[..., -1] > thr_BG  # the cumulative sum ends above thr
+    return jnp.where(found_BG, first_BG, last_BG).astype(jnp.int32)
+
+
+def _first_crossing(q_BGV, thr_BG):
+    """First v with q_v > 0 and cumsum(q)_v > thr (see `_first_crossing_cumsum`); q ≥ 0.
+
+    On CPU with V ≤ 256 the blocked search (`_first_crossing_blocked`: the same tokens bit for
+    bit, tested); elsewhere the definition (other backends round their cumsum their own way,
+    and on CPU a longer V has nested blocks)."""
+    if -(-q_BGV.shape[-1] // _CPU_SCAN_BLOCK) > _CPU_SCAN_BLOCK:
+        return _first_crossing_cumsum(q_BGV, thr_BG)
+    return jax.lax.platform_dependent(q_BGV, thr_BG, cpu=_first_crossing_blocked,
+                                      default=_first_crossing_cumsum)
 
 
 def choose_tokens(logits_BGV, u_BG, temperature, top_p, top_k):
