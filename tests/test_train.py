@@ -236,6 +236,7 @@ def test_mesh_of_8_devices_matches_one(task):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=3e-5)
 
 
+@pytest.mark.slow
 def test_scanned_remat_step_matches_unrolled(task):
     """The layer stack as one lax.scan with per-block remat in the update's forward
     (`ModelConfig.scan_layers`, `TrainConfig.remat`) takes the same RL steps as the unrolled,
