@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["model=tiny", "sampler.num_samples=4", "train.batch_size=8", "train.num_answers=3",
@@ -32,6 +31,7 @@ def worker() -> None:
     """Build the step of whichever `vpo` PYTHONPATH selects; on each stdin line N, print the
     median seconds of N fused steps and of N sampling calls."""
     import jax
+    from bench_train import _median_time  # this script's folder is on sys.path
 
     from vpo import cli, sharding
     from vpo import data as data_lib
@@ -53,18 +53,10 @@ def worker() -> None:
         jax.block_until_ready(sample(state, batch))
     print("ready", flush=True)
 
-    def median_s(fn, n):
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
-
     for line in sys.stdin:
         n = int(line)
-        print(median_s(lambda: fused(state, batch), n), median_s(lambda: sample(state, batch), n),
-              flush=True)
+        print(_median_time(lambda: fused(state, batch), n),
+              _median_time(lambda: sample(state, batch), n), flush=True)
 
 
 def sign_test_ci(ratios):

@@ -70,7 +70,8 @@ def uniform(key, shape: tuple[int, ...]):
 
 def uniform_per_key(keys, counter):
     """One float32 uniform on [0, 1) per key (any key array shape) for the integer `counter`
-    (e.g. a decode step): hash(key, counter), so every (key, counter) pair is an independent draw."""
+    (e.g. a decode step): hash(key, counter), so every (key, counter) pair is an independent
+    draw."""
     k0, k1 = key_words(keys)
     y0, _ = threefry2x32(k0, k1, jnp.uint32(0), jnp.asarray(counter).astype(jnp.uint32))
     return to_unit_float(y0)

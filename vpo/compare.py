@@ -50,7 +50,7 @@ from flax import nnx
 from vpo import checkpoint, compare_report, policy_eval, search, sharding
 from vpo.checkpoint import load_model
 from vpo.config import ConfigError, SamplerConfig, apply_overrides, model_preset
-from vpo.loop import train
+from vpo.loop import policy_complete, train, write_json_atomic
 from vpo.metrics_log import JSONL
 from vpo.search import SearchConfig
 from vpo.sft import run_sft
@@ -200,7 +200,7 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
     if cfg.init:
         return load_model(cfg.init, max_seq_len=max_len)[0]
     path = os.path.join(out_dir, "sft")
-    if resume and _complete(path):
+    if resume and policy_complete(path):
         log(f"  resumed: the warm start in {path}")
         return load_model(path, max_seq_len=max_len)[0]
     mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size, max_seq_len=max_len)
@@ -270,13 +270,6 @@ def law_trajectory(cfg: CompareConfig, task, path: str, graphdef, state, metrics
     return out
 
 
-def _complete(policy_dir: str) -> bool:
-    """A policy folder `checkpoint.save_policy` finished (it writes policy.json after the
-    parameters, the tokenizer last)."""
-    return all(os.path.exists(os.path.join(policy_dir, n))
-               for n in ("policy.json", "tokenizer.json"))
-
-
 def _read_arm_run(path: str, arm: str, seed: int, m: int, max_len: int) -> ArmRun | None:
     """A finished (arm, seed) of an earlier, interrupted `vpo compare`: its `ARM_DONE` record
     (entropy-law trajectory, seconds), metrics and exported policy; None if it did not finish."""
@@ -321,7 +314,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
                 total -= 1
                 log(f"  {arm} seed {seed}: resumed (finished earlier, {earlier.seconds:.0f} s)")
                 continue
-            if resume and _complete(os.path.join(path, "policy")):
+            if resume and policy_complete(os.path.join(path, "policy")):
                 shutil.rmtree(path)  # trained, but killed before its law scores: redo it
             elif not resume and os.path.exists(path):
                 shutil.rmtree(path)
@@ -333,7 +326,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
             law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)
                    if cfg.law_points else {})
             seconds = time.perf_counter() - t0
-            _write_json(os.path.join(path, ARM_DONE), {"law": law, "seconds": seconds})
+            write_json_atomic(os.path.join(path, ARM_DONE), {"law": law, "seconds": seconds})
             runs.setdefault(arm, []).append(ArmRun(arm, seed, m, path, model_of(graphdef, state),
                                                    rows, law, seconds))
             done += 1
@@ -446,13 +439,6 @@ def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     return out
 
 
-def _write_json(path: str, data) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)  # atomic: a killed process leaves the old file or none
-
-
 def _plain(x):
     """numpy scalars and arrays as JSON values."""
     return x.tolist() if hasattr(x, "tolist") else str(x)
@@ -506,7 +492,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     add up the time spent in every session."""
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
-    _write_json(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
+    write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
     task = make_task(cfg)
     if cfg.model in ("tiny", "small") and jax.default_backend() == "cpu":
         est = estimate_seconds(cfg, task)
@@ -531,7 +517,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
         wall[name] = time.perf_counter() - t0
         if cached:  # read back as a resumed run would, so both give the same report
             result = json.loads(json.dumps(result, default=_plain))
-            _write_json(path, {"result": result, "seconds": wall[name]})
+            write_json_atomic(path, {"result": result, "seconds": wall[name]})
         log(f"[{name}] {wall[name]:.1f} s")
         return result
 
@@ -540,7 +526,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
         before = _read_json(sft)["seconds"] if resume and os.path.exists(sft) else 0.0
         model = warm_start(cfg, task, out_dir, log, resume=resume)
         if not before:
-            _write_json(sft, {"seconds": time.perf_counter() - t0})
+            write_json_atomic(sft, {"seconds": time.perf_counter() - t0})
         return model, before
 
     (policy, before) = stage("warm start", warm, cached=False)

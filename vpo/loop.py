@@ -152,15 +152,19 @@ def resume_config(out_dir: str, overrides: list[str]) -> RunConfig:
     return new
 
 
-def _write_json_atomic(path: str, data) -> None:
+def write_json_atomic(path: str, data) -> None:
+    """Write JSON through a temporary file and a rename: a killed process leaves the old file or
+    the new one, never half of one."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)
 
 
-def _policy_complete(out_dir: str) -> bool:
-    return all(os.path.exists(os.path.join(out_dir, "policy", n))
+def policy_complete(policy_dir: str) -> bool:
+    """A policy folder `checkpoint.save_policy` finished (it writes policy.json after the
+    parameters, the tokenizer last)."""
+    return all(os.path.exists(os.path.join(policy_dir, n))
                for n in ("policy.json", "tokenizer.json"))
 
 
@@ -267,16 +271,16 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
                               f"in {out_dir}; give train.steps >= {start}")
-        if start == tcfg.steps and _policy_complete(out_dir):
+        if start == tcfg.steps and policy_complete(os.path.join(out_dir, "policy")):
             raise ConfigError(f"--resume: the run in {out_dir} already finished all {start} "
                               f"steps; pass train.steps=N (N > {start}) to train it longer")
         if jax.process_index() == 0:
             if _read_json(os.path.join(out_dir, CONFIG)) != config.to_json():
-                _write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())
+                write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())
             print(f"resuming: restored step {start} from {manager.directory}", flush=True)
     elif jax.process_index() == 0:
         task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
-        _write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
+        write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
     cfg = step_config(config, task)
     step_fn = (make_host_rl_step(graphdef, tx, task, cfg, records) if task.is_host
                else make_rl_step(graphdef, tx, task, cfg))
