@@ -15,6 +15,7 @@ from vpo.sampler import (
     _first_crossing,
     _first_crossing_blocked,
     _first_crossing_cumsum,
+    _first_crossing_two_level,
     _generate_jit,
     choose_tokens,
     decode_windows,
@@ -216,6 +217,56 @@ def test_blocked_first_crossing_equals_the_cumsum_search(V):
                                   ref)
     has_mass = (q > 0).any(-1)
     assert (q[np.arange(R), ref] > 0)[:, has_mass].all()  # a zero-mass token is never drawn
+
+
+@pytest.mark.parametrize("V", [257, 1000, 4096, 49152])
+def test_two_level_first_crossing_is_the_cumsum_search_up_to_rounding(V):
+    """The CPU search for long vocabularies: on random thresholds the definition's token in
+    nearly every row and otherwise a token within float32 rounding of the threshold (checked
+    against float64 sums); never a zero-mass token, also at thresholds on the tile ends (where
+    the tile's own sums may fall short by rounding) and past the total; V - 1 for a row
+    without mass."""
+    rng = np.random.default_rng(V)
+    R = 128
+    q = (rng.random((R, V)) * np.exp(rng.normal(size=(R, V)) * rng.choice([0, 1, 6], (R, 1))))
+    q = np.where(rng.random((R, V)) < rng.choice([0.0, 0.5, 0.95], (R, 1)), 0.0, q)
+    q[0] = 0.0  # no mass at all
+    q = q.astype(np.float32)
+    total = q.sum(-1, dtype=np.float64)
+    K = 256
+    nt = -(-V // K)
+    tile_ends = np.cumsum(np.pad(q, [(0, 0), (0, nt * K - V)]).reshape(R, nt, K).sum(-1), -1)
+    edge = tile_ends[np.arange(R), rng.integers(0, nt, R)].astype(np.float32)
+    rand = (rng.random(R) * total).astype(np.float32)
+    thr = np.stack([rand, edge, np.nextafter(edge, np.float32(-np.inf)),
+                    (total * (1 + 1e-4)).astype(np.float32)])
+    got = np.asarray(jax.jit(_first_crossing_two_level)(jnp.broadcast_to(q, (4, R, V)), thr))
+    ref = np.asarray(jax.jit(_first_crossing_cumsum)(jnp.broadcast_to(q, (4, R, V)), thr))
+    assert got[0, 0] == V - 1 and (got[:, 0] == V - 1).all()
+    mass = np.arange(R) > 0
+    assert (q[np.arange(R)[None, :], got] > 0)[:, mass].all()  # never a zero-mass token
+    assert (got[3] == ref[3]).all()  # past the total: the last token with mass
+    assert (got[0] == ref[0]).mean() >= 0.97
+    cum64 = np.cumsum(q.astype(np.float64), -1)
+    tol = 1e-5 * total
+    for row in np.nonzero(mass)[0]:
+        t, th = got[0, row], float(thr[0, row])
+        assert cum64[row, t] > th - tol[row]
+        assert t == 0 or cum64[row, t - 1] <= th + tol[row]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU search")
+def test_long_vocabulary_draws_follow_the_distribution():
+    """Token frequencies of `choose_tokens` at V = 4096 (the two-level search) match
+    softmax(logits) on the tokens holding the mass."""
+    V, n = 4096, 20000
+    probs = np.zeros(V)
+    probs[[3, 700, 701, 2048, 4095]] = [0.4, 0.25, 0.15, 0.15, 0.05]
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(probs, jnp.float32)), (1, n, V))
+    u = _prng.uniform(jax.random.key(5), (1, n))
+    tok = np.asarray(jax.jit(choose_tokens)(logits, u, 1.0, 1.0, 0)[0])
+    freq = np.bincount(tok.ravel(), minlength=V) / n
+    np.testing.assert_allclose(freq, probs, atol=4 * np.sqrt(0.25 / n))
 
 
 def test_unrolled_threefry_matches_jax():
