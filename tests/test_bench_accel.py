@@ -1,25 +1,18 @@
 """experiments/bench_accel.py (the accelerator benchmark) at a tiny shape on CPU: it runs end to
 end, and its FLOP and roofline-byte formulas match hand counts."""
 
-import importlib.util
 import json
 import math
-import os
 from types import SimpleNamespace
 
 import pytest
 
 from vpo.config import model_preset
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "bench_accel.py")
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_accel", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_experiment):
+    return load_experiment("bench_accel")
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,15 @@
 """experiments/roofline_cpu.py (the SmolLM2 race's GEMM lower bound): its product list and FLOP
 count match a hand count, and the bound is the sum of the timed products."""
 
-import importlib.util
-import os
-
 import pytest
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "roofline_cpu.py")
 # three layers of two products and a head, so every product the bound times can be listed by hand
 SHAPES = {"layers": 3, "layer": {"up": (4, 6), "down": (6, 4)}, "head": (4, 10)}
 
 
 @pytest.fixture(scope="module")
-def roof():
-    spec = importlib.util.spec_from_file_location("roofline_cpu", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def roof(load_experiment):
+    return load_experiment("roofline_cpu")
 
 
 def test_flops_match_a_hand_count(roof):

@@ -136,16 +136,10 @@ def test_skip_guard_stops_after_consecutive_skips_naming_the_component():
 
 
 @pytest.mark.slow
-def test_kill_soak_fast(tmp_path):
+def test_kill_soak_fast(tmp_path, load_experiment):
     """experiments/kill_soak.py's 3 kill points (a metrics row written, an async checkpoint
     save in flight, orbax's temporary step folder): each resumes bit-exactly."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments",
-                        "kill_soak.py")
-    spec = importlib.util.spec_from_file_location("kill_soak", path)
-    soak = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak)
+    soak = load_experiment("kill_soak")
     results = soak.main(str(tmp_path / "soak"), soak.FAST, log=lambda *a: None)
     assert [r["exact"] for r in results] == [True] * 3, results
 
