@@ -60,6 +60,7 @@ from vpo.train_config import ObjectiveConfig, TrainConfig
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_advantages  # noqa: E402
+from ab_tiny_step import sign_test_ci  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TMP = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
@@ -410,53 +411,67 @@ def memory_rows(res: dict) -> list[str]:
             met = "" if goal is None else ("yes" if b / a >= goal else "NO")
             want = "" if goal is None else f">= {goal}x"
             rows.append(f"| peak memory, {work} | smollm2 | {a:,.0f} MB | {theirs} | {b:,.0f} MB "
-                        f"| {b / a:.2f}x (peer/vpo MB) | {want} | {met} |")
+                        f"| {b / a:.2f}x (peer/vpo MB) | | {want} | {met} |")
         elif (ours, "smollm2") in mem:
             rows.append(f"| peak memory, {work} | smollm2 | {mem[(ours, 'smollm2')]:,.0f} MB | "
-                        f"(peers not run) | | | | |")
+                        f"(peers not run) | | | | | |")
     return rows
+
+
+def round_ratios(ours: list[float], theirs: list[float], *, time: bool) -> str:
+    """The speed ratio of each round (vpo's and the peer's figure of the same round), as
+    "median [95% sign-test interval]"; rounds are paired, so the machine's drift between rounds
+    cancels. Needs >= 6 rounds for a 95% interval."""
+    if len(ours) != len(theirs) or len(ours) < 2:
+        return ""
+    r = [b / a if time else a / b for a, b in zip(ours, theirs, strict=True)]
+    med, (lo, hi) = sign_test_ci(r)
+    return f"{med:.2f}x [{lo:.2f}, {hi:.2f}]" if lo == lo else f"{med:.2f}x (< 6 rounds)"
 
 
 def table(res: dict) -> list[str]:
     vpo = {k: _med(x) for k, x in res["vpo"].items()}
     peer = {k: _med(x) for k, x in res["peer"].items()}
-    rows = ["| workload | size | vpo | peer | peer value | speed ratio vpo/peer | goal | met |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| workload | size | vpo | peer | peer value | speed ratio vpo/peer | per round "
+            "| goal | met |", "|---|---|---|---|---|---|---|---|---|"]
 
-    def row(work, size, vval, unit, pname, pval, ratio, goal):
+    def row(work, vkey, pkey, unit, fmt, goal, label=None):
+        """One comparison; a time (unit "s"/"ms") is faster when smaller."""
+        x, p, time = vpo[vkey], peer[pkey], unit != "tok/s"
+        ratio = p / x if time else x / p
         met = "" if goal is None or ratio != ratio else ("yes" if ratio >= goal else "NO")
-        rows.append(f"| {work} | {size} | {vval} {unit} | {pname} | {pval} {unit} | "
-                    f"{ratio:.2f}x | {'' if goal is None else f'>= {goal}x'} | {met} |")
+        rounds = round_ratios(res["vpo"][vkey], res["peer"][pkey], time=time)
+        size = vkey[1] if vkey[1] != "-" else "B128 G8 M3 R5 K100"
+        rows.append(f"| {work} | {size} | {x:{fmt}} {unit} | {label or pkey[0]} | {p:{fmt}} "
+                    f"{unit} | {ratio:.2f}x | {rounds} | {'' if goal is None else f'>= {goal}x'}"
+                    f" | {met} |")
 
     for size in SHAPES:
         if ("sampling", size) in vpo:
-            x = vpo[("sampling", size)]
             for pname, goal in GOALS[("sampling", size)]:
                 if (pname, size) in peer:
-                    p = peer[(pname, size)]
-                    row("sampling", size, f"{x:,.0f}", "tok/s", pname, f"{p:,.0f}", x / p, goal)
+                    row("sampling", ("sampling", size), (pname, size), "tok/s", ",.0f", goal)
             if not any((p, size) in peer for p, _ in GOALS[("sampling", size)]):
-                rows.append(f"| sampling | {size} | {x:,.0f} tok/s | (peers not run) | | | | |")
+                rows.append(f"| sampling | {size} | {vpo[('sampling', size)]:,.0f} tok/s | "
+                            "(peers not run) | | | | | |")
         if ("grpo_step", size) in vpo:
-            x = vpo[("grpo_step", size)]
             goal = GOALS[("grpo_step", size)][0][1]
             peers = {n: peer[(n, size)] for n in ("trl_grpo", "tunix_grpo") if (n, size) in peer}
-            for n, p in peers.items():
-                row("grpo step", size, f"{x:.3f}", "s", n, f"{p:.3f}", p / x, None)
+            for n in peers:
+                row("grpo step", ("grpo_step", size), (n, size), "s", ".3f", None)
             if peers:
-                n, p = min(peers.items(), key=lambda kv: kv[1])
-                row("grpo step", size, f"{x:.3f}", "s", f"faster ({n})", f"{p:.3f}", p / x, goal)
+                n = min(peers, key=peers.get)
+                row("grpo step", ("grpo_step", size), (n, size), "s", ".3f", goal,
+                    label=f"faster ({n})")
             else:
-                rows.append(f"| grpo step | {size} | {x:.3f} s | (peers not run) | | | | |")
+                rows.append(f"| grpo step | {size} | {vpo[('grpo_step', size)]:.3f} s | "
+                            "(peers not run) | | | | | |")
     for name in ("vpo_advantage_iid", "vpo_advantage_lattice"):
         if (name, "-") in vpo:
-            x = vpo[(name, "-")]
             for pname in ("vpo_numpy_loop", "numpy_loop_inprocess"):
                 if (pname, "-") in peer:
-                    p = peer[(pname, "-")]
                     goal = 50.0 if name.endswith("iid") and pname == "vpo_numpy_loop" else None
-                    row(name.replace("_", " "), "B128 G8 M3 R5 K100", f"{x:.3f}", "ms", pname,
-                        f"{p:.3f}", p / x, goal)
+                    row(name.replace("_", " "), (name, "-"), (pname, "-"), "ms", ".3f", goal)
     return rows + memory_rows(res)
 
 

@@ -110,11 +110,7 @@ def _first_crossing_blocked(q_BGV, thr_BG):
     # block 0 has no offset (XLA adds an exact 0; adding 0.0 would too, for q ≥ 0)
     cum_BGK = jnp.where((block_BG > 0)[..., None], within_BGK + offset_BG[..., None], within_BGK)
     first_BG = block_BG * K + jnp.sum(cum_BGK <= thr_BG1, axis=-1)
-    iota_BGV = jax.lax.broadcasted_iota(jnp.int32, q_BGV.shape, nd - 1)
-    last_pos_BG = jnp.max(jnp.where(q_BGV > 0, iota_BGV, -1), axis=-1)
-    last_BG = jnp.where(last_pos_BG < 0, V - 1, last_pos_BG)
-    found_BG = ends_BGN[..., -1] > thr_BG  # the cumulative sum ends above thr
-    return jnp.where(found_BG, first_BG, last_BG).astype(jnp.int32)
+    return _first_or_last(first_BG, ends_BGN[..., -1] > thr_BG, q_BGV)
 
 
 # the tile of the two-level search for longer vocabularies on CPU (`_first_crossing_two_level`)
@@ -151,10 +147,15 @@ def _first_crossing_two_level(q_BGV, thr_BG):
     iota_K = jax.lax.broadcasted_iota(jnp.int32, q_BGK.shape, nd - 1)
     last_in_tile_BG = jnp.max(jnp.where(q_BGK > 0, iota_K, -1), axis=-1)
     first_BG = tile_BG * K + jnp.where(n_BG < K, n_BG, last_in_tile_BG)
-    iota_BGV = jax.lax.broadcasted_iota(jnp.int32, q_BGV.shape, nd - 1)
+    return _first_or_last(first_BG, ends_BGN[..., -1] > thr_BG, q_BGV)
+
+
+def _first_or_last(first_BG, found_BG, q_BGV):
+    """The searches' result: first_BG where the cumulative sum ends above thr (found_BG),
+    else the last v with q_v > 0 (V - 1 if none), as `_first_crossing_cumsum`."""
+    iota_BGV = jax.lax.broadcasted_iota(jnp.int32, q_BGV.shape, q_BGV.ndim - 1)
     last_pos_BG = jnp.max(jnp.where(q_BGV > 0, iota_BGV, -1), axis=-1)
-    last_BG = jnp.where(last_pos_BG < 0, V - 1, last_pos_BG)
-    found_BG = ends_BGN[..., -1] > thr_BG
+    last_BG = jnp.where(last_pos_BG < 0, q_BGV.shape[-1] - 1, last_pos_BG)
     return jnp.where(found_BG, first_BG, last_BG).astype(jnp.int32)
 
 
