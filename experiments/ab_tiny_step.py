@@ -33,12 +33,16 @@ def worker() -> None:
     import jax
     from bench_train import _median_time  # this script's folder is on sys.path
 
-    from vpo import cli, sharding
     from vpo import data as data_lib
+    from vpo import sharding
     from vpo import train as train_lib
     from vpo.loop import shard_batch
 
-    run, task = cli.build_run_config("maze", None, OVERRIDES)[:2]
+    try:
+        from vpo.presets import build_run_config
+    except ImportError:  # an older checkout: the CLI module held it
+        from vpo.cli import build_run_config
+    run, task = build_run_config("maze", None, OVERRIDES)[:2]
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)

@@ -30,8 +30,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from vpo import cli, lora, sharding
 from vpo import data as data_lib
+from vpo import lora, presets, sharding
 from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.loop import shard_batch
@@ -58,7 +58,7 @@ def build(cfg: dict, rank: int):
         f"train.batch_size={cfg['batch_size']}", f"train.num_answers={cfg['num_answers']}",
         f"sampler.num_samples={cfg['num_samples']}", f"objective.kl_coef={cfg['kl_coef']}",
         f"model.lora_rank={rank}"]
-    run, task, _ = cli.build_run_config("bandit", None, overrides)
+    run, task, _ = presets.build_run_config("bandit", None, overrides)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     base = Decoder(lora.base_config(run.model), rngs=nnx.Rngs(0))  # the same base for both arms

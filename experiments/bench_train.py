@@ -20,8 +20,8 @@ import time
 
 import jax
 
-from vpo import cli, sharding
 from vpo import data as data_lib
+from vpo import presets, sharding
 from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.loop import shard_batch
@@ -49,8 +49,9 @@ def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
                  f"train.batch_size={cfg['batch_size']}",
                  f"train.num_answers={cfg['num_answers']}",
                  f"objective.advantage={cfg['advantage']}", *extra]
-    run, task, _ = cli.build_run_config("maze", None, overrides)
-    ref_run, _, _ = cli.build_run_config("maze", None, overrides + ["train.logprob_impl=reference"])
+    run, task, _ = presets.build_run_config("maze", None, overrides)
+    ref_run, _, _ = presets.build_run_config("maze", None,
+                                             overrides + ["train.logprob_impl=reference"])
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)

@@ -11,7 +11,7 @@ import shutil
 import pytest
 from test_run_folders import snapshot  # tests/ is on sys.path under pytest
 
-from vpo import cli
+from vpo import cli, presets
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BPE = os.path.join(FIXTURES, "hf", "qwen2_bpe")
@@ -286,7 +286,7 @@ def test_debug_shows_the_traceback(world, monkeypatch):
 
 
 def test_config_file_task_kwargs_are_honoured(world):
-    run, task, _ = cli.build_run_config(None, world["tmp"] + "/cfg_maze7.json", [])
+    run, task, _ = presets.build_run_config(None, world["tmp"] + "/cfg_maze7.json", [])
     assert run.task_kwargs == {"size": 7}
     assert len(task.make_problems(0, 1)[0]["grid"]) == 7
     with open(os.path.join(world["run"], "config.json")) as f:

@@ -24,7 +24,7 @@ def test_six_paired_rounds_give_an_interval_and_a_verdict(bench):
     # round ratios 3.1 ... 3.6 for sampling (a peer that drifts; vpo drifts with it)
     hf = [50.0, 60.0, 70.0, 55.0, 65.0, 75.0]
     ratios = [3.1, 3.2, 3.3, 3.4, 3.5, 3.6]
-    res = _res([h * r for h, r in zip(hf, ratios)], hf, [10.0] * 6,
+    res = _res([h * r for h, r in zip(hf, ratios, strict=True)], hf, [10.0] * 6,
                [25.0, 19.0, 30.0, 21.0, 22.0, 18.0])
     rows = bench.table(res)
     s = _cells(rows, "sampling", "hf_generate")

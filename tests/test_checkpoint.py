@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from vpo import checkpoint as ckpt_lib
-from vpo import cli, sharding
 from vpo import data as data_lib
 from vpo import loop as loop_lib
+from vpo import presets, sharding
 from vpo import train as train_lib
 from vpo.config import SamplerConfig, model_preset
 from vpo.tasks import make_task
@@ -196,7 +196,7 @@ def test_kill_during_save_then_resume(tmp_path):
     assert [r["step"] for r in got] == [1, 2, 3, 4]
 
     # the same run uninterrupted, in this process
-    run, task, _ = cli.build_run_config("smoke", None, KILL_RUN[2:])
+    run, task, _ = presets.build_run_config("smoke", None, KILL_RUN[2:])
     _, straight = loop_lib.train(run, str(tmp_path / "straight"), task=task, progress=False,
                                  mesh=sharding.make_mesh(devices=jax.devices()[:1]))
     restored, _ = mngr.restore(straight)

