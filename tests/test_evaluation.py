@@ -141,6 +141,14 @@ def test_plots_write_pngs(tmp_path):
         plots.plot_metric_vs_k(str(tmp_path / "bad.png"), {"x": ([1, 2], [1.0])})
 
 
+
+def test_thirteen_series_get_thirteen_distinct_styles():
+    # a full comparison plots 13 policies; the ten-colour cycle alone would repeat three
+    styles = [tuple(sorted(plots.series_style(i).items())) for i in range(13)]
+    assert len(set(styles)) == 13
+    assert plots.series_style(10)["color"] == plots.series_style(0)["color"]
+    assert plots.series_style(10)["linestyle"] != plots.series_style(0)["linestyle"]
+
 # -- sample_pool / evaluate_policy: a BoundTask and its records ----------------------------------
 
 def _bound_bandit(host: bool = False):

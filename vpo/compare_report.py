@@ -140,12 +140,13 @@ def _plot_bands(path: str, curves: dict[str, tuple], *, xlabel: str, ylabel: str
     """Lines with shaded 95% intervals: curves {name: (xs, mean, half-width or None)}."""
     fig = Figure(figsize=(5.4, 3.8))
     ax = fig.add_subplot()
-    for name, (xs, mean, half) in curves.items():
+    for i, (name, (xs, mean, half)) in enumerate(curves.items()):
         xs, mean = np.asarray(xs, float), np.asarray(mean, float)
-        line = ax.plot(xs, mean, marker=marker, label=name)[0]
+        style = plots.series_style(i)
+        ax.plot(xs, mean, marker=marker, label=name, **style)
         if half is not None and np.all(np.isfinite(half)):
             ax.fill_between(xs, mean - np.asarray(half), mean + np.asarray(half), alpha=0.15,
-                            color=line.get_color())
+                            color=style["color"])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

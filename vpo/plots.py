@@ -27,10 +27,22 @@ def _save(fig: Figure, path: str) -> str:
     return path
 
 
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")  # matplotlib's tab10
+_LINESTYLES = ("-", ":", "-.")
+
+
+def series_style(i: int) -> dict[str, str]:
+    """Colour and line style of the i-th series of a plot: the ten colours, then again dotted,
+    then dash-dotted, so up to 30 series stay distinguishable (a comparison has 13)."""
+    return {"color": _COLORS[i % len(_COLORS)],
+            "linestyle": _LINESTYLES[(i // len(_COLORS)) % len(_LINESTYLES)]}
+
+
 def _draw(ax, series: Series, *, marker: str | None, dashed: Collection[str] = ()) -> None:
-    """One line per series; a series named in `dashed` is dashed in the colour of the series
-    drawn just before it (e.g. a fit after its data)."""
-    color = None
+    """One line per series (`series_style`); a series named in `dashed` is dashed in the colour
+    of the series drawn just before it (e.g. a fit after its data)."""
+    color, i = None, 0
     for name, (xs, ys) in series.items():
         xs, ys = np.asarray(xs, float), np.asarray(ys, float)
         if xs.shape != ys.shape:
@@ -38,7 +50,9 @@ def _draw(ax, series: Series, *, marker: str | None, dashed: Collection[str] = (
         if name in dashed:
             ax.plot(xs, ys, linestyle="--", color=color, label=name)
         else:
-            color = ax.plot(xs, ys, marker=marker, label=name)[0].get_color()
+            style = series_style(i)
+            ax.plot(xs, ys, marker=marker, label=name, **style)
+            color, i = style["color"], i + 1
     if len(series) > 1:
         ax.legend()
     ax.grid(alpha=0.3)
