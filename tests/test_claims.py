@@ -157,3 +157,41 @@ def test_search_claim_is_paired_over_policy_seeds():
 def test_unpaired_values_are_an_error():
     with pytest.raises(ValueError, match="not paired"):
         claims.compare_values("x", [1, 2, 3], [1, 2])
+
+
+def test_p_value_agrees_with_the_interval():
+    # reproduced iff the one-sided p is below 0.025 (the 95% two-sided interval's level)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        d = rng.normal(rng.uniform(-1, 1), 1.0, size=int(rng.integers(2, 8)))
+        p = claims.p_value(d)
+        assert (claims.verdict(d) == claims.REPRODUCED) == (p < 0.025), (d, p)
+        assert (claims.verdict(d) == claims.REFUTED) == (claims.p_value(d, higher=False) < 0.025)
+    assert claims.p_value([0.0, 0.0, 0.0]) == 1.0  # a tie is never evidence
+    assert claims.p_value([0.3]) == 1.0  # one seed
+
+
+def test_holm_adjusts_by_rank_and_keeps_order():
+    # p = 0.01, 0.004, 0.03 over 3 claims: sorted 0.004*3, 0.01*2, 0.03*1 -> monotone 0.012,
+    # 0.02, 0.03; only the first two are below 0.025
+    cs = [{"claim": c, "verdict": claims.REPRODUCED, "p": p}
+          for c, p in (("a", 0.01), ("b", 0.004), ("c", 0.03))]
+    out = claims.holm(cs)
+    assert [c["claim"] for c in out] == ["a", "b", "c"]
+    assert [round(c["holm_p"], 6) for c in out] == [0.02, 0.012, 0.03]
+    assert [c["survives_holm"] for c in out] == [True, True, False]
+    # an inconclusive claim never "survives", whatever its p
+    out = claims.holm([{"claim": "x", "verdict": claims.INCONCLUSIVE, "p": 0.001}])
+    assert out[0]["survives_holm"] is False
+
+
+def test_many_weak_wins_do_not_all_survive_holm():
+    # 20 claims, each barely reproduced on its own (p just under 0.025): the family-wise
+    # correction keeps none of them
+    d = [0.10, 0.02, 0.06, 0.03, 0.09]
+    p = claims.p_value(d)
+    assert claims.verdict(d) == claims.REPRODUCED and p < 0.025
+    checked = claims.holm([claims.compare_values(f"claim {i}", np.array(d) + 1.0, [1.0] * 5)
+                           for i in range(20)])
+    assert all(c["verdict"] == claims.REPRODUCED for c in checked)
+    assert not any(c["survives_holm"] for c in checked)

@@ -13,6 +13,12 @@ and comes out
     inconclusive  otherwise: 0 inside the interval, fewer than 2 seeds, or a tie (every
                   |d_i| <= TIE, e.g. 0.000 vs 0.000 at saturation, or |mean d| <= TIE).
 
+Each claim also carries its one-sided p-value in the claimed direction (reproduced iff
+p < 0.025, the interval's own level), and `holm` adjusts a list of claims for multiplicity
+(Holm 1979, step-down): a report that judges 26 claims at 95% each expects about one false
+"reproduced" among true nulls, so it says which reproduced claims survive the family-wise
+correction at the same 2.5% one-sided level.
+
 Everything here is pure (lists of floats in, dicts out) so the verdict logic is tested on
 synthetic summaries (tests/test_claims.py) without training anything. `check` turns a
 `vpo compare` headline (per-row, per-seed values) into the claim list of the report.
@@ -63,15 +69,46 @@ def verdict(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE) ->
     return INCONCLUSIVE
 
 
+def p_value(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE) -> float:
+    """One-sided p-value of the paired t-test in the claimed direction: P(T_{n-1} >= t),
+    t = ±mean(d) / (s_d/√n); 1 for fewer than 2 seeds, non-finite values or a tie; 0 or 1 when
+    every d_i is equal (s_d = 0) on the claimed or the other side."""
+    from scipy import stats
+
+    d = np.asarray(diffs, float)
+    if d.size < 2 or not np.all(np.isfinite(d)) or np.all(np.abs(d) <= tie) \
+            or abs(d.mean()) <= tie:
+        return 1.0
+    sd = d.std(ddof=1)
+    m = d.mean() if higher else -d.mean()
+    if sd == 0:
+        return 0.0 if m > 0 else 1.0
+    return float(stats.t.sf(m / (sd / math.sqrt(d.size)), d.size - 1))
+
+
+def holm(claims: Sequence[dict[str, Any]], *, level: float = 0.025) -> list[dict[str, Any]]:
+    """The claims with "holm_p" (Holm's step-down adjusted p over the whole list: the i-th
+    smallest p times (C - i), made monotone, capped at 1) and "survives_holm" (reproduced and
+    holm_p < level; `level` = the one-sided level of each claim's 95% interval)."""
+    order = sorted(range(len(claims)), key=lambda i: claims[i]["p"])
+    adjusted, running = [0.0] * len(claims), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, claims[i]["p"] * (len(claims) - rank)))
+        adjusted[i] = running
+    return [{**c, "holm_p": q, "survives_holm": c["verdict"] == REPRODUCED and q < level}
+            for c, q in zip(claims, adjusted, strict=True)]
+
+
 def _fmt(diffs: Sequence[float]) -> str:
     mean, half = t_interval(diffs)
     return f"{mean:+.3f}" if math.isnan(half) else f"{mean:+.3f} ± {half:.3f}"
 
 
-def _claim(text: str, result: str, diffs: Sequence[float], evidence: str) -> dict[str, Any]:
+def _claim(text: str, result: str, diffs: Sequence[float], evidence: str, p: float
+           ) -> dict[str, Any]:
     mean, half = t_interval(diffs)
     return {"claim": text, "verdict": result, "holds": result == REPRODUCED,
-            "diff": mean, "half_width": half, "n": len(diffs), "evidence": evidence}
+            "diff": mean, "half_width": half, "n": len(diffs), "p": p, "evidence": evidence}
 
 
 def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=("A", "B"),
@@ -83,14 +120,15 @@ def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=(
     d = a - b
     ev = (f"{names[0]} - {names[1]} = {_fmt(d)} over {d.size} paired seeds "
           f"({np.mean(a):.3f} vs {np.mean(b):.3f})")
-    return _claim(text, verdict(d, higher=higher), d.tolist(), ev)
+    return _claim(text, verdict(d, higher=higher), d.tolist(), ev, p_value(d, higher=higher))
 
 
 def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
               ) -> dict[str, Any]:
     """Claim "the gap a - b grows with k and is positive at the largest k": reproduced iff the
     growth gap(k_max) - gap(k_1) and the gap at k_max are both reproduced (> 0); refuted iff
-    either excludes 0 on the wrong side; inconclusive otherwise. a_SK, b_SK: [seed, k]."""
+    either excludes 0 on the wrong side; inconclusive otherwise. a_SK, b_SK: [seed, k]. Its
+    p-value is the larger of the two (an intersection-union test: both must hold)."""
     gap = np.asarray(a_SK, float) - np.asarray(b_SK, float)
     if gap.ndim != 2 or gap.shape[1] != len(ks):
         raise ValueError(f"{text}: want [seed, k] arrays with {len(ks)} k values; got "
@@ -102,7 +140,7 @@ def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
     curve = ", ".join(f"k={k}: {g:+.3f}" for k, g in zip(ks, gap.mean(0), strict=True))
     ev = (f"{names[0]} - {names[1]} by k: {curve}; growth k={ks[0]}->{ks[-1]} {_fmt(growth)} "
           f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]})")
-    return _claim(text, result, growth.tolist(), ev)
+    return _claim(text, result, growth.tolist(), ev, max(p_value(growth), p_value(last)))
 
 
 def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[float]]],
@@ -122,15 +160,15 @@ def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[fl
     bias = [f["bias"]["law"] for f in fits]
     bias_mean, bias_half = t_interval(bias)
     unbiased = abs(bias_mean) <= TIE or not abs(bias_mean) > bias_half
-    result = verdict(d, higher=False)
+    result, p = verdict(d, higher=False), p_value(d, higher=False)
     if result == REPRODUCED and not (unbiased and all(f["a"] > 0 for f in fits)):
-        result = INCONCLUSIVE
+        result, p = INCONCLUSIVE, 1.0  # the side conditions fail: not a finding at any level
     mean = {k: float(np.mean([f["rmse"][k] for f in fits])) for k in entropy_law.MODELS}
     ev = (f"held-out RMSE law {mean['law']:.4f}, linear in H {mean['linear_h']:.4f}, trend in "
           f"steps {mean['trend']:.4f}, constant {mean['constant']:.4f} (mean of {len(fits)} "
           f"seeds); law - best alternative {_fmt(d)}; law's held-out bias {_fmt(bias)}; a = "
           + ", ".join(f"{f['a']:.3f}" for f in fits))
-    return _claim(text, result, d, ev)
+    return _claim(text, result, d, ev, p)
 
 
 def _values(head, row: str, metric: str) -> list[float] | None:
@@ -148,7 +186,8 @@ def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
     law: {arm: [{"step", "entropy", "score"} per seed]} (held-out evaluation score over
       training); search: the output of `search_claim_inputs` (per-row solved counts per seed).
     Token-entropy and training-diversity claims compare arms with the same m only (token counts
-    and group pool sizes differ with m). Claims whose arms did not run are left out.
+    and group pool sizes differ with m). Claims whose arms did not run are left out. The list
+    is Holm-adjusted as one family (`holm`).
     """
     N = ks[-1]
     out: list[dict[str, Any]] = []
@@ -191,7 +230,7 @@ def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
             "the entropy law R = -a·exp(H) + b predicts GRPO's held-out evaluation score from "
             "training entropy better than a linear-in-H fit, a trend in steps and a constant "
             "(fit on the early half, judged on the later half)", law["grpo"]))
-    return out
+    return holm(out)
 
 
 def search_claim_inputs(solved_RSX: Mapping[str, Any]) -> dict[str, list[float]]:

@@ -241,7 +241,21 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
 
 
 def _verdict_line(c: dict[str, Any]) -> str:
-    return f"- **{c['verdict']}**: {c['claim']}. {c['evidence']}."
+    holm = "" if "holm_p" not in c else f" Holm-adjusted p = {c['holm_p']:.3g}."
+    return f"- **{c['verdict']}**: {c['claim']}. {c['evidence']}.{holm}"
+
+
+def _holm_summary(checked: list[dict[str, Any]]) -> list[str]:
+    """One paragraph: which reproduced claims survive the family-wise correction."""
+    won = [c for c in checked if c["verdict"] == claims.REPRODUCED]
+    if not won:
+        return []
+    lost = [c["claim"] for c in won if not c["survives_holm"]]
+    text = (f"Multiplicity: {len(won) - len(lost)} of the {len(won)} reproduced claims survive "
+            f"Holm's correction over all {len(checked)} claims above (family-wise, at the "
+            "one-sided 2.5% level of each interval)")
+    return ["", text + (": all do." if not lost else "; these do not: " + "; ".join(lost)
+                        + ".")]
 
 
 def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, probes, load
@@ -293,6 +307,7 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
               "Token-entropy and training-diversity claims compare arms with the same m only.",
               ""]
     lines += [_verdict_line(c) for c in checked] or ["(no claim applies to these arms)"]
+    lines += _holm_summary(checked)
     if warm:
         lines += ["", "## RL against its warm start", "",
                   "Same m, paired by seed (the warm start evaluated with each seed's key).", ""]
