@@ -21,8 +21,8 @@ import time
 import jax
 
 from vpo import data as data_lib
-from vpo import presets, sharding
 from vpo import rewards as rewards_lib
+from vpo import sharding
 from vpo import train as train_lib
 from vpo.loop import shard_batch
 
@@ -45,6 +45,9 @@ def _median_time(fn, repeats):
 
 
 def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
+    from vpo import presets  # here, not at the top: ab_tiny_step imports this module's timer
+    # under older checkouts of vpo, which have no vpo.presets
+
     overrides = [f"model={preset}", f"sampler.num_samples={G}",
                  f"train.batch_size={cfg['batch_size']}",
                  f"train.num_answers={cfg['num_answers']}",
