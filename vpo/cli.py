@@ -531,7 +531,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                   with_search=not args.no_search, resume=args.resume,
                                   overwrite=args.overwrite)
     for c in summary["claims"]:
-        print(f"  {c['verdict']}: {c['claim']} ({c['evidence']})")
+        holm = "" if c["verdict"] != "reproduced" or "holm_p" not in c else (
+            " [survives Holm's correction]" if c["survives_holm"] else
+            f" [not after Holm's correction: adjusted p = {c['holm_p']:.3g}]")
+        print(f"  {c['verdict']}: {c['claim']} ({c['evidence']}){holm}")
     return 0
 
 
