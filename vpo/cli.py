@@ -219,8 +219,6 @@ def _add_sft(p: argparse.ArgumentParser) -> None:
 def dataset_kwargs(args: argparse.Namespace) -> dict | None:
     """task_kwargs of `--data FILE --reward MODULE:FUNCTION ...` (None without --data); paths
     made absolute, so `--resume` and `vpo eval` find them from any directory."""
-    import os
-
     from vpo.config import ConfigError
 
     if not getattr(args, "data", None):
@@ -261,8 +259,6 @@ def _add_data(p: argparse.ArgumentParser) -> None:
 
 def _use_compile_cache(folder: str) -> None:
     """Keep compiled steps on disk (a resumed or repeated run skips XLA compilation)."""
-    import os
-
     import jax
 
     if folder and not jax.config.jax_compilation_cache_dir:
@@ -301,7 +297,6 @@ def _load_init(spec: str, run, overrides: list[str]):
 def _resume_args(args: argparse.Namespace):
     """(run, bound task, starting policy spec or None) of `vpo train --out RUN --resume`."""
     import json
-    import os
 
     from vpo import loop
     from vpo.config import ConfigError
@@ -332,7 +327,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     (`train.steps=N` extends the run to N steps); --out must not hold a run otherwise
     (`--overwrite` replaces it)."""
     import json
-    import os
 
     from vpo import loop, sharding
     from vpo.checkpoint import load_model
@@ -398,8 +392,6 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate one or more policies at an equal candidate budget per problem; writes a table
     (eval.md), eval.json and best@k / pass@k plots to --out."""
-    import os
-
     import jax
 
     from vpo.policy_eval import default_ks, evaluate_policy, write_report
@@ -531,7 +523,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                   with_search=not args.no_search, resume=args.resume,
                                   overwrite=args.overwrite)
     for c in summary["claims"]:
-        holm = "" if c["verdict"] != "reproduced" or "holm_p" not in c else (
+        holm = "" if c["verdict"] != "reproduced" else (
             " [survives Holm's correction]" if c["survives_holm"] else
             f" [not after Holm's correction: adjusted p = {c['holm_p']:.3g}]")
         print(f"  {c['verdict']}: {c['claim']} ({c['evidence']}){holm}")
@@ -594,8 +586,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _is_user_error(e: BaseException) -> bool:
     """The library's typed errors, file-system errors, and ValueErrors raised by vpo's own
     code (the innermost frame is in the package): what is wrong with the input, not a bug."""
-    import os
-
     from vpo.errors import CheckpointError, ConfigError, RewardError
 
     if isinstance(e, (ConfigError, CheckpointError, RewardError, OSError)):
@@ -624,8 +614,6 @@ def error_message(command: str, e: BaseException, limit: int = 1500) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. An error in the input (a bad value, file, checkpoint or reward) prints
     one paragraph to stderr and returns 2; `--debug` / `VPO_DEBUG=1` re-raises it instead."""
-    import os
-
     try:
         args = _parse(argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed

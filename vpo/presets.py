@@ -70,6 +70,7 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     Returns (run, bound task, the model spec to start from or None)."""
     from vpo.checkpoint import load_task  # jax and orbax: imported on first use
     from vpo.tasks.bound import seq_len_for
+
     run = RunConfig()
     init_spec = None
     if config_file:
