@@ -23,6 +23,7 @@ from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, apply_overrides, from_dict
 from vpo.errors import CheckpointError, RewardError
+from vpo.host_memory import compile_now
 from vpo.model import Decoder
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
@@ -301,6 +302,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         for step in bar:
             kill_point("step", step + 1)
             batch = shard_batch(next(data_it), mesh)
+            if step == start and not task.is_host:  # compiled before its first call, so the
+                step_fn = compile_now(step_fn, state, batch)  # compiler's memory is given back
             host = rollout = rewards = None
             if due(tcfg.profile_every, step) or due(tcfg.sample_every, step):
                 logger.flush()  # the previous step's row first: its time excludes this probe

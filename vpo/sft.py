@@ -25,6 +25,7 @@ from flax import nnx
 from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig
+from vpo.host_memory import compile_now
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
     TrainState,
@@ -241,13 +242,15 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     rng = np.random.default_rng(seed)
     losses = []
     pending = None
-    for _ in range(steps):
+    for i in range(steps):
         idx = [rng.integers(0, len(d["target_BT"]), size=b) for d, b in zip(sets, sizes,
                                                                               strict=True)]
         batch = {k: jax.device_put(
                      np.concatenate([d[k][i] for d, i in zip(sets, idx, strict=True)]),
                      sharding_lib.batch_sharding(mesh, sets[0][k].ndim))
                  for k in sets[0]}
+        if i == 0:  # compiled before its first call, so the compiler's memory is given back
+            step = compile_now(step, state, batch)
         state, metrics = step(state, batch)
         if pending is not None:
             losses.append(float(pending["loss"]))
