@@ -19,7 +19,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from vpo import lora as lora_lib
@@ -35,7 +34,7 @@ from vpo.train import (
     state_from_model,
 )
 from vpo.train_config import TrainConfig
-from vpo.tree_ops import all_finite, masked_mean, select_tree
+from vpo.tree_ops import all_finite, masked_mean, update_if
 
 
 def sft_step(state: TrainState, batch, *, graphdef, tx):
@@ -55,11 +54,8 @@ def sft_step(state: TrainState, batch, *, graphdef, tx):
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     finite = jnp.isfinite(loss) & all_finite(grads)
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    new_state = state._replace(step=state.step + 1,
-                               params=select_tree(finite, new_params, state.params),
-                               opt_state=select_tree(finite, new_opt, state.opt_state))
+    params, opt_state = update_if(finite, tx, grads, state.opt_state, state.params)
+    new_state = state._replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, {"loss": loss, "skipped_updates": (~finite).astype(jnp.int32)}
 
 

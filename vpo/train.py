@@ -44,7 +44,7 @@ from vpo.train_config import (
     TrainConfig,
     check_memory,
 )
-from vpo.tree_ops import all_finite, masked_mean, select_tree
+from vpo.tree_ops import all_finite, masked_mean, update_if
 from vpo.types import Rollout
 
 
@@ -311,11 +311,9 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         metrics = jax.tree.map(jnp.mean, metrics)
         metrics["loss"] = loss
         finite = jnp.isfinite(loss) & all_finite(grads)
-        updates, new_opt = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
+        params, opt_state = update_if(finite, tx, grads, opt_state, params)
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return ((select_tree(finite, new_params, params), select_tree(finite, new_opt, opt_state),
-                 skipped + (~finite).astype(jnp.int32)), metrics)
+        return (params, opt_state, skipped + (~finite).astype(jnp.int32)), metrics
 
     def epoch(carry, key):
         k_perm, k_mb = jax.random.split(key)
