@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo.host_memory import compile_now, release_freed_memory
+from vpo.host_memory import compile_now, compiled_on_first_call, release_freed_memory
 
 
 def test_compile_now_runs_the_jitted_function_with_its_donation():
@@ -24,3 +24,21 @@ def test_compile_now_runs_the_jitted_function_with_its_donation():
 def test_release_freed_memory_runs_on_glibc():
     # this project runs on Linux/glibc (CI, the GPU hosts); elsewhere it answers False
     assert release_freed_memory() is True
+
+
+def test_compiled_on_first_call_compiles_once_and_runs_like_the_jit():
+    traces = []
+
+    def step(state, x):
+        traces.append(1)
+        return state + x, (state * x).sum()
+
+    jitted = jax.jit(step, donate_argnums=0)
+    call = compiled_on_first_call(jitted)
+    state, want = jnp.zeros(3), jnp.zeros(3)
+    for i in range(3):
+        x = jnp.full(3, float(i))
+        state, s = call(state, x)
+        want = want + x
+        np.testing.assert_array_equal(state, want)
+    assert len(traces) == 1  # one trace and compile, then the executable

@@ -42,3 +42,18 @@ def compile_now(jitted, *args):
     compiled = jitted.lower(*args).compile()
     release_freed_memory()
     return compiled
+
+
+def compiled_on_first_call(jitted):
+    """A callable like `jitted` whose first call compiles it with `compile_now` (so the compiler's
+    memory is given back before it runs); later calls run that executable, so their arguments
+    must keep the first call's shapes, dtypes and shardings (a training loop's do)."""
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            compiled = compile_now(jitted, *args)
+        return compiled(*args)
+
+    return call

@@ -9,6 +9,7 @@ named point of the loop (`KILL_POINTS`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, apply_overrides, from_dict
 from vpo.errors import CheckpointError, RewardError
-from vpo.host_memory import compile_now
+from vpo.host_memory import compiled_on_first_call
 from vpo.model import Decoder
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
@@ -283,8 +284,13 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
         write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
     cfg = step_config(config, task)
-    step_fn = (make_host_rl_step(graphdef, tx, task, cfg, records) if task.is_host
-               else make_rl_step(graphdef, tx, task, cfg))
+    # each jit compiled ahead of its first call: the compiler's freed memory is given back first
+    if task.is_host:
+        step_fn = make_host_rl_step(graphdef, tx, task, cfg, records)
+        step_fn = dataclasses.replace(step_fn, sample=compiled_on_first_call(step_fn.sample),
+                                      update=compiled_on_first_call(step_fn.update))
+    else:
+        step_fn = compiled_on_first_call(make_rl_step(graphdef, tx, task, cfg))
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every)
     end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
     bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
@@ -302,8 +308,6 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         for step in bar:
             kill_point("step", step + 1)
             batch = shard_batch(next(data_it), mesh)
-            if step == start and not task.is_host:  # compiled before its first call, so the
-                step_fn = compile_now(step_fn, state, batch)  # compiler's memory is given back
             host = rollout = rewards = None
             if due(tcfg.profile_every, step) or due(tcfg.sample_every, step):
                 logger.flush()  # the previous step's row first: its time excludes this probe

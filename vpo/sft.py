@@ -24,7 +24,7 @@ from flax import nnx
 from vpo import lora as lora_lib
 from vpo import sharding as sharding_lib
 from vpo.config import ConfigError, ModelConfig
-from vpo.host_memory import compile_now
+from vpo.host_memory import compiled_on_first_call
 from vpo.tasks.bound import BoundTask
 from vpo.train import (
     TrainState,
@@ -234,19 +234,18 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     sets = [_pad_to(d, P, T, task.tokenizer.pad_id) for d in sets]
     sizes = _split_rows(batch_size - n_mut, len(plain)) + (_split_rows(n_mut, len(mut))
                                                            if mut else [])
-    step = jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
+    step = compiled_on_first_call(  # the compiler's freed memory given back before it runs
+        jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0))
     rng = np.random.default_rng(seed)
     losses = []
     pending = None
-    for i in range(steps):
+    for _ in range(steps):
         idx = [rng.integers(0, len(d["target_BT"]), size=b) for d, b in zip(sets, sizes,
                                                                               strict=True)]
         batch = {k: jax.device_put(
                      np.concatenate([d[k][i] for d, i in zip(sets, idx, strict=True)]),
                      sharding_lib.batch_sharding(mesh, sets[0][k].ndim))
                  for k in sets[0]}
-        if i == 0:  # compiled before its first call, so the compiler's memory is given back
-            step = compile_now(step, state, batch)
         state, metrics = step(state, batch)
         if pending is not None:
             losses.append(float(pending["loss"]))
