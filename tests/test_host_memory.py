@@ -26,19 +26,22 @@ def test_release_freed_memory_runs_on_glibc():
     assert release_freed_memory() is True
 
 
-def test_compiled_on_first_call_compiles_once_and_runs_like_the_jit():
-    traces = []
+def test_compiled_on_first_call_compiles_once_then_trims_then_runs(monkeypatch):
+    from vpo import host_memory
+
+    events = []
+    monkeypatch.setattr(host_memory, "release_freed_memory", lambda: events.append("trim"))
 
     def step(state, x):
-        traces.append(1)
+        events.append("trace")
         return state + x, (state * x).sum()
 
-    jitted = jax.jit(step, donate_argnums=0)
-    call = compiled_on_first_call(jitted)
+    call = compiled_on_first_call(jax.jit(step, donate_argnums=0))
     state, want = jnp.zeros(3), jnp.zeros(3)
     for i in range(3):
         x = jnp.full(3, float(i))
-        state, s = call(state, x)
+        state, _ = call(state, x)
         want = want + x
         np.testing.assert_array_equal(state, want)
-    assert len(traces) == 1  # one trace and compile, then the executable
+    # one trace and compile, the compiler's memory given back once, then the executable
+    assert events == ["trace", "trim"]

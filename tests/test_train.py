@@ -254,35 +254,6 @@ def test_scanned_remat_step_matches_unrolled(task):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=3e-5)
 
 
-def test_update_if_applies_or_skips_without_copying_the_optimiser_state():
-    """`tree_ops.update_if`: the optax step when finite, the old trees when not, and compiled
-    with the state donated it writes Adam's moments in place (a select between new and old
-    trees made XLA copy every moment and parameter first: 4 copies for these two leaves)."""
-    import re
-
-    import optax
-
-    from vpo.tree_ops import update_if
-
-    tx = optax.adamw(1e-2)
-    params = {"w": jnp.linspace(-1.0, 1.0, 64 * 64).reshape(64, 64), "b": jnp.zeros(64)}
-    grads = jax.tree.map(lambda x: 0.1 + 0.01 * x, params)
-    opt = tx.init(params)
-    updates, want_opt = tx.update(grads, opt, params)
-    want = optax.apply_updates(params, updates)
-    got, got_opt = update_if(jnp.bool_(True), tx, grads, opt, params)
-    kept, kept_opt = update_if(jnp.bool_(False), tx, grads, opt, params)
-    for a, b in zip(jax.tree.leaves((got, got_opt)), jax.tree.leaves((want, want_opt)),
-                    strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # fused vs eager rounding
-    for a, b in zip(jax.tree.leaves((kept, kept_opt)), jax.tree.leaves((params, opt)),
-                    strict=True):
-        np.testing.assert_array_equal(a, b)
-    step = jax.jit(lambda p, o, g, ok: update_if(ok, tx, g, o, p), donate_argnums=(0, 1))
-    hlo = step.lower(params, opt, grads, jnp.bool_(True)).compile().as_text()
-    assert not re.findall(r"= f32\[[0-9,]*\]\{[0-9,]*\} copy\(", hlo)
-
-
 def test_config_errors_name_the_field(task):
     with pytest.raises(ConfigError, match="train.batch_size"):
         TrainConfig(batch_size=6, num_minibatches=4)
