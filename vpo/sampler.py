@@ -178,11 +178,25 @@ def choose_tokens(logits_BGV, u_BG, temperature, top_p, top_k):
     u_BG: one uniform on [0, 1) per row (the row's random number for this step).
     logp / entropy are under softmax(logits) (temperature 1); sample_logp is under the sampled
     distribution softmax(filter(logits / temperature)), and 0 for greedy (temperature 0).
-    The top-k/top-p sort runs only when a filter is on, and greedy skips the draw (`lax.cond`).
+    One pass of exp over V serves the log-normaliser, the entropy
+    (-Σ p log p = lse - Σ e·logits / Σ e, e = exp(logits - max)) and, at temperature 1 without
+    a filter (the RL sampler), the draw itself (its q is e, bit for bit). Other temperatures
+    and the top-k/top-p filter take a second pass (the sort runs only when a filter is on);
+    greedy skips the draw (`lax.switch`).
     """
-    lse_BG = jax.nn.logsumexp(logits_BGV, axis=-1)
-    p_BGV = jnp.exp(logits_BGV - lse_BG[..., None])
-    entropy_BG = lse_BG - jnp.sum(p_BGV * logits_BGV, axis=-1)  # -Σ p log p
+    max_BG1 = jnp.max(logits_BGV, axis=-1, keepdims=True)
+    e_BGV = jnp.exp(logits_BGV - max_BG1)
+    total_BG = jnp.sum(e_BGV, axis=-1)
+    lse_BG = jnp.log(total_BG) + max_BG1[..., 0]
+    entropy_BG = lse_BG - jnp.sum(e_BGV * logits_BGV, axis=-1) / total_BG
+
+    def greedy(_):
+        token_BG = jnp.argmax(logits_BGV, axis=-1).astype(jnp.int32)
+        return token_BG, jnp.zeros(token_BG.shape, jnp.float32)
+
+    def plain(_):  # softmax(logits): `_inverse_cdf_draw`'s q, sum and normaliser are e, total, lse
+        token_BG = _first_crossing(e_BGV, u_BG * total_BG)
+        return token_BG, _pick(logits_BGV, token_BG) - lse_BG
 
     def draw(_):
         scaled = logits_BGV / jnp.maximum(temperature, 1e-6)
@@ -192,11 +206,9 @@ def choose_tokens(logits_BGV, u_BG, temperature, top_p, top_k):
         token_BG, norm_BG = _inverse_cdf_draw(u_BG, filtered)
         return token_BG, _pick(filtered, token_BG) - norm_BG
 
-    def greedy(_):
-        token_BG = jnp.argmax(logits_BGV, axis=-1).astype(jnp.int32)
-        return token_BG, jnp.zeros(token_BG.shape, jnp.float32)
-
-    token_BG, sample_logp_BG = jax.lax.cond(temperature <= 0, greedy, draw, None)
+    is_plain = (temperature == 1.0) & (top_k <= 0) & (top_p >= 1.0)
+    branch = jnp.where(temperature <= 0, 0, jnp.where(is_plain, 1, 2))
+    token_BG, sample_logp_BG = jax.lax.switch(branch, (greedy, plain, draw), None)
     return token_BG, _pick(logits_BGV, token_BG) - lse_BG, sample_logp_BG, entropy_BG
 
 
