@@ -22,6 +22,30 @@ def test_overrides_are_typed_and_fitted_to_the_task():
     assert run.sampler.max_new_tokens >= task.completion_len(run.train.num_answers)
 
 
+def test_fitted_fields_keep_what_the_user_gave_or_refuse_it(tmp_path):
+    """The vocabulary, sequence length and answer budget are fitted to the task only where the
+    user left them out: a given value is kept, and one below what the task needs is an error
+    naming the key and the floor, never silently raised."""
+    run, task, _ = presets.build_run_config("maze", None, ["model=tiny", "train.num_answers=3"])
+    T, V = task.completion_len(3), task.tokenizer.size
+    assert run.sampler.max_new_tokens == T and run.model.vocab_size == V
+    given = presets.build_run_config("maze", None, [
+        "model=tiny", "train.num_answers=3", f"sampler.max_new_tokens={T + 1}",
+        f"model.max_seq_len={run.model.max_seq_len - 1}"])[0]
+    assert given.sampler.max_new_tokens == T + 1
+    assert given.model.max_seq_len == run.model.max_seq_len - 1  # not raised to need + 32
+    for key, low, floor in (("sampler.max_new_tokens", T - 4, T),
+                            ("model.vocab_size", 64, V)):
+        with pytest.raises(ConfigError, match=rf"{key}={low} is below .*\({floor}\)"):
+            presets.build_run_config("maze", None, ["model=tiny", "train.num_answers=3",
+                                                    f"{key}={low}"])
+    # a --config file's fields count as given too
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "maze", "sampler": {"max_new_tokens": T - 4}}))
+    with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
+        presets.build_run_config(None, str(cfg), ["model=tiny", "train.num_answers=3"])
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.stepz=3", "unknown key 'stepz'"),
     ("train.steps=abc", r"train\.steps: cannot read 'abc' as int"),

@@ -128,13 +128,39 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
     need = seq_len_for(task, task.make_problems(run.train.seed, 64), m, num_parents=parents)
+    given = _given_keys(overrides, config_file)
+    floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
+              "model.max_seq_len": (need, "the longest prompt plus the answer budget"),
+              "sampler.max_new_tokens": (T, f"the task's budget for m={m} answers in tags")}
+    for key, (floor, what) in floors.items():
+        section, field = key.split(".")
+        value = getattr(getattr(run, section), field)
+        if key in given and value < floor:
+            raise ConfigError(f"{key}={value} is below {what} ({floor}); raise it to at least "
+                              f"{floor} (on the command line or in the --config file) or leave it out to "
+                              "have it fitted")
+    # fitted where not given: at least the vocabulary, the budget, and 32 spare positions
+    fit = lambda key, value, floor: value if key in given else max(value, floor)  # noqa: E731
     run = dataclasses.replace(
-        run, model=dataclasses.replace(run.model, vocab_size=max(run.model.vocab_size,
-                                                                 task.tokenizer.size),
-                                       max_seq_len=max(run.model.max_seq_len, need + 32)),
-        sampler=dataclasses.replace(run.sampler, max_new_tokens=max(run.sampler.max_new_tokens,
-                                                                    T)))
+        run, model=dataclasses.replace(
+            run.model, vocab_size=fit("model.vocab_size", run.model.vocab_size,
+                                      task.tokenizer.size),
+            max_seq_len=fit("model.max_seq_len", run.model.max_seq_len, need + 32)),
+        sampler=dataclasses.replace(run.sampler, max_new_tokens=fit(
+            "sampler.max_new_tokens", run.sampler.max_new_tokens, T)))
     return run, task, init_spec
+
+
+def _given_keys(overrides: list[str], config_file: str | None) -> set[str]:
+    """The `section.key` names the user set: command-line overrides and a --config file's
+    fields (a preset's own settings are not in it: they are floors the task may raise)."""
+    given = {item.partition("=")[0] for item in overrides}
+    if config_file:
+        with open(config_file, encoding="utf-8") as f:
+            data = json.load(f)
+        given |= {f"{section}.{key}" for section, fields in data.items()
+                  if isinstance(fields, dict) for key in fields}
+    return given
 
 
 def read_config_file(path: str):
