@@ -43,6 +43,11 @@ def test_mean_ci_is_a_student_t_interval():
     ("law_budget=4", "law_budget: 4 must be a multiple"),
     ("arms=grpo,grpo", "names an arm twice"),
     ("eval_temperature=0", "eval_temperature"),
+    # fields compare sets for every arm: an override would be lost, so it is refused
+    ("sampler.max_new_tokens=80", r"sampler\.max_new_tokens: vpo compare sets it .*budget"),
+    ("train.num_answers=2", r"train\.num_answers: .*num_answers=M"),
+    ("train.mutation_parents=3", "search.parents"),
+    ("train.checkpoint_every=5", "law_points=0"),
 ])
 def test_bad_compare_config_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -124,7 +124,24 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
     if preset not in PRESETS:
         raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
                           f"{', '.join(PRESETS)}")
-    return apply_overrides(PRESETS[preset], list(overrides))
+    cfg = apply_overrides(PRESETS[preset], list(overrides))
+    for item in overrides:
+        key = item.partition("=")[0]
+        why = _SET_PER_ARM.get(key)
+        if key in ("train.checkpoint_every", "train.keep_checkpoints") and cfg.law_points:
+            why = (f"with law_points={cfg.law_points} each run checkpoints that many times for "
+                   "the entropy law; set law_points=0 to choose it")
+        if why:
+            raise ConfigError(f"{key}: vpo compare sets it for every arm ({why})")
+    return cfg
+
+
+# `RunConfig` fields `arm_run_config` sets itself, so an override of them would be lost
+_SET_PER_ARM = {
+    "sampler.max_new_tokens": "each arm's answer budget is fitted to its m answers",
+    "train.num_answers": "the multi-answer arms answer num_answers=M at once; set that",
+    "train.mutation_parents": "mutation prompts in RL show search.parents parents; set that",
+}
 
 
 def make_task(cfg: CompareConfig):

@@ -137,8 +137,8 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         value = getattr(getattr(run, section), field)
         if key in given and value < floor:
             raise ConfigError(f"{key}={value} is below {what} ({floor}); raise it to at least "
-                              f"{floor} (on the command line or in the --config file) or leave it out to "
-                              "have it fitted")
+                              f"{floor} (on the command line or in the --config file) or leave "
+                              "it out to have it fitted")
     # fitted where not given: at least the vocabulary, the budget, and 32 spare positions
     fit = lambda key, value, floor: value if key in given else max(value, floor)  # noqa: E731
     run = dataclasses.replace(
