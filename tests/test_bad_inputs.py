@@ -66,6 +66,7 @@ def world(tmp_path_factory):
         "cfg_maze4.json": '{"task": "maze", "task_kwargs": {"size": 4}}',
         "cfg_maze_bogus.json": '{"task": "maze", "task_kwargs": {"bogus": 1}}',
         "cfg_maze7.json": '{"task": "maze", "task_kwargs": {"size": 7}}',
+        "cfg_steps.json": '{"train": {"steps": 1}}',
         "bad_json.jsonl": '{"prompt": "hi"}\n{oops\n',
         "prompt_int.jsonl": '{"prompt": "hi"}\n{"prompt": 3}\n',
         "completion_int.jsonl": '{"prompt": "hi", "completion": 7}\n',
@@ -155,6 +156,30 @@ CASES = [
      ["task_kwargs"]),
     ("config-and-preset", ["train", "--config", _d("cfg_maze7.json"), "--preset", "smoke", *RUN],
      ["--preset smoke", "task_kwargs"]),
+    # -- a value given twice, or given where nothing reads it: refused, never silently lost
+    ("config-and-preset-plain", ["train", "--config", _d("cfg_steps.json"), "--preset", "smoke",
+                                 *RUN], ["--preset smoke", "--config", "choose one"]),
+    ("init-and-model", ["train", *SMOKE, "--init", "{policy}", "model=small", *RUN],
+     ["model=small", "--init"]),
+    ("data-and-task", ["train", *DATA, "task=maze", *RUN], ["task=maze", "--data"]),
+    ("data-and-config-task", ["train", "--config", _d("cfg_maze7.json"), *DATA, *RUN],
+     ["--data", "cfg_maze7.json"]),
+    ("weights-without-data", ["train", *SMOKE, "--weights", "1,1", *RUN], ["--weights", "--data"]),
+    ("workers-without-data", ["train", *SMOKE, "--reward-workers", "2", *RUN],
+     ["--reward-workers", "--data"]),
+    ("timeout-without-workers", ["train", *DATA, "--reward-timeout", "5", *RUN],
+     ["--reward-timeout", "--reward-workers"]),
+    ("sft-model-and-preset", ["sft", "--preset", "small", "--model", "{policy}", *RUN],
+     ["--preset small", "--model"]),
+    ("compare-arm-field", ["compare", "objective.advantage=vpo", *RUN],
+     ["objective.advantage", "arm grpo"]),
+    ("search-difficulty-other-task", ["search", "--policy", "{policy}", "--task", "bandit",
+                                      "--difficulty", "easy", *RUN],
+     ["--difficulty easy", "--task program"]),
+    ("search-budget-in-graph", ["search", "--policy", "{policy}", "--task", "bandit",
+                                "--max-new-tokens", "9", *RUN], ["--max-new-tokens", "host"]),
+    ("search-data-and-task", ["search", "--policy", "{policy}", *DATA, "--task", "bandit", *RUN],
+     ["--task bandit", "--data"]),
     # -- run folders
     ("out-holds-run", ["train", *SMOKE, "--out", "{run}"], ["{run}", "already holds a run"]),
     ("out-is-file", ["train", *SMOKE, "--out", "{tmp}/afile"], ["afile", "is a file"]),
@@ -171,6 +196,8 @@ CASES = [
     ("resume-init", ["train", "--out", "{run}", "--resume", "--init", "{policy}"], ["--init"]),
     ("resume-overwrite", ["train", "--out", "{run}", "--resume", "--overwrite"],
      ["--overwrite"]),
+    ("resume-reward-workers", ["train", "--out", "{run}", "--resume", "--reward-workers", "2"],
+     ["--reward-workers"]),
     ("resume-bad-config", ["train", "--out", "{badcfg}", "--resume"], ["config.json:2"]),
     ("checkpoints-file", ["train", "--out", "{ckfile}", "--resume"],
      ["checkpoints", "is a file"]),
@@ -291,3 +318,27 @@ def test_config_file_task_kwargs_are_honoured(world):
     assert len(task.make_problems(0, 1)[0]["grid"]) == 7
     with open(os.path.join(world["run"], "config.json")) as f:
         assert json.load(f)["train"]["steps"] == 1
+
+
+def test_resume_before_a_checkpoint_keeps_the_runs_model_settings(world, tmp_path, monkeypatch,
+                                                                 capsys):
+    """A run killed before its first checkpoint restarts from its --init policy with the run's
+    own model settings (here a bfloat16 compute dtype), not the policy file's defaults."""
+    from vpo import loop
+
+    out = tmp_path / "killed"
+    shutil.copytree(world["run"], out)
+    shutil.rmtree(out / "checkpoints")
+    shutil.rmtree(out / "policy")
+    (out / "init.json").write_text(json.dumps({"init": world["policy"]}))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["model"]["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg))
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda run, out_dir, **kw: seen.update(kw, run=run))
+    assert cli.main(["train", "--out", str(out), "--resume", "--compile-cache", ""]) == 0
+    assert seen["init"].cfg.dtype == "bfloat16" and seen["run"].model.dtype == "bfloat16"
+    assert seen["init"].cfg.max_seq_len == seen["run"].model.max_seq_len
+    # a change --resume refuses: the new-run command it suggests starts from the same policy
+    assert cli.main(["train", "--out", str(out), "--resume", "train.learning_rate=0.1"]) == 2
+    assert f"--init {world['policy']}" in capsys.readouterr().err

@@ -48,10 +48,27 @@ def test_mean_ci_is_a_student_t_interval():
     ("train.num_answers=2", r"train\.num_answers: .*num_answers=M"),
     ("train.mutation_parents=3", "search.parents"),
     ("train.checkpoint_every=5", "law_points=0"),
+    ("search.num_answers=2", "own m answers"),
+    ("objective.advantage=vpo", "arm grpo sets advantage='grpo'"),
 ])
 def test_bad_compare_config_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         compare.make_config("default", [override])
+
+
+def test_overrides_an_arm_or_init_would_replace_are_refused():
+    """An override takes effect in every arm, or is refused naming what sets it instead."""
+    cfg = compare.make_config("default", ["objective.cov_control=clip_cov"])  # no arm sets it
+    assert cfg.objective.cov_control == "clip_cov"
+    with pytest.raises(ConfigError, match="arm clip_cov sets cov_control='clip_cov'"):
+        compare.make_config("default", ["arms=grpo,clip_cov", "objective.cov_control=kl_cov"])
+    with pytest.raises(ConfigError, match="arm grpo_mut sets mutation_fraction"):
+        compare.make_config("default", ["arms=grpo,grpo_mut", "train.mutation_fraction=0.1"])
+    assert compare.make_config("default", ["train.mutation_fraction=0.1"]).train.mutation_fraction \
+        == 0.1
+    for item in ("sft_steps=50", "model=small"):
+        with pytest.raises(ConfigError, match=f"{item.split('=')[0]}: .*init=/x/policy"):
+            compare.make_config("default", ["init=/x/policy", item])
 
 
 def test_presets_and_arm_configs():

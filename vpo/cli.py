@@ -82,7 +82,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default="maze")
-    p.add_argument("--preset", default="tiny", help="model preset (vpo.config.MODEL_PRESETS)")
+    p.add_argument("--preset", default=None, help="model preset (vpo.config.MODEL_PRESETS; "
+                   "default tiny)")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--answers", type=int, default=3, help="answers per generation (VPO's m)")
@@ -163,12 +164,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
     loop.check_new_run(args.out, overwrite=args.overwrite)
-    spec = args.model or args.preset
+    if args.model and args.preset:
+        raise ConfigError(f"--preset {args.preset} and --model {args.model}: choose one (a "
+                          "model preset trained from scratch, or a checkpoint to fine-tune)")
+    spec = args.model or args.preset or "tiny"
     dataset = dataset_kwargs(args)
     if dataset is not None and spec in MODEL_PRESETS:
         raise ConfigError("--data: SFT on your text needs a checkpoint's tokenizer; pass "
                           "--model hf:PATH or a policy folder")
-    if args.model is None and args.preset not in MODEL_PRESETS:
+    if args.model is None and spec not in MODEL_PRESETS:
         raise ConfigError(f"--preset: unknown model preset {args.preset!r}; choose one of "
                           f"{', '.join(MODEL_PRESETS)}")
     task = load_task("dataset", spec, dataset) if dataset else load_task(args.task, spec)
@@ -201,7 +205,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def _add_sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default="maze")
-    p.add_argument("--preset", default="tiny", help="model preset (vpo.config.MODEL_PRESETS)")
+    p.add_argument("--preset", default=None, help="model preset (vpo.config.MODEL_PRESETS; "
+                   "default tiny)")
     p.add_argument("--model", default=None, help="instead of --preset: a policy folder or "
                    "hf:/path/to/checkpoint (its own tokenizer and chat template)")
     p.add_argument("--steps", type=int, default=300)
@@ -221,9 +226,16 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
     made absolute, so `--resume` and `vpo eval` find them from any directory."""
     from vpo.config import ConfigError
 
+    if getattr(args, "reward_timeout", None) is not None and not args.reward_workers:
+        raise ConfigError("--reward-timeout needs --reward-workers N (the timeout applies to "
+                          "reward calls in worker processes)")
     if not getattr(args, "data", None):
-        if getattr(args, "reward", None):
-            raise ConfigError("--reward needs --data FILE (the prompts the rewards score)")
+        for flag, given in (("--reward", getattr(args, "reward", None)),
+                            ("--weights", getattr(args, "weights", None)),
+                            ("--reward-workers", getattr(args, "reward_workers", None))):
+            if given:
+                raise ConfigError(f"{flag} needs --data FILE (your prompts and reward "
+                                  "functions); a preset's own data keeps its own settings")
         return None
     if not args.reward:
         raise ConfigError("--data needs at least one --reward MODULE:FUNCTION")
@@ -265,9 +277,6 @@ def _use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
-INIT_FILE = "init.json"  # a run's starting policy (`--init` / `model=hf:`), read by --resume
-
-
 def _load_init(spec: str, run, overrides: list[str]):
     """(Decoder, run with the checkpoint's model config, info) for `--init` / `model=hf:`.
     `model.*` overrides are applied to the loaded model (dtype, max_seq_len, rope, norm eps) or
@@ -294,6 +303,16 @@ def _load_init(spec: str, run, overrides: list[str]):
     return init, run, info
 
 
+def _loadable_fields(model_cfg) -> dict:
+    """The ModelConfig fields a checkpoint can be loaded with (not its shapes, not LoRA)."""
+    import dataclasses
+
+    from vpo.checkpoint import SHAPE_FIELDS
+
+    return {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)
+            if f.name not in SHAPE_FIELDS}
+
+
 def _resume_args(args: argparse.Namespace):
     """(run, bound task, starting policy spec or None) of `vpo train --out RUN --resume`."""
     import json
@@ -306,7 +325,9 @@ def _resume_args(args: argparse.Namespace):
 
     for flag, given in (("--preset", args.preset), ("--config", args.config),
                         ("--init", args.init), ("--data", args.data), ("--reward", args.reward),
-                        ("--weights", args.weights), ("--overwrite", args.overwrite)):
+                        ("--weights", args.weights), ("--reward-workers", args.reward_workers),
+                        ("--reward-timeout", args.reward_timeout),
+                        ("--overwrite", args.overwrite)):
         if given:
             raise ConfigError(f"{flag}: not with --resume (the run in {args.out} keeps its own "
                               "config, data and starting policy); drop it, or start a new run "
@@ -314,7 +335,7 @@ def _resume_args(args: argparse.Namespace):
     run = loop.resume_config(args.out, args.overrides)
     task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(args.out))
     init_spec = None
-    path = os.path.join(args.out, INIT_FILE)
+    path = os.path.join(args.out, loop.INIT_FILE)
     if os.path.exists(path) and not loop.has_checkpoint(args.out):
         with open(path) as f:  # killed before its first checkpoint: start again from the init
             init_spec = json.load(f)["init"]
@@ -339,8 +360,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     init = None
     if args.resume:
         run, task, init_spec = _resume_args(args)
-        if init_spec:
-            init, _, _ = load_model(init_spec, max_seq_len=run.model.max_seq_len)
+        if init_spec:  # the run's own model settings (dtype, rope, ...), not the file's
+            init, _, _ = load_model(init_spec, **_loadable_fields(run.model))
     else:
         loop.check_new_run(args.out, overwrite=args.overwrite)
         run, task, init_spec = presets.build_run_config(args.preset, args.config, args.overrides,
@@ -355,7 +376,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if init_spec:
             os.makedirs(args.out, exist_ok=True)
             spec = init_spec if init_spec.startswith("hf:") else os.path.abspath(init_spec)
-            with open(os.path.join(args.out, INIT_FILE), "w") as f:
+            with open(os.path.join(args.out, loop.INIT_FILE), "w") as f:
                 json.dump({"init": spec}, f)
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
@@ -456,20 +477,34 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     from vpo import host_search, search, sharding
     from vpo.checkpoint import load_model
+    from vpo.config import ConfigError
 
-    check_args(args, positive=("problems", "answers", "max_new_tokens"), finite=("temperature",))
+    check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
+               finite=("temperature",))
     check_out(args.out)
     model, _, info = load_model(args.policy, max_seq_len=4096)
     dataset = dataset_kwargs(args)
+    task_name = args.task or "program"
+    for flag, value in (("--task", args.task), ("--difficulty", args.difficulty)):
+        if value and dataset is not None:
+            raise ConfigError(f"{flag} {value}: --data makes your data the task; drop {flag}")
+    if args.difficulty and task_name != "program":
+        raise ConfigError(f"--difficulty {args.difficulty}: only --task program has "
+                          "difficulties; drop it")
     if dataset is not None:
         task = load_task("dataset", args.policy, dataset)
     else:
-        kwargs = {"difficulty": args.difficulty} if args.task == "program" else {}
-        task = load_task(args.task, args.policy, kwargs)
+        kwargs = {"difficulty": args.difficulty or "hard"} if task_name == "program" else {}
+        task = load_task(task_name, args.policy, kwargs)
+    if args.max_new_tokens is not None and not task.is_host:
+        raise ConfigError(f"--max-new-tokens: the {task.name} task searches in one jit with its "
+                          "own answer budget; the flag sets the budget of host-scored tasks "
+                          "(--data, arithmetic). Drop it")
+    parents = {} if args.parents is None else {"parents": args.parents}
     cfg = search.SearchConfig(islands=args.islands, members=args.members,
                               children=args.children, generations=args.generations,
                               num_answers=args.answers or int(info.get("num_answers", 1)),
-                              temperature=args.temperature)
+                              temperature=args.temperature, **parents)
     records = task.make_problems(args.seed, args.problems)
     check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
     where = "on the host" if task.is_host else "in one jit per method"
@@ -489,9 +524,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help="policy folder or hf:/path")
     p.add_argument("--task", choices=("program", "maze", "bandit", "arithmetic"),
-                   default="program")
-    p.add_argument("--difficulty", choices=("easy", "hard"), default="hard")
+                   default=None, help="default program")
+    p.add_argument("--difficulty", choices=("easy", "hard"), default=None,
+                   help="of --task program (default hard)")
     p.add_argument("--answers", type=int, default=None, help="answers per call (m)")
+    p.add_argument("--parents", type=int, default=None, help="parents per mutation prompt "
+                   "(default: vpo.search.SearchConfig's)")
     p.add_argument("--problems", type=int, default=8)
     p.add_argument("--islands", type=int, default=4)
     p.add_argument("--members", type=int, default=8)

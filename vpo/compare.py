@@ -127,12 +127,21 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
     cfg = apply_overrides(PRESETS[preset], list(overrides))
     for item in overrides:
         key = item.partition("=")[0]
+        section, _, field = key.partition(".")
         why = _SET_PER_ARM.get(key)
         if key in ("train.checkpoint_every", "train.keep_checkpoints") and cfg.law_points:
             why = (f"with law_points={cfg.law_points} each run checkpoints that many times for "
                    "the entropy law; set law_points=0 to choose it")
+        setters = [a for a in cfg.arm_names if section in ("objective", "train")
+                   and field in getattr(ARMS[a], section)]
+        if setters:
+            why = (f"arm {setters[0]} sets {field}={getattr(ARMS[setters[0]], section)[field]!r}"
+                   "; drop the override or that arm")
+        if cfg.init and (key == "model" or key.startswith("sft_")):
+            why = (f"with init={cfg.init} the arms start from that policy: no warm start is "
+                   "trained and no model preset is built")
         if why:
-            raise ConfigError(f"{key}: vpo compare sets it for every arm ({why})")
+            raise ConfigError(f"{key}: vpo compare sets it itself ({why})")
     return cfg
 
 
@@ -141,6 +150,7 @@ _SET_PER_ARM = {
     "sampler.max_new_tokens": "each arm's answer budget is fitted to its m answers",
     "train.num_answers": "the multi-answer arms answer num_answers=M at once; set that",
     "train.mutation_parents": "mutation prompts in RL show search.parents parents; set that",
+    "search.num_answers": "each policy searches with its own m answers per generation",
 }
 
 

@@ -143,7 +143,8 @@ def resume_config(out_dir: str, overrides: list[str]) -> RunConfig:
             raise ConfigError(f"{key}: cannot change on --resume (the run in {out_dir} would no "
                               f"longer be the run it was); --resume applies only "
                               f"{', '.join(RESUME_SAFE)}. To change {key}, start a new run: "
-                              f"--config {os.path.join(out_dir, CONFIG)} {item} --out NEW_DIR")
+                              f"--config {os.path.join(out_dir, CONFIG)} {item} --out NEW_DIR"
+                              + _init_hint(out_dir))
     new = apply_overrides(run, overrides)
     if new.train.steps != run.train.steps and new.train.schedule != "constant":
         raise ConfigError(f"train.steps: the {new.train.schedule} learning-rate schedule spans "
@@ -152,6 +153,18 @@ def resume_config(out_dir: str, overrides: list[str]) -> RunConfig:
                           "taken; resume without it, or start a new run with --config "
                           f"{os.path.join(out_dir, CONFIG)} train.steps={new.train.steps}")
     return new
+
+
+INIT_FILE = "init.json"  # a run's starting policy (`--init` / `model=hf:`), read by --resume
+
+
+def _init_hint(out_dir: str) -> str:
+    """The `--init` a new run needs to start where `out_dir` started (its init.json), or ''."""
+    path = os.path.join(out_dir, INIT_FILE)
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f" --init {json.load(f)['init']} (the policy this run started from)"
 
 
 def write_json_atomic(path: str, data) -> None:

