@@ -67,6 +67,7 @@ def world(tmp_path_factory):
         "cfg_maze_bogus.json": '{"task": "maze", "task_kwargs": {"bogus": 1}}',
         "cfg_maze7.json": '{"task": "maze", "task_kwargs": {"size": 7}}',
         "cfg_steps.json": '{"train": {"steps": 1}}',
+        "cfg_dim.json": '{"task": "bandit", "model": {"dim": 48}}',
         "bad_json.jsonl": '{"prompt": "hi"}\n{oops\n',
         "prompt_int.jsonl": '{"prompt": "hi"}\n{"prompt": 3}\n',
         "completion_int.jsonl": '{"prompt": "hi", "completion": 7}\n',
@@ -162,6 +163,8 @@ CASES = [
     ("init-and-model", ["train", *SMOKE, "--init", "{policy}", "model=small", *RUN],
      ["model=small", "--init"]),
     ("data-and-task", ["train", *DATA, "task=maze", *RUN], ["task=maze", "--data"]),
+    ("config-shape-and-init", ["train", "--config", _d("cfg_dim.json"), "--init", "{policy}",
+                               *RUN], ["model.dim", "cfg_dim.json", "{policy}"]),
     ("data-and-config-task", ["train", "--config", _d("cfg_maze7.json"), *DATA, *RUN],
      ["--data", "cfg_maze7.json"]),
     ("weights-without-data", ["train", *SMOKE, "--weights", "1,1", *RUN], ["--weights", "--data"]),
@@ -342,3 +345,17 @@ def test_resume_before_a_checkpoint_keeps_the_runs_model_settings(world, tmp_pat
     # a change --resume refuses: the new-run command it suggests starts from the same policy
     assert cli.main(["train", "--out", str(out), "--resume", "train.learning_rate=0.1"]) == 2
     assert f"--init {world['policy']}" in capsys.readouterr().err
+
+
+def test_a_config_files_model_settings_apply_to_the_init(world, tmp_path, monkeypatch):
+    """`--config FILE --init POLICY`: the file's model fields that a checkpoint can be loaded
+    with (here the compute dtype) take effect on the loaded policy, not only command-line ones."""
+    from vpo import loop
+
+    cfg = tmp_path / "bf16.json"
+    cfg.write_text(json.dumps({"task": "bandit", "model": {"dtype": "bfloat16"}}))
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda run, out_dir, **kw: seen.update(kw, run=run))
+    assert cli.main(["train", "--config", str(cfg), "--init", world["policy"], "--out",
+                     str(tmp_path / "run"), "--compile-cache", ""]) == 0
+    assert seen["init"].cfg.dtype == "bfloat16" and seen["run"].model.dtype == "bfloat16"

@@ -277,10 +277,12 @@ def _use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
-def _load_init(spec: str, run, overrides: list[str]):
+def _load_init(spec: str, run, overrides: list[str], config_file: str | None = None):
     """(Decoder, run with the checkpoint's model config, info) for `--init` / `model=hf:`.
     `model.*` overrides are applied to the loaded model (dtype, max_seq_len, rope, norm eps) or
-    kept for `vpo train` (LoRA), or rejected by name (shapes the checkpoint fixes)."""
+    kept for `vpo train` (LoRA), or rejected by name (shapes the checkpoint fixes). A --config
+    file's model fields count as given too (unless `model=` replaced its model section): the
+    same ones are applied, and a shape field must equal the checkpoint's."""
     import dataclasses
 
     from vpo import lora
@@ -289,14 +291,24 @@ def _load_init(spec: str, run, overrides: list[str]):
 
     keys = {item.partition("=")[0].split(".")[1] for item in overrides
             if item.startswith("model.") and "." in item.partition("=")[0]}
+    file_keys = set()
+    if config_file and not any(item.partition("=")[0] == "model" for item in overrides):
+        file_keys = set(presets.config_file_fields(config_file).get("model", {}))
     lora_keys = set(lora.settings(run.model))
     fixed = sorted((keys & set(SHAPE_FIELDS)) - lora_keys)
     if fixed:
         raise ConfigError(f"model.{fixed[0]}: the checkpoint {spec} fixes it (its parameters "
                           "have that shape); drop the override, or train a preset model "
                           "(model=tiny|small) from scratch instead")
-    extra = {k: getattr(run.model, k) for k in keys - lora_keys - {"max_seq_len"}}
+    extra = {k: getattr(run.model, k)
+             for k in (keys | file_keys) - set(SHAPE_FIELDS) - lora_keys - {"max_seq_len"}}
     init, _, info = load_model(spec, max_seq_len=run.model.max_seq_len, **extra)
+    for k in sorted((file_keys & set(SHAPE_FIELDS)) - lora_keys):
+        if getattr(run.model, k) != getattr(init.cfg, k):
+            raise ConfigError(f"model.{k}: the --config file {config_file} has "
+                              f"{getattr(run.model, k)!r}, the checkpoint {spec} "
+                              f"{getattr(init.cfg, k)!r} (its parameters fix it); remove "
+                              f"model.{k} from the file")
     if init.cfg != run.model:
         run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
                                                                  **lora.settings(run.model)))
@@ -368,7 +380,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                                 init=args.init, dataset=dataset_kwargs(args))
         if init_spec:
             base = presets.TRAIN_PRESETS[args.preset][1] if args.preset else []
-            init, run, info = _load_init(init_spec, run, [*base, *args.overrides])
+            init, run, info = _load_init(init_spec, run, [*base, *args.overrides],
+                                         args.config)
             print(f"starting from the policy in {init_spec} "
                   f"({info.get('task', info.get('source'))})")
         if args.overwrite:

@@ -93,7 +93,7 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         run = dataclasses.replace(run, task=task_name)
         if preset in PRESET_DATA and dataset is None:
             dataset = _preset_dataset(preset)
-    if user_data and config_file and "task" in _file_fields(config_file):
+    if user_data and config_file and "task" in config_file_fields(config_file):
         raise ConfigError(f"--data: the --config file {config_file} names its own task; "
                           "your data would replace it. Drop --data or the file's task")
     rest = []
@@ -168,12 +168,12 @@ def _given_keys(overrides: list[str], config_file: str | None) -> set[str]:
     fields (a preset's own settings are not in it: they are floors the task may raise)."""
     given = {item.partition("=")[0] for item in overrides}
     if config_file:
-        given |= {f"{section}.{key}" for section, fields in _file_fields(config_file).items()
+        given |= {f"{section}.{key}" for section, fields in config_file_fields(config_file).items()
                   if isinstance(fields, dict) for key in fields}
     return given
 
 
-def _file_fields(config_file: str) -> dict:
+def config_file_fields(config_file: str) -> dict:
     """The top level of a --config file as written (already validated by `read_config_file`)."""
     with open(config_file, encoding="utf-8") as f:
         return json.load(f)
