@@ -60,6 +60,13 @@ def test_bad_overrides_name_the_key(override, message):
         presets.build_run_config("smoke", None, [override])
 
 
+def test_sample_runs_on_its_default_preset(capsys):
+    """`vpo sample` with no options: a random tiny policy answers two maze prompts, scored."""
+    assert cli.main(["sample", "--prompts", "2", "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "policy 'tiny'" in out and out.count("sample 1:") == 2 and "tokens/s" in out
+
+
 def test_cli_reports_config_errors(capsys, tmp_path):
     assert cli.main(["train", "--preset", "smoke", "train.batch_size=0", "--out",
                      str(tmp_path)]) == 2

@@ -82,8 +82,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def _add_sample(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default="maze")
-    p.add_argument("--preset", default=None, help="model preset (vpo.config.MODEL_PRESETS; "
-                   "default tiny)")
+    p.add_argument("--preset", default="tiny", help="model preset (vpo.config.MODEL_PRESETS)")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--answers", type=int, default=3, help="answers per generation (VPO's m)")
