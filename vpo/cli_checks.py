@@ -1,0 +1,111 @@
+"""What the `vpo` command checks and reads from its arguments before any work starts: numeric
+options, a policy's fit to a task, report folders, and the `--data/--reward` options."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def check_args(args: argparse.Namespace, *, positive: tuple[str, ...] = (),
+               finite: tuple[str, ...] = ()) -> None:
+    """Options in `positive` are integers >= 1 (when given); those in `finite` are finite
+    numbers >= 0 (> 0 for --lr); else a ConfigError naming the option."""
+    import math
+
+    from vpo.config import ConfigError
+
+    for name in positive:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1; got {v}")
+    for name in finite:
+        v = getattr(args, name)
+        if v is not None and (not math.isfinite(v) or v < 0 or (name == "lr" and v == 0)):
+            raise ConfigError(f"--{name.replace('_', '-')}: must be a finite number "
+                              f"{'> 0' if name == 'lr' else '>= 0'}; got {v}")
+
+
+def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
+    """The policy can read and write `task` with `num_answers` answers: the task takes that m,
+    its tokenizer fits the model's vocabulary, and its prompts hold no unknown words (a
+    word-level policy asked about another task's text); else a ConfigError naming it."""
+    import numpy as np
+
+    from vpo.config import ConfigError
+
+    task.check_num_answers(num_answers)
+    if model_cfg.vocab_size < task.tokenizer.size:
+        raise ConfigError(f"{source}: the model has {model_cfg.vocab_size} token embeddings "
+                          f"but its tokenizer for {task.name} has {task.tokenizer.size} tokens; "
+                          "use the policy with the tokenizer it was trained with")
+    unk = task.tokenizer.special_tokens.get("unk_token")
+    unk_id = task.tokenizer.backend.token_to_id(unk) if unk else None
+    if unk_id is not None:
+        tokens, mask = task.prompt_arrays(problems, num_answers)
+        if np.any(np.asarray(tokens)[np.asarray(mask)] == unk_id):
+            raise ConfigError(f"--task {task.name}: the tokenizer of {source} cannot write "
+                              f"{task.name} prompts (they hold words outside its "
+                              f"{task.tokenizer.size}-token vocabulary); pass the task the "
+                              "policy was trained on, or a policy trained on this task")
+
+
+def check_out(out: str) -> None:
+    """A report folder (`vpo eval` / `vpo search --out`) must not be a run or policy folder."""
+    from vpo import loop
+    from vpo.config import ConfigError
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out}: is a file, not a folder; pick a folder path")
+    found = [n for n in loop.run_contents(out) if n != "tb"]
+    if found:
+        raise ConfigError(f"--out {out}: holds a run or policy ({', '.join(found)}); write the "
+                          "report to its own folder")
+
+
+def dataset_kwargs(args: argparse.Namespace) -> dict | None:
+    """task_kwargs of `--data FILE --reward MODULE:FUNCTION ...` (None without --data); paths
+    made absolute, so `--resume` and `vpo eval` find them from any directory."""
+    from vpo.config import ConfigError
+
+    if getattr(args, "reward_timeout", None) is not None and not args.reward_workers:
+        raise ConfigError("--reward-timeout needs --reward-workers N (the timeout applies to "
+                          "reward calls in worker processes)")
+    if not getattr(args, "data", None):
+        for flag, given in (("--reward", getattr(args, "reward", None)),
+                            ("--weights", getattr(args, "weights", None)),
+                            ("--reward-workers", getattr(args, "reward_workers", None))):
+            if given:
+                raise ConfigError(f"{flag} needs --data FILE (your prompts and reward "
+                                  "functions); a preset's own data keeps its own settings")
+        return None
+    if not args.reward:
+        raise ConfigError("--data needs at least one --reward MODULE:FUNCTION")
+    rewards = [f"{os.path.abspath(m)}:{f}" if m.endswith(".py") else f"{m}:{f}"
+               for m, _, f in (spec.rpartition(":") for spec in args.reward)]
+    kw = {"path": os.path.abspath(args.data), "rewards": rewards}
+    if args.weights:
+        try:
+            kw["weights"] = [float(x) for x in args.weights.split(",")]
+        except ValueError:
+            raise ConfigError(f"--weights {args.weights!r}: expected comma-separated numbers, "
+                              "e.g. 0.7,0.3") from None
+    if args.reward_workers:
+        kw["reward_workers"] = args.reward_workers
+        kw["reward_timeout"] = args.reward_timeout
+    return kw
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None, help="your prompts: a JSONL or Parquet file with a "
+                   "`prompt` column (text or chat messages) and any other columns")
+    p.add_argument("--reward", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="a reward function fn(prompts, completions, **columns) -> list of "
+                   "floats in [0, 1] (MODULE dotted or a .py file); repeat: one reward "
+                   "component each")
+    p.add_argument("--weights", default=None, help="w* over the components, e.g. 0.7,0.3 "
+                   "(normalised; default equal)")
+    p.add_argument("--reward-workers", type=int, default=0, help="run reward functions in "
+                   "this many worker processes (slow verifiers)")
+    p.add_argument("--reward-timeout", type=float, default=None,
+                   help="seconds per reward call with --reward-workers")
