@@ -17,6 +17,7 @@ from vpo.sampler import (
     _first_crossing_cumsum,
     _first_crossing_two_level,
     _generate_jit,
+    _inverse_cdf_draw,
     choose_tokens,
     decode_windows,
     left_pad,
@@ -375,3 +376,23 @@ def test_budget_errors(model):
     assert toks[1].tolist() == list(range(1, 9)) and mask.all(axis=1).tolist() == [False, True]
     with pytest.raises(ConfigError, match="sampler.top_p"):
         SamplerConfig(top_p=0.0)
+
+
+@pytest.mark.parametrize("V", [201, 4096])
+def test_plain_draw_reuses_the_softmax_pass_exactly(V):
+    """At temperature 1 without a filter `choose_tokens` draws from the exp pass it shares with
+    the log-normaliser: the same tokens as the inverse-CDF draw on the logits, its sampling
+    log-prob equal to the log-prob, the entropy -Σ p log p of softmax(logits)."""
+    logits = 3.0 * jax.random.normal(jax.random.key(V), (16, 8, V))
+    u = jax.random.uniform(jax.random.key(1), (16, 8))
+    tok, logp, slogp, ent = jax.jit(choose_tokens)(logits, u, 1.0, 1.0, 0)
+    ref_tok, ref_norm = jax.jit(_inverse_cdf_draw)(u, logits)
+    np.testing.assert_array_equal(tok, ref_tok)
+    np.testing.assert_array_equal(slogp, logp)
+    logp_ref = jnp.take_along_axis(logits, tok[..., None], -1)[..., 0] - ref_norm
+    np.testing.assert_allclose(logp, logp_ref, atol=1e-6)
+    p = jax.nn.softmax(logits, -1)
+    np.testing.assert_allclose(ent, -jnp.sum(p * jax.nn.log_softmax(logits, -1), -1), atol=1e-5)
+    # another temperature takes the general branch: still a valid draw, sample_logp differs
+    tok7, logp7, slogp7, _ = jax.jit(choose_tokens)(logits, u, 0.7, 1.0, 0)
+    assert not np.allclose(slogp7, logp7)
