@@ -60,3 +60,21 @@ def test_measured_bounds_take_the_faster_library_per_product(roof, monkeypatch):
 def test_time_product_is_positive_for_both_libraries(roof):
     t = roof.time_product(8, 8, 8, 2)
     assert set(t) == {"xla", "blas"} and all(v > 0 for v in t.values())
+
+
+def test_decode_chain_runs_every_product_of_every_layer_and_step(roof):
+    np = pytest.importorskip("numpy")
+    fn, (layers, head), x0 = roof.decode_chain(SHAPES, M=2, steps=3)
+    out = np.asarray(fn((layers, head), x0))
+    x = np.asarray(x0, np.float64)
+    for _ in range(3):  # the same chain in NumPy: a skipped product would change the result
+        for layer in layers:
+            latest = {4: x}
+            for w in layer:
+                w = np.asarray(w, np.float64)
+                latest[w.shape[1]] = latest[w.shape[0]] @ w
+                if w.shape[1] == 4:
+                    x = x + latest[4]
+        x = x + 1e-3 * (x @ np.asarray(head, np.float64))[:, :4]
+    np.testing.assert_allclose(out, x, rtol=1e-5)
+    assert roof.decode_loop_seconds(SHAPES, 2, 3, reps=2) > 0
