@@ -54,7 +54,7 @@ from vpo import hf, sharding
 from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.config import SamplerConfig
-from vpo.host_memory import compiled_on_first_call
+from vpo.host_memory import compiled_on_first_call, keep_freed_memory
 from vpo.sampler import sample_with_keys
 from vpo.tokenizer import left_pad
 from vpo.train_config import ObjectiveConfig, TrainConfig
@@ -310,26 +310,24 @@ def peer_grpo(size: str) -> dict:
     return out
 
 
-def vpo_worker(size: str, dtype: str, reps: int) -> dict:
-    """The vpo side of one size in this process, with its peak resident memory: after sampling
-    (`peak_rss_mb_sampling`) and after the GRPO steps (`peak_rss_mb`, the process maximum)."""
-    def rss():
-        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-
+def vpo_worker(size: str, dtype: str, reps: int, part: str) -> dict:
+    """The vpo side of one size in this process, `part` "sampling" or "step", with the
+    process's peak resident memory (`peak_rss_mb`). The step's process keeps freed memory as
+    `vpo train` does (`vpo.host_memory.keep_freed_memory`, set in `main`); sampling runs as
+    `vpo sample` does, without it (one malloc arena costs sampling ~5% here)."""
     v = VpoSize(size, dtype)
-    sampling = v.sampling(reps)
-    rss_sampling = rss()
-    step = v.grpo_step(reps)
-    return dict(vpo_worker=size, sampling=sampling, grpo_step=step, compile=v.compile_s,
-                peak_rss_mb_sampling=rss_sampling, peak_rss_mb=rss())
+    out = v.sampling(reps) if part == "sampling" else v.grpo_step(reps)
+    return dict(vpo_worker=size, part=part, value=out, compile=v.compile_s,
+                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
-def run_vpo_worker(size: str, dtype: str, reps: int) -> dict:
-    cmd = [sys.executable, __file__, "--vpo-worker", size, "--dtype", dtype, "--reps", str(reps)]
+def run_vpo_worker(size: str, dtype: str, reps: int, part: str) -> dict:
+    cmd = [sys.executable, __file__, "--vpo-worker", size, "--part", part, "--dtype", dtype,
+           "--reps", str(reps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"vpo_worker"')]
     if proc.returncode or not lines:
-        raise RuntimeError(f"vpo worker for {size} failed (rc {proc.returncode}): "
+        raise RuntimeError(f"vpo worker for {size} {part} failed (rc {proc.returncode}): "
                            f"{proc.stderr[-800:]}")
     return json.loads(lines[-1])
 
@@ -387,13 +385,12 @@ def run_smollm2(cfg: dict, with_peers: bool, res: dict, add) -> None:
     """SmolLM2-135M: per round the vpo side in its own process, then HF generate and TRL."""
     size = "smollm2"
     for r in range(cfg["rounds"]):
-        w = run_vpo_worker(size, cfg["dtype"], cfg["sample_reps"])
-        add(res["vpo"], ("sampling", size), w["sampling"])
-        add(res["vpo"], ("grpo_step", size), w["grpo_step"])
-        res["memory"].setdefault(("vpo_sampling", size), []).append(w["peak_rss_mb_sampling"])
-        res["memory"].setdefault(("vpo_grpo_step", size), []).append(w["peak_rss_mb"])
-        for k, s in w["compile"].items():
-            res["compile"].setdefault((f"vpo_{k}", size), s)
+        for part, key in (("sampling", "sampling"), ("step", "grpo_step")):
+            w = run_vpo_worker(size, cfg["dtype"], cfg["sample_reps"], part)
+            add(res["vpo"], (key, size), w["value"])
+            res["memory"].setdefault((f"vpo_{key}", size), []).append(w["peak_rss_mb"])
+            for k, s in w["compile"].items():
+                res["compile"].setdefault((f"vpo_{k}", size), s)
         if with_peers:
             for name, (x, first, mb) in [*peer_sampling(size, cfg["sample_reps"]).items(),
                                          *peer_grpo(size).items()]:
@@ -488,9 +485,14 @@ def main(argv=None):
     ap.add_argument("--no-peers", action="store_true", help="vpo side only")
     ap.add_argument("--json", help="also write the raw measurements here")
     ap.add_argument("--vpo-worker", choices=list(SHAPES), help=argparse.SUPPRESS)
+    ap.add_argument("--part", choices=("sampling", "step"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.vpo_worker:  # one size's vpo side in this process (its peak memory): one JSON line
-        print(json.dumps(vpo_worker(a.vpo_worker, a.dtype, a.reps)), flush=True)
+        if a.part is None:
+            ap.error("--vpo-worker needs --part sampling|step")
+        if a.part == "step":  # as `vpo train` runs: before jax starts its threads
+            keep_freed_memory()
+        print(json.dumps(vpo_worker(a.vpo_worker, a.dtype, a.reps, a.part)), flush=True)
         return None
     cfg.update(sizes=tuple(a.sizes), rounds=a.rounds, sample_reps=a.reps, step_reps=a.reps,
                dtype=a.dtype)

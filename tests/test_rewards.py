@@ -104,6 +104,40 @@ def test_dispatch_matches_the_objective_function(name):
     assert not bool(jnp.any(varies0))
 
 
+# a value other than the default for each estimator-specific field
+_OTHER = {"grpo_scale": "batch", "grpo_std": "population", "num_weights": 5, "alpha": 0.2,
+          "weight_sampler": "lattice", "subset_k": 3}
+
+
+@jax.jit
+def _with_each_field_changed(r, smask, penalty, solved, key):
+    """Per (estimator, field): (adv with the defaults, adv with the field set to `_OTHER`)."""
+    out = {}
+    for name in ADVANTAGES:
+        base = rewards.advantages(ObjectiveConfig(advantage=name), r, smask, W_R, key, penalty,
+                                  solved)[0]
+        for field, value in _OTHER.items():
+            cfg = ObjectiveConfig(advantage=name, **{field: value})
+            out[name, field] = base, rewards.advantages(cfg, r, smask, W_R, key, penalty,
+                                                        solved)[0]
+    return out
+
+
+def test_reads_lists_exactly_the_fields_each_estimator_uses():
+    # `vpo train` refuses a given field the chosen estimator does not read: each `reads` set
+    # must hold every field that changes that estimator's advantages, and only those
+    assert set(_OTHER) == rewards.ESTIMATOR_FIELDS
+    rng = np.random.default_rng(5)  # 4 groups of 8: continuous rewards, so every field shows
+    r = jnp.asarray(rng.uniform(size=(4, 8, M, R)), jnp.float32)
+    smask = jnp.asarray(rng.uniform(size=(4, 8, M)) < 0.8)
+    solved = jnp.asarray(rng.uniform(size=(4, 8)) < 0.5)
+    got = _with_each_field_changed(r, smask, jnp.zeros((4, 8), jnp.float32), solved,
+                                   jax.random.key(0))
+    for (name, field), (base, changed) in got.items():
+        moved = not np.allclose(base, changed, atol=1e-6)
+        assert moved == (field in rewards.ESTIMATORS[name].reads), (name, field)
+
+
 def test_group_varies_sees_what_the_estimator_sees():
     # two samples whose valid answers hold the same vectors in a different order (rows swapped)
     r = jnp.asarray([[[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]]])  # 1 2 2 2

@@ -19,6 +19,7 @@ import time
 
 from vpo import presets
 from vpo.cli_checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
+from vpo.host_memory import keep_freed_memory
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 
@@ -564,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if args.command in ("train", "sft"):  # before jax starts its threads (`vpo.host_memory`)
+        keep_freed_memory()
     try:
         return args.fn(args)
     except KeyboardInterrupt:

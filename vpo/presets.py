@@ -14,7 +14,7 @@ import os
 
 from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
 from vpo.tasks import TASK_NAMES as TASKS
-from vpo.train_config import RunConfig
+from vpo.train_config import ObjectiveConfig, RunConfig
 
 # Named starting points for `vpo train --preset NAME`: a task and overrides (applied before the
 # command line's). Model size and generation budget follow the task unless overridden.
@@ -129,6 +129,7 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         else:
             rest.append(item)
     run = apply_overrides(run, rest)
+    _refuse_unread_objective_fields(run, _given_keys(overrides, config_file))
     if dataset is not None:
         run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
     init_spec = init or init_spec
@@ -161,6 +162,26 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         sampler=dataclasses.replace(run.sampler, max_new_tokens=fit(
             "sampler.max_new_tokens", run.sampler.max_new_tokens, T)))
     return run, task, init_spec
+
+
+def _refuse_unread_objective_fields(run: RunConfig, given: set[str]) -> None:
+    """A given estimator-specific objective field (e.g. `objective.grpo_scale`) that the chosen
+    `objective.advantage` does not read, set to other than its default, is an error: it would
+    change nothing. (`vpo compare` shares one objective section among its arms and checks its
+    own overrides.)"""
+    from vpo.rewards import ESTIMATOR_FIELDS, ESTIMATORS  # jax: imported on first use
+
+    advantage = run.objective.advantage
+    reads = ESTIMATORS[advantage].reads
+    default = ObjectiveConfig()
+    for field in sorted(ESTIMATOR_FIELDS - reads):
+        value = getattr(run.objective, field)
+        if f"objective.{field}" in given and value != getattr(default, field):
+            users = ", ".join(n for n, e in ESTIMATORS.items() if field in e.reads)
+            raise ConfigError(
+                f"objective.{field}={value}: objective.advantage={advantage} does not read it "
+                f"(it reads {', '.join(sorted(reads)) or 'no estimator-specific field'}); remove "
+                f"it, or choose an advantage that uses it ({users})")
 
 
 def _given_keys(overrides: list[str], config_file: str | None) -> set[str]:

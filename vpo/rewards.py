@@ -55,10 +55,12 @@ class Estimator(NamedTuple):
     (per-component sums over valid answers, + penalty on each → reward_BGR), "vectors" (every
     answer's vector, + penalty on each component → rewards_BGMR) or "correct" (solved_BG).
     fn(cfg, x, solution_mask_BGM, weights_R, key) -> (adv_BG, metrics).
+    reads: the estimator-specific `ObjectiveConfig` fields fn uses (of `ESTIMATOR_FIELDS`).
     """
 
     sees: str
     fn: Callable
+    reads: frozenset[str] = frozenset()
 
 
 def _grpo(cfg, x_BG, smask, weights_R, key):
@@ -105,16 +107,21 @@ def _rw_grpo(cfg, x_BGR, smask, weights_R, key):
 
 # The estimator table: `objective.advantage` → Estimator (names: `vpo.config.ADVANTAGES`).
 ESTIMATORS: dict[str, Estimator] = {
-    "grpo": Estimator("scalar", _grpo),  # GRPO, arXiv 2402.03300
-    "dr_grpo": Estimator("scalar", _dr_grpo),  # Dr. GRPO, arXiv 2503.20783
+    "grpo": Estimator("scalar", _grpo, frozenset({"grpo_scale", "grpo_std"})),  # arXiv 2402.03300
+    "dr_grpo": Estimator("scalar", _dr_grpo),  # Dr. GRPO, arXiv 2503.20783 (no std: unscaled)
     "rloo": Estimator("scalar", _rloo),  # RLOO, arXiv 2402.14740
     "maxrl": Estimator("scalar", _maxrl),  # MaxRL, arXiv 2602.02710
-    "gdpo": Estimator("components", _gdpo),  # GDPO, arXiv 2601.05242
-    "vpo": Estimator("vectors", _vpo),  # VPO, arXiv 2605.22817
-    "maxk": Estimator("scalar", _maxk),  # Max@k, arXiv 2510.23393 (verl, std-normalised)
-    "passk": Estimator("correct", _passk),  # pass@k training, arXiv 2508.10751
-    "rw_grpo": Estimator("components", _rw_grpo),  # random-weight GRPO (VPO's baseline)
+    "gdpo": Estimator("components", _gdpo, frozenset({"grpo_std"})),  # GDPO, arXiv 2601.05242
+    "vpo": Estimator("vectors", _vpo,  # VPO, arXiv 2605.22817
+                     frozenset({"num_weights", "alpha", "weight_sampler"})),
+    "maxk": Estimator("scalar", _maxk,  # Max@k, arXiv 2510.23393 (verl, std-normalised)
+                      frozenset({"subset_k", "grpo_std"})),
+    "passk": Estimator("correct", _passk, frozenset({"subset_k"})),  # pass@k, 2508.10751
+    "rw_grpo": Estimator("components", _rw_grpo,  # random-weight GRPO (VPO's baseline)
+                         frozenset({"alpha", "grpo_scale", "grpo_std"})),
 }
+# The objective fields that belong to some estimators only (the rest serve every estimator).
+ESTIMATOR_FIELDS = frozenset().union(*(e.reads for e in ESTIMATORS.values()))
 if tuple(ESTIMATORS) != ADVANTAGES:  # one list of names: the config validates against it
     raise ImportError(f"vpo.rewards.ESTIMATORS {tuple(ESTIMATORS)} != vpo.config.ADVANTAGES "
                       f"{ADVANTAGES}")
