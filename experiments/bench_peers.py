@@ -313,8 +313,9 @@ def peer_grpo(size: str) -> dict:
 def vpo_worker(size: str, dtype: str, reps: int, part: str) -> dict:
     """The vpo side of one size in this process, `part` "sampling" or "step", with the
     process's peak resident memory (`peak_rss_mb`). The step's process keeps freed memory as
-    `vpo train` does (`vpo.host_memory.keep_freed_memory`, set in `main`); sampling runs as
-    `vpo sample` does, without it (one malloc arena costs sampling ~5% here)."""
+    `vpo train` does for a policy this size (`vpo.host_memory.keep_freed_memory`, set in
+    `main`); sampling runs as `vpo sample` does, without it (one malloc arena costs sampling ~5%
+    here). Used for SmolLM2 only."""
     v = VpoSize(size, dtype)
     out = v.sampling(reps) if part == "sampling" else v.grpo_step(reps)
     return dict(vpo_worker=size, part=part, value=out, compile=v.compile_s,

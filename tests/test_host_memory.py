@@ -80,3 +80,12 @@ def test_keep_freed_memory_reuses_a_freed_block_without_new_page_faults():
     pages = (64 << 20) // 4096
     assert default_faults > pages // 2  # fresh pages: about one fault per 4 KB page
     assert applied == "True" and kept_faults < pages // 20
+
+
+def test_keep_freed_memory_for_applies_only_to_large_policies(monkeypatch):
+    from vpo import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1) or True)
+    assert host_memory.keep_freed_memory_for(4_200_000) is False and calls == []
+    assert host_memory.keep_freed_memory_for(134_515_008) is True and calls == [1]

@@ -19,7 +19,7 @@ import time
 
 from vpo import presets
 from vpo.cli_checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
-from vpo.host_memory import keep_freed_memory
+from vpo.host_memory import keep_freed_memory_for
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 
@@ -267,12 +267,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     init = None
     if args.resume:
         run, task, init_spec = _resume_args(args)
+        keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
         if init_spec:  # the run's own model settings (dtype, rope, ...), not the file's
             init, _, _ = load_model(init_spec, **_loadable_fields(run.model))
     else:
         loop.check_new_run(args.out, overwrite=args.overwrite)
         run, task, init_spec = presets.build_run_config(args.preset, args.config, args.overrides,
                                                 init=args.init, dataset=dataset_kwargs(args))
+        keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
         if init_spec:
             base = presets.TRAIN_PRESETS[args.preset][1] if args.preset else []
             init, run, info = _load_init(init_spec, run, [*base, *args.overrides],
@@ -565,8 +567,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    if args.command in ("train", "sft"):  # before jax starts its threads (`vpo.host_memory`)
-        keep_freed_memory()
     try:
         return args.fn(args)
     except KeyboardInterrupt:

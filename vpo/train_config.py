@@ -51,7 +51,9 @@ class ObjectiveConfig:
     answer when num_answers = 1; Multi-RLVR otherwise); "vpo" sees the reward vectors;
     "rw_grpo" the per-component sums over valid answers, scalarised by a fresh Dirichlet
     weight per prompt group and step; "passk" whether any valid answer solves the problem.
-    Fields of other estimators are ignored (one objective section serves several arms).
+    Fields of other estimators are ignored here (one objective section serves several arms in
+    `vpo compare`); `vpo train` refuses one given with a non-default value that its estimator
+    does not read (`vpo.rewards.Estimator.reads`).
 
     Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617) select `max(floor(ratio · N_valid),
     cov_min_tokens)` tokens per loss call. The ratios default to the 7B recipe's 2e-3; the
