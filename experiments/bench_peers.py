@@ -54,7 +54,7 @@ from vpo import hf, sharding
 from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.config import SamplerConfig
-from vpo.host_memory import compiled_on_first_call, keep_freed_memory
+from vpo.host_memory import compiled_on_first_call, keep_freed_memory_for
 from vpo.sampler import sample_with_keys
 from vpo.tokenizer import left_pad
 from vpo.train_config import ObjectiveConfig, TrainConfig
@@ -313,9 +313,8 @@ def peer_grpo(size: str) -> dict:
 def vpo_worker(size: str, dtype: str, reps: int, part: str) -> dict:
     """The vpo side of one size in this process, `part` "sampling" or "step", with the
     process's peak resident memory (`peak_rss_mb`). The step's process keeps freed memory as
-    `vpo train` does for a policy this size (`vpo.host_memory.keep_freed_memory`, set in
-    `main`); sampling runs as `vpo sample` does, without it (one malloc arena costs sampling ~5%
-    here). Used for SmolLM2 only."""
+    `vpo train` does (`vpo.host_memory.keep_freed_memory_for`, set in `main`); sampling runs as
+    `vpo sample` does, without it (one malloc arena costs sampling ~5% here)."""
     v = VpoSize(size, dtype)
     out = v.sampling(reps) if part == "sampling" else v.grpo_step(reps)
     return dict(vpo_worker=size, part=part, value=out, compile=v.compile_s,
@@ -492,7 +491,7 @@ def main(argv=None):
         if a.part is None:
             ap.error("--vpo-worker needs --part sampling|step")
         if a.part == "step":  # as `vpo train` runs: before jax starts its threads
-            keep_freed_memory()
+            keep_freed_memory_for(hf.model_config(hf.read_config(CKPTS / a.vpo_worker)).num_params)
         print(json.dumps(vpo_worker(a.vpo_worker, a.dtype, a.reps, a.part)), flush=True)
         return None
     cfg.update(sizes=tuple(a.sizes), rounds=a.rounds, sample_reps=a.reps, step_reps=a.reps,

@@ -129,7 +129,8 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
         else:
             rest.append(item)
     run = apply_overrides(run, rest)
-    _refuse_unread_objective_fields(run, _given_keys(overrides, config_file))
+    given = _given_keys(overrides, config_file)
+    _refuse_unread_objective_fields(run, given)
     if dataset is not None:
         run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
     init_spec = init or init_spec
@@ -141,7 +142,6 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
     need = seq_len_for(task, task.make_problems(run.train.seed, 64), m, num_parents=parents)
-    given = _given_keys(overrides, config_file)
     floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
               "model.max_seq_len": (need, "the longest prompt plus the answer budget"),
               "sampler.max_new_tokens": (T, f"the task's budget for m={m} answers in tags")}
