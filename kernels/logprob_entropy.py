@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from vpo.kernels.precision import dot_f32
+from vpo.kernels.precision import dot_f32, einsum_f32
 
 _NEG = -1e30
 
@@ -81,26 +81,30 @@ def _finish(m, s, sz, tgt):
 
 
 def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048):
-    """Same values as the reference with a `lax.scan` over vocabulary tiles of `block_v`."""
+    """Same values as the reference with a `lax.scan` over vocabulary tiles of `block_v`.
+
+    The tiles are rows of W^T [V, D], the layout of a tied embedding: given `embed_VD.T` the two
+    transposes cancel, so neither the forward tiles nor the weight gradient (stacked [V, D] row
+    tiles) copy the whole table through a transpose.
+    """
     _validate(hidden_ND, w_DV, targets_N)
     N = hidden_ND.shape[0]
     D, V = w_DV.shape
     nb = -(-V // block_v)
-    w = jnp.pad(w_DV, ((0, 0), (0, nb * block_v - V)))
-    w_BDC = w.reshape(D, nb, block_v).transpose(1, 0, 2)
+    w_BCD = jnp.pad(w_DV.T, ((0, nb * block_v - V), (0, 0))).reshape(nb, block_v, D)
     valid_BC = (jnp.arange(nb * block_v) < V).reshape(nb, block_v)
 
     @jax.checkpoint
     def body(carry, xs):
-        w_DC, valid_C, offset = xs
-        z = dot_f32(hidden_ND, w_DC)
+        w_CD, valid_C, offset = xs
+        z = einsum_f32("nd,cd->nc", hidden_ND, w_CD)
         z = jnp.where(valid_C[None, :], z, _NEG)
         return _merge(carry, z, targets_N, offset), None
 
     init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
             jnp.zeros((N,), jnp.float32), jnp.zeros((N,), jnp.float32))
     offsets = jnp.arange(nb, dtype=jnp.int32) * block_v
-    carry, _ = jax.lax.scan(body, init, (w_BDC, valid_BC, offsets))
+    carry, _ = jax.lax.scan(body, init, (w_BCD, valid_BC, offsets))
     return _finish(*carry)
 
 
