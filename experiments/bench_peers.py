@@ -54,7 +54,7 @@ from vpo import hf, sharding
 from vpo import rewards as rewards_lib
 from vpo import train as train_lib
 from vpo.config import SamplerConfig
-from vpo.host_memory import compiled_on_first_call, keep_freed_memory_for
+from vpo.host_memory import compile_now, keep_freed_memory_for
 from vpo.sampler import sample_with_keys
 from vpo.tokenizer import left_pad
 from vpo.train_config import ObjectiveConfig, TrainConfig
@@ -135,6 +135,15 @@ class CountATask(NamedTuple):
         return self is other
 
 
+def _rss_mb() -> float:
+    """This process's resident memory now (MB, /proc/self/statm; NaN where there is none)."""
+    try:
+        return int(pathlib.Path("/proc/self/statm").read_text().split()[1]) * os.sysconf(
+            "SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return float("nan")
+
+
 def _timed(fn):
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn())
@@ -191,19 +200,31 @@ class VpoSize:
                                              stop_ids=(self.no_eos,), pad_id=self.tok.pad_id)
         self.tx = train_lib.make_optimizer(tcfg)
         self.mesh = sharding.make_mesh(devices=jax.devices()[:1])
-        self.graphdef, self.state, _ = train_lib.state_from_model(self.model, self.tx, self.mesh)
-        # the state owns a copy of the weights (the step donates it): drop the loaded model, as
-        # a training script would, rather than hold the weights twice
-        self.model_cfg, self.model = self.model.cfg, None
+        # the state takes the loaded weights (`vpo train` does the same): not held twice
+        self.model_cfg = self.model.cfg
+        self.graphdef, self.state, _ = train_lib.state_from_model(self.model, self.tx, self.mesh,
+                                                                  consume=True)
+        self.model = None
         self.batch = dict(problems={"task": jnp.zeros((B,), jnp.int32)},
                           prompt_BP=jnp.asarray(prompts), prompt_mask_BP=jnp.asarray(pmask))
-        # as `vpo train` runs it: compiled on its first call, the compiler's memory given back
-        self.step = compiled_on_first_call(
-            train_lib.make_rl_step(self.graphdef, self.tx, self.task, self.step_cfg))
+        self.step_jit = train_lib.make_rl_step(self.graphdef, self.tx, self.task, self.step_cfg)
+        self.step = None  # compiled on the first call, as `vpo train` does (`compile_now`)
 
     def _one_step(self):
+        if self.step is None:
+            self.rss_before_step = _rss_mb()
+            self.step = compile_now(self.step_jit, self.state, self.batch)
         self.state, metrics = self.step(self.state, self.batch)
         return metrics
+
+    def step_memory(self) -> dict:
+        """Where the step's memory goes (MB), after `grpo_step`: the donated train state by part,
+        the compiled step's XLA temporaries (gradients, activations, log-prob tiles) and the
+        process's resident memory just before the first step (runtime, state, loader leftovers)."""
+        mb = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) / 2**20  # noqa: E731
+        return dict(params=mb(self.state.params), opt_state=mb(self.state.opt_state),
+                    temp=self.step.memory_analysis().temp_size_in_bytes / 2**20,
+                    rss_before_step=self.rss_before_step)
 
     def grpo_step(self, reps: int) -> float:
         """Median seconds per fused RL step (sample -> reward -> GRPO advantage -> one update)."""
@@ -317,7 +338,8 @@ def vpo_worker(size: str, dtype: str, reps: int, part: str) -> dict:
     `vpo sample` does, without it (one malloc arena costs sampling ~5% here)."""
     v = VpoSize(size, dtype)
     out = v.sampling(reps) if part == "sampling" else v.grpo_step(reps)
-    return dict(vpo_worker=size, part=part, value=out, compile=v.compile_s,
+    breakdown = None if part == "sampling" else v.step_memory()
+    return dict(vpo_worker=size, part=part, value=out, compile=v.compile_s, breakdown=breakdown,
                 peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
 
 
@@ -345,7 +367,8 @@ def _med(xs):
 
 
 def run(cfg: dict, with_peers: bool) -> dict:
-    res: dict = {"vpo": {}, "peer": {}, "compile": {}, "split": {}, "memory": {}}
+    res: dict = {"vpo": {}, "peer": {}, "compile": {}, "split": {}, "memory": {},
+                 "breakdown": {}}
 
     def add(d, key, v):  # record, and print at once (a long run shows its progress)
         d.setdefault(key, []).append(v)
@@ -391,6 +414,8 @@ def run_smollm2(cfg: dict, with_peers: bool, res: dict, add) -> None:
             res["memory"].setdefault((f"vpo_{key}", size), []).append(w["peak_rss_mb"])
             for k, s in w["compile"].items():
                 res["compile"].setdefault((f"vpo_{k}", size), s)
+            if w["breakdown"]:
+                res["breakdown"][size] = w["breakdown"]
         if with_peers:
             for name, (x, first, mb) in [*peer_sampling(size, cfg["sample_reps"]).items(),
                                          *peer_grpo(size).items()]:
@@ -416,6 +441,26 @@ def memory_rows(res: dict) -> list[str]:
             rows.append(f"| peak memory, {work} | smollm2 | {mem[(ours, 'smollm2')]:,.0f} MB | "
                         f"(peers not run) | | | | | |")
     return rows
+
+
+def memory_breakdown_line(res: dict) -> str | None:
+    """Where vpo's SmolLM2 step memory goes, against the f32 AdamW floor and the goal's budget:
+    parameters, their gradients and two moments must all exist at the update."""
+    bd = res["breakdown"].get("smollm2")
+    if not bd:
+        return None
+    floor = 2 * bd["params"] + bd["opt_state"]
+    peak = _med(res["memory"].get(("vpo_grpo_step", "smollm2"), []))
+    line = (f"vpo smollm2 step memory (MB): peak {peak:,.0f} = resident before the step "
+            f"{bd['rss_before_step']:,.0f} (runtime, params {bd['params']:,.0f}, AdamW moments "
+            f"{bd['opt_state']:,.0f}) + XLA temporaries {bd['temp']:,.0f} (gradients "
+            f"{bd['params']:,.0f}, activations, log-prob tiles); the f32 AdamW floor, params + "
+            f"gradients + moments, is {floor:,.0f}")
+    trl = res["memory"].get(("trl_grpo", "smollm2"))
+    if trl:
+        budget = _med(trl) / 2
+        line += f" = {floor / budget:.0%} of the goal's budget (TRL's peak / 2 = {budget:,.0f})"
+    return line
 
 
 def round_ratios(ours: list[float], theirs: list[float], *, time: bool) -> str:
@@ -505,6 +550,8 @@ def main(argv=None):
           f"load {os.getloadavg()[0]:.2f} at start; B G P T: {SHAPES}", flush=True)
     res = run(cfg, with_peers)
     print("\n".join(["", *table(res), ""]))
+    if (line := memory_breakdown_line(res)) is not None:
+        print(line)
     print("compile / first call (s): " + ", ".join(
         f"{n} {s}: {t:.1f}" for (n, s), t in sorted(res["compile"].items())))
     for size, sp in res["split"].items():
@@ -519,8 +566,8 @@ def main(argv=None):
         print(line)
     print(f"load {os.getloadavg()[0]:.2f} at end (uptime 1-min average)")
     if a.json:
-        flat = {k: {f"{n}|{s}": v for (n, s), v in d.items()} if k != "split" else d
-                for k, d in res.items()}
+        flat = {k: d if k in ("split", "breakdown") else
+                {f"{n}|{s}": v for (n, s), v in d.items()} for k, d in res.items()}
         pathlib.Path(a.json).write_text(json.dumps(flat, indent=1))
     return res
 

@@ -41,3 +41,16 @@ def test_few_rounds_say_so_and_a_short_ratio_fails_the_goal(bench):
     s = _cells(rows, "sampling", "hf_generate")
     assert s[6].endswith("(< 6 rounds)")
     assert s[-1] == "NO"  # 205 / 70.5 = 2.91x < 3x
+
+
+def test_memory_breakdown_sets_the_adamw_floor_against_the_budget(bench):
+    res = _res([1.0], [1.0], [1.0], [1.0])
+    assert bench.memory_breakdown_line(res | {"breakdown": {}}) is None
+    res["memory"] = {("vpo_grpo_step", "smollm2"): [4600.0, 4500.0],
+                     ("trl_grpo", "smollm2"): [4400.0, 4200.0]}
+    res["breakdown"] = {"smollm2": dict(params=500.0, opt_state=1000.0, temp=2000.0,
+                                        rss_before_step=2400.0)}
+    line = bench.memory_breakdown_line(res)
+    assert "peak 4,550" in line and "XLA temporaries 2,000" in line
+    # floor 2 x 500 + 1000 = 2000 MB against TRL's median peak 4300 / 2 = 2150 MB
+    assert "is 2,000 = 93% of the goal's budget (TRL's peak / 2 = 2,150)" in line

@@ -353,6 +353,31 @@ def test_state_from_model_with_kl_reference(task):
     assert max(np.abs(a - b).max() for a, b in zip(init, params_of(state), strict=True)) > 0
 
 
+@pytest.mark.parametrize("lora_rank", [0, 2])
+def test_state_from_model_consumes_the_weights_only_when_asked(lora_rank):
+    """consume=True: the state takes the model's own buffers (the model's arrays are deleted,
+    the state holds the same values; under LoRA the frozen base too); by default it copies."""
+    from flax import nnx
+
+    from vpo import lora as lora_lib
+    from vpo.model import Decoder
+
+    cfg = dataclasses.replace(model_preset("tiny", vocab_size=40, max_seq_len=16),
+                              lora_rank=lora_rank)
+    tx = train_lib.make_optimizer(TrainConfig())
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    for consume in (False, True):
+        model = Decoder(cfg, rngs=nnx.Rngs(5))
+        leaves = jax.tree.leaves(nnx.state(model, nnx.Param))  # base and adapters
+        values = [np.array(x, copy=True) for x in leaves]
+        _, state, _ = train_lib.state_from_model(model, tx, mesh, consume=consume)
+        assert all(x.is_deleted() == consume for x in leaves)
+        merged = nnx.state(lora_lib.merge(*lora_lib.split(model)[:1], state.params,
+                                          state.frozen), nnx.Param)
+        for want, got in zip(values, jax.tree.leaves(merged), strict=True):
+            np.testing.assert_array_equal(want, np.asarray(got))
+
+
 def test_chunked_completion_logp_matches_full_logits():
     """The vocabulary-tiled training forward (5 ragged tiles of 64 over V = 300) gives the
     log-probs, entropies and parameter gradients of the full causal forward's logits."""

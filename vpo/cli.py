@@ -135,7 +135,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
           f"steps of {args.batch} demonstrations with {args.answers} answers each")
     _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
                                learning_rate=args.lr, num_answers=args.answers, seed=args.seed,
-                               init=init)
+                               init=init, consume_init=True)  # the weights held once
     checkpoint.save_policy(args.out, cfg, state.params,
                            {"task": "dataset" if dataset else args.task,
                             "task_kwargs": dataset or {},
@@ -291,7 +291,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
           f"{run.train.num_answers} answers; model {run.model.num_params:,} params -> {args.out}")
-    loop.train(run, args.out, resume=args.resume, task=task, init=init)
+    loop.train(run, args.out, resume=args.resume, task=task, init=init,
+               consume_init=True)  # the loaded weights are not held twice through the run
     print(f"metrics: {os.path.join(args.out, 'metrics.jsonl')}; policy: "
           f"{os.path.join(args.out, 'policy')}")
     return 0

@@ -229,12 +229,15 @@ class SkipGuard:
 
 def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundTask,
           mesh=None, progress: bool = True, init: Decoder | None = None,
-          stop_at: int | None = None) -> tuple[nnx.GraphDef, TrainState]:
+          consume_init: bool = False, stop_at: int | None = None
+          ) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
 
     `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
     data position and rng), so the run continues exactly as the uninterrupted one would.
-    `init` starts from an existing policy (e.g. `vpo sft`'s, via `load_policy`).
+    `init` starts from an existing policy (e.g. `vpo sft`'s, via `load_policy`);
+    `consume_init=True` hands its arrays to the train state (`state_from_model(consume=True)`:
+    the weights are not held twice through the run; `init` is unusable afterwards).
     `config.model.lora_rank` > 0 trains LoRA adapters only (a plain `init` gets them, see
     `vpo.lora.as_configured`); the exported `policy/` is then the merged plain model.
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
@@ -271,7 +274,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     else:
         graphdef, state, _ = state_from_model(
             lora_lib.as_configured(init, config.model, seed=tcfg.seed), tx, mesh,
-            seed=tcfg.seed, with_ref=with_ref)
+            seed=tcfg.seed, with_ref=with_ref, consume=consume_init)
     data_it = data_lib.problem_iterator(task, tcfg.batch_size * config.objective.oversample,
                                         tcfg.num_answers,
                                         seed=tcfg.seed, records=records, tables=tables,

@@ -174,7 +174,7 @@ def _split_rows(total: int, parts: int) -> list[int]:
 def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: int = 32,
             learning_rate: float = 3e-3, num_answers: int | Sequence[int] = 1,
             num_demos: int = 1024, seed: int = 0, mesh=None, mutation_fraction: float = 0.5,
-            mutation_parents: int = 2, init=None
+            mutation_parents: int = 2, init=None, consume_init: bool = False
             ) -> tuple[nnx.GraphDef, TrainState, list[float]]:
     """Supervised fine-tuning on the task's demonstrations → (graphdef, state, losses).
 
@@ -191,6 +191,8 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
       LoRA: with `model_cfg.lora_rank` > 0 (a fresh model, or a plain `init`, which then gets
       model_cfg's adapters) or an `init` that has adapters, only the adapters train
       (`vpo.lora`); export the plain policy with `vpo.train.policy_of`.
+    consume_init: hand init's arrays to the train state (`state_from_model(consume=True)`: the
+      weights are not held twice; `init` is unusable afterwards).
     """
     if not 0.0 <= mutation_fraction <= 1.0:
         raise ValueError(f"mutation_fraction={mutation_fraction} must be in [0, 1]")
@@ -206,7 +208,7 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     else:
         if model_cfg.lora_rank and not init.cfg.lora_rank:
             init = lora_lib.as_configured(init, model_cfg, seed=seed)
-        graphdef, state, _ = state_from_model(init, tx, mesh, seed=seed)
+        graphdef, state, _ = state_from_model(init, tx, mesh, seed=seed, consume=consume_init)
         model_cfg = init.cfg
     plain = [demonstration_set(task, num_demos, m, seed + 7919 * i) for i, m in enumerate(ms)]
     need = max(d["prompt_BP"].shape[1] + d["target_BT"].shape[1] for d in plain)
