@@ -139,8 +139,9 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
     ckpt_lib.save_policy(bare, run.model, nnx.state(model, nnx.Param))
     with pytest.raises(FileNotFoundError, match="no tokenizer.json beside the policy"):
         ckpt_lib.load_model(bare)
+    (tmp_path / "nothing").mkdir()
     with pytest.raises(FileNotFoundError, match="not a policy folder"):
-        ckpt_lib.load_model(str(tmp_path))
+        ckpt_lib.load_model(str(tmp_path / "nothing"))
 
     src = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_tied")
     hf_model, hf_tok, hf_info = ckpt_lib.load_model("hf:" + src)
@@ -204,3 +205,17 @@ def test_kill_during_save_then_resume(tmp_path):
     assert got == rows(tmp_path / "straight")
     for x, y in zip(leaves(straight), leaves(restored), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_a_run_folder_names_its_policy(tmp_path):
+    """`resolve_model_spec`: a `vpo train --out` folder (no policy.json, policy/ has one) means
+    its policy/; a policy folder, an unfinished run and hf: specs stay as given."""
+    from vpo.checkpoint import resolve_model_spec
+
+    run = tmp_path / "run"
+    (run / "policy").mkdir(parents=True)
+    assert resolve_model_spec(str(run)) == str(run)  # unfinished: no policy yet
+    (run / "policy" / "policy.json").write_text("{}")
+    assert resolve_model_spec(str(run)) == os.path.join(str(run), "policy")
+    assert resolve_model_spec(str(run / "policy")) == str(run / "policy")
+    assert resolve_model_spec("hf:/x/y") == "hf:/x/y"

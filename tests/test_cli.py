@@ -52,7 +52,7 @@ def test_fitted_fields_keep_what_the_user_gave_or_refuse_it(tmp_path):
     ("objective.advantage=ppo", r"objective\.advantage: must be one of"),
     ("nope.x=1", "unknown key 'nope'"),
     ("train.steps", "expected section.key=value"),
-    ("model=gpt-5", "unknown preset"),
+    ("model=gpt-5", "model=gpt-5: not a model; give a preset"),
     ("task=chess", "unknown task"),
 ])
 def test_bad_overrides_name_the_key(override, message):

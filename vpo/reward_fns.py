@@ -140,7 +140,8 @@ def _check_values(spec: str, name: str, values: Any, rows: Sequence[int]) -> np.
                           "completions; return one float per completion")
     out = np.zeros(n, np.float64)
     for i, v in enumerate(values):
-        ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+        # a bool is a pass/fail score (`c == answer`): True → 1.0, False → 0.0
+        ok = isinstance(v, (int, float, np.integer, np.floating, np.bool_))
         f = float(v) if ok else math.nan
         if not ok or not math.isfinite(f) or not 0.0 <= f <= 1.0:
             what = ("not a number" if not ok else "not finite" if not math.isfinite(f)

@@ -125,9 +125,12 @@ def _check_completion(completion: Any, where: str) -> None:
 
 
 def check_rows(rows: Sequence[Record], where: str) -> list[Record]:
-    """Each row has a usable `prompt` (and `completion`, when given); returns copies carrying
-    their index (`_row`). Errors name `where:line` (the file's line when the row has `_line`)."""
+    """Each row has a usable `prompt` (and `completion`, when given) and the first row's columns
+    (a reward function gets every column for every row: a missing one is not passed as None);
+    returns copies carrying their index (`_row`). Errors name `where:line` (the file's line
+    when the row has `_line`)."""
     out = []
+    first: set[str] = set()
     for i, row in enumerate(rows):
         at = f"{where}:{row[LINE]}" if LINE in row else f"{where}: row {i}"
         if "prompt" not in row:
@@ -136,6 +139,15 @@ def check_rows(rows: Sequence[Record], where: str) -> list[Record]:
                               "the prompt column `prompt`")
         _check_prompt(row["prompt"], at)
         _check_completion(row.get("completion"), at)
+        columns = set(row) - {LINE}
+        if i == 0:
+            first = columns
+        elif columns != first:
+            lacks, extra = sorted(first - columns), sorted(columns - first)
+            what = (f"no {', '.join(lacks)} column" if lacks else
+                    f"a column the first row lacks: {', '.join(extra)}")
+            raise ConfigError(f"{at}: {what[:160]}; give every row the same columns as the "
+                              "first (null where a row has no value)")
         out.append({**{k: v for k, v in row.items() if k != LINE}, ROW: i})
     return out
 
