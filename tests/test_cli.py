@@ -8,6 +8,7 @@ import pytest
 
 from vpo import cli, presets
 from vpo.config import ConfigError
+from vpo.train_config import TrainConfig
 
 
 def _read(path) -> str:
@@ -204,3 +205,15 @@ def test_data_flags_report_errors(capsys, tmp_path, argv, message):
     argv = [a.format(data=data, rewards=rewards, bpe=bpe) for a in argv]
     assert cli.main(["train", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_pretrained_checkpoint_gets_a_pretrained_learning_rate():
+    """model=hf:... without a learning rate: TRL's GRPO default for full fine-tuning, 1e-4 for
+    LoRA; a learning rate the user gives is kept, as is a preset model's default."""
+    bpe = "hf:" + os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+    lr = lambda *o: presets.build_run_config(  # noqa: E731
+        None, None, ["task=bandit", *o])[0].train.learning_rate
+    assert lr(f"model={bpe}") == 1e-6
+    assert lr(f"model={bpe}", "model.lora_rank=4") == 1e-4
+    assert lr(f"model={bpe}", "train.learning_rate=3e-4") == 3e-4
+    assert lr("model=tiny") == TrainConfig().learning_rate

@@ -104,6 +104,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from vpo.config import MODEL_PRESETS, ConfigError, model_preset
     from vpo.sft import run_sft
     from vpo.tasks.bound import seq_len_for
+    from vpo.train_config import pretrained_lr
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
     loop.check_new_run(args.out, overwrite=args.overwrite)
@@ -122,26 +123,30 @@ def cmd_sft(args: argparse.Namespace) -> int:
     problems = task.make_problems(args.seed, 64)
     task.check_num_answers(args.answers)
     need = max(512, seq_len_for(task, problems, args.answers, num_parents=2) + 64)
-    init = None
+    init, pretrained, src = None, False, spec
     if spec in MODEL_PRESETS:
         cfg = model_preset(spec, vocab_size=task.tokenizer.size, max_seq_len=need)
     else:
-        init, _, _ = checkpoint.load_model(spec, max_seq_len=need)
+        init, _, info = checkpoint.load_model(spec, max_seq_len=need)
         cfg = init.cfg
+        pretrained = str(info.get("source", "")).startswith("hf:")  # or its SFT
+        src = info["source"] if pretrained else spec  # the pretrained weights it came from
         check_fit(cfg, task, problems, args.answers, spec)
     if args.overwrite:
         loop.clear_run(args.out)
+    lr = args.lr or (pretrained_lr("sft", cfg.lora_rank) if pretrained else 3e-3)
     print(f"SFT {task.name}: {spec} policy ({cfg.num_params:,} params), {args.steps} "
-          f"steps of {args.batch} demonstrations with {args.answers} answers each")
+          f"steps of {args.batch} demonstrations with {args.answers} answers each, learning "
+          f"rate {lr:g}")
     _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
-                               learning_rate=args.lr, num_answers=args.answers, seed=args.seed,
+                               learning_rate=lr, num_answers=args.answers, seed=args.seed,
                                init=init, consume_init=True)  # the weights held once
     checkpoint.save_policy(args.out, cfg, state.params,
                            {"task": "dataset" if dataset else args.task,
                             "task_kwargs": dataset or {},
                             "num_answers": args.answers, "sft_steps": args.steps,
                             "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
-                            "source": spec}, tokenizer=task.tokenizer)
+                            "source": src}, tokenizer=task.tokenizer)
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; policy written to {args.out}")
     return 0
 
@@ -154,7 +159,9 @@ def _add_sft(p: argparse.ArgumentParser) -> None:
                    "hf:/path/to/checkpoint (its own tokenizer and chat template)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="default 3e-3 for a preset trained from scratch; for a checkpoint 2e-5 "
+                        "(1e-4 with LoRA adapters)")
     p.add_argument("--answers", type=int, default=3, help="answers per demonstration (m)")
     p.add_argument("--seed", type=int, default=0)
     add_data_args(p)
@@ -290,7 +297,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 json.dump({"init": spec}, f)
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
-          f"{run.train.num_answers} answers; model {run.model.num_params:,} params -> {args.out}")
+          f"{run.train.num_answers} answers, learning rate {run.train.learning_rate:g}; model "
+          f"{run.model.num_params:,} params -> {args.out}")
     loop.train(run, args.out, resume=args.resume, task=task, init=init,
                consume_init=True)  # the loaded weights are not held twice through the run
     print(f"metrics: {os.path.join(args.out, 'metrics.jsonl')}; policy: "

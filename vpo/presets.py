@@ -14,7 +14,7 @@ import os
 
 from vpo.config import MODEL_PRESETS, ConfigError, apply_overrides, from_dict, model_preset
 from vpo.tasks import TASK_NAMES as TASKS
-from vpo.train_config import ObjectiveConfig, RunConfig
+from vpo.train_config import ObjectiveConfig, RunConfig, pretrained_lr
 
 # Named starting points for `vpo train --preset NAME`: a task and overrides (applied before the
 # command line's). Model size and generation budget follow the task unless overridden.
@@ -67,6 +67,8 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     to the task read through the policy's tokenizer (`init`, or `model=hf:PATH`, or the task's
     word-level one for a preset model): vocabulary, generation budget, sequence length.
     `dataset` (from `dataset_kwargs`) makes the task a user's data and reward functions.
+    A pretrained checkpoint (hf:) without a learning rate from the user or the preset gets
+    `vpo.train_config.pretrained_lr` instead of the from-scratch default.
     Returns (run, bound task, the model spec to start from or None)."""
     from vpo.checkpoint import load_task  # jax and orbax: imported on first use
     from vpo.tasks.bound import seq_len_for
@@ -139,6 +141,10 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     if dataset is not None:
         run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
     init_spec = init or init_spec
+    if (init_spec and init_spec.startswith("hf:")
+            and "train.learning_rate" not in given | {item.partition("=")[0] for item in base}):
+        run = dataclasses.replace(run, train=dataclasses.replace(
+            run.train, learning_rate=pretrained_lr("rl", run.model.lora_rank)))
     if run.task == "dataset" and init_spec is None:
         raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
                           "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
