@@ -101,6 +101,18 @@ def test_sft_then_eval_writes_report(tmp_path):
         assert os.path.getsize(os.path.join(ev, name)) > 0
     metrics = json.loads(_read(os.path.join(ev, "eval.json")))["sft (m=2)"]
     assert 0.0 <= metrics["best@1"] <= metrics["best@4"] <= 1.0
+    assert "# bandit: 4 problems, 4 candidates" in _read(os.path.join(ev, "eval.md"))
+
+
+def test_sample_reads_a_trained_policy_with_its_own_task_and_m(tmp_path, capsys):
+    sft = str(tmp_path / "sft")
+    assert cli.main(["sft", "--task", "bandit", "--steps", "2", "--batch", "8", "--answers",
+                     "2", "--out", sft]) == 0
+    capsys.readouterr()
+    assert cli.main(["sample", "--policy", sft, "--prompts", "2", "--samples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"2 prompts x 3 samples x 2 answers, policy {sft}" in out
+    assert out.count("its rewards: ") == 6 and "random init" not in out
 
 
 def test_search_writes_curves(tmp_path):

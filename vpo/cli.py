@@ -1,6 +1,6 @@
 """Command line: `vpo <command> [options]`. The commands are the one dict at the bottom.
 
-    vpo sample [--task maze] [--preset tiny] [--prompts 4] [--samples 4] [--answers 3]
+    vpo sample [--policy DIR | --preset tiny] [--task maze] [--data FILE --reward M:F ...]
     vpo sft    --task maze [--preset tiny] [--steps 300] [--answers 3] --out DIR
     vpo train  [--preset NAME | --config FILE] [section.key=value ...] [model=NAME] [--init DIR]
                [--data FILE --reward MODULE:FUNCTION ... [--weights 0.7,0.3]] --out DIR [--resume]
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -31,25 +32,65 @@ def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    """Sample answers for a task's problems from a (randomly initialised) preset policy and
-    score them with the task's vector reward; prints completions, rewards and tokens/s."""
+    """Sample answers from a policy and score them with the task's vector reward; prints
+    completions, rewards and tokens/s. --policy is a trained policy or a checkpoint (its own
+    task and m by default; --data/--reward for your prompts); without it, a randomly
+    initialised --preset model (a speed check)."""
     import jax
     import numpy as np
     from flax import nnx
 
     from vpo import sampler
-    from vpo.config import SamplerConfig, model_preset
+    from vpo.checkpoint import load_model
+    from vpo.config import ConfigError, SamplerConfig, model_preset
     from vpo.model import Decoder
+    from vpo.tasks.bound import seq_len_for
 
-    task = load_task(args.task, args.preset)
+    check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
+    dataset = dataset_kwargs(args)
+    if args.policy is None:
+        if dataset is not None:
+            raise ConfigError("--data: your text is read through a checkpoint's tokenizer; "
+                              "pass --policy (a policy folder, hf:PATH or smollm2)")
+        task = load_task(args.task or "maze", args.preset)
+        M = args.answers or 3
+        records = task.make_problems(args.seed, args.prompts)
+        prompts, mask = task.prompt_arrays(records, M)
+        model_cfg = model_preset(args.preset, vocab_size=task.tokenizer.size,
+                                 max_seq_len=prompts.shape[1] + task.completion_len(M))
+        model = Decoder(model_cfg, rngs=nnx.Rngs(args.seed))
+        source = f"policy '{args.preset}' ({model_cfg.num_params:,} params, random init, seed " \
+                 f"{args.seed})"
+    else:
+        model, _, info = load_model(args.policy)
+        own = info.get("task")
+        if dataset is not None:
+            task = load_task("dataset", args.policy, dataset)
+        else:
+            name = args.task or own or "maze"
+            task = load_task(name, args.policy, info.get("task_kwargs") if name == own else None)
+        M = args.answers or int(info.get("num_answers", 1))
+        records = task.make_problems(args.seed, args.prompts)
+        check_fit(model.cfg, task, records, M, args.policy)
+        need = seq_len_for(task, records, M)
+        if need > model.cfg.max_seq_len:
+            model, _, _ = load_model(args.policy, max_seq_len=need)
+        prompts, mask = task.prompt_arrays(records, M)
+        source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
     tok = task.tokenizer
-    M = args.answers
     T = task.completion_len(M)
-    records = task.make_problems(args.seed, args.prompts)
-    prompts, mask = task.prompt_arrays(records, M)
-    model_cfg = model_preset(args.preset, vocab_size=tok.size,
-                             max_seq_len=prompts.shape[1] + T)
-    model = Decoder(model_cfg, rngs=nnx.Rngs(args.seed))
+    if args.max_new_tokens is not None:
+        if not task.is_host:
+            raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
+                              "budget in one jit; the flag sets the budget of host-scored tasks "
+                              "(--data, arithmetic). Drop it")
+        T = args.max_new_tokens
+        if prompts.shape[1] + T > model.cfg.max_seq_len:  # room for the longer budget
+            if args.policy is None:
+                model = Decoder(dataclasses.replace(model.cfg, max_seq_len=prompts.shape[1] + T),
+                                rngs=nnx.Rngs(args.seed))
+            else:
+                model, _, _ = load_model(args.policy, max_seq_len=prompts.shape[1] + T)
     cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     key = jax.random.key(args.seed)
@@ -61,37 +102,45 @@ def cmd_sample(args: argparse.Namespace) -> int:
     jax.block_until_ready(sampler.sample(model, prompts, mask, jax.random.fold_in(key, 1), cfg,
                                          **kw))
     warm = time.perf_counter() - t0
-    print(f"task {task.name}: {args.prompts} prompts x {args.samples} samples x {M} answers, "
-          f"policy '{args.preset}' ({model_cfg.num_params:,} params, random init, seed "
-          f"{args.seed})")
+    print(f"task {task.name}: {len(records)} prompts x {args.samples} samples x {M} answers, "
+          f"{source}")
     tokens = np.asarray(rollout.tokens_BGT)
     gmask = np.asarray(rollout.mask_BGT)
-    for b in range(args.prompts):
+    for b in range(len(records)):
         print(f"\nprompt {b}: {tok.decode(prompts[b][mask[b]])}")
         texts = task.completion_texts(tokens[b], gmask[b])
         rewards, valid = task.host_score([records[b]] * args.samples, tokens[b], gmask[b], M)
         for g in range(args.samples):
-            scores = rewards[g] @ task.eval_weights_R
-            best = float(np.max(np.where(valid[g], scores, 0.0)))
+            scores = np.where(valid[g], rewards[g] @ task.eval_weights_R, 0.0)
+            r = rewards[g][int(np.argmax(scores))]
+            vector = ", ".join(f"{n} {v:.2f}" for n, v in zip(task.reward_names, r, strict=True))
             print(f"  sample {g}: {texts[g]!r}\n    valid answers {int(np.sum(valid[g]))}/{M}, "
-                  f"best w*·r {best:.2f}")
+                  f"best w*·r {float(np.max(scores)):.2f} (its rewards: {vector})")
     n_tok = int(gmask.sum())
     print(f"\ncompile + first call {first:.2f}s; warm call {warm * 1e3:.1f} ms "
-          f"({args.prompts * args.samples * T / warm:,.0f} tokens/s at the full budget T={T}; "
+          f"({len(records) * args.samples * T / warm:,.0f} tokens/s at the full budget T={T}; "
           f"{n_tok} tokens before a stop token)")
     return 0
 
 
 def _add_sample(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", choices=TASKS, default="maze")
-    p.add_argument("--preset", default="tiny", help="model preset (vpo.config.MODEL_PRESETS)")
+    p.add_argument("--policy", default=None, help="policy folder (vpo sft / vpo train --out), "
+                   "hf:PATH or smollm2; default: a random --preset model")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="default: the policy's task (maze without --policy)")
+    p.add_argument("--preset", default="tiny", help="model preset without --policy "
+                   "(vpo.config.MODEL_PRESETS)")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--answers", type=int, default=3, help="answers per generation (VPO's m)")
+    p.add_argument("--answers", type=int, default=None, help="answers per generation (VPO's "
+                   "m); default: the policy's (3 without --policy)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget of "
+                   "host-scored tasks (--data, arithmetic); default: the task's for m answers")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    add_data_args(p)
 
 
 # -- sft ------------------------------------------------------------------------------------
@@ -366,7 +415,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             ks=default_ks(args.budget), key=jax.random.key(args.seed),
             temperature=args.temperature)
     table = write_report(args.out, results, default_ks(args.budget),
-                         title=f"{task.name}: {args.problems} problems, {args.budget} candidates")
+                         title=f"{task.name}: {len(problems)} problems, {args.budget} candidates")
     print(table)
     print(f"written to {args.out}")
     return 0
@@ -428,10 +477,18 @@ def cmd_search(args: argparse.Namespace) -> int:
                           "own answer budget; the flag sets the budget of host-scored tasks "
                           "(--data, arithmetic). Drop it")
     parents = {} if args.parents is None else {"parents": args.parents}
-    cfg = search.SearchConfig(islands=args.islands, members=args.members,
-                              children=args.children, generations=args.generations,
-                              num_answers=args.answers or int(info.get("num_answers", 1)),
-                              temperature=args.temperature, **parents)
+    try:
+        cfg = search.SearchConfig(islands=args.islands, members=args.members,
+                                  children=args.children, generations=args.generations,
+                                  num_answers=args.answers or int(info.get("num_answers", 1)),
+                                  temperature=args.temperature, **parents)
+    except ConfigError as e:  # name the flags the user typed beside the config keys
+        message = str(e)
+        for flag in ("islands", "members", "children", "generations", "parents", "temperature",
+                     "num_answers"):
+            cli_flag = "--answers" if flag == "num_answers" else f"--{flag}"
+            message = message.replace(f"search.{flag}", f"{cli_flag} (search.{flag})")
+        raise ConfigError(message) from None
     records = task.make_problems(args.seed, args.problems)
     check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
     where = "on the host" if task.is_host else "in one jit per method"
@@ -532,7 +589,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         f"(or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (fn, add_args) in COMMANDS.items():
-        p = sub.add_parser(name, help=fn.__doc__.splitlines()[0], description=fn.__doc__)
+        first_sentence = " ".join(fn.__doc__.split()).split(". ")[0]
+        p = sub.add_parser(name, help=first_sentence, description=fn.__doc__)
         add_args(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of an error")

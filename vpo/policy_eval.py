@@ -147,6 +147,17 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
     return out, per_problem
 
 
+_LEGEND = """\
+best@k: expected best w*ᵀr among k of the candidates; pass@k: chance that one of k is solved
+(w*ᵀr = 1, so on your data every weighted reward component must reach 1: a component that never
+does keeps pass@k at 0); diversity: mean pairwise L1 distance of the valid candidates' reward
+vectors; pareto_fraction: their non-dominated share; emax: E_w[max] over w ~ Dirichlet(1);
+distinct: distinct correct solutions per answer slot (nan for host-scored tasks, your data and
+arithmetic, which have no symbol ids to compare); valid_fraction: answers that parse; entropy:
+mean token entropy of the samples.
+"""
+
+
 def write_report(out_dir: str, results: Mapping[str, Mapping[str, float]], ks: Sequence[int],
                  *, title: str = "") -> str:
     """eval.json, eval.md (a table) and best_at_k.png / pass_at_k.png; returns the table text."""
@@ -161,7 +172,7 @@ def write_report(out_dir: str, results: Mapping[str, Mapping[str, float]], ks: S
                      + " |")
     table = "\n".join(lines)
     with open(os.path.join(out_dir, "eval.md"), "w") as f:
-        f.write((f"# {title}\n\n" if title else "") + table + "\n")
+        f.write((f"# {title}\n\n" if title else "") + table + "\n\n" + _LEGEND)
     for metric in ("best", "pass"):
         curves = {arm: (list(ks), [m[f"{metric}@{k}"] for k in ks])
                   for arm, m in results.items()}

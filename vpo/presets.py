@@ -155,7 +155,8 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     need = seq_len_for(task, task.make_problems(run.train.seed, 64), m, num_parents=parents)
     floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
               "model.max_seq_len": (need, "the longest prompt plus the answer budget"),
-              "sampler.max_new_tokens": (T, f"the task's budget for m={m} answers in tags")}
+              "sampler.max_new_tokens": (T, "the task's answer budget" + (
+                  f" for m={m} answers in tags" if m > 1 else ""))}
     for key, (floor, what) in floors.items():
         section, field = key.split(".")
         value = getattr(getattr(run, section), field)

@@ -81,6 +81,10 @@ def read_rows(path: str) -> list[Record]:
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
         raise ConfigError(f"--data: no file {path}")
+    if path.lower().endswith((".csv", ".tsv", ".xlsx", ".xls")):
+        raise ConfigError(f"--data {path}: reads JSON lines (.jsonl, one object per line) or "
+                          "Parquet (.parquet); convert the table, e.g. with pandas: "
+                          "pd.read_csv(path).to_json(out, orient='records', lines=True)")
     if path.endswith(".parquet"):
         try:
             import pyarrow.parquet as pq
