@@ -41,13 +41,17 @@ def main(argv=None):
     p.add_argument("--window", type=int, default=10)
     args = p.parse_args(argv)
     runs = {os.path.basename(os.path.normpath(r)): read_metrics(r) for r in args.runs}
-    first = next(iter(runs.values()))
-    metrics = ["reward"] + sorted(k for k in first[0] if k.startswith("reward/"))
+    # every run's reward components (runs on different reward functions share the panels they
+    # have in common; a component only one run logs gets a panel with that run alone)
+    metrics = ["reward"] + sorted({k for rows in runs.values() for k in rows[0]
+                                   if k.startswith("reward/")})
     metrics += ["entropy", "response_length"]
     panels = {}
     for m in metrics:
         panels[m] = {}
         for name, rows in runs.items():
+            if not any(m in r for r in rows):
+                continue
             steps = np.array([r["step"] for r in rows if m in r], float)
             ys = np.array([r[m] for r in rows if m in r], float)
             panels[m][name] = (steps, smooth(ys, args.window))
@@ -60,6 +64,8 @@ def main(argv=None):
               f"(IQR {np.percentile(times, 25):.2f}-{np.percentile(times, 75):.2f}); first "
               f"compile+step {rows[0]['step_time_s']:.0f} s")
         for m in metrics:
+            if not all(m in r for r in rows):
+                continue
             ys = np.array([r[m] for r in rows], float)
             a, b = ys[:w], ys[-w:]
             half = 1.96 * np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))

@@ -318,6 +318,10 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     def due(every: int, step: int) -> bool:
         return every > 0 and (step + 1) % every == 0
 
+    def sample_due(step: int) -> bool:  # and the run's last step: a short run logs one too
+        return due(tcfg.sample_every, step) or (tcfg.sample_every > 0
+                                                 and step + 1 == tcfg.steps)
+
     compiled = False  # the sampling probe's first call compiles it: done once, untimed
     guard = SkipGuard(limit, tcfg.updates_per_step, task)
     try:
@@ -325,7 +329,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
             kill_point("step", step + 1)
             batch = shard_batch(next(data_it), mesh)
             host = rollout = rewards = None
-            if due(tcfg.profile_every, step) or due(tcfg.sample_every, step):
+            if due(tcfg.profile_every, step) or sample_due(step):
                 logger.flush()  # the previous step's row first: its time excludes this probe
                 if not compiled and not task.is_host:
                     jax.block_until_ready(probe_fn(state, batch))
@@ -339,7 +343,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
             guard.check(step + 1, metrics)
             if done is not None:
                 bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
-            if rollout is not None and due(tcfg.sample_every, step):
+            if rollout is not None and sample_due(step):
                 rows = sample_rows(task, records, batch, rollout, tcfg.num_answers,
                                    rewards=rewards)
                 samples.write(step + 1, rows)
