@@ -229,3 +229,25 @@ def test_a_pretrained_checkpoint_gets_a_pretrained_learning_rate():
     assert lr(f"model={bpe}", "model.lora_rank=4") == 1e-4
     assert lr(f"model={bpe}", "train.learning_rate=3e-4") == 3e-4
     assert lr("model=tiny") == TrainConfig().learning_rate
+
+
+def test_search_on_your_data_writes_the_best_answers(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "What is 2 + 3?", "answer": "5"}\n'
+                    '{"prompt": "Name a colour.", "answer": "red"}\n')
+    rewards = tmp_path / "r.py"
+    rewards.write_text(DATA_REWARDS)
+    bpe = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
+    out = str(tmp_path / "s")
+    assert cli.main(["search", "--policy", f"hf:{bpe}", "--data", str(data), "--reward",
+                     f"{rewards}:correct", "--reward", f"{rewards}:short", "--problems", "2",
+                     "--islands", "1", "--members", "2", "--children", "2", "--generations",
+                     "1", "--max-new-tokens", "6", "--out", out]) == 0
+    rows = [json.loads(line) for line in _read(os.path.join(out, "best_answers.jsonl"))
+            .splitlines()]
+    assert [(r["method"], r["problem"]) for r in rows] == [
+        (m, n) for m in ("search", "best_of_n", "revision") for n in (0, 1)]
+    for r in rows:
+        assert r["prompt"] in ("What is 2 + 3?", "Name a colour.")
+        assert set(r["rewards"]) == {"correct", "short"} and isinstance(r["answer"], str)
+        assert r["fitness"] == pytest.approx(sum(r["rewards"].values()) / 2, abs=1e-6)

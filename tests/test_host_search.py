@@ -84,9 +84,16 @@ def test_the_search_keeps_the_best_candidate_it_scored(setup, monkeypatch):
         return ids, np.stack([vals, vals], -1), np.ones((B,), bool)
 
     monkeypatch.setattr(host_search.Proposer, "__call__", fake_call)
-    trace, _ = host_search.run_host_method("search", model, task, task.make_problems(0, 1), cfg,
-                                           jax.random.key(3), max_new_tokens=8)
-    np.testing.assert_allclose(trace.best_fitness[0, -1], max(v.max() for v in seen), rtol=1e-6)
+    trace, _, best = host_search.run_host_method("search", model, task,
+                                                 task.make_problems(0, 1), cfg,
+                                                 jax.random.key(3), max_new_tokens=8,
+                                                 with_best=True)
+    top = max(v.max() for v in seen)
+    np.testing.assert_allclose(trace.best_fitness[0, -1], top, rtol=1e-6)
+    # the best answer itself is kept: its text (the proposer wrote the score), rewards, w*ᵀr
+    assert best[0]["answer"] == f"{top:.6f}"
+    np.testing.assert_allclose(best[0]["rewards"], [top, top], rtol=1e-6)
+    np.testing.assert_allclose(best[0]["fitness"], top, rtol=1e-6)
 
 
 def test_a_prompt_that_cannot_fit_is_a_named_error(setup):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -494,10 +495,22 @@ def cmd_search(args: argparse.Namespace) -> int:
     where = "on the host" if task.is_host else "in one jit per method"
     print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
           f"and method, scored {where}")
+    best: dict = {}
     traces = host_search.run_all_methods(model, task, records, cfg, jax.random.key(args.seed),
                                          mesh=sharding.make_mesh(),
-                                         max_new_tokens=args.max_new_tokens)
+                                         max_new_tokens=args.max_new_tokens, best=best)
     search.write_report(args.out, traces, title=f"{task.name}, {len(records)} problems")
+    if best:  # host-scored tasks: what each method found, readable
+        with open(os.path.join(args.out, "best_answers.jsonl"), "w", encoding="utf-8") as f:
+            for method, found in best.items():
+                for n, b in enumerate(found):
+                    rewards = None if b is None else dict(zip(task.reward_names, b["rewards"],
+                                                              strict=True))
+                    f.write(json.dumps({"method": method, "problem": n,
+                                        "prompt": records[n].get("prompt"),
+                                        "answer": None if b is None else b["answer"],
+                                        "fitness": None if b is None else b["fitness"],
+                                        "rewards": rewards}, ensure_ascii=False) + "\n")
     for name, s in search.summarize(traces).items():
         print(f"{name:>10}: solved {s['solved_count'][-1]}/{len(records)}, mean best fitness "
               f"{s['mean_best_fitness'][-1]:.3f}")

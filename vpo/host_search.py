@@ -150,12 +150,19 @@ class _Tracker:
     def __init__(self, task: BoundTask, n: int):
         self.task, self.n = task, n
         self.best_N = np.full((n,), -np.inf, np.float32)
+        self.best_id_N = np.full((n,), -1, np.int64)  # the best answer's TextTable id
+        self.best_rewards_NR = np.zeros((n, task.num_rewards), np.float32)
         self.solved_N = np.zeros((n,), bool)
         self.evaluated = 0
         self.points: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
 
-    def record(self, rewards_NXR, valid_NX):
+    def record(self, ids_NX, rewards_NXR, valid_NX):
         fit_NX = np.where(valid_NX, rewards_NXR @ self.task.eval_weights_R, -np.inf)
+        j_N = fit_NX.argmax(-1)
+        rows = np.arange(self.n)
+        better = fit_NX[rows, j_N] > self.best_N
+        self.best_id_N[better] = np.asarray(ids_NX)[rows, j_N][better]
+        self.best_rewards_NR[better] = np.asarray(rewards_NXR)[rows, j_N][better]
         self.best_N = np.maximum(self.best_N, fit_NX.max(-1))
         solved = np.asarray(jax.vmap(jax.vmap(self.task.solved))(jnp.asarray(rewards_NXR)))
         self.solved_N |= np.any(solved & valid_NX, -1)
@@ -164,6 +171,13 @@ class _Tracker:
     def point(self, diversity_N):
         self.points.append((self.best_N.copy(), self.solved_N.copy(), np.asarray(diversity_N),
                             self.evaluated))
+
+    def best_answers(self, texts: Sequence[str]) -> list[dict | None]:
+        """Per problem the best answer found: its text, reward vector and w*ᵀr (None: no
+        valid answer)."""
+        return [None if i < 0 else {"answer": texts[i], "fitness": float(self.best_N[n]),
+                                    "rewards": self.best_rewards_NR[n].tolist()}
+                for n, i in enumerate(self.best_id_N)]
 
     def trace(self) -> SearchTrace:
         best, solved, div, ev = zip(*self.points, strict=True)
@@ -210,7 +224,7 @@ def _search(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Tracke
     k_init, k_run = jax.random.split(key)
     ids, rew, val = _propose_grid(propose, records, [[]] * (N * I * (cfg.members // m)), k_init,
                                   (N, I))
-    tracker.record(rew.reshape(N, -1, rew.shape[-1]), val.reshape(N, -1))
+    tracker.record(ids.reshape(N, -1), rew.reshape(N, -1, rew.shape[-1]), val.reshape(N, -1))
     kids = jax.vmap(jax.vmap(lambda a, r, v: _population(a, r, v, w, 0)))(ids, rew, val)
     empty = jax.tree.map(lambda x: jnp.broadcast_to(x, (N, I) + x.shape),
                          ops.empty_population((cfg.members,), 1, rew.shape[-1]))
@@ -224,7 +238,8 @@ def _search(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Tracke
                                                         num_calls=B, cfg=cfg))
         parents = _parents_of(table, pop, idx, present & ~fresh[..., None])
         ids, rew, val = _propose_grid(propose, records, parents, k_prop, (N, I))
-        tracker.record(rew.reshape(N, -1, rew.shape[-1]), val.reshape(N, -1))
+        tracker.record(ids.reshape(N, -1), rew.reshape(N, -1, rew.shape[-1]),
+                       val.reshape(N, -1))
         kids = jax.vmap(jax.vmap(lambda a, r, v: _population(a, r, v, w, 0)))(ids, rew, val)
         pop = _replace_all(pop, kids)
         pop = _island_ops(
@@ -244,8 +259,8 @@ def _best_of_n(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Tra
     k_init, k_run = jax.random.split(key)
     calls = [cfg.islands * cfg.members // m] + [cfg.islands * cfg.children // m] * cfg.generations
     for c, k in zip(calls, [k_init, *jax.random.split(k_run, cfg.generations)], strict=True):
-        _, rew, val = _propose_grid(propose, records, [[]] * (N * c), k, (N,))
-        tracker.record(rew, val)
+        ids, rew, val = _propose_grid(propose, records, [[]] * (N * c), k, (N,))
+        tracker.record(ids, rew, val)
         tracker.point(_pool_diversity(rew, val))
 
 
@@ -258,7 +273,7 @@ def _revision(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Trac
     w = propose.task.eval_weights_R
     k_init, k_run = jax.random.split(key)
     ids, rew, val = _propose_grid(propose, records, [[]] * (N * H), k_init, (N,))
-    tracker.record(rew, val)
+    tracker.record(ids, rew, val)
     fit = np.where(val, rew @ w, -np.inf).reshape(N, H, m)
     j = fit.argmax(-1)
     pick = lambda x: np.take_along_axis(x.reshape(N, H, m, *x.shape[2:]),  # noqa: E731
@@ -270,7 +285,7 @@ def _revision(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Trac
         parents = [[(propose.table.texts[line_ids[n, h]], line_rew[n, h].tolist())]
                    if np.isfinite(line_fit[n, h]) else [] for n in range(N) for h in line_B]
         ids, rew, val = _propose_grid(propose, records, parents, k, (N,))
-        tracker.record(rew, val)
+        tracker.record(ids, rew, val)
         fit_NX = np.where(val, rew @ w, -np.inf)
         for b, h in enumerate(line_B):
             sl = slice(b * m, (b + 1) * m)
@@ -286,10 +301,12 @@ _METHODS = {"search": _search, "best_of_n": _best_of_n, "revision": _revision}
 
 
 def run_host_method(method: str, model, task: BoundTask, records: Sequence[Record],
-                    cfg: SearchConfig, key, *, max_new_tokens: int | None = None
-                    ) -> tuple[SearchTrace, list[str]]:
+                    cfg: SearchConfig, key, *, max_new_tokens: int | None = None,
+                    with_best: bool = False):
     """Run `method` ("search" | "best_of_n" | "revision") on the host-scored `task` for every
-    record at the budget `cfg.budget` → (trace with leading N, the distinct answer texts seen).
+    record at the budget `cfg.budget` → (trace with leading N, the distinct answer texts seen),
+    plus, `with_best`, per record the best answer found (`_Tracker.best_answers`: text, reward
+    vector, w*ᵀr; None when none was valid).
 
     `max_new_tokens`: the generation budget (default: the task's budget for m answers).
     """
@@ -309,19 +326,27 @@ def run_host_method(method: str, model, task: BoundTask, records: Sequence[Recor
                           "budget)")
     tracker = _Tracker(task, len(records))
     _METHODS[method](propose, list(records), cfg, key, tracker)
+    if with_best:
+        return tracker.trace(), table.texts, tracker.best_answers(table.texts)
     return tracker.trace(), table.texts
 
 
 def run_all_methods(model, task: BoundTask, records: Sequence[Record], cfg: SearchConfig, key,
-                    *, mesh=None, max_new_tokens: int | None = None) -> dict[str, SearchTrace]:
+                    *, mesh=None, max_new_tokens: int | None = None,
+                    best: dict | None = None) -> dict[str, SearchTrace]:
     """Search, best-of-N and revision at the same budget on every record → {method: trace}:
     in one jit per method for in-graph tasks (`vpo.search.run_method`, islands sharded over
-    `mesh` when they divide evenly), on the host between generations for host-scored tasks."""
+    `mesh` when they divide evenly), on the host between generations for host-scored tasks,
+    where `best`, if given, receives {method: each record's best answer}
+    (`run_host_method(with_best=True)`)."""
     traces = {}
     if task.is_host:
         for method in METHODS:
-            traces[method], _ = run_host_method(method, model, task, records, cfg, key,
-                                                max_new_tokens=max_new_tokens)
+            traces[method], _, found = run_host_method(method, model, task, records, cfg, key,
+                                                       max_new_tokens=max_new_tokens,
+                                                       with_best=True)
+            if best is not None:
+                best[method] = found
         return traces
     problems = search.search_problems(task, list(records), cfg.num_answers)
     for method in METHODS:
