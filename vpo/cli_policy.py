@@ -1,0 +1,289 @@
+"""The commands that read a trained policy or a checkpoint: `vpo sample`, `vpo eval` and `vpo
+search` (`vpo.cli` holds the parser and the commands that train)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+from vpo.cli_checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
+from vpo.tasks import TASK_NAMES as TASKS
+
+
+def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
+    """`vpo.checkpoint.load_task`, imported on first use (keeps `vpo --help` fast)."""
+    from vpo.checkpoint import load_task as _load_task
+
+    return _load_task(name, model_spec, task_kwargs)
+
+
+def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
+                    default: str = "maze", difficulty: str | None = None, **overrides):
+    """(model, policy info, bound task) of a policy argument: `dataset` (from `--data`) is the
+    task when given; else `task_name`, else the task the policy was trained on (its own
+    settings, e.g. a maze size or your data's files), else `default` (an hf: checkpoint).
+    `difficulty` is --difficulty, which only `program` has. `overrides`: `load_model`'s."""
+    from vpo.checkpoint import load_model
+    from vpo.config import ConfigError
+
+    model, _, info = load_model(policy, **overrides)
+    if dataset is not None:
+        return model, info, load_task("dataset", policy, dataset)
+    own = info.get("task")
+    name = task_name or own or default
+    if difficulty and name != "program":
+        raise ConfigError(f"--difficulty {difficulty}: only --task program has difficulties; "
+                          "drop it")
+    kwargs = dict(info.get("task_kwargs") or {}) if name == own else {}
+    if name == "program":
+        kwargs["difficulty"] = difficulty or kwargs.get("difficulty", "hard")
+    return model, info, load_task(name, policy, kwargs or None)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """Sample answers from a policy and score them with the task's vector reward; prints
+    completions, rewards and tokens/s. --policy is a trained policy or a checkpoint (its own
+    task and m by default; --data/--reward for your prompts); without it, a randomly
+    initialised --preset model (a speed check)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from vpo import sampler
+    from vpo.checkpoint import load_model
+    from vpo.config import ConfigError, SamplerConfig, model_preset
+    from vpo.model import Decoder
+    from vpo.tasks.bound import seq_len_for
+
+    check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
+    dataset = dataset_kwargs(args)
+    if args.policy is None:
+        if dataset is not None:
+            raise ConfigError("--data: your text is read through a checkpoint's tokenizer; "
+                              "pass --policy (a policy folder, hf:PATH or smollm2)")
+        task = load_task(args.task or "maze", args.preset)
+        M = args.answers or 3
+        records = task.make_problems(args.seed, args.prompts)
+        prompts, mask = task.prompt_arrays(records, M)
+        model_cfg = model_preset(args.preset, vocab_size=task.tokenizer.size,
+                                 max_seq_len=prompts.shape[1] + task.completion_len(M))
+        model = Decoder(model_cfg, rngs=nnx.Rngs(args.seed))
+        source = f"policy '{args.preset}' ({model_cfg.num_params:,} params, random init, seed " \
+                 f"{args.seed})"
+    else:
+        model, info, task = policy_and_task(args.policy, args.task, dataset)
+        M = args.answers or int(info.get("num_answers", 1))
+        records = task.make_problems(args.seed, args.prompts)
+        check_fit(model.cfg, task, records, M, args.policy)
+        need = seq_len_for(task, records, M)
+        if need > model.cfg.max_seq_len:
+            model, _, _ = load_model(args.policy, max_seq_len=need)
+        prompts, mask = task.prompt_arrays(records, M)
+        source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
+    tok = task.tokenizer
+    T = task.completion_len(M)
+    if args.max_new_tokens is not None:
+        if not task.is_host:
+            raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
+                              "budget in one jit; the flag sets the budget of host-scored tasks "
+                              "(--data, arithmetic). Drop it")
+        T = args.max_new_tokens
+        if prompts.shape[1] + T > model.cfg.max_seq_len:  # room for the longer budget
+            if args.policy is None:
+                model = Decoder(dataclasses.replace(model.cfg, max_seq_len=prompts.shape[1] + T),
+                                rngs=nnx.Rngs(args.seed))
+            else:
+                model, _, _ = load_model(args.policy, max_seq_len=prompts.shape[1] + T)
+    cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
+                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    key = jax.random.key(args.seed)
+    kw = dict(stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    t0 = time.perf_counter()
+    rollout = jax.block_until_ready(sampler.sample(model, prompts, mask, key, cfg, **kw))
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax.block_until_ready(sampler.sample(model, prompts, mask, jax.random.fold_in(key, 1), cfg,
+                                         **kw))
+    warm = time.perf_counter() - t0
+    print(f"task {task.name}: {len(records)} prompts x {args.samples} samples x {M} answers, "
+          f"{source}")
+    tokens = np.asarray(rollout.tokens_BGT)
+    gmask = np.asarray(rollout.mask_BGT)
+    for b in range(len(records)):
+        print(f"\nprompt {b}: {tok.decode(prompts[b][mask[b]])}")
+        texts = task.completion_texts(tokens[b], gmask[b])
+        rewards, valid = task.host_score([records[b]] * args.samples, tokens[b], gmask[b], M)
+        for g in range(args.samples):
+            scores = np.where(valid[g], rewards[g] @ task.eval_weights_R, 0.0)
+            r = rewards[g][int(np.argmax(scores))]
+            vector = ", ".join(f"{n} {v:.2f}" for n, v in zip(task.reward_names, r, strict=True))
+            print(f"  sample {g}: {texts[g]!r}\n    valid answers {int(np.sum(valid[g]))}/{M}, "
+                  f"best w*·r {float(np.max(scores)):.2f} (its rewards: {vector})")
+    n_tok = int(gmask.sum())
+    print(f"\ncompile + first call {first:.2f}s; warm call {warm * 1e3:.1f} ms "
+          f"({len(records) * args.samples * T / warm:,.0f} tokens/s at the full budget T={T}; "
+          f"{n_tok} tokens before a stop token)")
+    return 0
+
+
+def add_sample_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default=None, help="policy folder (vpo sft / vpo train --out), "
+                   "hf:PATH or smollm2; default: a random --preset model")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="default: the policy's task (maze without --policy)")
+    p.add_argument("--preset", default="tiny", help="model preset without --policy "
+                   "(vpo.config.MODEL_PRESETS)")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--answers", type=int, default=None, help="answers per generation (VPO's "
+                   "m); default: the policy's (3 without --policy)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget of "
+                   "host-scored tasks (--data, arithmetic); default: the task's for m answers")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    add_data_args(p)
+
+
+# -- eval -----------------------------------------------------------------------------------
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate one or more policies at an equal candidate budget per problem; writes a table
+    (eval.md), eval.json and best@k / pass@k plots to --out."""
+    import jax
+
+    from vpo.policy_eval import default_ks, evaluate_policy, write_report
+
+    results = {}
+    task = None
+    from vpo.checkpoint import load_model
+    from vpo.tasks.bound import seq_len_for
+
+    check_args(args, positive=("budget", "problems", "answers"), finite=("temperature",))
+    check_out(args.out)
+    dataset = dataset_kwargs(args)
+    for path in args.policy:
+        model, info, task = policy_and_task(path, args.task, dataset)
+        m = args.answers or int(info.get("num_answers", 1))
+        problems = task.make_problems(args.seed, args.problems)
+        check_fit(model.cfg, task, problems, m, path)
+        need = seq_len_for(task, problems, m)
+        if need > model.cfg.max_seq_len:
+            model, _, _ = load_model(path, max_seq_len=need)
+        name = os.path.basename(os.path.normpath(path))
+        if name == "policy":
+            name = os.path.basename(os.path.dirname(os.path.normpath(path)))
+        results[f"{name} (m={m})"] = evaluate_policy(
+            model, task, problems, num_answers=m, budget=args.budget,
+            ks=default_ks(args.budget), key=jax.random.key(args.seed),
+            temperature=args.temperature)
+    table = write_report(args.out, results, default_ks(args.budget),
+                         title=f"{task.name}: {len(problems)} problems, {args.budget} candidates")
+    print(table)
+    print(f"written to {args.out}")
+    return 0
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", action="append", required=True,
+                   help="policy folder (vpo sft --out, or <vpo train --out>/policy); repeat")
+    p.add_argument("--task", choices=TASKS, default=None, help="default: the policy's task")
+    p.add_argument("--answers", type=int, default=None, help="default: the policy's m")
+    p.add_argument("--budget", type=int, default=12, help="candidates per problem")
+    p.add_argument("--problems", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split)")
+    add_data_args(p)
+    p.add_argument("--out", required=True)
+
+
+# -- search ---------------------------------------------------------------------------------
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Evolutionary search (islands, the policy as mutation operator) vs best-of-N vs sequential
+    revision at an equal candidate budget; writes search_traces.json and search_solved.png.
+    Built-in tasks search in one jit; `--data/--reward` (and arithmetic) score on the host
+    between generations, with the parents and their scores written into the prompt."""
+    import jax
+
+    from vpo import host_search, search, sharding
+    from vpo.config import ConfigError
+
+    check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
+               finite=("temperature",))
+    check_out(args.out)
+    dataset = dataset_kwargs(args)
+    for flag, value in (("--task", args.task), ("--difficulty", args.difficulty)):
+        if value and dataset is not None:
+            raise ConfigError(f"{flag} {value}: --data makes your data the task; drop {flag}")
+    model, info, task = policy_and_task(args.policy, args.task, dataset, default="program",
+                                        max_seq_len=4096, difficulty=args.difficulty)
+    if args.max_new_tokens is not None and not task.is_host:
+        raise ConfigError(f"--max-new-tokens: the {task.name} task searches in one jit with its "
+                          "own answer budget; the flag sets the budget of host-scored tasks "
+                          "(--data, arithmetic). Drop it")
+    parents = {} if args.parents is None else {"parents": args.parents}
+    try:
+        cfg = search.SearchConfig(islands=args.islands, members=args.members,
+                                  children=args.children, generations=args.generations,
+                                  num_answers=args.answers or int(info.get("num_answers", 1)),
+                                  temperature=args.temperature, **parents)
+    except ConfigError as e:  # name the flags the user typed beside the config keys
+        message = str(e)
+        for flag in ("islands", "members", "children", "generations", "parents", "temperature",
+                     "num_answers"):
+            cli_flag = "--answers" if flag == "num_answers" else f"--{flag}"
+            message = message.replace(f"search.{flag}", f"{cli_flag} (search.{flag})")
+        raise ConfigError(message) from None
+    records = task.make_problems(args.seed, args.problems)
+    check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
+    where = "on the host" if task.is_host else "in one jit per method"
+    print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
+          f"and method, scored {where}")
+    best: dict = {}
+    traces = host_search.run_all_methods(model, task, records, cfg, jax.random.key(args.seed),
+                                         mesh=sharding.make_mesh(),
+                                         max_new_tokens=args.max_new_tokens, best=best)
+    search.write_report(args.out, traces, title=f"{task.name}, {len(records)} problems")
+    if best:  # host-scored tasks: what each method found, readable
+        with open(os.path.join(args.out, "best_answers.jsonl"), "w", encoding="utf-8") as f:
+            for method, found in best.items():
+                for n, b in enumerate(found):
+                    rewards = None if b is None else dict(zip(task.reward_names, b["rewards"],
+                                                              strict=True))
+                    f.write(json.dumps({"method": method, "problem": n,
+                                        "prompt": records[n].get("prompt"),
+                                        "answer": None if b is None else b["answer"],
+                                        "fitness": None if b is None else b["fitness"],
+                                        "rewards": rewards}, ensure_ascii=False) + "\n")
+    for name, s in search.summarize(traces).items():
+        print(f"{name:>10}: solved {s['solved_count'][-1]}/{len(records)}, mean best fitness "
+              f"{s['mean_best_fitness'][-1]:.3f}")
+    print(f"written to {args.out}")
+    return 0
+
+
+def add_search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True, help="policy folder or hf:/path")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="default: the policy's task (program for an hf: checkpoint)")
+    p.add_argument("--difficulty", choices=("easy", "hard"), default=None,
+                   help="of --task program (default hard)")
+    p.add_argument("--answers", type=int, default=None, help="answers per call (m)")
+    p.add_argument("--parents", type=int, default=None, help="parents per mutation prompt "
+                   "(default: vpo.search.SearchConfig's)")
+    p.add_argument("--problems", type=int, default=8)
+    p.add_argument("--islands", type=int, default=4)
+    p.add_argument("--members", type=int, default=8)
+    p.add_argument("--children", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget per "
+                   "call for host-scored tasks (default: the task's budget for m answers)")
+    p.add_argument("--seed", type=int, default=4242)
+    add_data_args(p)
+    p.add_argument("--out", required=True)
