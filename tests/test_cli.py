@@ -251,3 +251,8 @@ def test_search_on_your_data_writes_the_best_answers(tmp_path):
         assert r["prompt"] in ("What is 2 + 3?", "Name a colour.")
         assert set(r["rewards"]) == {"correct", "short"} and isinstance(r["answer"], str)
         assert r["fitness"] == pytest.approx(sum(r["rewards"].values()) / 2, abs=1e-6)
+
+
+def test_a_setting_given_to_a_command_without_settings_names_its_flag(capsys, tmp_path):
+    assert cli.main(["sft", "model=smollm2", "--out", str(tmp_path / "o")]) == 2
+    assert "did you mean --model smollm2?" in capsys.readouterr().err

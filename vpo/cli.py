@@ -333,8 +333,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     # `section.key=value` overrides may sit between options (`--data F model=hf:X --out D`):
     # argparse keeps one positional run, so the rest arrive here
     stray = [a for a in extra if "=" not in a or a.startswith("-")]
-    if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra and not hasattr(args, "overrides"):  # `vpo sft model=X`: its options are flags
+        flags = " ".join(f"--{a.partition('=')[0].split('.')[-1].replace('_', '-')} "
+                         f"{a.partition('=')[2]}" for a in extra)
+        parser.error(f"vpo {args.command} takes no section.key=value settings ({' '.join(extra)})"
+                     f"; did you mean {flags}? (vpo {args.command} --help lists its options)")
     if extra:
         args.overrides = [*args.overrides, *extra]
     return args
