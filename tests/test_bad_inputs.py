@@ -57,6 +57,9 @@ def world(tmp_path_factory):
         _garble(w / "garbled" / "checkpoints" / step / "state")
     (w / "badcfg" / "config.json").write_text('{"train": {"steps": 2},\n  oops}')
     _garble(w / "badparams" / "policy" / "params")
+    shutil.copytree(w / "run" / "policy", w / "maze_policy")  # says it learned maze
+    info = json.loads((w / "maze_policy" / "policy.json").read_text())
+    (w / "maze_policy" / "policy.json").write_text(json.dumps({**info, "task": "maze"}))
     (w / "empty").mkdir()
     (w / "afile").write_text("x")
     files = {
@@ -274,6 +277,8 @@ CASES = [
     ("eval-temperature", ["eval", "--policy", "{policy}", "--temperature", "nan", *RUN],
      ["--temperature"]),
     ("eval-missing-policy", ["eval", "--policy", "{tmp}/no_policy", *RUN], ["no_policy"]),
+    ("eval-mixed-tasks", ["eval", "--policy", "{policy}", "--policy", "{tmp}/maze_policy", *RUN],
+     ["{tmp}/maze_policy", "bandit", "--task"]),
     ("eval-other-task", ["eval", "--policy", "{policy}", "--task", "maze", *RUN],
      ["--task maze"]),
     ("eval-out-is-run", ["eval", "--policy", "{policy}", "--out", "{run}"], ["--out"]),

@@ -256,3 +256,12 @@ def test_search_on_your_data_writes_the_best_answers(tmp_path):
 def test_a_setting_given_to_a_command_without_settings_names_its_flag(capsys, tmp_path):
     assert cli.main(["sft", "model=smollm2", "--out", str(tmp_path / "o")]) == 2
     assert "did you mean --model smollm2?" in capsys.readouterr().err
+
+
+def test_eval_rows_get_distinct_names():
+    from vpo.cli_policy import arm_names
+
+    assert arm_names(["runs/c/arms/vpo/seed0/policy", "runs/c/arms/grpo/seed0/policy"]) == [
+        "vpo/seed0", "grpo/seed0"]
+    assert arm_names(["runs/a", "runs/b/policy", "hf:/ckpt/qwen"]) == ["a", "b", "qwen"]
+    assert arm_names(["x", "x"]) == ["x [0]", "x [1]"]

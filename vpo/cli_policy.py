@@ -158,25 +158,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from vpo.policy_eval import default_ks, evaluate_policy, write_report
 
-    results = {}
-    task = None
+    results, tasks = {}, []
     from vpo.checkpoint import load_model
+    from vpo.config import ConfigError
     from vpo.tasks.bound import seq_len_for
 
     check_args(args, positive=("budget", "problems", "answers"), finite=("temperature",))
     check_out(args.out)
     dataset = dataset_kwargs(args)
-    for path in args.policy:
+    names = arm_names(args.policy)
+    if args.task is None and dataset is None:  # before loading any weights
+        own = {path: _own_task(path) for path in args.policy}
+        if len(set(own.values())) > 1:
+            listing = ", ".join(f"{p}: {t or 'none (maze)'}" for p, t in own.items())
+            raise ConfigError(f"the policies were trained on different tasks ({listing}): an "
+                              "equal-budget table needs one task; pass --task (or --data) to "
+                              "evaluate every policy on it")
+    for path, name in zip(args.policy, names, strict=True):
         model, info, task = policy_and_task(path, args.task, dataset)
+        if results and task.name != tasks[0]:
+            raise ConfigError(f"--policy {path} was trained on {task.name}, --policy "
+                              f"{args.policy[0]} on {tasks[0]}: an equal-budget table needs one "
+                              "task; pass --task (or --data) to evaluate every policy on it")
+        tasks.append(task.name)
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
         check_fit(model.cfg, task, problems, m, path)
         need = seq_len_for(task, problems, m)
         if need > model.cfg.max_seq_len:
             model, _, _ = load_model(path, max_seq_len=need)
-        name = os.path.basename(os.path.normpath(path))
-        if name == "policy":
-            name = os.path.basename(os.path.dirname(os.path.normpath(path)))
         results[f"{name} (m={m})"] = evaluate_policy(
             model, task, problems, num_answers=m, budget=args.budget,
             ks=default_ks(args.budget), key=jax.random.key(args.seed),
@@ -186,6 +196,34 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(table)
     print(f"written to {args.out}")
     return 0
+
+
+def _own_task(path: str) -> str | None:
+    """The task a policy folder says it was trained on (policy.json), without loading it."""
+    from vpo.checkpoint import resolve_model_spec
+
+    info = os.path.join(resolve_model_spec(path), "policy.json")
+    if not os.path.isfile(info):
+        return None
+    with open(info, encoding="utf-8") as f:
+        try:
+            return json.load(f).get("task")
+        except (ValueError, AttributeError):
+            return None  # load_model names what is wrong with it
+
+
+def arm_names(paths: list[str]) -> list[str]:
+    """Row names of policy paths: the folder's name (a `policy/` folder: its run's), lengthened
+    by parent folders until every name is distinct (`vpo/seed0`, `grpo/seed0`)."""
+    parts = []
+    for path in paths:
+        p = [x for x in os.path.normpath(path).split(os.sep) if x not in ("", ".")]
+        parts.append(p[:-1] if len(p) > 1 and p[-1] == "policy" else p)
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{n} [{i}]" for i, n in enumerate(names)]  # the same path given twice
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
@@ -263,6 +301,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     for name, s in search.summarize(traces).items():
         print(f"{name:>10}: solved {s['solved_count'][-1]}/{len(records)}, mean best fitness "
               f"{s['mean_best_fitness'][-1]:.3f}")
+    if dataset is not None:
+        print("(on your data solved means w*ᵀr = 1, every weighted reward component at 1; each "
+              "method's best answers with their rewards: best_answers.jsonl)")
     print(f"written to {args.out}")
     return 0
 

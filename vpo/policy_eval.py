@@ -148,11 +148,12 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
 
 
 _LEGEND = """\
-best@k: expected best w*ᵀr among k of the candidates; pass@k: chance that one of k is solved
-(w*ᵀr = 1, so on your data every weighted reward component must reach 1: a component that never
+best@k: expected best w*ᵀr among k of the candidates; pass@k: chance that one of k is solved, as
+the task defines it (maze: w*ᵀr >= 0.75, bandit: >= 0.6, program, arithmetic and your data:
+w*ᵀr = 1, so on your data every weighted reward component must reach 1 and a component that never
 does keeps pass@k at 0); diversity: mean pairwise L1 distance of the valid candidates' reward
 vectors; pareto_fraction: their non-dominated share; emax: E_w[max] over w ~ Dirichlet(1);
-distinct: distinct correct solutions per answer slot (nan for host-scored tasks, your data and
+distinct: distinct valid candidates per problem (nan for host-scored tasks, your data and
 arithmetic, which have no symbol ids to compare); valid_fraction: answers that parse; entropy:
 mean token entropy of the samples.
 """
