@@ -140,6 +140,9 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
     assert "| vpo | 3 | 2 |" in report and "## Claims" in report and "Solve matrix" in report
+    static = [a for a in ("multi_rlvr", "vpo")
+              if all(m["grad_norm"] == 0 for r in s["train"][a] for m in r["metrics"])]
+    assert ("No learning signal" in report) == bool(static)  # a vacuous comparison says so
     assert s["wall_s"]["total"] > 0
 
     # Interrupted after RL of one run and before the search: --resume reads the finished parts
@@ -159,6 +162,14 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
                 for arm, rows in train.items()}
 
     assert untimed(again["train"]) == untimed(s["train"])
+
+
+def test_an_arm_that_never_had_a_gradient_is_static():
+    from types import SimpleNamespace
+
+    flat = [SimpleNamespace(metrics=[{"grad_norm": 0.0}, {"grad_norm": 0.0}])] * 2
+    moved = [SimpleNamespace(metrics=[{"grad_norm": 0.0}, {"grad_norm": 0.3}]), flat[0]]
+    assert compare_report.static_arms({"grpo": flat, "vpo": moved}) == ["grpo"]
 
 
 def test_compare_never_replaces_a_folder_silently(tmp_path):

@@ -253,3 +253,12 @@ def test_evaluate_policy_samples_a_real_policy(tmp_path):
     with pytest.raises(ConfigError, match="model.max_seq_len"):
         policy_eval.sample_pool(short, task, records, num_answers=2, budget=4,
                                 key=jax.random.key(0))
+
+
+def test_pass_at_k_refuses_scores_and_a_missing_axis():
+    """Float scores would be truncated to 0 (0.9 "not correct"): refused, as is a 1-D input."""
+    with pytest.raises(TypeError, match="threshold scores first"):
+        evaluation.pass_at_k(jnp.array([[0.5, 0.9]]), 1)
+    with pytest.raises(ValueError, match=r"expected \[P problems, N candidates\]"):
+        evaluation.pass_at_k(jnp.array([True, False]), 1)
+    np.testing.assert_allclose(evaluation.pass_at_k(jnp.array([[1, 0]]), 1), [0.5])

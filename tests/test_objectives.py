@@ -288,6 +288,15 @@ def test_bad_mode_strings_name_the_argument():
         obj.grpo_advantages(jnp.ones((2, 2, 2)))
 
 
+def test_clip_ranges_outside_the_ratio_bounds_are_refused():
+    z = jnp.zeros((1, 2, 3))
+    args = (z, z, jnp.zeros((1, 2)), jnp.ones((1, 2, 3), bool))
+    for bad in (dict(clip_eps_low=1.5), dict(clip_eps_low=-0.1), dict(clip_eps_high=-0.2)):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}=.* must be in"):
+            obj.policy_loss(*args, **bad)
+    obj.policy_loss(*args, clip_eps_low=1.0, clip_eps_high=1e9)  # no clipping: allowed
+
+
 def test_rloo_and_maxrl_hand_computed():
     r = jnp.asarray([[1, 2, 3, 4], [0, 1, 1, 2]])
     np.testing.assert_allclose(

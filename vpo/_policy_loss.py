@@ -5,6 +5,8 @@ Dimension key: B prompts, G samples per prompt, T generated tokens.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -221,6 +223,11 @@ def policy_loss(
         raise ValueError("entropy_coef != 0 or entropy_top_frac needs entropy_BGT")
     if cov_control == "clip_cov" and key is None:
         raise ValueError("cov_control='clip_cov' picks tokens at random and needs key=")
+    for name, eps, hi in (("clip_eps_low", clip_eps_low, 1.0), ("clip_eps_high", clip_eps_high,
+                                                                 math.inf)):
+        if isinstance(eps, (int, float)) and not 0.0 <= eps <= hi:  # a traced value is not seen
+            raise ValueError(f"{name}={eps} must be in [0, {hi:g}]: the ratio is clipped to "
+                             "[1 - clip_eps_low, 1 + clip_eps_high]")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip={dual_clip} must be > 1 (verl's clip_ratio_c, e.g. 3.0)")
     if entropy_top_frac is not None and not 0.0 < entropy_top_frac <= 1.0:

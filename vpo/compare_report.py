@@ -236,8 +236,15 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         json.dump(summary, f, indent=1, default=float)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches,
-                            probes, load))
+                            probes, load, static=static_arms(runs)))
     return summary
+
+
+def static_arms(runs) -> list[str]:
+    """RL arms whose every logged step of every seed had a zero gradient (every group's rewards
+    equal: nothing to learn from), so the arm is its warm start."""
+    return [arm for arm, rs in runs.items()
+            if all(row.get("grad_norm", 1.0) == 0.0 for r in rs for row in r.metrics)]
 
 
 def _verdict_line(c: dict[str, Any]) -> str:
@@ -258,8 +265,8 @@ def _holm_summary(checked: list[dict[str, Any]]) -> list[str]:
                         + ".")]
 
 
-def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, probes, load
-                ) -> str:
+def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, probes, load,
+                static: list[str] | None = None) -> str:
     N = cfg.eval_budget
     metrics = ["best@1", f"best@{N}", f"pass@{N}", "diversity", "distinct", "valid_fraction",
                "entropy", "train entropy", "train diversity", "search solved"]
@@ -268,7 +275,15 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
     start = ("the init policy" if cfg.init else f"SFT, {cfg.sft_steps} steps on a mixture of "
              f"m in {cfg.all_answers} prompts")
     lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
-             f"`{command}`", "",
+             f"`{command}`", ""]
+    if static:
+        lines += [f"**No learning signal in {', '.join(static)}**: the gradient was zero at "
+                  "every step of every seed (each group's rewards were equal), so "
+                  + ("these arms are" if len(static) > 1 else "this arm is") + " the warm start "
+                  "itself and every verdict involving them compares a policy with its own "
+                  "starting point; train longer or on a task where the warm start earns some "
+                  "reward (a larger preset).", ""]
+    lines += [
              f"Policy `{cfg.model}`{' from ' + cfg.init if cfg.init else ''}; one warm start "
              f"for every arm ({start}); "
              f"{cfg.train.steps} RL steps x {cfg.train.batch_size} prompts x G = "

@@ -48,9 +48,16 @@ def pass_at_k(correct_PN: jax.Array, k: int) -> jax.Array:
     Returns:
       pass_P, float32.
     """
+    correct_PN = jnp.asarray(correct_PN)
+    if correct_PN.ndim != 2:
+        raise ValueError(f"correct_PN: expected [P problems, N candidates]; got shape "
+                         f"{correct_PN.shape}")
+    if jnp.issubdtype(correct_PN.dtype, jnp.floating):
+        raise TypeError(f"correct_PN: bool (or 0/1 integers) per candidate; got "
+                        f"{correct_PN.dtype} (threshold scores first, e.g. scores_PN >= 1.0)")
     P, N = correct_PN.shape
     _check_k(k, N)
-    c_P = jnp.sum(jnp.asarray(correct_PN).astype(jnp.int32), axis=-1)
+    c_P = jnp.sum(correct_PN.astype(jnp.int32), axis=-1)
     i_N = jnp.arange(1, N + 1, dtype=jnp.int32)
     in_prod_PN = i_N[None, :] > (N - c_P)[:, None]
     factor_N = 1.0 - k / jnp.maximum(i_N, 1).astype(jnp.float32)
