@@ -87,6 +87,8 @@ def test_two_processes_match_one_process_of_8_devices(tmp_path):
     r2, r1 = rows(out2 / "metrics.jsonl"), rows(out1 / "metrics.jsonl")
     assert [r["step"] for r in r2] == [r["step"] for r in r1] == [1, 2, 3]
     assert "sampling_time_s" in r2[1]
+    # the last step's sample log: process 0 logs the first prompt of its part of the batch
+    assert {r["step"] for r in rows(out2 / "samples.jsonl")} == {3}
     timing = {"step_time_s", "tokens_per_s", "sampling_time_s", "update_time_s"}
     for a, b in zip(r2, r1, strict=True):
         for k in sorted(set(b) - timing):

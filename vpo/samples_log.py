@@ -21,22 +21,31 @@ from vpo.tasks.bound import BoundTask
 JSONL = "samples.jsonl"
 
 
+def _first_row(x) -> np.ndarray:
+    """Row 0 of this process's part of a batch-sharded array, on the host. Multi-process, the
+    global array is not addressable here: the process logs the first prompt it holds."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        shard = min(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+        return np.asarray(shard.data)[0]
+    return np.asarray(x[0])
+
+
 def sample_rows(task: BoundTask, records, batch, rollout, num_answers: int, *,
                 rewards=None, max_rows: int = 4) -> list[dict[str, Any]]:
-    """The first prompt of `batch` and up to `max_rows` of its G completions with their
-    rewards, as JSON-able rows. `rewards`: the step's (rewards_BGMR, solution_mask_BGM) when
-    the loop has them (host rewards: the user's functions are not called twice); else scored
-    here by `task.host_score`, which equals the in-graph reward."""
-    tokens_GT = np.asarray(rollout.tokens_BGT[0])[:max_rows]
-    mask_GT = np.asarray(rollout.mask_BGT[0])[:max_rows]
-    prompt = np.asarray(batch["prompt_BP"][0])[np.asarray(batch["prompt_mask_BP"][0])]
-    record = records[int(np.asarray(batch["problems"]["index"])[0])]
+    """The first prompt of `batch` (of this process's part of it) and up to `max_rows` of its G
+    completions with their rewards, as JSON-able rows. `rewards`: the step's (rewards_BGMR,
+    solution_mask_BGM) when the loop has them (host rewards: the user's functions are not called
+    twice); else scored here by `task.host_score`, which equals the in-graph reward."""
+    tokens_GT = _first_row(rollout.tokens_BGT)[:max_rows]
+    mask_GT = _first_row(rollout.mask_BGT)[:max_rows]
+    prompt = _first_row(batch["prompt_BP"])[_first_row(batch["prompt_mask_BP"])]
+    record = records[int(_first_row(batch["problems"]["index"]))]
     G = tokens_GT.shape[0]
     if rewards is None:
         rewards_GMR, valid_GM = task.host_score([record] * G, tokens_GT, mask_GT, num_answers)
     else:
-        rewards_GMR = np.asarray(rewards[0][0])[:max_rows]
-        valid_GM = np.asarray(rewards[1][0])[:max_rows]
+        rewards_GMR = _first_row(rewards[0])[:max_rows]
+        valid_GM = _first_row(rewards[1])[:max_rows]
     texts = task.completion_texts(tokens_GT, mask_GT)
     prompt_text = task.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
     rows = []
