@@ -4,7 +4,6 @@ search` (`vpo.cli` holds the parser and the commands that train)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import time
@@ -64,26 +63,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
         if dataset is not None:
             raise ConfigError("--data: your text is read through a checkpoint's tokenizer; "
                               "pass --policy (a policy folder, hf:PATH or smollm2)")
-        task = load_task(args.task or "maze", args.preset)
-        M = args.answers or 3
-        records = task.make_problems(args.seed, args.prompts)
-        prompts, mask = task.prompt_arrays(records, M)
-        model_cfg = model_preset(args.preset, vocab_size=task.tokenizer.size,
-                                 max_seq_len=prompts.shape[1] + task.completion_len(M))
-        model = Decoder(model_cfg, rngs=nnx.Rngs(args.seed))
-        source = f"policy '{args.preset}' ({model_cfg.num_params:,} params, random init, seed " \
-                 f"{args.seed})"
+        task, model, info = load_task(args.task or "maze", args.preset), None, {}
     else:
         model, info, task = policy_and_task(args.policy, args.task, dataset)
-        M = args.answers or int(info.get("num_answers", 1))
-        records = task.make_problems(args.seed, args.prompts)
-        check_fit(model.cfg, task, records, M, args.policy)
-        need = seq_len_for(task, records, M)
-        if need > model.cfg.max_seq_len:
-            model, _, _ = load_model(args.policy, max_seq_len=need)
-        prompts, mask = task.prompt_arrays(records, M)
-        source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
-    tok = task.tokenizer
+    M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
+    records = task.make_problems(args.seed, args.prompts)
+    prompts, mask = task.prompt_arrays(records, M)
     T = task.completion_len(M)
     if args.max_new_tokens is not None:
         if not task.is_host:
@@ -91,12 +76,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
                               "budget in one jit; the flag sets the budget of host-scored tasks "
                               "(--data, arithmetic). Drop it")
         T = args.max_new_tokens
-        if prompts.shape[1] + T > model.cfg.max_seq_len:  # room for the longer budget
-            if args.policy is None:
-                model = Decoder(dataclasses.replace(model.cfg, max_seq_len=prompts.shape[1] + T),
-                                rngs=nnx.Rngs(args.seed))
-            else:
-                model, _, _ = load_model(args.policy, max_seq_len=prompts.shape[1] + T)
+    need = max(prompts.shape[1] + T, seq_len_for(task, records, M))
+    if model is None:
+        model = Decoder(model_preset(args.preset, vocab_size=task.tokenizer.size,
+                                     max_seq_len=need), rngs=nnx.Rngs(args.seed))
+        source = (f"policy '{args.preset}' ({model.cfg.num_params:,} params, random init, "
+                  f"seed {args.seed})")
+    else:
+        check_fit(model.cfg, task, records, M, args.policy)
+        if need > model.cfg.max_seq_len:  # room for the prompts and the budget
+            model, _, _ = load_model(args.policy, max_seq_len=need)
+        source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
+    tok = task.tokenizer
     cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     key = jax.random.key(args.seed)
