@@ -8,24 +8,33 @@ Query head h of sample g of prompt b reads KV head n = h // (H/N) (grouped-query
 
     out = Σ_j softmax_j(scale · q·k_j) v_j   over those keys, scale = 1/√E by default.
 
-The kernel visits the keys in blocks of `block_k` with an online softmax (running max m, sum l
-and unnormalised accumulator a; Milakov & Gimelshein, 2018, arXiv 1805.02867), so prefix and
-suffix are never concatenated and the suffix loop runs ⌈length / block_k⌉ times: a decode step
-at position t reads O(P + t) keys, not O(P + C). One kernel body, two passes:
+The kernel streams the keys in blocks of `block_k` with an online softmax (running max m, sum l
+and unnormalised accumulator a; Milakov & Gimelshein, 2018, arXiv 1805.02867): per block
+    m' = max(m, max_j s_j),  l' = l·e^{m−m'} + Σ_j e^{s_j−m'},  a' = a·e^{m−m'} + Σ_j e^{s_j−m'} v_j,
+and out = a / l at the end. Prefix and suffix are never concatenated, and only the first
+⌈length / block_k⌉ suffix blocks are read: a decode step at position t reads O(P + t) keys,
+not O(P + C). Two passes:
 
-  1. prefix: grid (B, N); the rows are all G·(H/N) queries that read KV head n of prompt b, so
-     each prefix block is read once per prompt and multiplied as one [G·H/N, E]×[E, block_k]
-     product, not once per sample;
-  2. suffix: grid (B, G, N); the rows are the H/N queries of one sample, starting from the
+  1. prefix: per (b, n), the rows are all G·(H/N) queries that read KV head n of prompt b, so
+     each prefix block is read once per prompt as one [G·H/N, E]×[E, block_k] product;
+  2. suffix: per (b, g, n), the rows are the H/N queries of one sample, starting from the
      prefix pass's (m, l, a), finishing with out = a / l.
 
-Rows are padded to multiples of `block_rows` (16: Triton's smallest dot, a multiple of the TPU's
-8 sublanes); key lengths to multiples of `block_k` (a multiple of the TPU's 128 lanes). The
-key loop is inside the kernel (GPU programs of one grid run in parallel, so a grid axis cannot
-carry the softmax state). `decode_attention_reference` is the plain-jnp definition.
-
-Status: checked against the reference in interpret mode on CPU; compiled for GPU / TPU it is
-untested (no accelerator was available when it was written).
+Per platform (`platform=` argument, else the default backend):
+  * TPU (Mosaic): the key blocks are the last grid axis ("arbitrary"), (m, l, a) live in VMEM
+    scratch, so VMEM holds two [block_k, E] tiles per operand, never a whole cache. The
+    length is a scalar-prefetch operand: blocks past it are neither computed nor fetched (their
+    index map repeats the last needed block). Rows are padded to the sublane tile, block_k is a
+    multiple of 128 lanes.
+  * GPU (Triton): a grid axis cannot carry the softmax state (programs run at once), so each
+    program loops over its key blocks, loading [block_k, E] tiles from the cache in place.
+    Rows are padded to a power of two ≥ 16 (Triton's tile and dot rules); ragged key tails are
+    loaded masked. Triton, not Mosaic GPU: Mosaic GPU does not lower this `jnp.dot` of a plain
+    `pallas_call` (it needs `plgpu` warpgroup code); on jax ≥ 0.11, which drops the Triton
+    lowering, `supported("gpu")` is False and callers take the XLA path.
+Key lengths need not be multiples of `block_k`: the tail block's slots past the array are
+masked (their values zeroed), nothing is copied. `decode_attention_reference` is the plain-jnp
+definition.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from vpo.kernels import targets
 from vpo.kernels.precision import einsum_f32
 
 _NEG = -1e30  # finite: a block with no valid key leaves no NaN; a later real key wipes it out
@@ -44,7 +55,8 @@ _NEG = -1e30  # finite: a block with no valid key leaves no NaN; a later real ke
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """`block_k` keys per loop step (multiple of 128); query rows padded to `block_rows`."""
+    """`block_k` keys per step (TPU: a multiple of 128; GPU: a power of two ≥ 16); query rows
+    padded to a multiple of `block_rows` (GPU: to a power of two ≥ it)."""
 
     block_k: int = 128
     block_rows: int = 16
@@ -52,6 +64,37 @@ class BlockSizes:
     @classmethod
     def get_default(cls) -> BlockSizes:
         return cls()
+
+
+def block_sizes_for(platform: str | None, shape: tuple[int, ...], dtype=jnp.bfloat16
+                    ) -> BlockSizes:
+    """Legal, fitting block sizes for `shape` = (B, G, N, H/N, E, P, C) of `dtype`.
+
+    TPU: block_rows = the sublane tile 8 · 4/itemsize; block_k the largest multiple of 128
+      ≤ min(1024, max(P, C) rounded up to 128) with 2 buffers · 2 operands · block_k · E ·
+      itemsize + 3 · 4 · G·(H/N) · block_k ≤ `TPU_VMEM_BUDGET_BYTES`.
+    GPU: block_rows = 16; block_k the largest power of two in [16, 128] with 2 stages · 2
+      operands · block_k · E · itemsize ≤ `GPU_SMEM_BUDGET_BYTES`.
+    """
+    _, G, _, Hn, E, P, C = (int(x) for x in shape)
+    name = targets.resolve_platform(platform)
+    itemsize = jnp.dtype(dtype).itemsize
+    if name == "gpu":
+        bk = 128
+        while bk > 16 and 2 * 2 * bk * E * itemsize > targets.GPU_SMEM_BUDGET_BYTES:
+            bk //= 2
+        return BlockSizes(block_k=min(bk, max(16, targets.pow2_ceil(max(P, C)))), block_rows=16)
+    rows = targets.round_up(G * Hn, 16)
+    bk = min(1024, targets.round_up(max(P, C), 128))
+    while bk > 128 and (4 * bk * E * itemsize + 12 * rows * bk) > targets.TPU_VMEM_BUDGET_BYTES:
+        bk -= 128
+    return BlockSizes(block_k=bk, block_rows=8 * max(1, 4 // itemsize))
+
+
+def supported(platform: str | None = None) -> bool:
+    """Whether `decode_attention` compiles for `platform` (see `targets.pallas_supported`);
+    where False, use the XLA path."""
+    return targets.pallas_supported(platform)
 
 
 def _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE):
@@ -94,58 +137,240 @@ def decode_attention_reference(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE,
     return out.astype(q_BGNHE.dtype)
 
 
-def _kernel(*refs, block_k: int, scale: float, num_blocks: int | None, masked: bool,
-            resume: bool, finish: bool):
-    """Online softmax of the block's query rows over its keys, in blocks of `block_k`.
+def decode_attention_reference(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE,
+                               length, *, scale: float | None = None,
+                               platform: str | None = None):
+    """The definition in plain jnp: one softmax over [prefix keys ‖ suffix slots < length].
 
-    refs, in order: [length (1,) if num_blocks is None] q [R, E], k [K, E], v [K, E],
-    [bias [1, K] if masked], [m0 [R, 1], l0 [R, 1], a0 [R, E] if resume]; outputs: out [R, E]
-    (= a / l) if finish, else a [R, E], m [R, 1], l [R, 1].
+    Args:
+      q_BGNHE: the new token's queries, H/N query heads per KV head.
+      k_BNPE, v_BNPE: prefix keys/values; prefix_mask_BP: True on real prompt tokens.
+      k_BGNCE, v_BGNCE: suffix caches; slots [0, length) are valid (length ≥ 1, traced).
+    Returns out_BGNHE (q's dtype); scores and softmax in float32.
     """
-    refs = list(refs)
-    length_ref = refs.pop(0) if num_blocks is None else None
-    q_ref, k_ref, v_ref = refs.pop(0), refs.pop(0), refs.pop(0)
-    bias_ref = refs.pop(0) if masked else None
-    state_refs = (refs.pop(0), refs.pop(0), refs.pop(0)) if resume else None
+    _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE)
+    scale = 1.0 / math.sqrt(q_BGNHE.shape[-1]) if scale is None else scale
+    P, C = k_BNPE.shape[2], k_BGNCE.shape[3]
+    f32 = functools.partial(einsum_f32, platform=platform)
+    s_pre = f32("bgnhe,bnpe->bgnhp", q_BGNHE, k_BNPE) * scale
+    s_pre = jnp.where(prefix_mask_BP[:, None, None, None, :], s_pre, -jnp.inf)
+    s_suf = f32("bgnhe,bgnce->bgnhc", q_BGNHE, k_BGNCE) * scale
+    s_suf = jnp.where(jnp.arange(C) < length, s_suf, -jnp.inf)
+    p = jax.nn.softmax(jnp.concatenate([s_pre, s_suf], axis=-1), axis=-1)
+    out = (f32("bgnhp,bnpe->bgnhe", p[..., :P], v_BNPE)
+           + f32("bgnhc,bgnce->bgnhe", p[..., P:], v_BGNCE))
+    return out.astype(q_BGNHE.dtype)
+
+
+def _online_step(carry, q_RE, k_KE, v_KE, bias_1K, start, limit, *, scale: float,
+                 ragged: bool, dot_platform: str):
+    """Fold keys [start, start + K) into (m, l, a); keys ≥ `limit` are masked out, and with
+    `ragged` their values (past the array's end: unspecified) are zeroed first."""
+    m, l, a = carry
+    s = einsum_f32("re,ke->rk", q_RE, k_KE, platform=dot_platform) * scale
+    if bias_1K is not None:
+        s = s + bias_1K
+    cols = start + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    s = jnp.where(cols < limit, s, _NEG)
+    if ragged:
+        slots = start + jax.lax.broadcasted_iota(jnp.int32, (v_KE.shape[0], 1), 0)
+        v_KE = jnp.where(slots < limit, v_KE, jnp.zeros_like(v_KE))
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new)
+    l = l * alpha + jnp.sum(p, axis=1, keepdims=True)
+    a = a * alpha + einsum_f32("rk,ke->re", p.astype(v_KE.dtype), v_KE, platform=dot_platform)
+    return m_new, l, a
+
+
+# -- TPU: key blocks on the last grid axis, state in VMEM scratch ----------------------------
+
+def _tpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
+    """One key block of one (b, n) [prefix] or (b, g, n) [suffix] row block.
+
+    refs: length (SMEM, scalar prefetch), q, k, v, then bias [1, K] (prefix) or m0, l0, a0
+    (suffix); outputs a, m, l (prefix) or out (suffix); scratch m, l, a.
+    """
+    length_ref, q_ref, k_ref, v_ref, *rest = refs
+    m_sc, l_sc, a_sc = rest[-3:]
+    j = pl.program_id(2 if prefix else 3)
+    last = pl.num_programs(2 if prefix else 3) - 1
+    limit = keys if prefix else length_ref[0]
+
+    @pl.when(j == 0)
+    def _():
+        if prefix:
+            m_sc[...] = jnp.full(m_sc.shape, _NEG, jnp.float32)
+            l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+            a_sc[...] = jnp.zeros(a_sc.shape, jnp.float32)
+        else:
+            m0_ref, l0_ref, a0_ref = rest[:3]
+            m_sc[...], l_sc[...], a_sc[...] = m0_ref[...], l0_ref[...], a0_ref[...]
+
+    start = j * block_k
+
+    @pl.when(start < limit)
+    def _():
+        bias = rest[0][...] if prefix else None
+        m_sc[...], l_sc[...], a_sc[...] = _online_step(
+            (m_sc[...], l_sc[...], a_sc[...]), q_ref[...], k_ref[...], v_ref[...], bias, start,
+            limit, scale=scale, ragged=keys % block_k != 0, dot_platform=dot_platform)
+
+    @pl.when(j == last)
+    def _():
+        if prefix:
+            a_ref, m_ref, l_ref = rest[1:4]
+            a_ref[...], m_ref[...], l_ref[...] = a_sc[...], m_sc[...], l_sc[...]
+        else:
+            out_ref = rest[3]
+            out_ref[...] = (a_sc[...] / l_sc[...]).astype(out_ref.dtype)
+
+
+def _tpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, length_1, *,
+                scale, bk, interpret, per_sample, platform):
+    from jax.experimental.pallas import tpu as pltpu
+
+    B, N, Rp, E = q_BNRE.shape
+    P = k_BNPE.shape[2]
+    _, G, _, Hp, _ = q_BGNHE.shape
+    C = k_BGNCE.shape[3]
+    f32 = jnp.float32
+    dot_platform = "cpu" if interpret else platform
+    params = functools.partial(targets.compiler_params, platform)
+
+    def scratch(R):
+        return [pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, E), f32)]
+
+    rows = pl.BlockSpec((None, None, Rp, E), lambda b, n, j, _: (b, n, 0, 0))
+    col = pl.BlockSpec((None, None, Rp, 1), lambda b, n, j, _: (b, n, 0, 0))
+    keys = pl.BlockSpec((None, None, bk, E), lambda b, n, j, _: (b, n, j, 0))
+    a_BNRE, m_BNR1, l_BNR1 = pl.pallas_call(
+        functools.partial(_tpu_kernel, block_k=bk, scale=scale, keys=P, prefix=True,
+                          dot_platform=dot_platform),
+        out_shape=(jax.ShapeDtypeStruct((B, N, Rp, E), f32),
+                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32),
+                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(B, N, pl.cdiv(P, bk)),
+            in_specs=[rows, keys, keys,
+                      pl.BlockSpec((None, 1, bk), lambda b, n, j, _: (b, 0, j))],
+            out_specs=(rows, col, col), scratch_shapes=scratch(Rp)),
+        compiler_params=None if interpret else params(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=interpret,
+    )(length_1, q_BNRE, k_BNPE, v_BNPE, bias_B1P)
+
+    def needed(j, length_ref):  # blocks past the length repeat the last needed one: no fetch
+        return jnp.minimum(j, jnp.maximum(pl.cdiv(length_ref[0], bk) - 1, 0))
+
+    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, n, j, _: (b, g, n, 0, 0))
+    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, n, j, _: (b, g, n, 0, 0))
+    keys = pl.BlockSpec((None, None, None, bk, E),
+                        lambda b, g, n, j, ln: (b, g, n, needed(j, ln), 0))
+    return pl.pallas_call(
+        functools.partial(_tpu_kernel, block_k=bk, scale=scale, keys=C, prefix=False,
+                          dot_platform=dot_platform),
+        out_shape=jax.ShapeDtypeStruct((B, G, N, Hp, E), q_BGNHE.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(B, G, N, pl.cdiv(C, bk)),
+            in_specs=[rows, keys, keys, col, col, rows],
+            out_specs=rows, scratch_shapes=scratch(Hp)),
+        compiler_params=None if interpret else params(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        interpret=interpret,
+    )(length_1, q_BGNHE, k_BGNCE, v_BGNCE, per_sample(m_BNR1), per_sample(l_BNR1),
+      per_sample(a_BNRE))
+
+
+# -- GPU: each program loops over its key blocks ---------------------------------------------
+
+def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
+    """All key blocks of one (b, n) [prefix] or (b, g, n) [suffix] row block.
+
+    refs: length (1,), q, k, v, then bias [1, K'] (prefix, padded to whole blocks) or m0, l0,
+    a0 (suffix); outputs a, m, l (prefix) or out (suffix).
+    """
+    from jax.experimental.pallas import triton as pltriton
+
+    length_ref, q_ref, k_ref, v_ref, *rest = refs
     q = q_ref[...]
     R, E = q.shape
-    if resume:
-        init = tuple(r[...] for r in state_refs)
-    else:
+    ragged = keys % block_k != 0
+    limit = keys if prefix else length_ref[0]
+    if prefix:
         init = (jnp.full((R, 1), _NEG, jnp.float32), jnp.zeros((R, 1), jnp.float32),
                 jnp.zeros((R, E), jnp.float32))
-    length = None if num_blocks is None else num_blocks * block_k
-    if length_ref is not None:
-        length = length_ref[0]
+    else:
+        init = tuple(r[...] for r in rest[:3])
 
     def body(i, carry):
-        m, l, a = carry
-        at = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
-        k, v = k_ref[at, :], v_ref[at, :]
-        s = einsum_f32("re,ke->rk", q, k) * scale
-        if masked:
-            s = s + bias_ref[:, at]
-        cols = i * block_k + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        s = jnp.where(cols < length, s, _NEG)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new)
-        l = l * alpha + jnp.sum(p, axis=1, keepdims=True)
-        a = a * alpha + einsum_f32("rk,ke->re", p.astype(v.dtype), v)
-        return m_new, l, a
+        start = pl.multiple_of(i * block_k, block_k)
+        at = pl.ds(start, block_k)
+        if ragged:  # no read past the array's end
+            inside = (start + jnp.arange(block_k, dtype=jnp.int32) < keys)[:, None]
+            k = pltriton.load(k_ref.at[at, :], mask=inside, other=0)
+            v = pltriton.load(v_ref.at[at, :], mask=inside, other=0)
+        else:
+            k, v = k_ref[at, :], v_ref[at, :]
+        bias = rest[0][:, at] if prefix else None
+        return _online_step(carry, q, k, v, bias, start, limit, scale=scale, ragged=False,
+                            dot_platform=dot_platform)
 
-    trips = num_blocks if num_blocks is not None else pl.cdiv(length, block_k)
-    m, l, a = jax.lax.fori_loop(0, trips, body, init)
-    if finish:
-        out_ref, = refs
-        out_ref[...] = (a / l).astype(out_ref.dtype)
-    else:
-        a_ref, m_ref, l_ref = refs
+    m, l, a = jax.lax.fori_loop(0, pl.cdiv(limit, block_k), body, init)
+    if prefix:
+        a_ref, m_ref, l_ref = rest[1:]
         a_ref[...], m_ref[...], l_ref[...] = a, m, l
+    else:
+        out_ref, = rest[3:]
+        out_ref[...] = (a / l).astype(out_ref.dtype)
 
 
-def _pad_axis(x, axis: int, multiple: int, value=0):
-    extra = -x.shape[axis] % multiple
+def _gpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, length_1, *,
+                scale, bk, interpret, per_sample, platform):
+    B, N, Rp, E = q_BNRE.shape
+    P = k_BNPE.shape[2]
+    _, G, _, Hp, _ = q_BGNHE.shape
+    C = k_BGNCE.shape[3]
+    f32 = jnp.float32
+    dot_platform = "cpu" if interpret else platform
+    params = None if interpret else targets.compiler_params(platform, num_warps=4,
+                                                              num_stages=2)
+    kernel = functools.partial(_gpu_kernel, block_k=bk, scale=scale, dot_platform=dot_platform)
+    scalar = pl.BlockSpec((1,), lambda *_: (0,))
+    rows = pl.BlockSpec((None, None, Rp, E), lambda b, n: (b, n, 0, 0))
+    col = pl.BlockSpec((None, None, Rp, 1), lambda b, n: (b, n, 0, 0))
+    keys = pl.BlockSpec((None, None, P, E), lambda b, n: (b, n, 0, 0))
+    Pb = bias_B1P.shape[2]
+    a_BNRE, m_BNR1, l_BNR1 = pl.pallas_call(
+        functools.partial(kernel, keys=P, prefix=True),
+        out_shape=(jax.ShapeDtypeStruct((B, N, Rp, E), f32),
+                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32),
+                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32)),
+        grid=(B, N),
+        in_specs=[scalar, rows, keys, keys,
+                  pl.BlockSpec((None, 1, Pb), lambda b, n: (b, 0, 0))],
+        out_specs=(rows, col, col),
+        compiler_params=params,
+        interpret=interpret,
+    )(length_1, q_BNRE, k_BNPE, v_BNPE, bias_B1P)
+
+    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, n: (b, g, n, 0, 0))
+    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, n: (b, g, n, 0, 0))
+    keys = pl.BlockSpec((None, None, None, C, E), lambda b, g, n: (b, g, n, 0, 0))
+    return pl.pallas_call(
+        functools.partial(kernel, keys=C, prefix=False),
+        out_shape=jax.ShapeDtypeStruct((B, G, N, Hp, E), q_BGNHE.dtype),
+        grid=(B, G, N),
+        in_specs=[scalar, rows, keys, keys, col, col, rows],
+        out_specs=rows,
+        compiler_params=params,
+        interpret=interpret,
+    )(length_1, q_BGNHE, k_BGNCE, v_BGNCE, per_sample(m_BNR1), per_sample(l_BNR1),
+      per_sample(a_BNRE))
+
+
+def _pad_axis(x, axis: int, size: int, value=0):
+    extra = size - x.shape[axis]
     if not extra:
         return x
     widths = [(0, 0)] * x.ndim
@@ -153,79 +378,55 @@ def _pad_axis(x, axis: int, multiple: int, value=0):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _scalar_spec():
-    """Block spec of a (1,) int32 scalar: SMEM on TPU (scalars cannot live in vector memory)."""
-    if jax.default_backend() == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-        return pl.BlockSpec(memory_space=pltpu.SMEM)
-    return pl.BlockSpec((1,), lambda *_: (0,))
-
-
-@functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "interpret", "platform"))
 def _decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE, length, *,
-                      scale: float, block_sizes: BlockSizes, interpret: bool):
+                      scale: float, block_sizes: BlockSizes, interpret: bool, platform: str):
     B, G, N, H, E = q_BGNHE.shape
     bk, br = block_sizes.block_k, block_sizes.block_rows
-    f32 = jnp.float32
-    kernel = functools.partial(_kernel, block_k=bk, scale=scale)
+    gpu = platform == "gpu"
 
-    # pass 1: prefix, rows g·H + h of KV head n, all G samples together
+    def rows_for(r):  # GPU: a power of two (Triton); else a multiple of the sublane tile
+        return max(br, targets.pow2_ceil(r)) if gpu else targets.round_up(r, br)
+
+    # pass 1 (prefix): rows g·H + h of KV head n, all G samples together
     R = G * H
-    q_BNRE = _pad_axis(q_BGNHE.transpose(0, 2, 1, 3, 4).reshape(B, N, R, E), 2, br)
-    Rp = q_BNRE.shape[2]
-    k_pre, v_pre = _pad_axis(k_BNPE, 2, bk), _pad_axis(v_BNPE, 2, bk)
-    Pp = k_pre.shape[2]
-    bias_B1P = _pad_axis(jnp.where(prefix_mask_BP, 0.0, _NEG).astype(f32), 1, bk, _NEG)[:, None]
-    rows = pl.BlockSpec((None, None, Rp, E), lambda b, n: (b, n, 0, 0))
-    col = pl.BlockSpec((None, None, Rp, 1), lambda b, n: (b, n, 0, 0))
-    keys = pl.BlockSpec((None, None, Pp, E), lambda b, n: (b, n, 0, 0))
-    a_BNRE, m_BNR1, l_BNR1 = pl.pallas_call(
-        functools.partial(kernel, num_blocks=Pp // bk, masked=True, resume=False, finish=False),
-        out_shape=(jax.ShapeDtypeStruct((B, N, Rp, E), f32),
-                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32),
-                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32)),
-        grid=(B, N),
-        in_specs=[rows, keys, keys, pl.BlockSpec((None, 1, Pp), lambda b, n: (b, 0, 0))],
-        out_specs=(rows, col, col),
-        interpret=interpret,
-    )(q_BNRE, k_pre, v_pre, bias_B1P)
+    q_BNRE = _pad_axis(q_BGNHE.transpose(0, 2, 1, 3, 4).reshape(B, N, R, E), 2, rows_for(R))
+    P = k_BNPE.shape[2]
+    bias_B1P = _pad_axis(jnp.where(prefix_mask_BP, 0.0, _NEG).astype(jnp.float32), 1,
+                         targets.round_up(P, bk), _NEG)[:, None]
+    Hp = rows_for(H)
 
-    # pass 2: each sample's suffix, rows h of (b, g, n), resuming from the prefix state
     def per_sample(x_BNRX):  # [B, N, Rp, X] -> [B, G, N, Hp, X]
         x = x_BNRX[:, :, :R].reshape(B, N, G, H, -1).transpose(0, 2, 1, 3, 4)
-        return _pad_axis(x, 3, br)
+        return _pad_axis(x, 3, Hp)
 
-    q_BGNHE_p = _pad_axis(q_BGNHE, 3, br)
-    Hp = q_BGNHE_p.shape[3]
-    k_suf, v_suf = _pad_axis(k_BGNCE, 3, bk), _pad_axis(v_BGNCE, 3, bk)
-    Cp = k_suf.shape[3]
-    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, n: (b, g, n, 0, 0))
-    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, n: (b, g, n, 0, 0))
-    keys = pl.BlockSpec((None, None, None, Cp, E), lambda b, g, n: (b, g, n, 0, 0))
-    out = pl.pallas_call(
-        functools.partial(kernel, num_blocks=None, masked=False, resume=True, finish=True),
-        out_shape=jax.ShapeDtypeStruct((B, G, N, Hp, E), q_BGNHE.dtype),
-        grid=(B, G, N),
-        in_specs=[_scalar_spec(), rows, keys, keys, col, col, rows],
-        out_specs=rows,
-        interpret=interpret,
-    )(jnp.reshape(length, (1,)).astype(jnp.int32), q_BGNHE_p, k_suf, v_suf,
-      per_sample(m_BNR1), per_sample(l_BNR1), per_sample(a_BNRE))
+    passes = _gpu_passes if gpu else _tpu_passes
+    out = passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, _pad_axis(q_BGNHE, 3, Hp), k_BGNCE, v_BGNCE,
+                 jnp.reshape(length, (1,)).astype(jnp.int32), scale=scale, bk=bk,
+                 interpret=interpret, per_sample=per_sample, platform=platform)
     return out[:, :, :, :H]
 
 
 def decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE, length, *,
                      scale: float | None = None, block_sizes: BlockSizes | None = None,
-                     interpret: bool = False):
+                     interpret: bool = False, platform: str | None = None):
     """Pallas decode attention; same arguments and result as `decode_attention_reference`.
 
-    Key lengths that are not multiples of `block_k` are padded here (a copy per call): callers
-    on an accelerator allocate caches in multiples of `block_k`. On CPU only `interpret=True`
-    works (Pallas compiles for GPU / TPU only); the library uses the XLA path there.
+    `platform`: "tpu" / "gpu" (None: the default backend) picks the kernel and, with
+    `block_sizes=None`, its blocks (`block_sizes_for`). Compiled kernels exist for TPU and GPU
+    only (`supported`); on CPU only `interpret=True` works (the TPU kernel, or the GPU one with
+    platform="gpu"); the library uses the XLA path there.
     """
     _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE)
+    name = targets.resolve_platform(platform)
+    if name == "cpu" and not interpret:
+        raise ValueError("decode_attention compiles for TPU / GPU only: on CPU use "
+                         "interpret=True or the XLA path")
+    if block_sizes is None:
+        B, G, N, H, E = q_BGNHE.shape
+        block_sizes = block_sizes_for(name, (B, G, N, H, E, k_BNPE.shape[2], k_BGNCE.shape[3]),
+                                      q_BGNHE.dtype)
     scale = 1.0 / math.sqrt(q_BGNHE.shape[-1]) if scale is None else float(scale)
     return _decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP.astype(bool), k_BGNCE,
                              v_BGNCE, jnp.asarray(length, jnp.int32), scale=scale,
-                             block_sizes=block_sizes or BlockSizes.get_default(),
-                             interpret=interpret)
+                             block_sizes=block_sizes, interpret=interpret, platform=name)

@@ -14,9 +14,26 @@ Three implementations with one signature:
   * `logprob_entropy_reference` — plain jnp, materialises the logits (the definition).
   * `logprob_entropy_chunked` — plain jnp `lax.scan` over vocabulary tiles (any backend; used on
     CPU); differentiable, with the tile body rematerialised in the backward pass.
-  * `logprob_entropy` — the Pallas kernel (grid over row blocks × vocabulary tiles, accumulators
-    in the output blocks), with a `custom_vjp` whose backward recomputes through the chunked
-    path. `interpret=True` runs it on CPU (slowly; tests only).
+  * `logprob_entropy` — the Pallas kernel, with a `custom_vjp` whose backward recomputes through
+    the chunked path. `interpret=True` runs it on CPU (slowly; tests only).
+
+The kernel per platform (`platform=` argument, else the default backend):
+  * TPU (Mosaic): grid (row blocks, vocabulary tiles); the TPU runs the grid in order, so the
+    running (max m, Σe, Σe·z, target logit) of each row block sit in its output blocks across
+    the vocabulary axis ("arbitrary"). Blocks: `block_sizes_for` fits double-buffered hidden
+    [block_n, D] and weight [D, block_v] tiles plus the [block_n, block_v] f32 temporaries in
+    `TPU_VMEM_BUDGET_BYTES`.
+  * GPU (Triton): programs of a grid run at once, so no grid axis may carry state. Grid (row
+    blocks, vocabulary ranges); each program loops over its range's tiles and, inside, over D in
+    power-of-two steps of `block_d` (D = 896 = 7·128 needs no padding), and writes partial
+    (m_s, Σe_s, Σe·z_s, tgt_s); the ranges are merged afterwards:
+        m = max_s m_s,  Σe = Σ_s Σe_s · exp(m_s − m),  Σe·z likewise,  tgt = Σ_s tgt_s.
+    Weight tiles past V are loaded masked (no out-of-bounds reads). Triton, not Mosaic GPU:
+    Mosaic GPU does not take a plain `pallas_call` with `jnp.dot` (its copies are limited to
+    256 elements per dimension and its dot needs `plgpu` warpgroup code), so on jax ≥ 0.11,
+    which drops the Triton lowering, `supported("gpu")` is False and callers take the XLA path.
+The vocabulary is never padded (the weight table is not copied): the last tile's columns ≥ V
+are masked to −1e30; rows are padded up to a multiple of `block_n` (a small copy of hidden).
 """
 
 from __future__ import annotations
@@ -27,21 +44,82 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from vpo.kernels import targets
 from vpo.kernels.precision import dot_f32, einsum_f32
 
 _NEG = -1e30
+_H100_CORES = 132  # programs in flight to aim for: 2 per streaming multiprocessor
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Tile sizes: `block_n` rows of hidden states × `block_v` vocabulary columns per step."""
+    """Tile sizes: `block_n` rows of hidden states × `block_v` vocabulary columns per step.
+
+    GPU only: `block_d` hidden columns per product step (a power of two dividing D) and
+    `num_splits` vocabulary ranges run as separate programs. `block_v_backward`: vocabulary tile
+    of the chunked backward pass.
+    """
 
     block_n: int = 128
     block_v: int = 512
+    block_d: int | None = None
+    num_splits: int = 1
+    block_v_backward: int = 2048
 
     @classmethod
     def get_default(cls) -> BlockSizes:
         return cls()
+
+
+def block_sizes_for(platform: str | None, shape: tuple[int, int, int],
+                    dtype=jnp.bfloat16) -> BlockSizes:
+    """Legal, fitting tile sizes for hidden [N, D] × weight [D, V] of `dtype` on `platform`.
+
+    TPU: block_n a multiple of the sublane tile (8 · 4/itemsize), block_v of 128, the largest
+      pair (block_n ≤ 512, block_v ≤ 2048) with 2·itemsize·D·(block_n + block_v)
+      + 5·4·block_n·block_v ≤ `TPU_VMEM_BUDGET_BYTES` (double-buffered inputs, f32 temporaries).
+    GPU: powers of two (Triton), block_n ∈ [16, 64], block_v = 128, block_d = the largest power
+      of two ≤ 64 dividing D (≥ 16; D is padded otherwise), num_splits so that about 2 programs
+      per H100 core run, each range holding at least one real tile.
+    CPU (interpret mode): the TPU rule.
+    """
+    N, D, V = (int(x) for x in shape)
+    name = targets.resolve_platform(platform)
+    itemsize = jnp.dtype(dtype).itemsize
+    if name == "gpu":
+        block_n = max(16, min(64, targets.pow2_ceil(N)))
+        block_d = max(16, min(64, targets.pow2_factor(D)))
+        block_v = 128
+        tiles = -(-V // block_v)
+        rows = -(-N // block_n)
+        per_split = -(-tiles // max(1, min(tiles, -(-2 * _H100_CORES // rows))))
+        return BlockSizes(block_n=block_n, block_v=block_v, block_d=block_d,
+                          num_splits=-(-tiles // per_split))
+    sublanes = 8 * max(1, 4 // itemsize)
+    v_cap = targets.round_up(V, 128)
+    n_cap = targets.round_up(N, sublanes)
+
+    def vmem(bn, bv):
+        return 2 * itemsize * D * (bn + bv) + 5 * 4 * bn * bv
+
+    for v_floor in (min(512, v_cap), 128):
+        for bn in (512, 256, 128, 64, 32, 16, 8):
+            bn = min(bn, n_cap)
+            if bn % sublanes:
+                continue
+            for bv in (2048, 1024, 512, 256, 128):
+                bv = min(bv, v_cap)
+                if bv >= v_floor and vmem(bn, bv) <= targets.TPU_VMEM_BUDGET_BYTES:
+                    return BlockSizes(block_n=bn, block_v=bv)
+    raise ValueError(f"no logprob_entropy tiles fit {targets.TPU_VMEM_BUDGET_BYTES} bytes of "
+                     f"VMEM at D={D}, {jnp.dtype(dtype).name}: use logprob_entropy_chunked")
+
+
+def supported(platform: str | None = None) -> bool:
+    """Whether `logprob_entropy` compiles for `platform` (see `targets.pallas_supported`);
+    where False, use `logprob_entropy_chunked`."""
+    return targets.pallas_supported(platform)
 
 
 def _validate(hidden_ND, w_DV, targets_N):
@@ -53,26 +131,33 @@ def _validate(hidden_ND, w_DV, targets_N):
                          f"targets_N {targets_N.shape}")
 
 
-def logprob_entropy_reference(hidden_ND, w_DV, targets_N):
+def logprob_entropy_reference(hidden_ND, w_DV, targets_N, *, platform: str | None = None):
     """(logp_N, entropy_N) from the full [N, V] logits (float32)."""
     _validate(hidden_ND, w_DV, targets_N)
-    logits = dot_f32(hidden_ND, w_DV)
+    logits = dot_f32(hidden_ND, w_DV, platform=platform)
     logp_NV = jax.nn.log_softmax(logits, axis=-1)
     logp_N = jnp.take_along_axis(logp_NV, targets_N[:, None], axis=-1)[:, 0]
     entropy_N = -jnp.sum(jnp.exp(logp_NV) * logp_NV, axis=-1)
     return logp_N, entropy_N
 
 
-def _merge(carry, z_NC, targets_N, offset):
-    """Fold one vocabulary tile of logits into the running (max, sum, Σe·z, target logit)."""
+def _merge(carry, z_NC, cols_NC, targets):
+    """Fold one vocabulary tile of logits into the running (max, Σe, Σe·z, target logit).
+
+    The carry arrays and `targets` are [N] or [N, 1]; `cols_NC` are the tile's vocabulary ids.
+    """
     m, s, sz, tgt = carry
-    m_new = jnp.maximum(m, jnp.max(z_NC, axis=-1))
+    keep = m.ndim == 2
+
+    def total(x):
+        return jnp.sum(x, axis=-1, keepdims=keep)
+
+    m_new = jnp.maximum(m, jnp.max(z_NC, axis=-1, keepdims=keep))
     scale = jnp.exp(m - m_new)
-    e = jnp.exp(z_NC - m_new[:, None])
-    cols = offset + jax.lax.broadcasted_iota(jnp.int32, z_NC.shape, 1)
-    hit = cols == targets_N[:, None]
-    tgt = tgt + jnp.sum(jnp.where(hit, z_NC, 0.0), axis=-1)
-    return m_new, s * scale + e.sum(-1), sz * scale + (e * z_NC).sum(-1), tgt
+    e = jnp.exp(z_NC - (m_new if keep else m_new[:, None]))
+    hit = cols_NC == (targets if keep else targets[:, None])
+    tgt = tgt + total(jnp.where(hit, z_NC, 0.0))
+    return m_new, s * scale + total(e), sz * scale + total(e * z_NC), tgt
 
 
 def _finish(m, s, sz, tgt):
@@ -80,7 +165,8 @@ def _finish(m, s, sz, tgt):
     return tgt - log_z, log_z - sz / s
 
 
-def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048):
+def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048, *,
+                            platform: str | None = None):
     """Same values as the reference with a `lax.scan` over vocabulary tiles of `block_v`.
 
     The tiles are rows of W^T [V, D], the layout of a tied embedding: given `embed_VD.T` the two
@@ -97,9 +183,10 @@ def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048):
     @jax.checkpoint
     def body(carry, xs):
         w_CD, valid_C, offset = xs
-        z = einsum_f32("nd,cd->nc", hidden_ND, w_CD)
+        z = einsum_f32("nd,cd->nc", hidden_ND, w_CD, platform=platform)
         z = jnp.where(valid_C[None, :], z, _NEG)
-        return _merge(carry, z, targets_N, offset), None
+        cols = offset + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
+        return _merge(carry, z, cols, targets_N), None
 
     init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
             jnp.zeros((N,), jnp.float32), jnp.zeros((N,), jnp.float32))
@@ -108,8 +195,10 @@ def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048):
     return _finish(*carry)
 
 
-def _kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int, vocab: int):
-    """One (row block, vocab tile) step; the four [block_n] accumulators live in the outputs."""
+def _grid_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int,
+                 vocab: int, dot_platform: str):
+    """TPU: one (row block, vocab tile) step; the four [block_n, 1] accumulators are the
+    output blocks, revisited along the vocabulary axis."""
     j = pl.program_id(1)
 
     @pl.when(j == 0)
@@ -119,52 +208,125 @@ def _kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int,
         sz_ref[...] = jnp.zeros(sz_ref.shape, jnp.float32)
         tgt_ref[...] = jnp.zeros(tgt_ref.shape, jnp.float32)
 
-    z = dot_f32(h_ref[...], w_ref[...])
+    z = dot_f32(h_ref[...], w_ref[...], platform=dot_platform)
     cols = j * block_v + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    z = jnp.where(cols < vocab, z, _NEG)
+    z = jnp.where(cols < vocab, z, _NEG)  # the last tile's columns past V hold garbage
     carry = (m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...])
-    m, s, sz, tgt = _merge(carry, z, t_ref[...], j * block_v)
-    m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...] = m, s, sz, tgt
+    m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...] = _merge(carry, z, cols, t_ref[...])
 
 
-def _forward(hidden_ND, w_DV, targets_N, block_sizes: BlockSizes, interpret: bool):
-    N, D = hidden_ND.shape
+def _forward_grid(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: str):
+    P, D = h_PD.shape
     V = w_DV.shape[1]
-    bn, bv = min(block_sizes.block_n, N), block_sizes.block_v
-    n_pad, v_pad = -(-N // bn) * bn, -(-V // bv) * bv
-    h = jnp.pad(hidden_ND, ((0, n_pad - N), (0, 0)))
-    w = jnp.pad(w_DV, ((0, 0), (0, v_pad - V)))
-    t = jnp.pad(targets_N.astype(jnp.int32), (0, n_pad - N))
-    acc = jax.ShapeDtypeStruct((n_pad,), jnp.float32)
-    row = pl.BlockSpec((bn,), lambda i, j: (i,))
-    m, s, sz, tgt = pl.pallas_call(
-        functools.partial(_kernel, block_v=bv, vocab=V),
+    bn, bv = bs.block_n, bs.block_v
+    acc = jax.ShapeDtypeStruct((P, 1), jnp.float32)
+    row = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
+    return pl.pallas_call(
+        functools.partial(_grid_kernel, block_v=bv, vocab=V,
+                          dot_platform="cpu" if interpret else platform),
         out_shape=(acc, acc, acc, acc),
-        grid=(n_pad // bn, v_pad // bv),
+        grid=(P // bn, pl.cdiv(V, bv)),
         in_specs=[pl.BlockSpec((bn, D), lambda i, j: (i, 0)),
                   pl.BlockSpec((D, bv), lambda i, j: (0, j)),
                   row],
         out_specs=(row, row, row, row),
+        compiler_params=None if interpret else targets.compiler_params(
+            platform, dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(h, w, t)
+    )(h_PD, w_DV, t_P[:, None])
+
+
+def _split_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int,
+                  block_d: int, tiles: int, vocab: int, dot_platform: str):
+    """GPU: the row block's partial accumulators over vocabulary range `program_id(1)`:
+    `tiles` tiles of `block_v` columns, each z = Σ_d h[:, d-step] · w[d-step, tile]."""
+    from jax.experimental.pallas import triton as pltriton
+
+    bn, D = h_ref.shape
+    first = pl.program_id(1) * tiles * block_v
+    t_N = t_ref[...]
+
+    def tile(k, carry):
+        start = pl.multiple_of(k * block_v, block_v)
+        cols_C = first + start + jnp.arange(block_v, dtype=jnp.int32)
+        valid_C = cols_C < vocab
+
+        def step(i, z):
+            d = pl.ds(pl.multiple_of(i * block_d, block_d), block_d)
+            w = pltriton.load(w_ref.at[d, pl.ds(start, block_v)], mask=valid_C[None, :],
+                              other=0)
+            return z + dot_f32(h_ref[:, d], w, platform=dot_platform)
+
+        z = jax.lax.fori_loop(0, D // block_d, step, jnp.zeros((bn, block_v), jnp.float32))
+        z = jnp.where(valid_C[None, :], z, _NEG)
+        cols = jnp.broadcast_to(cols_C[None, :], z.shape)
+        return _merge(carry, z, cols, t_N)
+
+    init = (jnp.full((bn,), _NEG, jnp.float32), jnp.zeros((bn,), jnp.float32),
+            jnp.zeros((bn,), jnp.float32), jnp.zeros((bn,), jnp.float32))
+    m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...] = jax.lax.fori_loop(0, tiles, tile, init)
+
+
+def _forward_split(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: str):
+    P, D = h_PD.shape
+    V = w_DV.shape[1]
+    bn, bv = bs.block_n, bs.block_v
+    bd = bs.block_d or max(16, min(64, targets.pow2_factor(D)))
+    if D % bd:  # D with a power-of-two factor below 16: pad D (copies the table)
+        h_PD = jnp.pad(h_PD, ((0, 0), (0, -D % bd)))
+        w_DV = jnp.pad(w_DV, ((0, -D % bd), (0, 0)))
+        D = h_PD.shape[1]
+    n_tiles = pl.cdiv(V, bv)
+    per_split = pl.cdiv(n_tiles, max(1, min(bs.num_splits, n_tiles)))
+    S = pl.cdiv(n_tiles, per_split)  # every range starts below V
+    part = jax.ShapeDtypeStruct((S, P), jnp.float32)
+    row = pl.BlockSpec((None, bn), lambda i, s: (s, i))
+    m, s, sz, tgt = pl.pallas_call(
+        functools.partial(_split_kernel, block_v=bv, block_d=bd, tiles=per_split, vocab=V,
+                          dot_platform="cpu" if interpret else platform),
+        out_shape=(part, part, part, part),
+        grid=(P // bn, S),
+        in_specs=[pl.BlockSpec((bn, D), lambda i, s: (i, 0)),
+                  pl.BlockSpec((D, per_split * bv), lambda i, s: (0, s)),
+                  pl.BlockSpec((bn,), lambda i, s: (i,))],
+        out_specs=(row, row, row, row),
+        compiler_params=None if interpret else targets.compiler_params(platform),
+        interpret=interpret,
+    )(h_PD, w_DV, t_P)
+    m_P = jnp.max(m, axis=0)
+    scale = jnp.exp(m - m_P)
+    return m_P, jnp.sum(s * scale, 0), jnp.sum(sz * scale, 0), jnp.sum(tgt, 0)
+
+
+def _forward(hidden_ND, w_DV, targets_N, block_sizes: BlockSizes, interpret: bool,
+             platform: str):
+    N = hidden_ND.shape[0]
+    bn = block_sizes.block_n
+    P = -(-N // bn) * bn
+    h = jnp.pad(hidden_ND, ((0, P - N), (0, 0)))
+    t = jnp.pad(targets_N.astype(jnp.int32), (0, P - N))
+    forward = _forward_split if platform == "gpu" else _forward_grid
+    m, s, sz, tgt = (x.reshape(P) for x in forward(h, w_DV, t, block_sizes, interpret,
+                                                    platform))
     logp, ent = _finish(m, s, sz, tgt)
     return logp[:N], ent[:N]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _logprob_entropy(hidden_ND, w_DV, targets_N, block_sizes, interpret):
-    return _forward(hidden_ND, w_DV, targets_N, block_sizes, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _logprob_entropy(hidden_ND, w_DV, targets_N, block_sizes, interpret, platform):
+    return _forward(hidden_ND, w_DV, targets_N, block_sizes, interpret, platform)
 
 
-def _fwd(hidden_ND, w_DV, targets_N, block_sizes, interpret):
-    out = _forward(hidden_ND, w_DV, targets_N, block_sizes, interpret)
+def _fwd(hidden_ND, w_DV, targets_N, block_sizes, interpret, platform):
+    out = _forward(hidden_ND, w_DV, targets_N, block_sizes, interpret, platform)
     return out, (hidden_ND, w_DV, targets_N)
 
 
-def _bwd(block_sizes, interpret, res, cotangents):
+def _bwd(block_sizes, interpret, platform, res, cotangents):
     hidden_ND, w_DV, targets_N = res
-    _, vjp = jax.vjp(lambda h, w: logprob_entropy_chunked(h, w, targets_N, block_sizes.block_v),
-                     hidden_ND, w_DV)
+    bv = min(block_sizes.block_v_backward, w_DV.shape[1])
+    _, vjp = jax.vjp(lambda h, w: logprob_entropy_chunked(
+        h, w, targets_N, bv, platform="cpu" if interpret else platform), hidden_ND, w_DV)
     dh, dw = vjp(cotangents)
     return dh, dw, None
 
@@ -173,12 +335,20 @@ _logprob_entropy.defvjp(_fwd, _bwd)
 
 
 def logprob_entropy(hidden_ND, w_DV, targets_N, *, block_sizes: BlockSizes | None = None,
-                    interpret: bool = False):
+                    interpret: bool = False, platform: str | None = None):
     """Pallas (logp_N, entropy_N); differentiable in hidden_ND and w_DV.
 
-    On CPU only `interpret=True` works (Pallas compiles for GPU / TPU only); the library calls
-    `logprob_entropy_chunked` there instead.
+    `platform`: "tpu" / "gpu" (None: the default backend) picks the kernel and, with
+    `block_sizes=None`, its tiles (`block_sizes_for`). Compiled kernels exist for TPU and GPU
+    only (`supported`); on CPU only `interpret=True` works (the TPU kernel, or the GPU one with
+    platform="gpu"); the library calls `logprob_entropy_chunked` there instead.
     """
     _validate(hidden_ND, w_DV, targets_N)
-    return _logprob_entropy(hidden_ND, w_DV, targets_N,
-                            block_sizes or BlockSizes.get_default(), interpret)
+    name = targets.resolve_platform(platform)
+    if name == "cpu" and not interpret:
+        raise ValueError("logprob_entropy compiles for TPU / GPU only: on CPU use "
+                         "interpret=True or logprob_entropy_chunked")
+    if block_sizes is None:
+        block_sizes = block_sizes_for(name, (*hidden_ND.shape, w_DV.shape[1]),
+                                      jnp.promote_types(hidden_ND.dtype, w_DV.dtype))
+    return _logprob_entropy(hidden_ND, w_DV, targets_N, block_sizes, interpret, name)
