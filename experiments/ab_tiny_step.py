@@ -33,15 +33,15 @@ def worker() -> None:
     import jax
     from bench_train import _median_time  # this script's folder is on sys.path
 
-    from vpo import data as data_lib
-    from vpo import sharding
-    from vpo import train as train_lib
-    from vpo.loop import shard_batch
+    from vpo.model import sharding
+    from vpo.rl import data as data_lib
+    from vpo.rl import step as train_lib
+    from vpo.rl.loop import shard_batch
 
     try:
-        from vpo.presets import build_run_config
+        from vpo.launch.presets import build_run_config
     except ImportError:  # an older checkout: the CLI module held it
-        from vpo.cli import build_run_config
+        from vpo.cli.main import build_run_config
     run, task = build_run_config("maze", None, OVERRIDES)[:2]
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)

@@ -13,7 +13,7 @@ test runs it:
         --reps 2 --grad-accum 1
 
 What it measures (warm medians over `--reps` calls; compile / first call reported separately):
-  1. sampling: generated tokens/s of `vpo.sampler.sample_with_keys` (as `bench_peers.VpoSize`),
+  1. sampling: generated tokens/s of `vpo.rollout.sampler.sample_with_keys` (as `bench_peers.VpoSize`),
      B prompts x G samples, P prompt tokens, exactly T new tokens at temperature 1 (the stop id
      is `vocab_size`, which no token takes, so every sample runs all T steps).
   2. decode step: (sampling call - prefill call) / T, the prefill being the same
@@ -26,11 +26,11 @@ What it measures (warm medians over `--reps` calls; compile / first call reporte
      (B * G * V * 4 bytes, 78 MB at the default shape, written once and read by each pass of
      the draw, log-prob and entropy) and cache writes, so the fraction is a lower bound on
      the bandwidth actually used. HBM bandwidth by device kind (`HBM_BW`).
-  3. the fused RL step `vpo.train.make_rl_step` (sample -> reward -> GRPO advantages -> one
+  3. the fused RL step `vpo.rl.step.make_rl_step` (sample -> reward -> GRPO advantages -> one
      AdamW update, one jit, state donated; built as `bench_peers.VpoSize._build_step`, with
      `bench_peers.CountATask` as the in-graph reward): seconds/step, completion tokens/s.
-     And the update alone (`vpo.train.update_from_rollout` after
-     `vpo.rewards.in_graph_rewards`, jitted and donated): reward + advantage + forward/backward
+     And the update alone (`vpo.rl.step.update_from_rollout` after
+     `vpo.rollout.rewards.in_graph_rewards`, jitted and donated): reward + advantage + forward/backward
      over `--grad-accum` micro-batches + AdamW, on a rollout from (1).
   4. update MFU = update FLOPs / update seconds / dense bf16 peak (`bench_peers.PEAK_FLOPS`),
      update FLOPs (full fine-tuning, every parameter trained; `update_flops`):
@@ -57,7 +57,7 @@ this model's XLA attention keeps float32 scores [B, G, H, T, P + T] per layer fo
 (~0.35 GB per layer per micro-batch here). If the update runs out of memory anyway, the script
 doubles `grad_accum` and tries again (reported as `grad_accum_used`). bf16 params and compute
 (`--dtype`); `XLA_PYTHON_CLIENT_MEM_FRACTION` defaults to 0.95 here so that the allocator may
-use most of the card. The attention path of decode is `vpo.model.decode_attention_impl()`
+use most of the card. The attention path of decode is `vpo.model.decoder.decode_attention_impl()`
 (the Pallas kernel on one GPU).
 
 At the default shape the update is 2.12e14 model FLOPs (2.03e14 matmul + 8.8e12 attention), so
@@ -104,13 +104,21 @@ import numpy as np  # noqa: E402
 from bench_peers import PEAK_FLOPS, CountATask, _timed  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from vpo import rewards as rewards_lib  # noqa: E402
-from vpo import sharding  # noqa: E402
-from vpo import train as train_lib  # noqa: E402
-from vpo.config import MODEL_PRESETS, ModelConfig, SamplerConfig, model_preset  # noqa: E402
-from vpo.model import decode_attention_impl  # noqa: E402
-from vpo.sampler import sample_with_keys  # noqa: E402
-from vpo.train_config import ObjectiveConfig, TrainConfig  # noqa: E402
+from vpo.config import (  # noqa: E402  # noqa: E402
+    MODEL_PRESETS,
+    ModelConfig,
+    ObjectiveConfig,
+    SamplerConfig,
+    TrainConfig,
+    model_preset,
+)
+from vpo.model.decoder import (
+    decode_attention_impl,  # noqa: E402
+    sharding,  # noqa: E402
+)
+from vpo.rl import step as train_lib  # noqa: E402
+from vpo.rollout import rewards as rewards_lib  # noqa: E402
+from vpo.rollout.sampler import sample_with_keys  # noqa: E402
 
 # HBM bandwidth in bytes/s by jax `device_kind` substring, most specific first (vendor sheets).
 HBM_BW = (("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12),  # H100 SXM 80GB HBM3
@@ -191,7 +199,7 @@ def _is_oom(err: Exception) -> bool:
 
 @functools.partial(jax.jit, static_argnames="graphdef")
 def _prefill(graphdef, state, prompts_BP, mask_BP):
-    """The sampler's prefill (`vpo.sampler.generate`'s first lines) under its own jit."""
+    """The sampler's prefill (`vpo.rollout.sampler.generate`'s first lines) under its own jit."""
     model = nnx.merge(graphdef, state)
     hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
     return model.logits(hidden_BPD[:, -1]), prefix

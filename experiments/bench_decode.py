@@ -3,8 +3,8 @@
 Run:  python experiments/bench_decode.py             (add --quick for fewer lengths and repeats)
 
 A decode step used to attend to every slot of a T-slot suffix cache, whatever the number of
-tokens generated so far, so a step cost O(T). `vpo.sampler.generate` now decodes in phases whose
-cache length doubles (`vpo.sampler.decode_windows`, `KVCache.grown`), so a step at position t
+tokens generated so far, so a step cost O(T). `vpo.rollout.sampler.generate` now decodes in phases whose
+cache length doubles (`vpo.rollout.sampler.decode_windows`, `KVCache.grown`), so a step at position t
 reads O(t) slots. Two tables on the same model, old and new alternated in one run (medians over
 repeats, the min-max range in brackets):
 
@@ -12,7 +12,7 @@ repeats, the min-max range in brackets):
      budget and short answers): tokens/s of `Decoder.extend` steps (greedy), a T-slot cache
      from the start vs the cache grown by the sampler's phases. The goal: flat in T
      (T = 1024 within 25% of T = 64).
-  2. `generate`: the whole sampler (`vpo.sampler.generate`) producing all T tokens, whole cache
+  2. `generate`: the whole sampler (`vpo.rollout.sampler.generate`) producing all T tokens, whole cache
      (`decode_block=T`) vs the default phases: the end-to-end gain when every step exists.
 """
 
@@ -29,8 +29,8 @@ import numpy as np
 from flax import nnx
 
 from vpo.config import model_preset
-from vpo.model import Decoder
-from vpo.sampler import DECODE_BLOCK, _generate_jit, decode_windows
+from vpo.model.decoder import Decoder
+from vpo.rollout.sampler import DECODE_BLOCK, decode_windows, generate_jit
 
 STOP, PAD = (-1,), 0  # a stop id no token takes: every sample runs the full T tokens
 
@@ -57,7 +57,7 @@ def decode_steps(graphdef, state, prompts_BP, *, G, cache_len, steps, grown):
         nxt = jnp.argmax(model.logits(hidden[:, :, 0]), -1).astype(jnp.int32)
         return t + 1, nxt, cache, out.at[:, :, t].set(nxt)
 
-    for end in ends:  # as `vpo.sampler.generate`: grow the cache, decode while it has room
+    for end in ends:  # as `vpo.rollout.sampler.generate`: grow the cache, decode while it has room
         carry = (*carry[:2], carry[2].grown(end), carry[3])
         carry = jax.lax.while_loop(lambda c, end=end: c[0] < min(end, steps), body, carry)
     return carry[3]
@@ -127,7 +127,7 @@ def main(argv=None):
     print(f"\n2. sampler generating all T tokens: tokens/s, median [min-max] of {g_repeats}")
     print(f"{'T':>5} | {'whole cache (old)':>27} | {'grown cache (new)':>27} | new/old")
     for T in lengths:
-        fns = [functools.partial(_generate_jit, graphdef, state, prompts, mask, keys,
+        fns = [functools.partial(generate_jit, graphdef, state, prompts, mask, keys,
                                  jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0),
                                  max_new_tokens=T, stop_ids=STOP, pad_id=PAD, decode_block=blk)
                for blk in (T, DECODE_BLOCK)]

@@ -4,7 +4,7 @@ Run:  python experiments/bench_lora.py            (--quick: a smaller model, few
 
 One decoder (default D=512, L=8, H=8, N=4, F=1536, V=4096: 27M params) on the bandit task,
 B=4 prompts × G=4 samples, KL to the reference on. Full fine-tuning trains every weight and keeps
-a copy as the KL reference; LoRA (rank 8, alpha 16, all seven projections, `vpo.lora`) trains
+a copy as the KL reference; LoRA (rank 8, alpha 16, all seven projections, `vpo.model.lora`) trains
 only the adapters on the same base, whose frozen weights are the reference. For each:
 
   * step time of the jitted update (log-probs, KL reference, loss, backward, AdamW) on the same
@@ -30,12 +30,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-from vpo import data as data_lib
-from vpo import lora, presets, sharding
-from vpo import rewards as rewards_lib
-from vpo import train as train_lib
-from vpo.loop import shard_batch
-from vpo.model import Decoder
+from vpo.launch import presets
+from vpo.model.decoder import Decoder, lora, sharding
+from vpo.rl import data as data_lib
+from vpo.rl import step as train_lib
+from vpo.rl.loop import shard_batch
+from vpo.rollout import rewards as rewards_lib
 
 
 def get_config():

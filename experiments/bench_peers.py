@@ -6,7 +6,7 @@ Run:  python experiments/bench_peers.py                 (three sizes, peers incl
 
 Sizes: `tiny` and `small` are random Qwen2 checkpoints (`make_ckpt.py`); `smollm2` is the real
 pretrained SmolLM2-135M-Instruct (49,152-token vocabulary, 30 layers; `make_smollm2.py`, or the
-same conversion of `vpo.gguf.smollm2_path()`), raced against HF generate and TRL only (no Tunix
+same conversion of `vpo.io.gguf.smollm2_path()`), raced against HF generate and TRL only (no Tunix
 model for it), on its own shapes: B=2 prompts x G=8, a 64-token prompt budget, 64 new tokens.
 For it the vpo side runs in a subprocess of its own, so that its peak resident memory can be set
 against the peers' (`peak_rss_mb`, each peer script's whole process).
@@ -18,12 +18,12 @@ Workloads (the peer scripts' constants, `../shared/peers/*.py`):
     tokens/s.
   * GRPO step: B=8 x G=8, T=64, one optimiser update per batch, no KL, reward = fraction of
     completion tokens that are "a" (the peers' string reward, computed on token ids in-graph);
-    vpo runs `vpo.train.make_rl_step` (sample -> reward -> advantages -> update, one jit, state
+    vpo runs `vpo.rl.step.make_rl_step` (sample -> reward -> advantages -> update, one jit, state
     donated); seconds per step.
   * VPO advantage: B=128 G=8 M=3 R=5 K=100, `experiments/bench_advantages.py` (exact Dirichlet(1)
     and lattice weights) against the peers' NumPy loop.
 
-The checkpoints (`make_ckpt.py`) are loaded through `vpo.hf.from_pretrained`. When the peer venvs
+The checkpoints (`make_ckpt.py`) are loaded through `vpo.io.hf.from_pretrained`. When the peer venvs
 exist (`../shared/peers/venvs.sh all`), every round runs vpo and then each peer script as a
 subprocess (same machine load, interleaved), and the table shows medians over rounds of each
 side's median over repetitions; compile / first-call times are reported separately. The speed
@@ -50,14 +50,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo import hf, sharding
-from vpo import rewards as rewards_lib
-from vpo import train as train_lib
-from vpo.config import SamplerConfig
-from vpo.host_memory import compile_now, keep_freed_memory_for
-from vpo.sampler import sample_with_keys
-from vpo.tokenizer import left_pad
-from vpo.train_config import ObjectiveConfig, TrainConfig
+from vpo.config import ObjectiveConfig, SamplerConfig, TrainConfig
+from vpo.io import hf
+from vpo.io.tokenizer import left_pad
+from vpo.model import sharding
+from vpo.rl import step as train_lib
+from vpo.rl.host_memory import compile_now, keep_freed_memory_for
+from vpo.rollout import rewards as rewards_lib
+from vpo.rollout.sampler import sample_with_keys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_advantages  # noqa: E402
@@ -151,7 +151,7 @@ def _timed(fn):
 
 
 class VpoSize:
-    """One checkpoint loaded through `vpo.hf`, with its compiled sampling call and RL step."""
+    """One checkpoint loaded through `vpo.io.hf`, with its compiled sampling call and RL step."""
 
     def __init__(self, size: str, dtype: str, remat: bool = False, scan_layers: bool = False):
         self.size = size
@@ -334,7 +334,7 @@ def peer_grpo(size: str) -> dict:
 def vpo_worker(size: str, dtype: str, reps: int, part: str) -> dict:
     """The vpo side of one size in this process, `part` "sampling" or "step", with the
     process's peak resident memory (`peak_rss_mb`). The step's process keeps freed memory as
-    `vpo train` does (`vpo.host_memory.keep_freed_memory_for`, set in `main`); sampling runs as
+    `vpo train` does (`vpo.rl.host_memory.keep_freed_memory_for`, set in `main`); sampling runs as
     `vpo sample` does, without it (one malloc arena costs sampling ~5% here)."""
     v = VpoSize(size, dtype)
     out = v.sampling(reps) if part == "sampling" else v.grpo_step(reps)

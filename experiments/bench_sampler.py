@@ -2,7 +2,7 @@
 
 Run:  python experiments/bench_sampler.py            (add --quick for a 1-point smoke run)
 
-Prints, for each (preset, B, G, P, T), generated tokens/s of `vpo.sampler` and of a naive sampler
+Prints, for each (preset, B, G, P, T), generated tokens/s of `vpo.rollout.sampler` and of a naive sampler
 that re-runs the full forward over the whole [B*G, P+T] buffer for every new token (same model,
 same keys, measured in the same run; medians over repetitions, compile time separate), and their
 ratio. Then the prefill saving of prefix sharing: one prompt with G=8 samples sharing its prefill
@@ -22,8 +22,8 @@ import numpy as np
 from flax import nnx
 
 from vpo.config import SamplerConfig, model_preset
-from vpo.model import Decoder
-from vpo.sampler import _generate_jit
+from vpo.model.decoder import Decoder
+from vpo.rollout.sampler import generate_jit
 
 STOP, PAD = (-1,), 0  # a stop id no token takes: every sample runs the full T tokens
 
@@ -72,7 +72,7 @@ def bench_point(preset, B, G, P, T, repeats):
     mask = jnp.ones((B, P), bool)
     keys = jax.random.split(jax.random.key(0), B * G).reshape(B, G)
     cfg = SamplerConfig(max_new_tokens=T, num_samples=G)
-    cached = functools.partial(_generate_jit, graphdef, state, prompts, mask, keys,
+    cached = functools.partial(generate_jit, graphdef, state, prompts, mask, keys,
                                jnp.float32(cfg.temperature), jnp.float32(1.0), jnp.int32(0),
                                max_new_tokens=T, stop_ids=STOP, pad_id=PAD)
     naive = functools.partial(naive_generate, graphdef, state, prompts, keys, T=T)
@@ -91,7 +91,7 @@ def bench_prefix_sharing(preset="small", G=8, P=128, T=8):
     args = (jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
 
     def flops(prompts, keys):
-        lowered = _generate_jit.lower(graphdef, state, prompts, jnp.ones(prompts.shape, bool),
+        lowered = generate_jit.lower(graphdef, state, prompts, jnp.ones(prompts.shape, bool),
                                       keys, *args, max_new_tokens=T, stop_ids=STOP, pad_id=PAD)
         return lowered.compile().cost_analysis()["flops"]
 

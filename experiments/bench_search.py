@@ -5,7 +5,7 @@ Run:  python experiments/bench_search.py            (add --quick for a short smo
 Both arms run the same search (same model, task, problem, config, keys and candidate budget) on
 the program task, bound to its built-in word-level tokenizer, with a randomly initialised
 decoder. The host arm is the usual driver: per generation, a jitted parent-selection +
-prompt-building call, the library's jitted sampler (`vpo.sampler.generate` under jit), a jitted
+prompt-building call, the library's jitted sampler (`vpo.rollout.sampler.generate` under jit), a jitted
 answer-reading (symbol ids) + reward + replacement + migration call, and a device→host read of
 the best fitness (logging / early stop). Compile time is measured separately (first
 call); throughput = candidates evaluated per second, median over repetitions. No assertions.
@@ -21,13 +21,14 @@ import jax.numpy as jnp
 from bench_sampler import time_calls  # experiments/ is sys.path[0] when run as a script
 from flax import nnx
 
-from vpo import population as ops
-from vpo import search
 from vpo.config import model_preset
-from vpo.model import Decoder
-from vpo.sampler import generate
+from vpo.model.decoder import Decoder
+from vpo.rollout.sampler import generate
+from vpo.search import ingraph as search
+from vpo.search import population as ops
 from vpo.tasks import make_task
-from vpo.tasks.bound import bind, seq_len_for, task_word_tokenizer
+from vpo.tasks.bound import bind, seq_len_for
+from vpo.tasks.words import task_word_tokenizer
 
 
 def get_config(quick: bool):

@@ -20,11 +20,11 @@ import time
 
 import jax
 
-from vpo import data as data_lib
-from vpo import rewards as rewards_lib
-from vpo import sharding
-from vpo import train as train_lib
-from vpo.loop import shard_batch
+from vpo.model import sharding
+from vpo.rl import data as data_lib
+from vpo.rl import step as train_lib
+from vpo.rl.loop import shard_batch
+from vpo.rollout import rewards as rewards_lib
 
 
 def get_config():
@@ -45,8 +45,8 @@ def _median_time(fn, repeats):
 
 
 def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
-    from vpo import presets  # here, not at the top: ab_tiny_step imports this module's timer
-    # under older checkouts of vpo, which have no vpo.presets
+    from vpo.launch import presets  # here, not at the top: ab_tiny_step imports this module's timer
+    # under older checkouts of vpo, which have no vpo.launch.presets
 
     overrides = [f"model={preset}", f"sampler.num_samples={G}",
                  f"train.batch_size={cfg['batch_size']}",

@@ -2,17 +2,17 @@
 
 Run:  python experiments/entropy_law.py [section.key=value ...] [--out runs/entropy_law]
 
-From one SFT warm start (vpo.compare.warm_start), GRPO with one answer per generation is trained
-plain, with Clip-Cov and with KL-Cov (vpo.compare.train_arms: same seeds, steps, G, lr). Each run
+From one SFT warm start (vpo.compare.driver.warm_start), GRPO with one answer per generation is trained
+plain, with Clip-Cov and with KL-Cov (vpo.compare.driver.train_arms: same seeds, steps, G, lr). Each run
 checkpoints `law_points` times; at step 0 and at every checkpoint R is the policy's HELD-OUT
 evaluation score (best@1 on `law_problems` problems the run never trains on, temperature
 `eval_temperature`, the same key everywhere) and H the training token entropy of the 10 steps
 before it, as in the paper (validation score against training entropy).
 
 Per arm and seed, four models are fitted on the early half of the points and scored by RMSE on
-the later half (vpo.entropy_law.heldout_fits): the law, R linear in H, R linear in steps (a
+the later half (vpo.eval.entropy_law.heldout_fits): the law, R linear in H, R linear in steps (a
 trend that ignores entropy) and a constant. The law is reproduced only when it beats all three
-on held-out points over seeds, with unbiased held-out residuals (vpo.claims.entropy_law_claim:
+on held-out points over seeds, with unbiased held-out residuals (vpo.eval.claims.entropy_law_claim:
 paired t-interval, three-way verdict). Written to entropy_law.md and entropy_law.png (held-out
 score against entropy, mean over seeds).
 """
@@ -26,12 +26,15 @@ import time
 
 import numpy as np
 
-from vpo import claims, compare, compare_report, entropy_law
+from vpo.compare import config as compare_config
+from vpo.compare import driver as compare
+from vpo.compare import report as compare_report
+from vpo.eval import claims, entropy_law
 
 
-def get_config(overrides: list[str] | None = None) -> compare.CompareConfig:
+def get_config(overrides: list[str] | None = None) -> compare_config.CompareConfig:
     base = ["arms=grpo,clip_cov,kl_cov", "num_seeds=3", "train.steps=300", "law_points=6"]
-    return compare.make_config("default", base + list(overrides or []))
+    return compare_config.make_config("default", base + list(overrides or []))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -55,11 +58,11 @@ def main(argv: list[str] | None = None) -> dict:
     for arm, t in table.items():
         c = claims.entropy_law_claim(f"entropy law on {arm}", law[arm])
         verdicts[arm] = c
-        lines.append(f"| {arm} | {compare_report._fmt(t['a'])} | {compare_report._fmt(t['b'])} "
-                     f"| {compare_report._fmt(t['r2'])} | "
-                     + " | ".join(compare_report._fmt(t["rmse"][m]) for m in entropy_law.MODELS)
+        lines.append(f"| {arm} | {compare_report.fmt(t['a'])} | {compare_report.fmt(t['b'])} "
+                     f"| {compare_report.fmt(t['r2'])} | "
+                     + " | ".join(compare_report.fmt(t["rmse"][m]) for m in entropy_law.MODELS)
                      + f" | {c['verdict']} |")
-    floor = {arm: [compare_report._tail_mean(r.metrics, "entropy") for r in rs]
+    floor = {arm: [compare_report.tail_mean(r.metrics, "entropy") for r in rs]
              for arm, rs in runs.items()}
     entropy_lines = [claims.compare_values(f"{arm} keeps training entropy above GRPO",
                                            floor[arm], floor["grpo"], names=(arm, "grpo"))
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
         f.write(text)
     curves = {arm: (np.mean([t["entropy"] for t in ts], 0), np.mean([t["score"] for t in ts], 0),
                     None) for arm, ts in law.items()}
-    compare_report._plot_bands(os.path.join(args.out, "entropy_law.png"), curves, marker="o",
+    compare_report.plot_bands(os.path.join(args.out, "entropy_law.png"), curves, marker="o",
                                xlabel="training token entropy H",
                                ylabel="held-out score R (best@1)",
                                title="entropy law R = -a exp(H) + b")

@@ -6,7 +6,7 @@
 A small run (`--preset smoke`, 6 steps, a checkpoint every 2) is killed with SIGKILL at each
 kill point, then `vpo train --out DIR --resume` finishes it (a run killed before it wrote its
 config.json is started again instead). Kill points are of two kinds: the loop's named points
-(`VPO_KILL_AT=point:step`, `vpo.loop.KILL_POINTS`: before a step, after its metrics row, while
+(`VPO_KILL_AT=point:step`, `vpo.rl.loop.KILL_POINTS`: before a step, after its metrics row, while
 an asynchronous checkpoint save is in flight, after a save completed, before the policy export)
 and moments inside orbax's save seen from outside by polling the checkpoint folder (the
 temporary step folder appears; its `state` item is being written; the step folder is renamed
@@ -43,7 +43,7 @@ def get_config() -> dict:
 
 
 def command(out: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "vpo.cli", "train", *extra, "--out", out]
+    return [sys.executable, "-m", "vpo.cli.main", "train", *extra, "--out", out]
 
 
 def fresh_args() -> list[str]:
@@ -111,7 +111,7 @@ def resume(out: str) -> int:
 
 
 def rows(out: str) -> list[dict]:
-    from vpo.metrics_log import read_rows
+    from vpo.rl.metrics_log import read_rows
 
     path = os.path.join(out, "metrics.jsonl")
     if not os.path.exists(path):
@@ -123,7 +123,7 @@ def params(out: str) -> list[np.ndarray]:
     import jax
     from flax import nnx
 
-    from vpo.checkpoint import load_policy
+    from vpo.io.checkpoint import load_policy
 
     model, _ = load_policy(os.path.join(out, "policy"))
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from vpo import plots
+from vpo.eval import plots
 
 
 def read_metrics(run_dir: str) -> list[dict]:

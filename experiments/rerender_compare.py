@@ -15,9 +15,9 @@ import os
 import sys
 import types
 
-from vpo import compare_report
+from vpo.compare import report as compare_report
+from vpo.compare.config import CompareConfig
 from vpo.config import from_dict
-from vpo.train_config import CompareConfig
 
 
 def main(src: str, out: str) -> None:

@@ -43,7 +43,7 @@ B, G, P, T = 2, 8, 64, 64  # bench_peers.py's smollm2 workload
 
 def smollm2_shapes() -> dict:
     """Layer count and the (K, N) of each weight of SmolLM2-135M (from the GGUF's metadata)."""
-    from vpo import gguf, hf
+    from vpo.io import gguf, hf
 
     cfg = hf.model_config(gguf.hf_config(gguf.smollm2_path()))
     D, F, hd = cfg.dim, cfg.mlp_dim, cfg.head_dim

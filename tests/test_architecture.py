@@ -1,6 +1,7 @@
-"""The map stays true: every `vpo` import goes to the same or a lower layer of the table in
-docs/architecture.md, every library module is in the table, and module-level imports have no
-cycle."""
+"""The map stays true: the package's units (subpackages, the core modules and the kernels) import
+only from lower layers of the table in docs/architecture.md, every unit is in the table,
+module-level imports have no cycle, and no private name (`_x`) is used across units, in the
+library or in experiments/."""
 
 import ast
 import pathlib
@@ -10,15 +11,17 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _layers() -> dict[str, int]:
+    """{unit: layer} from the rows `| layer | `unit`, `unit` | job |` of docs/architecture.md."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     out = {}
-    for layer, mods in re.findall(r"^\| (\d+) \| (.+?) \|$", text, re.M):
-        for m in mods.split(","):
-            out[m.strip()] = int(layer)
+    for layer, units in re.findall(r"^\| (\d+) \| ((?:`[\w.]+`(?:, )?)+) \|", text, re.M):
+        for u in re.findall(r"`([\w.]+)`", units):
+            out[u] = int(layer)
     return out
 
 
 def _modules() -> dict[str, pathlib.Path]:
+    """{dotted name without the `vpo.` prefix: path} of every library module."""
     mods = {}
     for p in (ROOT / "vpo").rglob("*.py"):
         parts = p.relative_to(ROOT / "vpo").with_suffix("").parts
@@ -26,49 +29,65 @@ def _modules() -> dict[str, pathlib.Path]:
         if name:
             mods[name] = p
     for p in (ROOT / "kernels").glob("*.py"):
-        if p.stem != "__init__":
-            mods[f"kernels.{p.stem}"] = p
+        mods["kernels" if p.stem == "__init__" else f"kernels.{p.stem}"] = p
     return mods
 
 
-def _imports(path: pathlib.Path, known) -> tuple[set[str], set[str]]:
-    """(all vpo modules imported anywhere in the file, those imported at module level)."""
+def _unit(module: str) -> str:
+    """The unit a module belongs to: its subpackage, or itself for a top-level module."""
+    return module.split(".")[0]
+
+
+def _imports(path: pathlib.Path, known) -> tuple[set[str], set[str], dict[str, str]]:
+    """(vpo modules imported anywhere in the file, those imported at module level,
+    {local alias: module} of imported modules)."""
     tree = ast.parse(path.read_text())
     top = {id(n) for n in tree.body}
-    every, module_level = set(), set()
+    every, module_level, aliases = set(), set(), {}
     for node in ast.walk(tree):
         names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vpo"):
-            base = node.module[4:]  # strip "vpo."
-            names = [f"{base}.{a.name}".strip(".") for a in node.names]
-            names = [n if n in known else base for n in names]
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                node.module == "vpo" or node.module.startswith("vpo.")):
+            base = node.module[4:]
+            for a in node.names:
+                full = f"{base}.{a.name}".strip(".")
+                if full in known:
+                    aliases[a.asname or a.name] = full
+                    names.append(full)
+                else:
+                    names.append(base)
         elif isinstance(node, ast.Import):
-            names = [a.name[4:] for a in node.names if a.name.startswith("vpo.")]
-        names = [n.replace("kernels.", "kernels.", 1) for n in names if n in known]
+            for a in node.names:
+                if a.name.startswith("vpo."):
+                    names.append(a.name[4:])
+                    if a.asname:
+                        aliases[a.asname] = a.name[4:]
+        names = [n for n in names if n in known]
         every.update(names)
         if id(node) in top:
             module_level.update(names)
-    return every, module_level
+    return every, module_level, aliases
 
 
-def test_every_import_goes_to_the_same_or_a_lower_layer():
+def test_every_unit_imports_only_lower_layers():
     layers, mods = _layers(), _modules()
-    missing = sorted(set(mods) - set(layers))
-    assert not missing, f"add these modules to the layer table of docs/architecture.md: {missing}"
+    missing = sorted({_unit(m) for m in mods} - set(layers))
+    assert not missing, f"add these units to the layer table of docs/architecture.md: {missing}"
     bad = []
     for name, path in mods.items():
-        for dep in _imports(path, mods)[0] - {name}:
-            if layers[dep] > layers[name]:
-                bad.append(f"{name} (layer {layers[name]}) imports {dep} (layer {layers[dep]})")
+        for dep in _imports(path, mods)[0]:
+            a, b = _unit(name), _unit(dep)
+            if a != b and layers[b] >= layers[a]:
+                bad.append(f"{name} ({a}, layer {layers[a]}) imports {dep} ({b}, layer "
+                           f"{layers[b]})")
     assert not bad, "\n".join(bad)
 
 
 def test_module_level_imports_have_no_cycle():
     mods = _modules()
     graph = {n: _imports(p, mods)[1] - {n} for n, p in mods.items()}
-    # the package `tasks` imports its task modules, which import siblings through the package
-    graph = {n: {d for d in deps if not (d == "tasks" and n.startswith("tasks."))}
-             for n, deps in graph.items()}
+    # a package's __init__ may import its own modules, which import siblings through it
+    graph = {n: {d for d in deps if not (n.startswith(d + "."))} for n, deps in graph.items()}
     state: dict[str, int] = {}
 
     def visit(n, path):
@@ -83,3 +102,39 @@ def test_module_level_imports_have_no_cycle():
 
     for n in graph:
         visit(n, [])
+
+
+def _private_uses(path: pathlib.Path, unit: str | None, mods) -> list[str]:
+    """`from vpo.x import _y` and `x._y` where x is a vpo module of another unit than `unit`."""
+    tree = ast.parse(path.read_text())
+    _, _, aliases = _imports(path, mods)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vpo."):
+            src = node.module[4:]
+            if src in mods and _unit(src) != unit:
+                out += [f"{path.name}: from vpo.{src} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__") and _unit(aliases[node.value.id]) != unit):
+            out.append(f"{path.name}: {node.value.id}.{node.attr}")
+    return out
+
+
+def test_no_private_name_is_used_across_units():
+    mods = _modules()
+    bad = []
+    for name, path in mods.items():
+        bad += _private_uses(path, _unit(name), mods)
+    for path in (ROOT / "experiments").glob("*.py"):
+        bad += _private_uses(path, None, mods)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_module_over_450_lines_without_a_stated_reason():
+    """A module past ~450 lines says why in a `# size:` line (one job that is long), or splits."""
+    mods = _modules()
+    long = [f"{n} ({len(p.read_text().splitlines())} lines)" for n, p in mods.items()
+            if len(p.read_text().splitlines()) > 450 and "# size:" not in p.read_text()]
+    assert not long, f"split these modules or state why they are long ('# size: ...'): {long}"

@@ -1,5 +1,5 @@
 """Bad input gets a named error and never costs a run: a table of bad inputs through
-`vpo.cli.main` (CLI overrides, config files, run folders, dataset files, HF / GGUF checkpoint
+`vpo.cli.main.main` (CLI overrides, config files, run folders, dataset files, HF / GGUF checkpoint
 folders, orbax checkpoints, reward outputs, eval / search / sft arguments). Each case exits
 non-zero, prints no traceback, names the offending thing, and leaves every run folder that
 existed before it byte-identical."""
@@ -11,7 +11,8 @@ import shutil
 import pytest
 from test_run_folders import snapshot  # tests/ is on sys.path under pytest
 
-from vpo import cli, presets
+from vpo.cli import main as cli
+from vpo.launch import presets
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BPE = os.path.join(FIXTURES, "hf", "qwen2_bpe")
@@ -350,7 +351,7 @@ def test_resume_before_a_checkpoint_keeps_the_runs_model_settings(world, tmp_pat
                                                                  capsys):
     """A run killed before its first checkpoint restarts from its --init policy with the run's
     own model settings (here a bfloat16 compute dtype), not the policy file's defaults."""
-    from vpo import loop
+    from vpo.rl import loop
 
     out = tmp_path / "killed"
     shutil.copytree(world["run"], out)
@@ -373,7 +374,7 @@ def test_resume_before_a_checkpoint_keeps_the_runs_model_settings(world, tmp_pat
 def test_a_config_files_model_settings_apply_to_the_init(world, tmp_path, monkeypatch):
     """`--config FILE --init POLICY`: the file's model fields that a checkpoint can be loaded
     with (here the compute dtype) take effect on the loaded policy, not only command-line ones."""
-    from vpo import loop
+    from vpo.rl import loop
 
     cfg = tmp_path / "bf16.json"
     cfg.write_text(json.dumps({"task": "bandit", "model": {"dtype": "bfloat16"}}))

@@ -13,15 +13,16 @@ import jax
 import numpy as np
 import pytest
 
-from vpo import checkpoint as ckpt_lib
-from vpo import data as data_lib
-from vpo import loop as loop_lib
-from vpo import presets, sharding
-from vpo import train as train_lib
-from vpo.config import SamplerConfig, model_preset
+from vpo.config import ObjectiveConfig, RunConfig, SamplerConfig, TrainConfig, model_preset
+from vpo.io import checkpoint as ckpt_lib
+from vpo.launch import assemble, presets
+from vpo.model import sharding
+from vpo.rl import data as data_lib
+from vpo.rl import loop as loop_lib
+from vpo.rl import step as train_lib
 from vpo.tasks import make_task
-from vpo.tasks.bound import bind, seq_len_for, task_word_tokenizer
-from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
+from vpo.tasks.bound import bind, seq_len_for
+from vpo.tasks.words import task_word_tokenizer
 
 M = 2
 
@@ -110,7 +111,7 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
     an hf: checkpoint, load as documented."""
     from flax import nnx
 
-    from vpo.model import Decoder
+    from vpo.model.decoder import Decoder
 
     task, run, _ = setup()
     tok = task.tokenizer
@@ -131,9 +132,9 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(tok.token_bytes(), got.token_bytes(), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert ckpt_lib.tokenizer_for(task.task, folder).encode("A B C") == tok.encode("A B C")
-    assert ckpt_lib.tokenizer_for(task.task, None).size == tok.size  # a preset: the word one
-    assert ckpt_lib.tokenizer_for(task.task, "tiny").size == tok.size
+    assert assemble.tokenizer_for(task.task, folder).encode("A B C") == tok.encode("A B C")
+    assert assemble.tokenizer_for(task.task, None).size == tok.size  # a preset: the word one
+    assert assemble.tokenizer_for(task.task, "tiny").size == tok.size
 
     bare = str(tmp_path / "bare")
     ckpt_lib.save_policy(bare, run.model, nnx.state(model, nnx.Param))
@@ -147,7 +148,7 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
     hf_model, hf_tok, hf_info = ckpt_lib.load_model("hf:" + src)
     assert hf_info == {"source": "hf:" + src} and hf_model.cfg.param_dtype == "float32"
     assert hf_tok.stop_ids == (72, 70) and hf_tok.pad_id == 70
-    assert ckpt_lib.tokenizer_for(task.task, "hf:" + src).stop_ids == (72, 70)
+    assert assemble.tokenizer_for(task.task, "hf:" + src).stop_ids == (72, 70)
 
 
 KILL_RUN = ["--preset", "smoke", "train.steps=4", "train.checkpoint_every=2"]
@@ -210,7 +211,7 @@ def test_kill_during_save_then_resume(tmp_path):
 def test_a_run_folder_names_its_policy(tmp_path):
     """`resolve_model_spec`: a `vpo train --out` folder (no policy.json, policy/ has one) means
     its policy/; a policy folder, an unfinished run and hf: specs stay as given."""
-    from vpo.checkpoint import resolve_model_spec
+    from vpo.io.checkpoint import resolve_model_spec
 
     run = tmp_path / "run"
     (run / "policy").mkdir(parents=True)

@@ -4,7 +4,8 @@ inconclusive or refuted, claims that do hold come out reproduced (instant: no tr
 import numpy as np
 import pytest
 
-from vpo import claims, entropy_law, evaluation
+from vpo.eval import claims, entropy_law
+from vpo.eval import metrics as evaluation
 
 KS = [1, 2, 3, 5, 10, 20, 30]
 NOT_REPRODUCED = {claims.INCONCLUSIVE, claims.REFUTED}

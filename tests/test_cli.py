@@ -6,9 +6,9 @@ import pathlib
 
 import pytest
 
-from vpo import cli, presets
-from vpo.config import ConfigError
-from vpo.train_config import TrainConfig
+from vpo.cli import main as cli
+from vpo.config import ConfigError, TrainConfig
+from vpo.launch import presets
 
 
 def _read(path) -> str:
@@ -259,7 +259,7 @@ def test_a_setting_given_to_a_command_without_settings_names_its_flag(capsys, tm
 
 
 def test_eval_rows_get_distinct_names():
-    from vpo.cli_policy import arm_names
+    from vpo.cli.policy import arm_names
 
     assert arm_names(["runs/c/arms/vpo/seed0/policy", "runs/c/arms/grpo/seed0/policy"]) == [
         "vpo/seed0", "grpo/seed0"]

@@ -8,8 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from vpo import cli, compare, compare_report, entropy_law
+from vpo.cli import main as cli
+from vpo.compare import config as compare_config
+from vpo.compare import driver as compare
+from vpo.compare import report as compare_report
 from vpo.config import ConfigError
+from vpo.eval import entropy_law
 
 
 def test_entropy_law_fit_recovers_known_coefficients():
@@ -53,34 +57,34 @@ def test_mean_ci_is_a_student_t_interval():
 ])
 def test_bad_compare_config_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
-        compare.make_config("default", [override])
+        compare_config.make_config("default", [override])
 
 
 def test_overrides_an_arm_or_init_would_replace_are_refused():
     """An override takes effect in every arm, or is refused naming what sets it instead."""
-    cfg = compare.make_config("default", ["objective.cov_control=clip_cov"])  # no arm sets it
+    cfg = compare_config.make_config("default", ["objective.cov_control=clip_cov"])  # no arm sets it
     assert cfg.objective.cov_control == "clip_cov"
     with pytest.raises(ConfigError, match="arm clip_cov sets cov_control='clip_cov'"):
-        compare.make_config("default", ["arms=grpo,clip_cov", "objective.cov_control=kl_cov"])
+        compare_config.make_config("default", ["arms=grpo,clip_cov", "objective.cov_control=kl_cov"])
     with pytest.raises(ConfigError, match="arm grpo_mut sets mutation_fraction"):
-        compare.make_config("default", ["arms=grpo,grpo_mut", "train.mutation_fraction=0.1"])
-    assert compare.make_config("default", ["train.mutation_fraction=0.1"]).train.mutation_fraction \
+        compare_config.make_config("default", ["arms=grpo,grpo_mut", "train.mutation_fraction=0.1"])
+    assert compare_config.make_config("default", ["train.mutation_fraction=0.1"]).train.mutation_fraction \
         == 0.1
     for item in ("sft_steps=50", "model=small"):
         with pytest.raises(ConfigError, match=f"{item.split('=')[0]}: .*init=/x/policy"):
-            compare.make_config("default", ["init=/x/policy", item])
+            compare_config.make_config("default", ["init=/x/policy", item])
 
 
 def test_presets_and_arm_configs():
-    paper = compare.make_config("paper")
+    paper = compare_config.make_config("paper")
     assert paper.objective.kl_coef == 1e-3 and paper.train.learning_rate == 1e-6
     assert paper.sampler.num_samples == 8 and paper.num_answers == 3
     assert paper.objective.num_weights == 100 and paper.objective.alpha == 1.0
     assert paper.eval_temperature == 0.7 and paper.eval_budget == 30
-    full = compare.make_config("full")
+    full = compare_config.make_config("full")
     assert full.task == "maze9" and full.num_seeds >= 5 and full.search_seeds >= 5
-    assert set(full.arm_names) == set(compare.ARMS)
-    cfg = compare.make_config("default", ["arms=" + ",".join(compare.ARMS)])
+    assert set(full.arm_names) == set(compare_config.ARMS)
+    cfg = compare_config.make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
     assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 5
     task = compare.make_task(cfg)
     from vpo.config import model_preset
@@ -173,7 +177,7 @@ def test_an_arm_that_never_had_a_gradient_is_static():
 
 
 def test_compare_never_replaces_a_folder_silently(tmp_path):
-    cfg = compare.make_config("smoke")
+    cfg = compare_config.make_config("smoke")
     out = str(tmp_path)
     with pytest.raises(ConfigError, match="holds no comparison"):
         compare.check_out_dir(cfg, out, resume=True, overwrite=False)
@@ -183,7 +187,7 @@ def test_compare_never_replaces_a_folder_silently(tmp_path):
     with pytest.raises(ConfigError, match="already holds a comparison.*--resume"):
         compare.check_out_dir(cfg, out, resume=False, overwrite=False)
     compare.check_out_dir(cfg, out, resume=True, overwrite=False)  # same settings: fine
-    other = compare.make_config("smoke", ["num_seeds=3", "train.steps=5"])
+    other = compare_config.make_config("smoke", ["num_seeds=3", "train.steps=5"])
     with pytest.raises(ConfigError, match=r"num_seeds, train differ"):
         compare.check_out_dir(other, out, resume=True, overwrite=False)
     with pytest.raises(ConfigError, match="choose one"):
@@ -197,7 +201,7 @@ def test_compare_never_replaces_a_folder_silently(tmp_path):
 def test_dashed_fit_shares_its_data_colour_and_pngs_combine(tmp_path):
     from matplotlib.figure import Figure
 
-    from vpo import plots
+    from vpo.eval import plots
 
     fig = Figure()
     ax = fig.add_subplot()

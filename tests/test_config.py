@@ -1,4 +1,4 @@
-"""Config validation (vpo.config, vpo.train_config): every field of every section rejects bad
+"""Config validation (vpo.config, vpo.config.run): every field of every section rejects bad
 values at construction with a ConfigError naming the field; names are checked against their one
 table; the run's size is checked against a memory estimate before anything is allocated.
 
@@ -18,14 +18,17 @@ from vpo.config import (
     ConfigError,
     DistributedConfig,
     ModelConfig,
+    ObjectiveConfig,
     RopeScaling,
+    RunConfig,
     SamplerConfig,
     SearchConfig,
+    TrainConfig,
     apply_overrides,
+    check_memory,
     from_dict,
     model_preset,
 )
-from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig, check_memory
 
 NAN, INF = math.nan, math.inf
 
@@ -242,7 +245,9 @@ def test_subset_estimators_need_k_below_the_group_size():
 
 
 def test_name_tables_are_the_ones_the_code_uses():
-    from vpo import _common, objectives, rewards
+    from vpo import objectives
+    from vpo.objectives import common as _common
+    from vpo.rollout import rewards
 
     assert tuple(rewards.ESTIMATORS) == config_lib.ADVANTAGES
     assert set(_common.STD_DDOF) == set(config_lib.STD_MODES)
@@ -250,7 +255,7 @@ def test_name_tables_are_the_ones_the_code_uses():
 
 
 def test_memory_estimate_rejects_a_group_that_cannot_fit():
-    from vpo.train import device_memory
+    from vpo.rl.checks import device_memory
 
     available, where = device_memory()
     run = RunConfig()

@@ -4,7 +4,7 @@ collectives) train the smoke preset on one 8-device mesh and match one process w
 Each process feeds its own contiguous slice of every global batch (grain, by process index);
 params are sharded over the tensor axis inside each process and the gradients are reduced over
 the data axis across the two processes. Metrics, checkpoints and the final policy come out of
-the same `vpo.loop.train` a single process runs.
+the same `vpo.rl.loop.train` a single process runs.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import jax
 import numpy as np
 import pytest
 
-from vpo import checkpoint as ckpt_lib
-from vpo import loop as loop_lib
-from vpo import presets, sharding
+from vpo.io import checkpoint as ckpt_lib
+from vpo.launch import presets
 
 # the entropy bonus gives every step a gradient to all-reduce, whatever the rewards
+from vpo.model import sharding
+from vpo.rl import loop as loop_lib
+
 OVERRIDES = ["train.steps=3", "train.checkpoint_every=2", "train.profile_every=2",
              "objective.advantage=vpo", "objective.entropy_coef=0.01"]
 MESH = dict(data=2, tensor=4)
@@ -34,12 +36,13 @@ WORKER = textwrap.dedent("""
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     pid, port, out, overrides = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
-    from vpo import sharding
+    from vpo.model import sharding
     sharding.initialize_distributed(sharding.DistributedConfig(
         enabled=True, coordinator="127.0.0.1:" + port, num_processes=2, process_id=pid))
     import jax
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
-    from vpo import loop, presets
+    from vpo.rl import loop
+    from vpo.launch import presets
     run, task, _ = presets.build_run_config("smoke", None, overrides)
     loop.train(run, out, task=task, mesh=sharding.make_mesh(data=2, tensor=4), progress=False)
     print("worker", pid, "done", flush=True)

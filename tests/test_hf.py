@@ -1,4 +1,4 @@
-"""vpo.hf against transformers: logits, greedy generation, save/load, sharded load, the
+"""vpo.io.hf against transformers: logits, greedy generation, save/load, sharded load, the
 checkpoint's tokenizer loaded and copied beside saved weights.
 
 The fixtures in tests/fixtures/hf/ are tiny random checkpoints written by transformers, with the
@@ -19,9 +19,11 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from vpo import hf, sampler, sharding
 from vpo.config import SamplerConfig
-from vpo.tokenizer import Tokenizer
+from vpo.io import hf
+from vpo.io.tokenizer import Tokenizer
+from vpo.model import sharding
+from vpo.rollout import sampler
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 NAMES = ["qwen2_tied", "qwen2_untied", "qwen3_tied", "qwen3_untied", "llama3_tied",
@@ -236,7 +238,7 @@ def test_unsupported_configs_are_named(edit, match):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_load_tokenizer_reads_the_checkpoint(name):
-    """hf.load_tokenizer is `vpo.tokenizer.load_tokenizer`: the checkpoint's special ids, every
+    """hf.load_tokenizer is `vpo.io.tokenizer.load_tokenizer`: the checkpoint's special ids, every
     eos id generation stops on, and its vocabulary."""
     e = _expected(name)
     tok = hf.load_tokenizer(FIXTURES / name)

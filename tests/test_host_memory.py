@@ -1,10 +1,10 @@
-"""`vpo.host_memory`: the ahead-of-time compiled step is the jitted one, and glibc's trim runs."""
+"""`vpo.rl.host_memory`: the ahead-of-time compiled step is the jitted one, and glibc's trim runs."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo.host_memory import compile_now, compiled_on_first_call, release_freed_memory
+from vpo.rl.host_memory import compile_now, compiled_on_first_call, release_freed_memory
 
 
 def test_compile_now_runs_the_jitted_function_with_its_donation():
@@ -27,7 +27,7 @@ def test_release_freed_memory_runs_on_glibc():
 
 
 def test_compiled_on_first_call_compiles_once_then_trims_then_runs(monkeypatch):
-    from vpo import host_memory
+    from vpo.rl import host_memory
 
     events = []
     monkeypatch.setattr(host_memory, "release_freed_memory", lambda: events.append("trim"))
@@ -49,7 +49,7 @@ def test_compiled_on_first_call_compiles_once_then_trims_then_runs(monkeypatch):
 
 _REUSE = """
 import ctypes, resource, sys
-from vpo import host_memory
+from vpo.rl import host_memory
 applied = host_memory.keep_freed_memory() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -83,7 +83,7 @@ def test_keep_freed_memory_reuses_a_freed_block_without_new_page_faults():
 
 
 def test_keep_freed_memory_for_applies_only_to_large_policies(monkeypatch):
-    from vpo import host_memory
+    from vpo.rl import host_memory
 
     calls = []
     monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1) or True)

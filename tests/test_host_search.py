@@ -9,12 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from vpo import host_search
-from vpo.hf import from_pretrained
-from vpo.search import METHODS, SearchConfig, summarize
+from vpo.io.hf import from_pretrained
+from vpo.io.tokenizer import load_tokenizer
+from vpo.search import host as host_search
+from vpo.search.ingraph import METHODS, SearchConfig, summarize
 from vpo.tasks import make_task
-from vpo.tasks.bound import bind, mutation_text
-from vpo.tokenizer import load_tokenizer
+from vpo.tasks.bound import bind
+from vpo.tasks.prompts import mutation_text
 
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 

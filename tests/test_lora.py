@@ -1,4 +1,4 @@
-"""LoRA (vpo.lora): only the adapters train, the KL reference is the frozen base, the merged
+"""LoRA (vpo.model.lora): only the adapters train, the KL reference is the frozen base, the merged
 export equals the adapted model, resume is exact, bad settings name their field.
 
 RL runs share one tiny shape (bandit on a 12-token vocabulary, B=4 prompts, G=8, M=2, tiny
@@ -16,27 +16,29 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vpo import checkpoint as ckpt_lib
-from vpo import data as data_lib
-from vpo import hf, lora, sharding
-from vpo import loop as loop_lib
-from vpo import train as train_lib
 from vpo.config import (
     LORA_TARGETS,
     ConfigError,
     ModelConfig,
+    ObjectiveConfig,
+    RunConfig,
     SamplerConfig,
+    TrainConfig,
     apply_overrides,
     from_dict,
     model_preset,
 )
-from vpo.model import Decoder
+from vpo.io import checkpoint as ckpt_lib
+from vpo.io import hf
+from vpo.io.tokenizer import word_tokenizer
+from vpo.model.decoder import Decoder, lora, sharding
+from vpo.rl import data as data_lib
+from vpo.rl import loop as loop_lib
+from vpo.rl import step as train_lib
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
 from vpo.tasks.bandit import ARMS
 from vpo.tasks.bound import bind
-from vpo.tokenizer import word_tokenizer
-from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
 
 M, RANK, STEPS = 2, 4, 2
 
@@ -213,7 +215,7 @@ def test_kl_reference_is_the_base(rl):
 
 
 def test_loop_resume_and_merged_export(task, tmp_path):
-    """Through vpo.loop.train: 2 steps straight == 1 step, then resumed from the checkpoint
+    """Through vpo.rl.loop.train: 2 steps straight == 1 step, then resumed from the checkpoint
     (adapters, optimiser state and base bit-exact); `policy/` holds the merged plain model,
     whose logits equal the adapted policy's, as does its HF safetensors export."""
     run = run_config(task, steps=2, checkpoint_every=1)

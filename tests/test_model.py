@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from vpo.config import ConfigError, ModelConfig, RopeScaling, model_preset
-from vpo.model import Decoder, KVCache, Prefix, rope_cos_sin, rope_inv_freq
+from vpo.model.decoder import Decoder, KVCache, Prefix, rope_cos_sin, rope_inv_freq
 
 VARIANTS = {
     "llama_tied": dict(),

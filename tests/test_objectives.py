@@ -107,7 +107,7 @@ def test_lattice_has_lower_variance_than_iid():
 
 @pytest.mark.parametrize("D", [1, 2, 3, 4, 5, 9])
 def test_sorting_network_sorts(D):
-    from vpo import _vpo
+    from vpo.objectives import vpo as _vpo
 
     u = np.random.default_rng(D).uniform(size=(3, D, 7)).astype(np.float32)
     u[0, :, 0] = u[0, 0, 0]  # ties

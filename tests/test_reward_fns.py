@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vpo.errors import ConfigError, RewardError
-from vpo.reward_fns import RewardScorer, load_callable, load_reward_fns
+from vpo.tasks.reward_fns import RewardScorer, load_callable, load_reward_fns
 
 REWARDS = '''
 import math, time
@@ -129,7 +129,7 @@ def test_each_bad_output_names_function_row_and_value(rewards_py, name, message)
         spec = importlib.util.spec_from_file_location("raising_rewards", rewards_py)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        from vpo.reward_fns import RewardFn
+        from vpo.tasks.reward_fns import RewardFn
         s = RewardScorer([RewardFn(f"{rewards_py}:raises", mod.raises, ("raises",))])
     with pytest.raises(RewardError, match=message):
         s(ROWS, ["a", "b"], [7, 9])

@@ -1,4 +1,4 @@
-"""vpo.rewards: the one estimator table (names, what each estimator sees, dispatch to the
+"""vpo.rollout.rewards: the one estimator table (names, what each estimator sees, dispatch to the
 objective functions), the estimator inputs, group variation for dynamic sampling, and the
 solved predicate pass@k training sees.
 
@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 from vpo import objectives as obj
-from vpo import rewards
-from vpo.config import ADVANTAGES
+from vpo.config import ADVANTAGES, ObjectiveConfig
+from vpo.rollout import rewards
 from vpo.tasks import make_task
-from vpo.train_config import ObjectiveConfig
 
 B, G, M, R = 3, 4, 2, 2
 W_R = np.array([0.5, 0.5], np.float32)

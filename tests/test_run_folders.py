@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
-from vpo import cli
-from vpo.checkpoint import CheckpointManager
+from vpo.cli import main as cli
 from vpo.errors import CheckpointError, RewardError
-from vpo.loop import SkipGuard
-from vpo.metrics_log import read_rows
+from vpo.io.checkpoint import CheckpointManager
+from vpo.rl.loop import SkipGuard
+from vpo.rl.metrics_log import read_rows
 
 TIMING = ("step_time_s", "tokens_per_s", "sampling_time_s", "update_time_s", "reward_time_s")
 SMOKE = ["--preset", "smoke", "--compile-cache", ""]
@@ -26,7 +26,7 @@ def metrics(out):
 def policy_params(out):
     from flax import nnx
 
-    from vpo.checkpoint import load_policy
+    from vpo.io.checkpoint import load_policy
 
     model, _ = load_policy(os.path.join(out, "policy"))
     return [np.asarray(x) for x in __import__("jax").tree.leaves(nnx.state(model, nnx.Param))]
@@ -149,7 +149,7 @@ def test_checkpoints_under_a_relative_out_path_restore(tmp_path, monkeypatch):
     paths, so the manager makes them absolute."""
     import jax.numpy as jnp
 
-    from vpo.checkpoint import CheckpointManager
+    from vpo.io.checkpoint import CheckpointManager
 
     monkeypatch.chdir(tmp_path)
     state = {"w": jnp.arange(4.0)}

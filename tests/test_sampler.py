@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vpo import _prng, sharding
+from vpo import prng as _prng
 from vpo.config import ConfigError, SamplerConfig, model_preset
-from vpo.model import Decoder
-from vpo.sampler import (
+from vpo.model.decoder import Decoder, sharding
+from vpo.rollout.sampler import (
     _first_crossing,
     _first_crossing_blocked,
     _first_crossing_cumsum,
     _first_crossing_two_level,
-    _generate_jit,
     _inverse_cdf_draw,
     choose_tokens,
     decode_windows,
+    generate_jit,
     left_pad,
     sample,
     sample_with_keys,
@@ -328,7 +328,7 @@ def test_decode_windows():
 
 def phased(model, prompts, keys, decode_block, temperature=1.0):
     graphdef, state = nnx.split(model)
-    return _generate_jit(graphdef, state, prompts[0], prompts[1], keys, jnp.float32(temperature),
+    return generate_jit(graphdef, state, prompts[0], prompts[1], keys, jnp.float32(temperature),
                          jnp.float32(1.0), jnp.int32(0), max_new_tokens=T, stop_ids=(EOS,),
                          pad_id=PAD, decode_block=decode_block)
 

@@ -7,10 +7,11 @@ import types
 
 import numpy as np
 
-from vpo.samples_log import JSONL, SampleLog, one_line, sample_rows
+from vpo.rl.samples_log import JSONL, SampleLog, one_line, sample_rows
 from vpo.tasks import make_task
 from vpo.tasks.answers import format_answers
-from vpo.tasks.bound import bind, task_word_tokenizer
+from vpo.tasks.bound import bind
+from vpo.tasks.words import task_word_tokenizer
 
 
 def _read(path) -> str:

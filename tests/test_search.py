@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vpo import population as ops
-from vpo import search, sharding
 from vpo.config import ConfigError, model_preset
-from vpo.model import Decoder
+from vpo.model.decoder import Decoder, sharding
+from vpo.search import ingraph as search
+from vpo.search import population as ops
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import base, make_task
-from vpo.tasks.bound import bind, mutation_text, seq_len_for, task_word_tokenizer
+from vpo.tasks.bound import bind, seq_len_for
+from vpo.tasks.prompts import mutation_text
+from vpo.tasks.words import task_word_tokenizer
 
 A, SYM = 6, 10
 SYMBOLS = tuple(f"s{i}" for i in range(SYM))

@@ -1,14 +1,16 @@
-"""SFT warm starts (`vpo.sft.run_sft`): one policy on a mixture of answer counts, plain and
+"""SFT warm starts (`vpo.rl.sft.run_sft`): one policy on a mixture of answer counts, plain and
 search-mutation demonstrations, a bad mutation fraction named. The SFT-then-RL tests that need
 the RL step live in test_train.py."""
 
 import numpy as np
 import pytest
 
-from vpo import compare
+from vpo.compare import config as compare_config
+from vpo.compare import driver as compare
 from vpo.config import model_preset
 from vpo.tasks import make_task
-from vpo.tasks.bound import bind, seq_len_for, task_word_tokenizer
+from vpo.tasks.bound import bind, seq_len_for
+from vpo.tasks.words import task_word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +22,9 @@ def program_task():
 def test_one_warm_start_mixes_answer_counts():
     """`run_sft` with several m trains one policy on 1-answer and 3-answer prompts (and their
     mutation prompts) in every batch."""
-    from vpo import sft
+    from vpo.rl import sft
 
-    cfg = compare.make_config("smoke")
+    cfg = compare_config.make_config("smoke")
     task = compare.make_task(cfg)
     need = max(seq_len_for(task, task.make_problems(0, 8), m, num_parents=2) for m in (1, 3))
     mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need + 16)
@@ -38,7 +40,7 @@ def test_run_sft_mixes_mutation_demonstrations_by_default(program_task):
     without the too-short-model fallback warning; a bad fraction names the field."""
     import warnings
 
-    from vpo.sft import run_sft
+    from vpo.rl.sft import run_sft
 
     task = program_task
     need = seq_len_for(task, task.make_problems(0, 1), 2, num_parents=2)

@@ -7,9 +7,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from vpo import sharding
 from vpo.config import model_preset
-from vpo.model import Decoder
+from vpo.model.decoder import Decoder, sharding
 
 
 def test_make_mesh_sizes_and_errors():

@@ -239,8 +239,8 @@ def test_ids_past_the_tokenizer_add_no_bytes():
     nothing, on the host and in the graph alike."""
     import jax.numpy as jnp
 
+    from vpo.io.tokenizer import word_tokenizer
     from vpo.tasks import answers as answers_lib
-    from vpo.tokenizer import word_tokenizer
 
     tok = word_tokenizer(["A", "B"], added=answers_lib.tag_strings(2))
     table, length = tok.token_bytes()

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vpo.io.tokenizer import load_tokenizer
 from vpo.tasks import answers, base, make_task
 from vpo.tasks.bound import (
     answer_instruction,
@@ -21,7 +22,6 @@ from vpo.tasks.bound import (
     prompt_text,
     task_word_tokenizer,
 )
-from vpo.tokenizer import load_tokenizer
 
 BPE = pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_bpe"
 TASKS = ("maze", "program", "bandit", "arithmetic")

@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
+from vpo.io.tokenizer import load_tokenizer
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind
-from vpo.tokenizer import load_tokenizer
 
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 

@@ -1,4 +1,4 @@
-"""vpo.tokenizer: HF checkpoint tokenizers against what transformers computed (chat templates,
+"""vpo.io.tokenizer: HF checkpoint tokenizers against what transformers computed (chat templates,
 special ids, encode/decode), save/load round trips, the word-level tokenizer, token bytes and
 completion text on a real byte-level BPE, chat affixes, clear errors, and no special id
 hard-coded anywhere else in vpo/."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vpo.errors import CheckpointError
-from vpo.tokenizer import WORD_SPECIALS, Tokenizer, load_tokenizer, word_tokenizer
+from vpo.io.tokenizer import WORD_SPECIALS, Tokenizer, load_tokenizer, word_tokenizer
 
 HF = pathlib.Path(__file__).parent / "fixtures" / "hf"
 WORD_FIXTURES = ("qwen2_tied", "qwen2_untied", "qwen3_tied", "qwen3_untied", "llama3_tied",
@@ -112,7 +112,7 @@ def test_bpe_fixture_chatml_template(bpe):
 
 
 def test_bpe_fixture_specials_and_model(bpe):
-    from vpo import hf
+    from vpo.io import hf
 
     end, start, im_end = (bpe.token_id(s) for s in ("<|endoftext|>", "<|im_start|>",
                                                      "<|im_end|>"))
@@ -293,7 +293,7 @@ def test_eos_from_token_ids_only_and_named_templates(tmp_path):
     assert tok.prompt_text("hi") == "hi!"
 
 
-# -- no special id hard-coded outside vpo/tokenizer.py -----------------------------------------
+# -- no special id hard-coded outside vpo/io/tokenizer.py -----------------------------------------
 
 _ID = r"(?:[A-Za-z_]*_)?(?:eos|pad|bos|sep|eot|stop)(?:_token)?_ids?"  # eos_id, pad_token_id
 _BARE = r"(?:eos|pad|bos|sep|eot)"  # a whole name

@@ -19,19 +19,27 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vpo import data as data_lib
-from vpo import loop as loop_lib
-from vpo import rewards as rewards_lib
-from vpo import sft as sft_lib
-from vpo import sharding
-from vpo import train as train_lib
-from vpo.config import ConfigError, SamplerConfig, model_preset
+from vpo.config import (
+    ConfigError,
+    ObjectiveConfig,
+    RunConfig,
+    SamplerConfig,
+    TrainConfig,
+    model_preset,
+)
+from vpo.io.tokenizer import load_tokenizer, word_tokenizer
+from vpo.model import sharding
+from vpo.rl import checks as rl_checks
+from vpo.rl import data as data_lib
+from vpo.rl import loop as loop_lib
+from vpo.rl import sft as sft_lib
+from vpo.rl import step as train_lib
+from vpo.rollout import rewards as rewards_lib
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
 from vpo.tasks.bandit import ARMS
-from vpo.tasks.bound import BoundTask, bind, task_word_tokenizer
-from vpo.tokenizer import load_tokenizer, word_tokenizer
-from vpo.train_config import ObjectiveConfig, RunConfig, TrainConfig
+from vpo.tasks.bound import BoundTask, bind
+from vpo.tasks.words import task_word_tokenizer
 
 M = 2
 BPE_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
@@ -262,23 +270,23 @@ def test_config_errors_name_the_field(task):
     with pytest.raises(ConfigError, match="objective.advantage"):
         ObjectiveConfig(advantage="ppo")
     run, P = run_config(task), prompt_len(task)
-    train_lib.check_run(run, task, P)
+    rl_checks.check_run(run, task, P)
     bad = dataclasses.replace(run, sampler=SamplerConfig(max_new_tokens=1))
     with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
-        train_lib.check_run(bad, task, P)
+        rl_checks.check_run(bad, task, P)
     small = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=8))
     with pytest.raises(ConfigError, match="model.vocab_size: 8 is smaller than the tokenizer's 12"):
-        train_lib.check_run(small, task, P)
+        rl_checks.check_run(small, task, P)
     with pytest.raises(ConfigError, match="model.max_seq_len"):
-        train_lib.check_run(run, task, P + 1)
+        rl_checks.check_run(run, task, P + 1)
     with pytest.raises(ConfigError, match="train.mutation_fraction"):
         TrainConfig(mutation_fraction=1.5)
     pallas = dataclasses.replace(run, train=dataclasses.replace(run.train, logprob_impl="pallas"))
     with pytest.raises(ConfigError, match="train.logprob_impl: 'pallas' runs on GPU or TPU"):
-        train_lib.check_run(pallas, task, P)
+        rl_checks.check_run(pallas, task, P)
     huge = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler, num_samples=10**8))
     with pytest.raises(ConfigError, match=r"sampler\.num_samples: 100000000 .* need at least"):
-        train_lib.check_run(huge, task, P)
+        rl_checks.check_run(huge, task, P)
 
 
 def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
@@ -293,8 +301,8 @@ def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
                     train=TrainConfig(num_answers=M, num_problems=64, mutation_fraction=0.25))
     assert P2 > P
     with pytest.raises(ConfigError, match=f"prompt {P2}"):
-        train_lib.check_run(run, maze, P2)
-    train_lib.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze, P)
+        rl_checks.check_run(run, maze, P2)
+    rl_checks.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze, P)
     # the loop sizes the sequence for the mutation prompts it mixes in (before any compile)
     with pytest.raises(ConfigError, match=f"prompt {P2}"):
         loop_lib.train(run, str(tmp_path / "run"), task=maze, mesh=one_device(), progress=False)
@@ -304,12 +312,12 @@ def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
                                                        max_seq_len=4096),
                                sampler=SamplerConfig(max_new_tokens=arith.completion_len(M)))
     with pytest.raises(ConfigError, match="no in-graph mutation prompts"):
-        train_lib.check_run(host, arith, prompt_len(arith))
+        rl_checks.check_run(host, arith, prompt_len(arith))
 
 
 def solved_fraction(model, task, records, num_answers, num_samples, key) -> float:
     """Share of sampled generations (`num_samples` per problem) with a solving answer."""
-    from vpo import sampler
+    from vpo.rollout import sampler
 
     prompts, mask = task.prompt_arrays(records, num_answers)
     tok = task.tokenizer
@@ -342,7 +350,7 @@ def test_state_from_model_with_kl_reference(task):
     """A TrainState around existing weights; with KL on, the reference stays frozen at them."""
     from flax import nnx
 
-    from vpo.model import Decoder
+    from vpo.model.decoder import Decoder
 
     base = run_config(task, steps=2)
     run = dataclasses.replace(base, objective=ObjectiveConfig(kl_coef=0.1))
@@ -361,8 +369,8 @@ def test_state_from_model_consumes_the_weights_only_when_asked(lora_rank):
     the state holds the same values; under LoRA the frozen base too); by default it copies."""
     from flax import nnx
 
-    from vpo import lora as lora_lib
-    from vpo.model import Decoder
+    from vpo.model import lora as lora_lib
+    from vpo.model.decoder import Decoder
 
     cfg = dataclasses.replace(model_preset("tiny", vocab_size=40, max_seq_len=16),
                               lora_rank=lora_rank)
@@ -385,7 +393,7 @@ def test_chunked_completion_logp_matches_full_logits():
     log-probs, entropies and parameter gradients of the full causal forward's logits."""
     from flax import nnx
 
-    from vpo.model import Decoder
+    from vpo.model.decoder import Decoder
 
     cfg = model_preset("tiny", vocab_size=300, max_seq_len=16)
     model = Decoder(cfg, rngs=nnx.Rngs(3))
@@ -571,9 +579,9 @@ def test_dapo_config_errors():
 def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
     """A random tiny Qwen2 with a real byte-level BPE tokenizer (tags and moves split over several
     tokens, a chat template, pad = `<|endoftext|>` at the END of the vocabulary, two stop ids):
-    SFT on maze demonstrations, then RL steps through `vpo.loop.train` from the SFT policy; the
+    SFT on maze demonstrations, then RL steps through `vpo.rl.loop.train` from the SFT policy; the
     RL rollouts solve mazes, and the policy folder carries the checkpoint's tokenizer."""
-    from vpo import checkpoint
+    from vpo.io import checkpoint
 
     model, tok, _ = checkpoint.load_model("hf:" + BPE_FIXTURE)
     assert len(tok.stop_ids) == 2 and tok.pad_id == tok.size - 3

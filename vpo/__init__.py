@@ -10,10 +10,10 @@ The names most users need, importable from the package (each is loaded on first 
                  save_pretrained, load_tokenizer
     configs      RunConfig, TrainConfig, ObjectiveConfig, SamplerConfig, ModelConfig,
                  SearchConfig
-    entry points run_training (`vpo.loop.train`), run_sft, evaluate_policy, make_search,
+    entry points run_training (`vpo.rl.loop.train`), run_sft, evaluate_policy, make_search,
                  run_method, run_host_method, run_compare
 
-An exported name never shadows a submodule: `from vpo import train` is the module `vpo.train`.
+An exported name never shadows a submodule: `from vpo import train` is the module `vpo.rl.step`.
     errors       ConfigError, CheckpointError, RewardError
 """
 
@@ -28,24 +28,24 @@ _EXPORTS = {
         "vpo_advantages", "grpo_advantages", "rloo_advantages", "gdpo_advantages",
         "maxrl_advantages", "max_at_k_advantages", "pass_at_k_advantages",
         "random_weight_grpo_advantages", "dirichlet_weights", "policy_loss", "kl_estimate")},
-    **{name: "vpo.evaluation" for name in ("pass_at_k", "best_at_k", "reward_diversity")},
+    **{name: "vpo.eval.metrics" for name in ("pass_at_k", "best_at_k", "reward_diversity")},
     "Task": "vpo.tasks.base",
     "make_task": "vpo.tasks",
     "bind": "vpo.tasks.bound",
-    "load_model": "vpo.checkpoint",
-    "from_pretrained": "vpo.hf",
-    "save_pretrained": "vpo.hf",
-    "load_tokenizer": "vpo.tokenizer",
+    "load_model": "vpo.io.checkpoint",
+    "from_pretrained": "vpo.io.hf",
+    "save_pretrained": "vpo.io.hf",
+    "load_tokenizer": "vpo.io.tokenizer",
     **{name: "vpo.config" for name in ("SamplerConfig", "ModelConfig")},
-    **{name: "vpo.train_config" for name in ("RunConfig", "TrainConfig", "ObjectiveConfig")},
+    **{name: "vpo.config" for name in ("RunConfig", "TrainConfig", "ObjectiveConfig")},
     "SearchConfig": "vpo.config",
-    "run_training": ("vpo.loop", "train"),
-    "run_sft": "vpo.sft",
-    "evaluate_policy": "vpo.policy_eval",
-    "make_search": "vpo.search",
-    "run_method": "vpo.search",
-    "run_host_method": "vpo.host_search",
-    "run_compare": "vpo.compare",
+    "run_training": ("vpo.rl.loop", "train"),
+    "run_sft": "vpo.rl.sft",
+    "evaluate_policy": "vpo.eval.policies",
+    "make_search": "vpo.search.ingraph",
+    "run_method": "vpo.search.ingraph",
+    "run_host_method": "vpo.search.host",
+    "run_compare": "vpo.compare.driver",
     **{name: "vpo.errors" for name in ("ConfigError", "CheckpointError", "RewardError")},
 }
 

@@ -18,9 +18,8 @@ import json
 import os
 import sys
 
-from vpo import presets
-from vpo.cli_checks import add_data_args, check_args, check_fit, dataset_kwargs
-from vpo.cli_policy import (
+from vpo.cli.checks import add_data_args, check_args, check_fit, dataset_kwargs
+from vpo.cli.policy import (
     add_eval_args,
     add_sample_args,
     add_search_args,
@@ -29,7 +28,8 @@ from vpo.cli_policy import (
     cmd_search,
     load_task,
 )
-from vpo.host_memory import keep_freed_memory_for
+from vpo.launch import presets
+from vpo.rl.host_memory import keep_freed_memory_for
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 # -- sft ------------------------------------------------------------------------------------
@@ -38,11 +38,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start on a task's demonstrations; writes a policy folder (weights and
     the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
-    from vpo import checkpoint, loop
-    from vpo.config import MODEL_PRESETS, ConfigError, model_preset
-    from vpo.sft import run_sft
+    from vpo.config import MODEL_PRESETS, ConfigError, model_preset, pretrained_lr
+    from vpo.io import checkpoint
+    from vpo.rl import loop
+    from vpo.rl.sft import run_sft
     from vpo.tasks.bound import seq_len_for
-    from vpo.train_config import pretrained_lr
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
     loop.check_new_run(args.out, overwrite=args.overwrite)
@@ -124,9 +124,9 @@ def _load_init(spec: str, run, overrides: list[str], config_file: str | None = N
     file's model fields count as given too (unless `model=` replaced its model section): the
     same ones are applied, and a shape field must equal the checkpoint's."""
 
-    from vpo import lora
-    from vpo.checkpoint import SHAPE_FIELDS, load_model
     from vpo.config import ConfigError
+    from vpo.io.checkpoint import SHAPE_FIELDS, load_model
+    from vpo.model import lora
 
     keys = {item.partition("=")[0].split(".")[1] for item in overrides
             if item.startswith("model.") and "." in item.partition("=")[0]}
@@ -157,7 +157,7 @@ def _load_init(spec: str, run, overrides: list[str], config_file: str | None = N
 def _loadable_fields(model_cfg) -> dict:
     """The ModelConfig fields a checkpoint can be loaded with (not its shapes, not LoRA)."""
 
-    from vpo.checkpoint import SHAPE_FIELDS
+    from vpo.io.checkpoint import SHAPE_FIELDS
 
     return {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)
             if f.name not in SHAPE_FIELDS}
@@ -166,11 +166,11 @@ def _loadable_fields(model_cfg) -> dict:
 def _resume_args(args: argparse.Namespace):
     """(run, bound task, starting policy spec or None) of `vpo train --out RUN --resume`."""
 
-    from vpo import loop
     from vpo.config import ConfigError
+    from vpo.io.tokenizer import load_tokenizer
+    from vpo.rl import loop
     from vpo.tasks import make_task
     from vpo.tasks.bound import bind
-    from vpo.tokenizer import load_tokenizer
 
     for flag, given in (("--preset", args.preset), ("--config", args.config),
                         ("--init", args.init), ("--data", args.data), ("--reward", args.reward),
@@ -197,8 +197,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     (`train.steps=N` extends the run to N steps); --out must not hold a run otherwise
     (`--overwrite` replaces it)."""
 
-    from vpo import loop, sharding
-    from vpo.checkpoint import load_model
+    from vpo.io.checkpoint import load_model
+    from vpo.model import sharding
+    from vpo.rl import loop
 
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
     _use_compile_cache(args.compile_cache)
@@ -267,10 +268,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) ->
     evaluation at an equal candidate budget -> island search on the hardest problems; writes
     --out/report.md."""
-    from vpo import compare
+    from vpo.compare import config as compare_config
+    from vpo.compare import driver as compare
 
     _use_compile_cache(args.compile_cache)
-    cfg = compare.make_config(args.preset, args.overrides)
+    cfg = compare_config.make_config(args.preset, args.overrides)
     command = " ".join(["vpo compare", f"--preset {args.preset}", *args.overrides,
                         f"--out {args.out}"])
     print(f"{command}: arms {', '.join(cfg.arm_names)} x seeds {cfg.seeds}, {cfg.train.steps} "

@@ -1,5 +1,5 @@
 """The commands that read a trained policy or a checkpoint: `vpo sample`, `vpo eval` and `vpo
-search` (`vpo.cli` holds the parser and the commands that train)."""
+search` (`vpo.cli.main` holds the parser and the commands that train)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 import os
 import time
 
-from vpo.cli_checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
+from vpo.cli.checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
 from vpo.tasks import TASK_NAMES as TASKS
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """`vpo.checkpoint.load_task`, imported on first use (keeps `vpo --help` fast)."""
-    from vpo.checkpoint import load_task as _load_task
+    """`vpo.launch.assemble.load_task`, imported on first use (keeps `vpo --help` fast)."""
+    from vpo.launch.assemble import load_task as _load_task
 
     return _load_task(name, model_spec, task_kwargs)
 
@@ -25,8 +25,8 @@ def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
     task when given; else `task_name`, else the task the policy was trained on (its own
     settings, e.g. a maze size or your data's files), else `default` (an hf: checkpoint).
     `difficulty` is --difficulty, which only `program` has. `overrides`: `load_model`'s."""
-    from vpo.checkpoint import load_model
     from vpo.config import ConfigError
+    from vpo.io.checkpoint import load_model
 
     model, _, info = load_model(policy, **overrides)
     if dataset is not None:
@@ -51,10 +51,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import numpy as np
     from flax import nnx
 
-    from vpo import sampler
-    from vpo.checkpoint import load_model
     from vpo.config import ConfigError, SamplerConfig, model_preset
-    from vpo.model import Decoder
+    from vpo.io.checkpoint import load_model
+    from vpo.model.decoder import Decoder
+    from vpo.rollout import sampler
     from vpo.tasks.bound import seq_len_for
 
     check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
@@ -147,11 +147,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     (eval.md), eval.json and best@k / pass@k plots to --out."""
     import jax
 
-    from vpo.policy_eval import default_ks, evaluate_policy, write_report
+    from vpo.eval.policies import default_ks, evaluate_policy, write_report
 
     results, tasks = {}, []
-    from vpo.checkpoint import load_model
     from vpo.config import ConfigError
+    from vpo.io.checkpoint import load_model
     from vpo.tasks.bound import seq_len_for
 
     check_args(args, positive=("budget", "problems", "answers"), finite=("temperature",))
@@ -191,7 +191,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _own_task(path: str) -> str | None:
     """The task a policy folder says it was trained on (policy.json), without loading it."""
-    from vpo.checkpoint import resolve_model_spec
+    from vpo.io.checkpoint import resolve_model_spec
 
     info = os.path.join(resolve_model_spec(path), "policy.json")
     if not os.path.isfile(info):
@@ -239,8 +239,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     between generations, with the parents and their scores written into the prompt."""
     import jax
 
-    from vpo import host_search, search, sharding
     from vpo.config import ConfigError
+    from vpo.model import sharding
+    from vpo.search import host as host_search
+    from vpo.search import ingraph as search
 
     check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
                finite=("temperature",))
@@ -307,7 +309,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="of --task program (default hard)")
     p.add_argument("--answers", type=int, default=None, help="answers per call (m)")
     p.add_argument("--parents", type=int, default=None, help="parents per mutation prompt "
-                   "(default: vpo.search.SearchConfig's)")
+                   "(default: vpo.search.ingraph.SearchConfig's)")
     p.add_argument("--problems", type=int, default=8)
     p.add_argument("--islands", type=int, default=4)
     p.add_argument("--members", type=int, default=8)

@@ -2,26 +2,26 @@
 
 Stages (one function each; every stage calls the library, nothing is re-implemented here):
 
-  1. `warm_start`   ONE SFT policy (`vpo.sft.run_sft`) on a mixture of 1-answer and m-answer
+  1. `warm_start`   ONE SFT policy (`vpo.rl.sft.run_sft`) on a mixture of 1-answer and m-answer
                     prompts (and search mutation prompts); every arm, whatever its m, starts
                     from it, so differences between arms come from RL.
-  2. `train_arms`   RL per arm and seed (`vpo.loop.train`): same steps, prompts B, samples G,
+  2. `train_arms`   RL per arm and seed (`vpo.rl.loop.train`): same steps, prompts B, samples G,
                     optimiser; seed i of every arm trains on the same problem order. Every run
                     checkpoints `law_points` times; each checkpoint is scored on held-out
                     problems (`law_trajectory`) for the entropy law.
   3. `evaluate_arms` budget-fair evaluation at temperature `eval_temperature`
-                    (`vpo.policy_eval`): N candidates per problem for every row (N/m
+                    (`vpo.eval.policies`): N candidates per problem for every row (N/m
                     generations of m answers, or N single answers), every parsed answer scored
                     the same way; seed i of every row (warm starts included) uses the same key.
   4. `hard_problems` the search problems: the `search_problems` hardest for the warm start on
                     a split of their own (`search_split_seed`), which no arm is evaluated or
                     chosen on.
-  5. `search_arms`  island search (`vpo.search.run_method`) with each row's policy as mutation
+  5. `search_arms`  island search (`vpo.search.ingraph.run_method`) with each row's policy as mutation
                     operator, `search_seeds` search seeds per policy, equal candidate budget,
                     the same search keys for every row; `probe_arms` measures each policy as a
                     mutation operator on its own (`policy_eval.mutation_probe`).
-  6. report        `vpo.compare_report`: paired 95% intervals over seeds and three-way verdicts
-                    (`vpo.claims`).
+  6. report        `vpo.compare.report`: paired 95% intervals over seeds and three-way verdicts
+                    (`vpo.eval.claims`).
 
 Arms (`ARMS`): "grpo" is the paper's GRPO baseline, ONE answer per generation and the scalar
 reward w*ᵀr; "maxk" Max@K (k = max(2, G/2), std-normalised as in verl; arXiv 2510.23393);
@@ -33,6 +33,8 @@ the same m answers; "clip_cov" / "kl_cov" (Cui et al., arXiv 2505.22617) and "en
 "vpo_mut" the same as grpo / vpo with `train.mutation_fraction` > 0 (mutation prompts in RL),
 the remedy measured for the search stage.
 """
+
+# size: one job, the stages of `vpo compare` (one function each) and their resume.
 
 from __future__ import annotations
 
@@ -47,117 +49,30 @@ import jax
 import numpy as np
 from flax import nnx
 
-from vpo import checkpoint, compare_report, policy_eval, search, sharding
-from vpo.checkpoint import load_model
-from vpo.config import ConfigError, SamplerConfig, apply_overrides, model_preset
-from vpo.loop import policy_complete, train, write_json_atomic
-from vpo.metrics_log import JSONL
-from vpo.search import SearchConfig
-from vpo.sft import run_sft
-from vpo.tasks.bound import seq_len_for
-from vpo.train import model_of
-from vpo.train_config import (
-    ARMS,
-    CompareConfig,
-    ObjectiveConfig,
+from vpo.compare import report as compare_report
+from vpo.compare.config import ARMS, CompareConfig
+from vpo.config import (
+    ConfigError,
     RunConfig,
-    TrainConfig,
+    model_preset,
 )
-
-
-def _paper_objective() -> ObjectiveConfig:
-    """VPO paper §1.6 (algorithms.md): PPO clip 0.2/0.2, dual clip 3, token-mean, k3 KL 1e-3,
-    K = 100 Dirichlet(α = 1) weights, no entropy bonus."""
-    return ObjectiveConfig(num_weights=100, alpha=1.0, clip_eps_low=0.2, clip_eps_high=0.2,
-                           dual_clip=3.0, kl_coef=1e-3, kl_estimator="k3", entropy_coef=0.0)
-
-
-FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,entropy_mask,grpo_mut,"
-             "vpo_mut")
-
-PRESETS: dict[str, CompareConfig] = {
-    # CI: a few steps of everything (the test may shrink it further with overrides).
-    "smoke": CompareConfig(
-        num_seeds=2, sft_steps=40, sft_demos=32, eval_problems=8, eval_budget=6,
-        search_problems=2, search_best_of_n=True,
-        search_pool=8, search_seeds=2, law_points=2, law_problems=4, probe_samples=2,
-        train=TrainConfig(steps=4, batch_size=8, num_problems=64, learning_rate=3e-4,
-                          checkpoint_every=10_000),
-        sampler=SamplerConfig(num_samples=4),
-        search=SearchConfig(islands=2, members=3, parents=2, children=3, generations=2,
-                            num_answers=1, temperature=0.7)),
-    # The quickstart: <= 10 minutes on 2 CPU cores (3 arms x 3 seeds, maze 5x5, tiny policy).
-    "default": CompareConfig(),
-    # Every arm on the paper's 9x9 maze, 5 seeds, the tiny policy: hours on a 2-core CPU (the
-    # estimate is printed up front), minutes on an accelerator.
-    "full": CompareConfig(
-        task="maze9", arms=FULL_ARMS, num_seeds=5, sft_steps=600, eval_problems=100,
-        eval_budget=30, search_problems=16, search_pool=100, search_seeds=5, law_points=6,
-        search_best_of_n=True,
-        train=TrainConfig(steps=600, batch_size=8, num_problems=1000, learning_rate=3e-4,
-                          checkpoint_every=10_000)),
-    # The paper's scale (VPO §1.6): Qwen3 policy, G = 8, m = 3, K = 100, α = 1, lr 1e-6 constant,
-    # AdamW wd 0.01, k3 KL 1e-3, T = 1.0 in training and 0.7 in evaluation, 128 prompts/step,
-    # minibatch 64; 9x9 maze, 100 test problems, best@30; the headline arms. Needs
-    # accelerators; `init=` names the checkpoint: a `vpo sft` / `vpo train` policy folder or
-    # hf:<folder> (default ~/ckpt/Qwen3-4B: `hf download Qwen/Qwen3-4B --local-dir
-    # ~/ckpt/Qwen3-4B`); see tpu_setup.sh.
-    "paper": CompareConfig(
-        task="maze9", model="qwen3-4b", arms="grpo,maxk,multi_rlvr,vpo", num_answers=3,
-        num_seeds=3, init="hf:~/ckpt/Qwen3-4B", sft_steps=0, devices=-1, eval_problems=100,
-        eval_budget=30, search_problems=32, search_pool=279, search_seeds=5, law_problems=100,
-        law_budget=3,
-        objective=_paper_objective(),
-        # 2 epochs of the 1000 training mazes at 128 prompts per step (VPO §1.4, §1.6).
-        train=TrainConfig(steps=16, batch_size=128, num_minibatches=2, num_problems=1000,
-                          learning_rate=1e-6, weight_decay=0.01, max_grad_norm=1.0,
-                          checkpoint_every=8, seed=42),
-        sampler=SamplerConfig(num_samples=8, temperature=1.0, top_p=1.0),
-        search=SearchConfig(islands=8, members=12, parents=2, children=12, generations=20,
-                            num_answers=1, temperature=0.7)),
-}
-
-
-def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] = ()
-                ) -> CompareConfig:
-    """A preset with typed `section.key=value` overrides (`vpo.config.apply_overrides`)."""
-    if preset not in PRESETS:
-        raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
-                          f"{', '.join(PRESETS)}")
-    cfg = apply_overrides(PRESETS[preset], list(overrides))
-    for item in overrides:
-        key = item.partition("=")[0]
-        section, _, field = key.partition(".")
-        why = _SET_PER_ARM.get(key)
-        if key in ("train.checkpoint_every", "train.keep_checkpoints") and cfg.law_points:
-            why = (f"with law_points={cfg.law_points} each run checkpoints that many times for "
-                   "the entropy law; set law_points=0 to choose it")
-        setters = [a for a in cfg.arm_names if section in ("objective", "train")
-                   and field in getattr(ARMS[a], section)]
-        if setters:
-            why = (f"arm {setters[0]} sets {field}={getattr(ARMS[setters[0]], section)[field]!r}"
-                   "; drop the override or that arm")
-        if cfg.init and (key == "model" or key.startswith("sft_")):
-            why = (f"with init={cfg.init} the arms start from that policy: no warm start is "
-                   "trained and no model preset is built")
-        if why:
-            raise ConfigError(f"{key}: vpo compare sets it itself ({why})")
-    return cfg
-
-
-# `RunConfig` fields `arm_run_config` sets itself, so an override of them would be lost
-_SET_PER_ARM = {
-    "sampler.max_new_tokens": "each arm's answer budget is fitted to its m answers",
-    "train.num_answers": "the multi-answer arms answer num_answers=M at once; set that",
-    "train.mutation_parents": "mutation prompts in RL show search.parents parents; set that",
-    "search.num_answers": "each policy searches with its own m answers per generation",
-}
+from vpo.eval import policies as policy_eval
+from vpo.io import checkpoint
+from vpo.io.checkpoint import load_model
+from vpo.launch.assemble import load_task
+from vpo.model import sharding
+from vpo.rl.loop import policy_complete, train, write_json_atomic
+from vpo.rl.metrics_log import JSONL
+from vpo.rl.sft import run_sft
+from vpo.rl.step import model_of
+from vpo.search import ingraph as search
+from vpo.tasks.bound import seq_len_for
 
 
 def make_task(cfg: CompareConfig):
     """The comparison's task bound to its tokenizer: the `init` checkpoint's own tokenizer, or
     the task's word-level tokenizer for a preset model trained from scratch."""
-    return checkpoint.load_task(cfg.task, cfg.init or None)
+    return load_task(cfg.task, cfg.init or None)
 
 
 # Seconds per token on 2 CPU cores, tiny policy, measured on the maze 5x5 quickstart (commit of
@@ -412,7 +327,7 @@ def hard_problems(cfg: CompareConfig, task, policy) -> dict[str, Any]:
 
 def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
                 ) -> dict[str, Any]:
-    """Island search (`vpo.search.run_method`) with each row's policy as mutation operator on
+    """Island search (`vpo.search.ingraph.run_method`) with each row's policy as mutation operator on
     the chosen problems, `search_seeds` searches each (the problems repeated, every copy its own
     key), the same keys for every row and seed. Per row and seed: solved_SP [search seed,
     problem] at the end, solved_SG [search seed, point] counts over the budget and, with

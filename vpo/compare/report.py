@@ -1,10 +1,12 @@
 """The `vpo compare` report: headline table with Student-t intervals over seeds, the papers'
-claims with three-way verdicts on paired differences (`vpo.claims`), RL against its warm start,
+claims with three-way verdicts on paired differences (`vpo.eval.claims`), RL against its warm start,
 the search stage (per-problem solve matrix, solved-vs-budget curves with intervals, the
 mutation-operator probe), the entropy law on held-out score, PNGs and report.md / summary.json.
 
-Reads what the stages in `vpo.compare` produced; computes nothing new about the policies.
+Reads what the stages in `vpo.compare.driver` produced; computes nothing new about the policies.
 """
+
+# size: one job, the report: each table and figure of report.md is one short function here.
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from vpo import claims, entropy_law, plots, policy_eval
-from vpo.train_config import ARMS, CompareConfig
+from vpo.compare.config import ARMS, CompareConfig
+from vpo.eval import claims, entropy_law, plots
+from vpo.eval import policies as policy_eval
 
 TAIL_FRAC = 0.2  # "late training" = the last 20% of steps
 PROBE_KEYS = ("valid", "improve", "copy", "distinct", "solved", "child_fitness", "entropy")
@@ -41,12 +44,12 @@ def smooth(x, window: int) -> np.ndarray:
     return (c[i] - c[lo]) / (i - lo)
 
 
-def _tail_mean(rows: list[dict[str, float]], key: str) -> float:
+def tail_mean(rows: list[dict[str, float]], key: str) -> float:
     n = max(1, round(TAIL_FRAC * len(rows)))
     return float(np.mean([r[key] for r in rows[-n:]]))
 
 
-def _fmt(values) -> str:
+def fmt(values) -> str:
     mean, hw = mean_ci(values)
     return f"{mean:.3f}" if math.isnan(hw) else f"{mean:.3f} ± {hw:.3f}"
 
@@ -61,8 +64,8 @@ def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, A
         for key in (f"pass@{N}", "diversity", "distinct", "valid_fraction", "entropy"):
             vals[key] = [r[key] for r in rows]
         if name in runs:
-            vals["train entropy"] = [_tail_mean(r.metrics, "entropy") for r in runs[name]]
-            vals["train diversity"] = [_tail_mean(r.metrics, "diversity") for r in runs[name]]
+            vals["train entropy"] = [tail_mean(r.metrics, "entropy") for r in runs[name]]
+            vals["train diversity"] = [tail_mean(r.metrics, "diversity") for r in runs[name]]
         if searches is not None:
             vals["search solved"] = [float(np.mean(np.sum(s["solved_SP"], -1)))
                                      for s in searches["rows"][name]]
@@ -135,7 +138,7 @@ def remedies(head, probes) -> list[dict[str, Any]]:
     return out
 
 
-def _plot_bands(path: str, curves: dict[str, tuple], *, xlabel: str, ylabel: str, title: str,
+def plot_bands(path: str, curves: dict[str, tuple], *, xlabel: str, ylabel: str, title: str,
                 marker: str | None = None) -> str:
     """Lines with shaded 95% intervals: curves {name: (xs, mean, half-width or None)}."""
     fig = Figure(figsize=(5.4, 3.8))
@@ -211,12 +214,12 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         curves = {arm: (np.mean([t["entropy"] for t in ts], 0), np.mean([t["score"] for t in ts],
                                                                         0), None)
                   for arm, ts in law.items()}
-        _plot_bands(os.path.join(out_dir, "entropy_law.png"), curves, marker="o",
+        plot_bands(os.path.join(out_dir, "entropy_law.png"), curves, marker="o",
                     xlabel="training token entropy H", ylabel="held-out score R (best@1)",
                     title="held-out score against entropy over training (mean over seeds)")
         pngs[0].append("entropy_law.png")
     if searches is not None:
-        _plot_bands(os.path.join(out_dir, "search_solved.png"), _search_curves(searches),
+        plot_bands(os.path.join(out_dir, "search_solved.png"), _search_curves(searches),
                     xlabel="candidates evaluated per problem",
                     ylabel=f"solved (of {len(searches['problems'])})",
                     title="island search on the hard problems (mean, 95% interval)")
@@ -301,10 +304,10 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
              "| policy | m | seeds | " + " | ".join(metrics) + " |",
              "|---|---|---|" + "---|" * len(metrics)]
     for name, h in head.items():
-        cells = [_fmt(h["values"][k]) if k in h["values"] else "" for k in metrics]
+        cells = [fmt(h["values"][k]) if k in h["values"] else "" for k in metrics]
         if name.startswith("sft") and searches is not None and "search solved" in metrics:
             # one policy searched with the shared keys: its interval is over the searches
-            cells[metrics.index("search solved")] = _fmt(_per_search(searches, name))
+            cells[metrics.index("search solved")] = fmt(_per_search(searches, name))
         lines.append(f"| {name} | {h['m']} | {len(h['seeds'])} | " + " | ".join(cells) + " |")
     lines += ["", "best@k: mean over problems of the best w*ᵀr among k candidates; pass@k: "
               "unbiased probability that k candidates contain a solution; diversity: mean "
@@ -343,8 +346,8 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
                   "| arm | a | b | R² | RMSE law | RMSE linear in H | RMSE trend in steps | "
                   "RMSE constant |", "|---|---|---|---|---|---|---|---|"]
         for arm, t in laws.items():
-            lines.append(f"| {arm} | {_fmt(t['a'])} | {_fmt(t['b'])} | {_fmt(t['r2'])} | "
-                         + " | ".join(_fmt(t["rmse"][k]) for k in entropy_law.MODELS) + " |")
+            lines.append(f"| {arm} | {fmt(t['a'])} | {fmt(t['b'])} | {fmt(t['r2'])} | "
+                         + " | ".join(fmt(t["rmse"][k]) for k in entropy_law.MODELS) + " |")
     lines += ["", "## Figures", "", "![best@k](best_at_k.png) ![pass@k](pass_at_k.png)", "",
               "![training](training.png)", ""]
     if laws:
@@ -378,7 +381,7 @@ def _search_text(cfg, searches, head) -> list[str]:
         rate = np.mean([np.mean(r["solved_SP"], axis=0) for r in rows], axis=0)
         per = (_per_search(searches, name) if name.startswith("sft")
                else head[name]["values"]["search solved"])
-        lines.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in rate) + f" | {_fmt(per)} |")
+        lines.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in rate) + f" | {fmt(per)} |")
     arms = [a for a in searches["rows"] if not a.startswith("sft")]
     only = []
     for a in arms:
@@ -428,8 +431,8 @@ def _probe_text(cfg, head, probes, fixes) -> list[str]:
         v = head[name]["values"]
         one = name.startswith("sft")  # one policy, one key: a single measurement
         lines.append(f"| {name} | " + " | ".join(f"{rows[0][k]:.3f}" if one else
-                                                 _fmt([r[k] for r in rows]) for k in PROBE_KEYS)
-                     + f" | {_fmt(v['valid_fraction'])} |")
+                                                 fmt([r[k] for r in rows]) for k in PROBE_KEYS)
+                     + f" | {fmt(v['valid_fraction'])} |")
     if fixes:
         lines += ["", "Mutation prompts in RL (`train.mutation_fraction`), paired by seed:", ""]
         lines += [_verdict_line(c) for c in fixes]

@@ -1,21 +1,20 @@
-"""Frozen configuration of RL / SFT training: objective, optimiser and loop, the whole run, the
-static part of one RL step (`StepConfig`) and the `vpo compare` run with its arms (`ARMS`,
-`CompareConfig`).
+"""Frozen configuration of RL / SFT training: objective, optimiser and loop, the whole run and
+the static part of one RL step (`StepConfig`).
 
 Validated on construction against the rule tables below (`vpo.config.validate`, the one helper;
 names against the tables of `vpo.config`); errors name the field and the fix
-(`vpo.config.ConfigError`). `RunConfig` is what `vpo.train.train` takes and what a checkpoint
+(`vpo.config.ConfigError`). `RunConfig` is what `vpo.rl.step.train` takes and what a checkpoint
 stores as JSON; its cross-section checks run where the run is complete, and
-`RunConfig.memory_bytes` is the size check `vpo.train.check_run` makes before allocating.
+`RunConfig.memory_bytes` is the size check `vpo.rl.checks.check_run` makes before allocating.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
-from vpo.config import (
-    ADVANTAGES,  # noqa: F401  (re-exported: the estimator names)
+from vpo.config.fields import (
+    ADVANTAGES,
     AGG_MODES,
     COV_CONTROLS,
     FLAG,
@@ -29,16 +28,14 @@ from vpo.config import (
     STD_MODES,
     WEIGHT_SAMPLERS,
     ConfigError,
-    ModelConfig,
-    SamplerConfig,
-    SearchConfig,
-    _require,
     integer,
-    model_preset,
     one_of,
     real,
+    require,
     validate,
 )
+from vpo.config.model import ModelConfig, model_preset
+from vpo.config.sections import SamplerConfig
 
 SUBSET_ESTIMATORS = ("maxk", "passk")  # estimators over k-subsets of a group (objective.subset_k)
 
@@ -53,7 +50,7 @@ class ObjectiveConfig:
     weight per prompt group and step; "passk" whether any valid answer solves the problem.
     Fields of other estimators are ignored here (one objective section serves several arms in
     `vpo compare`); `vpo train` refuses one given with a non-default value that its estimator
-    does not read (`vpo.rewards.Estimator.reads`).
+    does not read (`vpo.rollout.rewards.Estimator.reads`).
 
     Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617) select `max(floor(ratio · N_valid),
     cov_min_tokens)` tokens per loss call. The ratios default to the 7B recipe's 2e-3; the
@@ -109,17 +106,17 @@ class ObjectiveConfig:
 
     def __post_init__(self):
         validate("objective", self, self.RULES)
-        _require(self.clip_cov_lb < self.clip_cov_ub, "objective.clip_cov_ub",
+        require(self.clip_cov_lb < self.clip_cov_ub, "objective.clip_cov_ub",
                  f"{self.clip_cov_ub} must exceed clip_cov_lb {self.clip_cov_lb} (Clip-Cov picks "
                  "tokens with lb < cov < ub)")
-        _require(self.oversample == 1 or self.dynamic_sampling, "objective.oversample",
+        require(self.oversample == 1 or self.dynamic_sampling, "objective.oversample",
                  f"{self.oversample} samples extra groups only dynamic sampling uses; set "
                  "objective.dynamic_sampling=true or oversample=1")
-        _require(self.overlong_max_len is None
+        require(self.overlong_max_len is None
                  or self.overlong_cache_len <= self.overlong_max_len,
                  "objective.overlong_cache_len", f"{self.overlong_cache_len} exceeds "
                  f"overlong_max_len {self.overlong_max_len}; the buffer lies inside L_max")
-        _require(self.advantage != "passk" or self.overlong_cache_len == 0,
+        require(self.advantage != "passk" or self.overlong_cache_len == 0,
                  "objective.overlong_cache_len", "passk trains on pass/fail, which has no room "
                  "for a length penalty; set overlong_cache_len=0 (or overlong_mask=true)")
 
@@ -197,7 +194,7 @@ class TrainConfig:
     def __post_init__(self):
         validate("train", self, self.RULES)
         split = self.num_minibatches * self.grad_accum
-        _require(self.batch_size % split == 0, "train.batch_size",
+        require(self.batch_size % split == 0, "train.batch_size",
                  f"{self.batch_size} must be divisible by num_minibatches * grad_accum = {split} "
                  "(minibatches and micro-batches hold whole prompt groups)")
 
@@ -213,7 +210,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 class RunConfig:
     """A whole training run: model, sampler, objective, loop, mesh, and the task by name.
 
-    The task object itself is passed to `vpo.train.train` (built by the CLI from `task` and
+    The task object itself is passed to `vpo.rl.step.train` (built by the CLI from `task` and
     `task_kwargs`); the names are kept here so the checkpointed config says what was trained.
     """
 
@@ -223,26 +220,26 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     task: str = "bandit"
     task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    mesh_data: int = -1  # mesh axis sizes (see vpo.sharding.make_mesh); -1: remaining devices
+    mesh_data: int = -1  # mesh axis sizes (see vpo.model.sharding.make_mesh); -1: remaining devices
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
 
     def __post_init__(self):
         for field, cls in (("model", ModelConfig), ("sampler", SamplerConfig),
                            ("objective", ObjectiveConfig), ("train", TrainConfig)):
-            _require(isinstance(getattr(self, field), cls), field,
+            require(isinstance(getattr(self, field), cls), field,
                      f"must be a {cls.__name__} section; got {getattr(self, field)!r}")
-        _require(isinstance(self.task, str) and bool(self.task), "task",
+        require(isinstance(self.task, str) and bool(self.task), "task",
                  f"must be a task name; got {self.task!r}")
-        _require(isinstance(self.task_kwargs, dict), "task_kwargs",
+        require(isinstance(self.task_kwargs, dict), "task_kwargs",
                  f"must be a mapping of keyword arguments; got {self.task_kwargs!r}")
-        _require(self.mesh_data == -1 or integer(1).accepts(self.mesh_data), "mesh_data",
+        require(self.mesh_data == -1 or integer(1).accepts(self.mesh_data), "mesh_data",
                  f"must be an integer >= 1 or -1 (the remaining devices); got {self.mesh_data!r}")
         validate("", self, {"mesh_fsdp": POSITIVE, "mesh_tensor": POSITIVE})
         obj, G = self.objective, self.sampler.num_samples
         if obj.advantage in SUBSET_ESTIMATORS:
             k = obj.subset_size(G)
-            _require(k < G, "objective.subset_k" if obj.subset_k else "sampler.num_samples",
+            require(k < G, "objective.subset_k" if obj.subset_k else "sampler.num_samples",
                      f"{obj.advantage} needs k < G (k = n makes every advantage 0): k = {k}, "
                      f"G = sampler.num_samples = {G}; raise num_samples or lower subset_k")
 
@@ -302,7 +299,7 @@ def _gib(n: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """The static part of one RL step (hashable: part of the jit cache key): the run's sections
-    and the tokenizer's stop and pad ids (`vpo.train.step_config` builds it)."""
+    and the tokenizer's stop and pad ids (`vpo.rl.step.step_config` builds it)."""
 
     sampler: SamplerConfig
     objective: ObjectiveConfig
@@ -311,139 +308,11 @@ class StepConfig:
     pad_id: int
 
     def __post_init__(self):
-        _require(len(self.stop_ids) > 0 and all(isinstance(i, int) and i >= 0
+        require(len(self.stop_ids) > 0 and all(isinstance(i, int) and i >= 0
                                                 for i in self.stop_ids),
                  "step.stop_ids", f"must be a non-empty tuple of token ids; got {self.stop_ids}")
-        _require(isinstance(self.pad_id, int) and self.pad_id >= 0, "step.pad_id",
+        require(isinstance(self.pad_id, int) and self.pad_id >= 0, "step.pad_id",
                  f"must be a token id >= 0; got {self.pad_id}")
 
 
 # -- `vpo compare`: the arms and the comparison run ---------------------------------------
-
-class Arm(NamedTuple):
-    """One arm: ObjectiveConfig changes, answers per generation (None: the run's m) and
-    TrainConfig changes."""
-
-    objective: dict[str, Any]
-    answers: int | None
-    train: dict[str, Any] = {}
-
-
-MUTATION_REMEDY = 0.25  # train.mutation_fraction of the *_mut arms
-ARMS: dict[str, Arm] = {
-    "grpo": Arm({"advantage": "grpo"}, 1),
-    "maxk": Arm({"advantage": "maxk"}, 1),
-    "rw_grpo": Arm({"advantage": "rw_grpo"}, 1),
-    "passk": Arm({"advantage": "passk"}, 1),
-    "multi_rlvr": Arm({"advantage": "grpo"}, None),
-    "vpo": Arm({"advantage": "vpo"}, None),
-    "clip_cov": Arm({"advantage": "grpo", "cov_control": "clip_cov"}, 1),
-    "kl_cov": Arm({"advantage": "grpo", "cov_control": "kl_cov"}, 1),
-    "entropy_mask": Arm({"advantage": "grpo", "entropy_top_frac": 0.2}, 1),
-    "grpo_mut": Arm({"advantage": "grpo"}, 1, {"mutation_fraction": MUTATION_REMEDY}),
-    "vpo_mut": Arm({"advantage": "vpo"}, None, {"mutation_fraction": MUTATION_REMEDY}),
-}
-TASKS = ("maze", "maze9", "program")
-
-
-@dataclasses.dataclass(frozen=True)
-class CompareConfig:
-    """One comparison run. `objective`, `train` and `sampler` are shared by every arm (each arm
-    then sets its advantage / controls and m); `train.seed` is the first of `num_seeds`
-    consecutive RL seeds. Override with `section.key=value` like `vpo train`."""
-
-    task: str = "maze"  # "maze" (5x5), "maze9" (the paper's 9x9), "program"
-    model: str = "tiny"  # model preset (vpo.config.MODEL_PRESETS)
-    arms: str = "grpo,multi_rlvr,vpo"  # comma-separated names from ARMS
-    num_answers: int = 3  # m of the multi-answer arms
-    num_seeds: int = 3
-    init: str = ""  # a policy folder or hf:/path every arm starts from instead of SFT
-    sft_steps: int = 300  # the one SFT warm start (skipped when `init` is set)
-    sft_batch: int = 32
-    sft_lr: float = 3e-3
-    sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
-    sft_demos: int = 512  # demonstrations (and mutation demonstrations) per m
-    eval_problems: int = 64
-    eval_budget: int = 30  # candidates per problem (best@k up to k = 30), a multiple of every m
-    eval_seed: int = 4242  # held-out problem set (the paper's test seed)
-    eval_temperature: float = 0.7  # the paper's evaluation temperature
-    law_points: int = 5  # held-out evaluations per RL run for the entropy law (0: off)
-    law_problems: int = 32  # held-out problems (seed eval_seed + 1) scored at each of them
-    law_budget: int = 6  # candidates per problem at each of them
-    search_split_seed: int = 5151  # the search problems' own split (no arm is chosen on it)
-    search_pool: int = 64  # problems of that split the warm start is evaluated on
-    search_problems: int = 8  # the hardest of them for the warm start
-    search_seeds: int = 5  # independent searches per policy (shared keys across rows)
-    search_best_of_n: bool = False  # also best-of-N with each policy at the search's budget
-    probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
-    devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
-    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
-    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
-        steps=200, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
-    sampler: SamplerConfig = dataclasses.field(default_factory=lambda: SamplerConfig(
-        num_samples=8, temperature=1.0))
-    search: SearchConfig = dataclasses.field(default_factory=lambda: SearchConfig(
-        islands=4, members=6, parents=2, children=6, generations=6, num_answers=1,
-        temperature=0.7))
-
-    def __post_init__(self):
-        names = self.arm_names
-        unknown = [a for a in names if a not in ARMS]
-        if unknown or not names:
-            raise ConfigError(f"arms: unknown arm(s) {', '.join(unknown) or '(none)'}; choose "
-                              f"from {', '.join(ARMS)} (comma-separated)")
-        if len(set(names)) != len(names):
-            raise ConfigError(f"arms: {self.arms!r} names an arm twice")
-        for a in names:
-            try:
-                dataclasses.replace(self.objective, **ARMS[a].objective)
-                dataclasses.replace(self.train, **ARMS[a].train)
-            except ConfigError as e:
-                raise ConfigError(f"arms: arm {a!r} does not configure: {e}") from None
-        if self.task not in TASKS:
-            raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
-        if self.devices == 0 or self.devices < -1:
-            raise ConfigError(f"devices: must be >= 1 or -1 (all); got {self.devices}")
-        for f in ("num_answers", "num_seeds", "sft_batch", "sft_demos", "eval_problems",
-                  "eval_budget", "search_problems", "search_seeds", "search_pool",
-                  "law_problems", "law_budget", "probe_samples"):
-            if getattr(self, f) < 1:
-                raise ConfigError(f"{f}: must be >= 1; got {getattr(self, f)}")
-        if self.law_points < 0:
-            raise ConfigError(f"law_points: must be >= 0 (0: no entropy-law trajectory); got "
-                              f"{self.law_points}")
-        if self.law_points and self.train.steps < self.law_points:
-            raise ConfigError(f"law_points: {self.law_points} checkpoints need train.steps >= "
-                              f"{self.law_points}; got {self.train.steps} (or set law_points=0)")
-        if not self.eval_temperature > 0:
-            raise ConfigError(f"eval_temperature: must be > 0; got {self.eval_temperature}")
-        for m in self.all_answers:
-            for f in ("eval_budget", "law_budget"):
-                if getattr(self, f) % m:
-                    raise ConfigError(f"{f}: {getattr(self, f)} must be a multiple of every m "
-                                      f"in use ({m}); e.g. {m * 4}")
-            for f in ("members", "children"):
-                if getattr(self.search, f) % m:
-                    raise ConfigError(f"search.{f}: {getattr(self.search, f)} must be a multiple "
-                                      f"of every m in use ({m})")
-        if self.sft_steps < 1 and not self.init:
-            raise ConfigError("sft_steps: must be >= 1 unless init= names a policy to start from")
-        if self.search_problems > self.search_pool:
-            raise ConfigError(f"search_problems: {self.search_problems} > search_pool "
-                              f"({self.search_pool}); the hardest are picked from that pool")
-
-    @property
-    def arm_names(self) -> list[str]:
-        return [a.strip() for a in self.arms.split(",") if a.strip()]
-
-    @property
-    def seeds(self) -> list[int]:
-        return [self.train.seed + i for i in range(self.num_seeds)]
-
-    def arm_answers(self, arm: str) -> int:
-        return ARMS[arm].answers or self.num_answers
-
-    @property
-    def all_answers(self) -> list[int]:
-        """The m of the warm-start mixture and of the warm-start rows: 1 and num_answers."""
-        return sorted({1, self.num_answers})

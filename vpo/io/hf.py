@@ -3,18 +3,18 @@
 Reads and writes the folders `transformers` saves for Qwen2 / Qwen2.5 (`model_type` "qwen2"),
 Qwen3 ("qwen3") and Llama 3 / 3.1 / 3.2 ("llama"): config.json in the transformers 4 and 5
 spellings, one model.safetensors or shards listed in model.safetensors.index.json; the tokenizer
-(tokenizer.json and its special ids and chat template) through `vpo.tokenizer.load_tokenizer`.
+(tokenizer.json and its special ids and chat template) through `vpo.io.tokenizer.load_tokenizer`.
 A llama.cpp `.gguf` file (Llama architecture, e.g. SmolLM2) is read too, dequantized to float32
-(`vpo.gguf`); `save_pretrained(model, out, source=file.gguf)` turns it into an ordinary folder.
+(`vpo.io.gguf`); `save_pretrained(model, out, source=file.gguf)` turns it into an ordinary folder.
 No torch or transformers.
 
     model = hf.from_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", mesh=mesh)   # born sharded
-    model = hf.from_pretrained(vpo.gguf.smollm2_path())                     # a .gguf file
-    tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")                 # vpo.tokenizer.Tokenizer
+    model = hf.from_pretrained(vpo.io.gguf.smollm2_path())                     # a .gguf file
+    tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")                 # vpo.io.tokenizer.Tokenizer
     ids = tok.encode(tok.render_chat([{"role": "user", "content": "2+2?"}]))
     hf.save_pretrained(model, "/out/step-1000", source="/ckpt/Qwen2.5-0.5B-Instruct")
 
-Tensor layouts (torch Linear stores [out, in]; ours are einsum-shaped, see `vpo.model`):
+Tensor layouts (torch Linear stores [out, in]; ours are einsum-shaped, see `vpo.model.decoder`):
     q_proj.weight [(H E), D] → wq [D, H, E]        o_proj.weight [D, (H E)] → wo [H, E, D]
     k/v_proj.weight [(N E), D] → wk/wv [D, N, E]   q/k/v_proj.bias → bq [H, E], bk/bv [N, E]
     gate/up_proj.weight [F, D] → w_gate/w_up [D, F]  down_proj.weight [D, F] → w_down [F, D]
@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vpo import gguf
 from vpo.config import ModelConfig, RopeScaling
-from vpo.errors import CheckpointError  # noqa: F401  (re-exported: vpo.hf.CheckpointError)
-from vpo.model import Decoder
-from vpo.sharding import param_shardings
+from vpo.errors import CheckpointError  # noqa: F401  (re-exported: vpo.io.hf.CheckpointError)
+from vpo.io import gguf
+from vpo.model.decoder import Decoder
+from vpo.model.sharding import param_shardings
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "llama": "LlamaForCausalLM"}
@@ -106,7 +106,7 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
 
 def read_config(path) -> dict:
     """The config.json dict of a checkpoint folder, or the one a .gguf file's metadata states
-    (`vpo.gguf.hf_config`); `model_config(read_config(path))` is its `ModelConfig`."""
+    (`vpo.io.gguf.hf_config`); `model_config(read_config(path))` is its `ModelConfig`."""
     p = pathlib.Path(path).expanduser()
     return gguf.hf_config(p) if gguf.is_gguf(p) else _read_json(p / "config.json")
 
@@ -116,7 +116,7 @@ def model_config(hf: dict, *, dtype=None, **overrides: Any) -> ModelConfig:
     and compute dtypes, `overrides` any other field (e.g. `param_dtype="float32"`)."""
     mt = hf.get("model_type")
     if mt not in ARCHITECTURES:
-        raise CheckpointError(f"config.json: model_type {mt!r} is not supported; vpo.hf reads "
+        raise CheckpointError(f"config.json: model_type {mt!r} is not supported; vpo.io.hf reads "
                               f"{', '.join(ARCHITECTURES)} (Qwen2/Qwen2.5, Qwen3, Llama 3)")
     unsupported = {
         "hidden_act": hf.get("hidden_act", "silu") != "silu",
@@ -128,7 +128,7 @@ def model_config(hf: dict, *, dtype=None, **overrides: Any) -> ModelConfig:
     for field, bad in unsupported.items():
         if bad:
             raise CheckpointError(f"config.json: {field}={hf[field]!r} is not supported by "
-                                  f"vpo.model ({mt})")
+                                  f"vpo.model.decoder ({mt})")
     missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads", "vocab_size") if k not in hf]
     if missing:
@@ -261,7 +261,7 @@ def _flat_params(state) -> list[tuple[tuple, str, nnx.Variable]]:
 
 def _open_checkpoint(folder: pathlib.Path, stack: contextlib.ExitStack) -> dict[str, tuple]:
     """Checkpoint tensor name → (file, open safetensors handle), over all shards; for a .gguf
-    file, (file, `vpo.gguf.TensorFile`), which dequantizes each tensor when it is read."""
+    file, (file, `vpo.io.gguf.TensorFile`), which dequantizes each tensor when it is read."""
     if gguf.is_gguf(folder):
         handle = gguf.TensorFile(folder)
         return {k: (folder, handle) for k in handle.keys()}  # noqa: SIM118 (not a dict)
@@ -334,10 +334,10 @@ def from_pretrained(path, dtype=None, mesh=None, **overrides: Any) -> Decoder:
 
     Args:
       path: the folder (model.safetensors, or shards + model.safetensors.index.json), or a
-        llama.cpp .gguf file (Llama architecture; dequantized to float32, see `vpo.gguf`).
+        llama.cpp .gguf file (Llama architecture; dequantized to float32, see `vpo.io.gguf`).
       dtype: param and compute dtype (default: the checkpoint's `dtype` / `torch_dtype`;
         float32 for a .gguf file).
-      mesh: place every tensor straight into its `vpo.sharding` target sharding; each device
+      mesh: place every tensor straight into its `vpo.model.sharding` target sharding; each device
         reads only its own block from the file, so none holds a full copy of a sharded tensor.
       overrides: other `ModelConfig` fields, e.g. `param_dtype="float32"`, `max_seq_len=4096`.
     Raises `CheckpointError` naming the file and tensor when the folder does not match its config.
@@ -415,7 +415,7 @@ def save_pretrained(model: Decoder, path, *, model_type: str | None = None,
 
 
 def load_tokenizer(path):
-    """The checkpoint's tokenizer (see `vpo.tokenizer.load_tokenizer`)."""
-    from vpo.tokenizer import load_tokenizer as _load
+    """The checkpoint's tokenizer (see `vpo.io.tokenizer.load_tokenizer`)."""
+    from vpo.io.tokenizer import load_tokenizer as _load
 
     return _load(path)

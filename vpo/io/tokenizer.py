@@ -331,10 +331,10 @@ def load_tokenizer(path) -> Tokenizer:
     """The tokenizer of a checkpoint folder: tokenizer.json; special tokens from
     tokenizer_config.json, then generation_config.json, then config.json; every eos id listed
     anywhere is a stop id; the chat template from chat_template.jinja or tokenizer_config.json.
-    A .gguf file's tokenizer is rebuilt from its metadata (`vpo.gguf.load_tokenizer`)."""
+    A .gguf file's tokenizer is rebuilt from its metadata (`vpo.io.gguf.load_tokenizer`)."""
     from tokenizers import Tokenizer as Backend
 
-    from vpo import gguf
+    from vpo.io import gguf
 
     folder = pathlib.Path(path).expanduser()
     if gguf.is_gguf(folder):

@@ -12,9 +12,17 @@ import dataclasses
 import json
 import os
 
-from vpo.config import MODEL_PRESETS, ConfigError, apply_overrides, from_dict, model_preset
+from vpo.config import (
+    MODEL_PRESETS,
+    ConfigError,
+    ObjectiveConfig,
+    RunConfig,
+    apply_overrides,
+    from_dict,
+    model_preset,
+    pretrained_lr,
+)
 from vpo.tasks import TASK_NAMES as TASKS
-from vpo.train_config import ObjectiveConfig, RunConfig, pretrained_lr
 
 # Named starting points for `vpo train --preset NAME`: a task and overrides (applied before the
 # command line's). Model size and generation budget follow the task unless overridden.
@@ -68,9 +76,9 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
     word-level one for a preset model): vocabulary, generation budget, sequence length.
     `dataset` (from `dataset_kwargs`) makes the task a user's data and reward functions.
     A pretrained checkpoint (hf:) without a learning rate from the user or the preset gets
-    `vpo.train_config.pretrained_lr` instead of the from-scratch default.
+    `vpo.config.run.pretrained_lr` instead of the from-scratch default.
     Returns (run, bound task, the model spec to start from or None)."""
-    from vpo.checkpoint import load_task  # jax and orbax: imported on first use
+    from vpo.launch.assemble import load_task  # jax and orbax: imported on first use
     from vpo.tasks.bound import seq_len_for
 
     run = RunConfig()
@@ -106,11 +114,11 @@ def build_run_config(preset: str | None, config_file: str | None, overrides: lis
             if other:
                 raise ConfigError(f"{key}={value}: {other} fixes the {key}; drop one of them")
         if key == "model":
-            from vpo.checkpoint import resolve_model_spec
+            from vpo.io.checkpoint import resolve_model_spec
 
             value = resolve_model_spec(value)  # smollm2 → hf:<the package's GGUF>
             if value.startswith("hf:"):
-                from vpo import hf
+                from vpo.io import hf
 
                 run = dataclasses.replace(
                     run, model=hf.model_config(hf.read_config(hf.hf_spec_path(value))))
@@ -181,7 +189,7 @@ def _refuse_unread_objective_fields(run: RunConfig, given: set[str]) -> None:
     `objective.advantage` does not read, set to other than its default, is an error: it would
     change nothing. (`vpo compare` shares one objective section among its arms and checks its
     own overrides.)"""
-    from vpo.rewards import ESTIMATOR_FIELDS, ESTIMATORS  # jax: imported on first use
+    from vpo.rollout.rewards import ESTIMATOR_FIELDS, ESTIMATORS  # jax: imported on first use
 
     advantage = run.objective.advantage
     reads = ESTIMATORS[advantage].reads

@@ -3,9 +3,9 @@ cache.
 
 Architecture: token embedding → L × [RMSNorm → GQA attention with RoPE (optional qkv bias, optional
 per-head q/k RMSNorm) → residual → RMSNorm → SwiGLU MLP → residual] → RMSNorm → LM head (tied to
-the embedding or separate). Parameters carry `logical_axes` metadata that `vpo.sharding` maps to
+the embedding or separate). Parameters carry `logical_axes` metadata that `vpo.model.sharding` maps to
 mesh axes. With `cfg.lora_rank` r > 0 the projections named in `cfg.lora_targets` carry a `LoRA`
-adapter (`nnx.LoRAParam` A, B): y = x·W + (α/r)·(x·A)·B (see `vpo.lora`).
+adapter (`nnx.LoRAParam` A, B): y = x·W + (α/r)·(x·A)·B (see `vpo.model.lora`).
 
 Three entry points share one attention routine:
   * `model(tokens_BS, mask_BS)` — full causal forward over left-padded sequences → logits_BSV.
@@ -28,6 +28,9 @@ C suffix-cache length, V vocab, D width, F MLP width, H query heads, N KV heads,
 L layers.
 """
 
+# size: one job, the decoder: its layers, attention over the shared-prefix cache and the cache
+# itself; the adapter (`adapter`), LoRA on a policy (`lora`) and the mesh (`sharding`) are apart.
+
 from __future__ import annotations
 
 import math
@@ -37,9 +40,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vpo.config import LORA_TARGETS, ModelConfig
+from vpo.config import ModelConfig
 from vpo.kernels import decode_attention as decode_lib
 from vpo.kernels.precision import einsum_f32
+from vpo.model.adapter import add_adapters, plus_lora
 
 _MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
 
@@ -119,61 +123,6 @@ def _dense(x, w):
 
 def _param(init, key, shape, dtype, axes):
     return nnx.Param(init(key, shape, dtype), logical_axes=axes)
-
-
-class LoRA(nnx.Module):
-    """Low-rank adapter of one weight W [*in, *out] (Hu et al., 2021, arXiv 2106.09685).
-
-    W' = W + s·A·B with A [*in, r], B [r, *out] (`nnx.LoRAParam`, so the trainer can tell them
-    from the base `nnx.Param`s) and s = alpha / r. A ~ N(0, 1/fan_in), B = 0: an adapted model
-    starts equal to its base. The rank axis has the logical name "lora_rank" (replicated); the
-    others keep W's names, so the adapter shards like its weight.
-    """
-
-    def __init__(self, w: nnx.Param, num_in: int, rank: int, alpha: float, dtype, key):
-        shape, axes = tuple(w.shape), tuple(w.get_metadata("logical_axes"))
-        in_shape, out_shape = shape[:num_in], shape[num_in:]
-        init = nnx.initializers.normal(1.0 / math.sqrt(math.prod(in_shape)))
-        self.scale = alpha / rank
-        self.dtype = dtype
-        self.a = nnx.LoRAParam(init(key, in_shape + (rank,), w.dtype),
-                               logical_axes=axes[:num_in] + ("lora_rank",))
-        self.b = nnx.LoRAParam(jnp.zeros((rank,) + out_shape, w.dtype),
-                               logical_axes=("lora_rank",) + axes[num_in:])
-
-    def __call__(self, x):
-        """x [..., *in] → s·(x·A)·B [..., *out]: the adapter's term of x·W' (never forms the
-        [*in, *out] product). Both products are plain 2-D matmuls over the flattened tokens:
-        XLA's CPU backward of a dot contracting several token axes ran ~1.6x slower."""
-        a, b = self.a[...].astype(self.dtype), self.b[...].astype(self.dtype)
-        r = b.shape[0]
-        lead = x.shape[:x.ndim - (a.ndim - 1)]
-        u_NR = x.reshape(-1, a.size // r) @ a.reshape(-1, r)
-        return ((u_NR * self.scale) @ b.reshape(r, -1)).reshape(lead + b.shape[1:])
-
-    def delta(self):
-        """s·A·B [*in, *out] in float32: what `vpo.lora.merged` adds to W."""
-        a, b = self.a[...].astype(jnp.float32), self.b[...].astype(jnp.float32)
-        return self.scale * jnp.tensordot(a, b, axes=1)
-
-
-def _plus_lora(y, lora: LoRA | None, x):
-    return y if lora is None else y + lora(x)
-
-
-def add_adapters(model: Decoder, key) -> None:
-    """In place: a `LoRA` (rank, alpha, targets of `model.cfg`) on each targeted projection of
-    every layer, A drawn from `key` folded with (layer, target). Leaves the base weights as they
-    are, so a Decoder built with LoRA has the same W as the plain one of the same seed."""
-    cfg = model.cfg
-    for i, layer in enumerate(model.layers):
-        for j, name in enumerate(cfg.lora_targets):
-            weight = LORA_TARGETS[name]
-            owner = layer.attn if name in ("q", "k", "v", "o") else layer.mlp
-            k = jax.random.fold_in(jax.random.fold_in(key, i), j)
-            setattr(owner, weight + "_lora", nnx.data(
-                LoRA(getattr(owner, weight), 2 if name == "o" else 1, cfg.lora_rank,
-                     cfg.lora_alpha, jnp.dtype(cfg.dtype), k)))
 
 
 class RMSNorm(nnx.Module):
@@ -286,7 +235,7 @@ class Attention(nnx.Module):
         self.wq_lora = self.wk_lora = self.wv_lora = self.wo_lora = None  # `add_adapters`
 
     def _project(self, x, w, b, lora):
-        y = _plus_lora(_dense(x, w[...].astype(self.dtype)), lora, x)
+        y = plus_lora(_dense(x, w[...].astype(self.dtype)), lora, x)
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
     def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP,
@@ -342,10 +291,10 @@ class MLP(nnx.Module):
         self.w_gate_lora = self.w_up_lora = self.w_down_lora = None  # `add_adapters`
 
     def __call__(self, x):
-        gate = _plus_lora(_dense(x, self.w_gate[...].astype(self.dtype)), self.w_gate_lora, x)
-        up = _plus_lora(_dense(x, self.w_up[...].astype(self.dtype)), self.w_up_lora, x)
+        gate = plus_lora(_dense(x, self.w_gate[...].astype(self.dtype)), self.w_gate_lora, x)
+        up = plus_lora(_dense(x, self.w_up[...].astype(self.dtype)), self.w_up_lora, x)
         h = jax.nn.silu(gate) * up
-        return _plus_lora(_dense(h, self.w_down[...].astype(self.dtype)), self.w_down_lora, h)
+        return plus_lora(_dense(h, self.w_down[...].astype(self.dtype)), self.w_down_lora, h)
 
 
 class Block(nnx.Module):

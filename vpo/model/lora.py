@@ -1,7 +1,7 @@
 """LoRA: low-rank adapters on a frozen base policy (Hu et al., 2021, arXiv 2106.09685).
 
 A targeted projection W [*in, *out] (`ModelConfig.lora_targets`, names in `LORA_TARGETS`) gets
-A [*in, r] and B [r, *out] (`nnx.LoRAParam`, `vpo.model.LoRA`):
+A [*in, r] and B [r, *out] (`nnx.LoRAParam`, `vpo.model.adapter.LoRA`):
 
     y = x·W + s·(x·A)·B,    s = lora_alpha / r,    A ~ N(0, 1/fan_in),  B = 0,
 
@@ -10,7 +10,7 @@ layer r·(fan_in + fan_out) numbers instead of fan_in·fan_out); W stays frozen.
 (adapters off) is the KL reference, read from the same W, never copied. Export folds the
 adapters in, W ← W + s·A·B, giving a plain Decoder (`lora_rank=0`) that every tool reads.
 
-Pure functions over `vpo.model.Decoder`s; the trainer stores `split`'s two states as
+Pure functions over `vpo.model.decoder.Decoder`s; the trainer stores `split`'s two states as
 `TrainState.params` (adapters) and `TrainState.frozen` (base weights).
 """
 
@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vpo.config import LORA_TARGETS, ConfigError, ModelConfig
-from vpo.model import Decoder, add_adapters
+from vpo.model.adapter import add_adapters
+from vpo.model.decoder import Decoder
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
              if f.name.startswith("lora_")}
@@ -70,7 +71,7 @@ def with_adapters(model: Decoder, rank: int, *, alpha: float = _DEFAULTS["lora_a
     The base arrays are shared, not copied (jax arrays are immutable)."""
     if model.cfg.lora_rank:
         raise ValueError(f"model already has rank-{model.cfg.lora_rank} adapters; fold them in "
-                         "first with vpo.lora.merged")
+                         "first with vpo.model.lora.merged")
     if rank < 1:
         raise ConfigError(f"model.lora_rank: adapters need rank >= 1; got {rank}")
     cfg = dataclasses.replace(model.cfg, lora_rank=rank, lora_alpha=alpha,

@@ -21,7 +21,7 @@ MaxRL 2602.02710, Max@k 2510.23393, best-of-group pass@k 2503.19595, pass@k trai
 (analytic) 2508.10751, RLOO 2402.14740.
 """
 
-from vpo._advantages import (
+from vpo.objectives.advantages import (
     best_of_group_advantages,
     gdpo_advantages,
     grpo_advantages,
@@ -30,8 +30,8 @@ from vpo._advantages import (
     pass_at_k_advantages,
     rloo_advantages,
 )
-from vpo._policy_loss import AGG_MODES, kl_estimate, loss_denominator, policy_loss
-from vpo._vpo import (
+from vpo.objectives.policy_loss import AGG_MODES, kl_estimate, loss_denominator, policy_loss
+from vpo.objectives.vpo import (
     dirichlet_weights,
     expected_max,
     random_weight_grpo_advantages,

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo._common import (
+from vpo.config import GRPO_SCALES, STD_MODES
+from vpo.objectives.common import (
     STD_DDOF,
     as_float,
     batch_stats,
@@ -23,7 +24,6 @@ from vpo._common import (
     group_stats,
     rollout_mask,
 )
-from vpo.config import GRPO_SCALES, STD_MODES
 
 Array = jax.Array
 

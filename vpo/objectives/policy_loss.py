@@ -10,8 +10,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from vpo._common import as_float, check_choice, check_shape
 from vpo.config import AGG_MODES, COV_CONTROLS, KL_ESTIMATORS, RATIO_LEVELS
+from vpo.objectives.common import as_float, check_choice, check_shape
 from vpo.tree_ops import masked_mean
 
 Array = jax.Array

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo import _prng
-from vpo._advantages import grpo_advantages
-from vpo._common import as_float, check_choice, check_shape, group_stats, rollout_mask
+from vpo import prng as _prng
 from vpo.config import WEIGHT_SAMPLERS
+from vpo.objectives.advantages import grpo_advantages
+from vpo.objectives.common import as_float, check_choice, check_shape, group_stats, rollout_mask
 
 Array = jax.Array
 
@@ -91,7 +91,7 @@ def dirichlet_weights(
     `sampler="iid"`: i.i.d. `w ~ Dir(alpha 1_R)`. For `alpha == 1` (uniform on the simplex) the
     exact draw used is the spacings of `R - 1` sorted uniforms (same law as normalised standard
     exponentials `e / sum(e)`, `e = -log(u)`, with one random number and no log fewer per
-    weight); the uniforms come from an unrolled Threefry hash (`vpo._prng`), which on CPU is
+    weight); the uniforms come from an unrolled Threefry hash (`vpo.prng`), which on CPU is
     about 4x cheaper than `jax.random`'s rolled one, the cost that dominated `vpo_advantages`.
 
     `sampler="lattice"`: a randomly shifted Kronecker (rank-1 lattice type) low-discrepancy set

@@ -8,7 +8,7 @@ is carried (the pad id may be an ordinary token).
 The iterator's position is `it.get_state()` / `it.set_state(s)` (a small JSON-able dict).
 With `mutation_fraction > 0` a share of the rows carry the problem's search mutation prompt
 (`mutation_prompt_arrays`: scored weaker parents, "give m better answers") instead of the plain
-prompt, so RL keeps training the policy as the mutation operator that `vpo.search` uses; the
+prompt, so RL keeps training the policy as the mutation operator that `vpo.search.ingraph` uses; the
 reward is the same task reward of the answers for the same problem.
 Problems are JSON-able records; `load_jsonl_records` reads them from a file.
 """
@@ -21,8 +21,8 @@ import grain
 import jax
 import numpy as np
 
-from vpo import sharding as sharding_lib
 from vpo.errors import ConfigError
+from vpo.model import sharding as sharding_lib
 from vpo.tasks.base import Record, Task
 from vpo.tasks.bound import BoundTask
 
@@ -82,7 +82,7 @@ def problem_dataset(task: BoundTask, batch_size: int, num_answers: int, *,
 
     Problem indices are shuffled by `seed` and reshuffled every epoch, batched into global
     batches of `batch_size`, and each process takes its contiguous slice of every global batch
-    (`vpo.sharding.host_local_batch`), so the global batch, and with it every result, does not
+    (`vpo.model.sharding.host_local_batch`), so the global batch, and with it every result, does not
     depend on the number of processes. With `mutation_fraction > 0` each row of global batch i
     carries its problem's mutation prompt with probability `mutation_fraction` (coins drawn from
     (seed, i), so a resumed iterator repeats them) and every prompt is left-padded to

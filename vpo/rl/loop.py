@@ -19,18 +19,17 @@ import jax
 import numpy as np
 from flax import nnx
 
-from vpo import data as data_lib
-from vpo import lora as lora_lib
-from vpo import sharding as sharding_lib
-from vpo.config import ConfigError, apply_overrides, from_dict
+from vpo.config import ConfigError, RunConfig, apply_overrides, from_dict
 from vpo.errors import CheckpointError, RewardError
-from vpo.host_memory import compiled_on_first_call
-from vpo.model import Decoder
-from vpo.tasks.bound import BoundTask
-from vpo.train import (
+from vpo.model import lora as lora_lib
+from vpo.model import sharding as sharding_lib
+from vpo.model.decoder import Decoder
+from vpo.rl import data as data_lib
+from vpo.rl.checks import check_run
+from vpo.rl.host_memory import compiled_on_first_call
+from vpo.rl.step import (
     HostRLStep,
     TrainState,
-    check_run,
     init_state,
     make_host_rl_step,
     make_optimizer,
@@ -40,7 +39,7 @@ from vpo.train import (
     state_from_model,
     step_config,
 )
-from vpo.train_config import RunConfig
+from vpo.tasks.bound import BoundTask
 
 
 def shard_batch(batch, mesh):
@@ -239,15 +238,15 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `consume_init=True` hands its arrays to the train state (`state_from_model(consume=True)`:
     the weights are not held twice through the run; `init` is unusable afterwards).
     `config.model.lora_rank` > 0 trains LoRA adapters only (a plain `init` gets them, see
-    `vpo.lora.as_configured`); the exported `policy/` is then the merged plain model.
+    `vpo.model.lora.as_configured`); the exported `policy/` is then the merged plain model.
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
     Returns (graphdef, final state).
     """
     import tqdm
 
-    from vpo import checkpoint as ckpt_lib
-    from vpo.metrics_log import MetricsLogger
-    from vpo.samples_log import SampleLog, one_line, sample_rows
+    from vpo.io import checkpoint as ckpt_lib
+    from vpo.rl.metrics_log import MetricsLogger
+    from vpo.rl.samples_log import SampleLog, one_line, sample_rows
 
     tcfg = config.train
     limit = getattr(tcfg, "max_skipped_updates", 3)

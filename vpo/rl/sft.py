@@ -4,7 +4,7 @@ RL needs a base policy that already produces well-formed answers; `run_sft` trai
 task's `demonstrations` (diverse valid answers, e.g. maze routes via gold, via diamond, direct).
 Given several answer counts (`num_answers=(1, 3)`) every batch mixes 1-answer and m-answer
 prompts, so one warm start serves single- and multi-answer RL arms (`vpo compare`).
-Evolutionary search (`vpo.search`) also uses the policy as its mutation operator, so by default
+Evolutionary search (`vpo.search.ingraph`) also uses the policy as its mutation operator, so by default
 a fraction of every batch are mutation-prompt demonstrations (`mutation_demonstration_set`):
 K weaker parents with their real rewards in `task.mutation_prompt` → m children that each score
 strictly higher than every parent under the task's reward.
@@ -21,19 +21,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vpo import lora as lora_lib
-from vpo import sharding as sharding_lib
-from vpo.config import ConfigError, ModelConfig
-from vpo.host_memory import compiled_on_first_call
-from vpo.tasks.bound import BoundTask
-from vpo.train import (
+from vpo.config import ConfigError, ModelConfig, TrainConfig
+from vpo.model import lora as lora_lib
+from vpo.model import sharding as sharding_lib
+from vpo.rl.host_memory import compiled_on_first_call
+from vpo.rl.step import (
     TrainState,
     completion_logp,
     init_state,
     make_optimizer,
     state_from_model,
 )
-from vpo.train_config import TrainConfig
+from vpo.tasks.bound import BoundTask
 from vpo.tree_ops import all_finite, masked_mean, update_if
 
 
@@ -190,7 +189,7 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     init: a `Decoder` to start from (a pretrained checkpoint); None starts from random weights.
       LoRA: with `model_cfg.lora_rank` > 0 (a fresh model, or a plain `init`, which then gets
       model_cfg's adapters) or an `init` that has adapters, only the adapters train
-      (`vpo.lora`); export the plain policy with `vpo.train.policy_of`.
+      (`vpo.model.lora`); export the plain policy with `vpo.rl.step.policy_of`.
     consume_init: hand init's arrays to the train state (`state_from_model(consume=True)`: the
       weights are not held twice; `init` is unusable afterwards).
     """

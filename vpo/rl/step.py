@@ -12,15 +12,16 @@ One RL step, as data (DESIGN.md):
       ─► TrainState' + scalar metrics
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
-`sample_step` (jit) → `vpo.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
-The host loop (`vpo.loop.train`) and supervised warm start (`vpo.sft`) build on this module.
+`sample_step` (jit) → `vpo.rollout.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
+The host loop (`vpo.rl.loop.train`) and supervised warm start (`vpo.rl.sft`) build on this module.
 """
+
+# size: one job, the RL step: state, optimiser, rollout, update and the host-reward split.
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -29,21 +30,22 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from vpo import evaluation, objectives
-from vpo import lora as lora_lib
-from vpo import rewards as rewards_lib
-from vpo import sharding as sharding_lib
-from vpo.config import ConfigError, ModelConfig
-from vpo.kernels import logprob_entropy as logprob_lib
-from vpo.model import Decoder
-from vpo.sampler import generate
-from vpo.tasks.bound import BoundTask
-from vpo.train_config import (
+from vpo import objectives
+from vpo.config import (
+    ConfigError,
+    ModelConfig,
     RunConfig,
     StepConfig,
     TrainConfig,
-    check_memory,
 )
+from vpo.eval import metrics as evaluation
+from vpo.kernels import logprob_entropy as logprob_lib
+from vpo.model import lora as lora_lib
+from vpo.model import sharding as sharding_lib
+from vpo.model.decoder import Decoder
+from vpo.rollout import rewards as rewards_lib
+from vpo.rollout.sampler import generate
+from vpo.tasks.bound import BoundTask
 from vpo.tree_ops import all_finite, masked_mean, update_if
 from vpo.types import Rollout
 
@@ -52,7 +54,7 @@ class TrainState(NamedTuple):
     """Everything a step changes. `rng` is raw key data (uint32[2]); `ref_params` only with KL
     under full fine-tuning.
 
-    LoRA (`model.lora_rank` > 0, `vpo.lora`): `params` holds only the adapters (what the
+    LoRA (`model.lora_rank` > 0, `vpo.model.lora`): `params` holds only the adapters (what the
     optimiser sees), `frozen` the base weights (no gradient, no optimiser state); the KL
     reference is that base with the adapters off, so `ref_params` stays None (no second copy).
     """
@@ -133,7 +135,7 @@ def init_state(model_cfg: ModelConfig, tx, mesh, *, seed: int = 0, with_ref: boo
 def state_from_model(model: Decoder, tx, mesh, *, seed: int = 0, with_ref: bool = False,
                      consume: bool = False) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """TrainState around existing weights (an SFT result, an HF load), placed on `mesh`. A model
-    with adapters (`vpo.lora.with_adapters`) trains only them.
+    with adapters (`vpo.model.lora.with_adapters`) trains only them.
 
     By default the state owns a copy of the weights (steps donate it; `model` stays usable).
     `consume=True` donates the model's arrays to the state instead: no second copy of the
@@ -153,7 +155,7 @@ def state_from_model(model: Decoder, tx, mesh, *, seed: int = 0, with_ref: bool 
 
 def model_of(graphdef: nnx.GraphDef, state: TrainState) -> Decoder:
     """The policy as an NNX module (for sampling, evaluation); under LoRA the adapted model
-    (export folds it with `vpo.lora.merged`, see `policy_of`)."""
+    (export folds it with `vpo.model.lora.merged`, see `policy_of`)."""
     return lora_lib.merge(graphdef, state.params, state.frozen)
 
 
@@ -354,7 +356,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
 def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM,
                     solved_BG=None):
     """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved);
-    `solved_BG` (`vpo.rewards.solved`) is computed when not given."""
+    `solved_BG` (`vpo.rollout.rewards.solved`) is computed when not given."""
     B, G, M, R = rewards_BGMR.shape
     reward_BG = rewards_lib.scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
     if solved_BG is None:
@@ -453,45 +455,3 @@ def step_config(run: RunConfig, task: BoundTask) -> StepConfig:
                       pad_id=tok.pad_id)
 
 
-def device_memory() -> tuple[int, str]:
-    """(bytes, description) of the memory the run's devices have together: the sum of the
-    accelerators' `bytes_limit`, or the host's physical memory for CPU devices (which share it)."""
-    devices = jax.local_devices()
-    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
-    if all(limits):
-        total = sum(limits) * jax.process_count()
-        return total, f"{len(devices) * jax.process_count()} {devices[0].platform} device(s)"
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
-
-
-def check_run(run: RunConfig, task: BoundTask, prompt_len: int) -> None:
-    """Cross-field checks between the run config, its task (whose longest prompt, mutation
-    prompts included, has `prompt_len` tokens) and the backend, with the fix in the message;
-    then the size check: a run whose lower-bound memory (`RunConfig.memory_bytes`) exceeds
-    the devices' is rejected before anything is allocated."""
-    if run.train.logprob_impl == "pallas" and jax.default_backend() not in ("gpu", "tpu"):
-        raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
-                          f"{jax.default_backend()}; use 'chunked'")
-    task.check_num_answers(run.train.num_answers)
-    if run.model.vocab_size < task.tokenizer.size:
-        raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
-                          f"tokenizer's {task.tokenizer.size} tokens; raise it or use the "
-                          "checkpoint's own tokenizer")
-    need = task.completion_len(run.train.num_answers)
-    if run.sampler.max_new_tokens < need:
-        raise ConfigError(f"sampler.max_new_tokens: {run.sampler.max_new_tokens} < {need}, the "
-                          f"{task.name} budget for {run.train.num_answers} answers; raise it")
-    if run.train.mutation_fraction > 0 and not task.has_mutation_demonstrations:
-        raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
-                          "mutation prompts; set train.mutation_fraction=0")
-    if prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
-        raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
-                          f"{prompt_len} + sampler.max_new_tokens "
-                          f"{run.sampler.max_new_tokens}; raise it")
-    max_len = run.objective.overlong_max_len or run.sampler.max_new_tokens
-    if run.objective.overlong_cache_len > max_len:
-        raise ConfigError(f"objective.overlong_cache_len: {run.objective.overlong_cache_len} "
-                          f"exceeds L_max = {max_len} tokens; make it smaller")
-    if run.sampler.num_samples < 2:
-        raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")
-    check_memory(run, prompt_len, *device_memory())

@@ -2,7 +2,7 @@
 on the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty
 and dynamic sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator
 through the one name-to-function table `ESTIMATORS` (GRPO family, Max@k, pass@k training,
-random-weight GRPO or VPO, `vpo.objectives`). Pure functions; `vpo.train` calls them inside its
+random-weight GRPO or VPO, `vpo.objectives`). Pure functions; `vpo.rl.step` calls them inside its
 jitted step.
 """
 
@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo import objectives
-from vpo.config import ADVANTAGES
+from vpo.config import ADVANTAGES, ObjectiveConfig
 from vpo.tasks.bound import BoundTask
-from vpo.train_config import ObjectiveConfig
 from vpo.types import Rollout
 
 
@@ -123,7 +122,7 @@ ESTIMATORS: dict[str, Estimator] = {
 # The objective fields that belong to some estimators only (the rest serve every estimator).
 ESTIMATOR_FIELDS = frozenset().union(*(e.reads for e in ESTIMATORS.values()))
 if tuple(ESTIMATORS) != ADVANTAGES:  # one list of names: the config validates against it
-    raise ImportError(f"vpo.rewards.ESTIMATORS {tuple(ESTIMATORS)} != vpo.config.ADVANTAGES "
+    raise ImportError(f"vpo.rollout.rewards.ESTIMATORS {tuple(ESTIMATORS)} != vpo.config.ADVANTAGES "
                       f"{ADVANTAGES}")
 
 

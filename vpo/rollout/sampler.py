@@ -4,7 +4,7 @@ The prompt's keys/values are computed once and shared by its G samples (`Decoder
 to the shared prefix), so prefill work and prefix memory do not grow with G. Temperature, top-p
 and top-k are traced scalars: changing them never recompiles. `temperature == 0` is greedy.
 Every (prompt, sample) pair owns a key; the token at step t is drawn by inverting the sampling
-distribution's CDF at the uniform hash(key, t) (`vpo._prng`, one random number per token), so
+distribution's CDF at the uniform hash(key, t) (`vpo.prng`, one random number per token), so
 the same keys give the same tokens whatever the batch layout, mesh or group sharing.
 Decoding runs in phases whose suffix cache doubles (`decode_windows`), so a step at position t
 attends to O(t) cache slots, not to the whole budget of max_new_tokens.
@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vpo import _prng
+from vpo import prng as _prng
 from vpo.config import ConfigError, SamplerConfig
-from vpo.model import Decoder, KVCache, decode_attention_impl
-from vpo.tokenizer import left_pad  # noqa: F401  (re-exported: sampler.left_pad)
+from vpo.io.tokenizer import left_pad  # noqa: F401  (re-exported: sampler.left_pad)
+from vpo.model.decoder import Decoder, KVCache, decode_attention_impl
 from vpo.types import Rollout
 
 
@@ -319,7 +319,7 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "stop_ids", "pad_id",
                                              "decode_block"))
-def _generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+def generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
                   max_new_tokens, stop_ids, pad_id, decode_block=DECODE_BLOCK):
     return generate(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
                     top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
@@ -334,7 +334,7 @@ def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerC
         raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
                           f"model.max_seq_len {model.cfg.max_seq_len}; lower one of them")
     graphdef, state = nnx.split(model)
-    return _generate_jit(graphdef, state, jnp.asarray(prompts_BP, jnp.int32),
+    return generate_jit(graphdef, state, jnp.asarray(prompts_BP, jnp.int32),
                          jnp.asarray(mask_BP, bool), keys_BG, jnp.float32(cfg.temperature),
                          jnp.float32(cfg.top_p), jnp.int32(cfg.top_k),
                          max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids),

@@ -1,9 +1,9 @@
 """Search on host-scored tasks (a user's reward functions, arithmetic): the island search of
-`vpo.search` with the scorer between generations instead of inside the graph.
+`vpo.search.ingraph` with the scorer between generations instead of inside the graph.
 
-The algorithm and the budget are those of `vpo.search` (Mind Evolution, Lee et al., arXiv
+The algorithm and the budget are those of `vpo.search.ingraph` (Mind Evolution, Lee et al., arXiv
 2501.09891): I islands of Q members, parents chosen by `population.select_parents`, children
-written by the policy from a text mutation prompt (`tasks.bound.mutation_text`: the parents and
+written by the policy from a text mutation prompt (`tasks.prompts.mutation_text`: the parents and
 their scores written out), elitist replacement, ring migration and resets, all through the same
 population operators. What differs is where a candidate lives: its answer text is kept on the
 host, and the population holds its id in a table of distinct texts (an answer of one "symbol"),
@@ -25,15 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo import evaluation, search
-from vpo import population as ops
 from vpo.config import SamplerConfig
 from vpo.errors import ConfigError
-from vpo.population import Population
-from vpo.sampler import sample_with_keys
-from vpo.search import METHODS, SearchConfig, SearchTrace
+from vpo.eval import metrics as evaluation
+from vpo.rollout.sampler import sample_with_keys
+from vpo.search import ingraph as search
+from vpo.search import population as ops
+from vpo.search.ingraph import METHODS, SearchConfig, SearchTrace
+from vpo.search.population import Population
 from vpo.tasks.base import Record
-from vpo.tasks.bound import BoundTask, mutation_text, prompt_text
+from vpo.tasks.bound import BoundTask
+from vpo.tasks.prompts import mutation_text, prompt_text
 
 Parents = Sequence[tuple[str, Sequence[float]]]
 
@@ -335,7 +337,7 @@ def run_all_methods(model, task: BoundTask, records: Sequence[Record], cfg: Sear
                     *, mesh=None, max_new_tokens: int | None = None,
                     best: dict | None = None) -> dict[str, SearchTrace]:
     """Search, best-of-N and revision at the same budget on every record → {method: trace}:
-    in one jit per method for in-graph tasks (`vpo.search.run_method`, islands sharded over
+    in one jit per method for in-graph tasks (`vpo.search.ingraph.run_method`, islands sharded over
     `mesh` when they divide evenly), on the host between generations for host-scored tasks,
     where `best`, if given, receives {method: each record's best answer}
     (`run_host_method(with_best=True)`)."""

@@ -19,7 +19,7 @@ One shape, as evosax: `make_search(task, cfg, propose, mesh) -> (init, step)` wi
 The baselines (best-of-N and sequential revision) use the same proposer and reward at the same
 candidate budget, and every method returns the same `SearchTrace`. Budget: `evaluated` counts
 every candidate slot the proposer returns (m per call), valid or not; it is exact: I·Q + g·I·C
-after generation g. Host-scored tasks search through `vpo.host_search` (same operators).
+after generation g. Host-scored tasks search through `vpo.search.host` (same operators).
 """
 
 from __future__ import annotations
@@ -35,11 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vpo import evaluation, plots, sharding
-from vpo import population as ops
 from vpo.config import ConfigError, SearchConfig
-from vpo.population import Population
-from vpo.sampler import generate
+from vpo.eval import metrics as evaluation
+from vpo.eval import plots
+from vpo.model import sharding
+from vpo.rollout.sampler import generate
+from vpo.search import population as ops
+from vpo.search.population import Population
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask
 

@@ -1,5 +1,5 @@
 """Population operators of the evolutionary search (pure jnp, one problem, no config), shared by
-the in-graph search (`vpo.search`) and the host-scored one (`vpo.host_search`).
+the in-graph search (`vpo.search.ingraph`) and the host-scored one (`vpo.search.host`).
 
 A `Population` holds candidate slots; its suffix X stands for the slot axes, which the caller
 names: [Q] members of one island, [I, Q] all islands, [C] or [N] a flat batch of children. A

@@ -1,7 +1,7 @@
 """A task bound to a tokenizer: prompts as token arrays, the generation budget, and rewards read
 from generated tokens, on the host (text) and in the graph (bytes), which agree exactly.
 
-    bound = bind(task, tokenizer)          # any `vpo.tokenizer.Tokenizer`
+    bound = bind(task, tokenizer)          # any `vpo.io.tokenizer.Tokenizer`
     records = bound.make_problems(seed, n)
     prompts_NP, mask_NP = bound.prompt_arrays(records, m)         # chat template, left-padded
     rewards_MR, valid_M = bound.reward(problem, tokens_T, mask_T, m)   # in-graph, one completion
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,67 +35,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.tasks import answers as answers_lib
 from vpo.tasks.base import Record, Task, symbol_words
-from vpo.tokenizer import Tokenizer, left_pad, word_tokenizer
+from vpo.tasks.prompts import (
+    answer_instruction,
+    parents_header,
+    prompt_text,
+)
 
 BYTE_CAP = 16  # bytes of one token the in-graph reader keeps (long whitespace runs are cut)
-
-
-def answer_instruction(task: Task, num_answers: int, *, better: bool = False) -> str:
-    """The line that asks for m answers in tags (see the module docstring); a `tagless_single`
-    task's one better answer is the whole completion, so it asks without tags."""
-    m = num_answers
-    if m == 1 and better and task.tagless_single:
-        return "Give a better answer. Reply with the answer only."
-    if m == 1:
-        what = "a better answer" if better else "one answer"
-        return f"Give {what}, <answer 1> ... </answer 1>, with {task.answer_hint} inside."
-    kind = "better" if better else "different"
-    return (f"Give {m} {kind} answers, <answer 1> ... </answer 1> to "
-            f"<answer {m}> ... </answer {m}>, each {task.answer_hint}.")
-
-
-def prompt_text(task: Task, record: Record, num_answers: int) -> str | list[dict[str, str]]:
-    """The user message of a plain prompt: the statement, then the answer instruction. A
-    statement given as chat messages gets the instruction appended to its last (user) message;
-    a `tagless_single` task with m = 1 sends the statement as written."""
-    statement = task.statement(record)
-    if task.tagless_single and num_answers == 1:
-        return statement
-    instruction = answer_instruction(task, num_answers)
-    if isinstance(statement, str):
-        return f"{statement}\n{instruction}"
-    last = statement[-1]
-    return [*statement[:-1], {**last, "content": f"{last['content']}\n{instruction}"}]
-
-
-def _parents_header(task: Task) -> str:
-    return f"\nEarlier answers and their scores ({', '.join(task.reward_names)}):"
-
-
-def _parent_line(k: int, answer: str, rewards_R: Sequence[float]) -> str:
-    scores = "".join(f" {_tenths(v) / 10:.1f}" for v in rewards_R)
-    return f"\nAnswer {k}: {answer} | scores:{scores}"
-
-
-def _tenths(v: float) -> int:
-    # in float32 as the in-graph `mutation_prompt` rounds, so half-way cases (0.35) agree
-    return int(np.clip(np.round(np.float32(v) * np.float32(10.0)), 0, 10))
-
-
-def mutation_text(task: Task, record: Record, parents: Sequence[tuple[str, Sequence[float]]],
-                  num_answers: int) -> str | list[dict[str, str]]:
-    """The user message of a search mutation prompt: the parents (answer text, rewards_R) with
-    their scores in tenths, then the request for m better answers. A statement given as chat
-    messages gets both appended to its last (user) message."""
-    lines = "".join(_parent_line(k, a, r) for k, (a, r) in enumerate(parents, 1))
-    tail = f"{_parents_header(task)}{lines}\n{answer_instruction(task, num_answers, better=True)}"
-    statement = task.statement(record)
-    if isinstance(statement, str):
-        return statement + tail
-    last = statement[-1]
-    return [*statement[:-1], {**last, "content": last["content"] + tail}]
 
 
 def pack_left_padded(segments: Sequence[tuple[jax.Array, jax.Array]], length: int, pad_id: int
@@ -235,7 +183,7 @@ class BoundTask:
     def mutation_heads(self, records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray]:
         """(head_NH, head_mask_NH): chat prefix + statement + the parents header, left-padded."""
         prefix, _ = self._affixes
-        rows = [prefix + self.tokenizer.encode(self.task.statement(r) + _parents_header(self.task))
+        rows = [prefix + self.tokenizer.encode(self.task.statement(r) + parents_header(self.task))
                 for r in records]
         return left_pad(rows, None, self.tokenizer.pad_id, what="mutation prompt head")
 
@@ -429,55 +377,3 @@ def seq_len_for(task: BoundTask, records: Sequence[Record], num_answers: int, *,
     return need
 
 
-def common_phrases(texts: Sequence[str], *, min_words: int = 3) -> list[str]:
-    """The longest runs of ≥ `min_words` space-separated words, within one line, that occur in
-    every one of `texts` (the fixed sentences of a prompt template: legend, goal, instruction),
-    left to right through the first text's lines."""
-    out: list[str] = []
-    for line in texts[0].split("\n"):
-        words, i = line.split(" "), 0
-        while i < len(words):
-            for j in range(len(words), i + min_words - 1, -1):
-                phrase = " ".join(words[i:j])
-                if phrase.strip() == phrase and all(phrase in t for t in texts):
-                    out.append(phrase)
-                    i = j
-                    break
-            else:
-                i += 1
-    return out
-
-
-def task_word_tokenizer(task: Task, *, num_problems: int = 64) -> Tokenizer:
-    """The built-in word-level tokenizer of a task: every word its prompts, mutation prompts,
-    demonstrations and `task.words` can contain, the answer tags as single tokens, and each
-    fixed sentence of its prompt templates (`common_phrases`) as one token, so the tiny policy
-    reads a prompt as its variable part plus a few template tokens."""
-    records = task.make_problems(0, num_problems)
-    rng = np.random.default_rng(0)
-    tags = answers_lib.tag_strings(task.max_answers)
-    tag_re = re.compile("|".join(re.escape(t) for t in tags))
-
-    def split(text: str) -> set[str]:  # as the tokenizer splits: tags first, then whitespace
-        return {w for piece in tag_re.split(text) for w in piece.split()}
-
-    words: set[str] = set(task.words) | set(task.symbols or ())
-    phrases: dict[str, None] = {}
-    for m in range(1, task.max_answers + 1):
-        prompts = [prompt_text(task, r, m) for r in records]
-        phrases.update(dict.fromkeys(common_phrases(prompts)))
-        words |= split(answer_instruction(task, m))
-        words |= split(answer_instruction(task, m, better=True))
-    mutations = []
-    for r in records:
-        demos = task.demonstrations(r, rng, 2)
-        mutations.append(mutation_text(task, r, [(d, [0.0] * task.num_rewards) for d in demos],
-                                       1))
-        words |= split(mutations[-1])
-        words |= {w for d in demos for w in d.split()}
-    for m in range(1, task.max_answers + 1):  # the search mutation prompts' fixed sentences
-        texts = [mutation_text(task, r, [], m) for r in records]
-        phrases.update(dict.fromkeys(common_phrases(texts)))
-    words |= {f"{q / 10:.1f}" for q in range(11)} | {f"{k}:" for k in range(1, 65)}
-    words |= {"Answer", "|", "scores:"}
-    return word_tokenizer(sorted(words), added=(*tags, *phrases))

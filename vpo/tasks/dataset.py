@@ -5,7 +5,7 @@
 
 Rows (JSONL, or Parquet through pyarrow) need a `prompt`: text, or a list of chat messages
 (`{"role": ..., "content": ...}`) that the checkpoint's chat template renders. Every other column
-is passed to the reward functions by name (`vpo.reward_fns`); an optional `completion` column
+is passed to the reward functions by name (`vpo.tasks.reward_fns`); an optional `completion` column
 (text, or a list of m answer texts) gives SFT demonstrations.
 
 With m = 1 the prompt is sent as written and the whole completion is the answer (as in TRL);
@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.errors import ConfigError
-from vpo.reward_fns import RewardScorer, load_reward_fns
 from vpo.tasks import answers as answers_lib
 from vpo.tasks.base import Record, Task
+from vpo.tasks.reward_fns import RewardScorer, load_reward_fns
 
 ANSWER_HINT = "a complete answer"
 ROW = "_row"  # the record's index in the file (not passed to reward functions)

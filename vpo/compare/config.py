@@ -1,0 +1,239 @@
+"""The `vpo compare` run: its arms (`ARMS`: what each arm changes in the shared objective and
+train sections) and `CompareConfig` (the shared sections, seeds, evaluation and search budgets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+from vpo.config import (
+    ConfigError,
+    ObjectiveConfig,
+    SamplerConfig,
+    SearchConfig,
+    TrainConfig,
+    apply_overrides,
+)
+
+
+class Arm(NamedTuple):
+    """One arm: ObjectiveConfig changes, answers per generation (None: the run's m) and
+    TrainConfig changes."""
+
+    objective: dict[str, Any]
+    answers: int | None
+    train: dict[str, Any] = {}
+
+
+MUTATION_REMEDY = 0.25  # train.mutation_fraction of the *_mut arms
+ARMS: dict[str, Arm] = {
+    "grpo": Arm({"advantage": "grpo"}, 1),
+    "maxk": Arm({"advantage": "maxk"}, 1),
+    "rw_grpo": Arm({"advantage": "rw_grpo"}, 1),
+    "passk": Arm({"advantage": "passk"}, 1),
+    "multi_rlvr": Arm({"advantage": "grpo"}, None),
+    "vpo": Arm({"advantage": "vpo"}, None),
+    "clip_cov": Arm({"advantage": "grpo", "cov_control": "clip_cov"}, 1),
+    "kl_cov": Arm({"advantage": "grpo", "cov_control": "kl_cov"}, 1),
+    "entropy_mask": Arm({"advantage": "grpo", "entropy_top_frac": 0.2}, 1),
+    "grpo_mut": Arm({"advantage": "grpo"}, 1, {"mutation_fraction": MUTATION_REMEDY}),
+    "vpo_mut": Arm({"advantage": "vpo"}, None, {"mutation_fraction": MUTATION_REMEDY}),
+}
+TASKS = ("maze", "maze9", "program")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+    """One comparison run. `objective`, `train` and `sampler` are shared by every arm (each arm
+    then sets its advantage / controls and m); `train.seed` is the first of `num_seeds`
+    consecutive RL seeds. Override with `section.key=value` like `vpo train`."""
+
+    task: str = "maze"  # "maze" (5x5), "maze9" (the paper's 9x9), "program"
+    model: str = "tiny"  # model preset (vpo.config.MODEL_PRESETS)
+    arms: str = "grpo,multi_rlvr,vpo"  # comma-separated names from ARMS
+    num_answers: int = 3  # m of the multi-answer arms
+    num_seeds: int = 3
+    init: str = ""  # a policy folder or hf:/path every arm starts from instead of SFT
+    sft_steps: int = 300  # the one SFT warm start (skipped when `init` is set)
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
+    sft_demos: int = 512  # demonstrations (and mutation demonstrations) per m
+    eval_problems: int = 64
+    eval_budget: int = 30  # candidates per problem (best@k up to k = 30), a multiple of every m
+    eval_seed: int = 4242  # held-out problem set (the paper's test seed)
+    eval_temperature: float = 0.7  # the paper's evaluation temperature
+    law_points: int = 5  # held-out evaluations per RL run for the entropy law (0: off)
+    law_problems: int = 32  # held-out problems (seed eval_seed + 1) scored at each of them
+    law_budget: int = 6  # candidates per problem at each of them
+    search_split_seed: int = 5151  # the search problems' own split (no arm is chosen on it)
+    search_pool: int = 64  # problems of that split the warm start is evaluated on
+    search_problems: int = 8  # the hardest of them for the warm start
+    search_seeds: int = 5  # independent searches per policy (shared keys across rows)
+    search_best_of_n: bool = False  # also best-of-N with each policy at the search's budget
+    probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
+    devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
+        steps=200, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
+    sampler: SamplerConfig = dataclasses.field(default_factory=lambda: SamplerConfig(
+        num_samples=8, temperature=1.0))
+    search: SearchConfig = dataclasses.field(default_factory=lambda: SearchConfig(
+        islands=4, members=6, parents=2, children=6, generations=6, num_answers=1,
+        temperature=0.7))
+
+    def __post_init__(self):
+        names = self.arm_names
+        unknown = [a for a in names if a not in ARMS]
+        if unknown or not names:
+            raise ConfigError(f"arms: unknown arm(s) {', '.join(unknown) or '(none)'}; choose "
+                              f"from {', '.join(ARMS)} (comma-separated)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"arms: {self.arms!r} names an arm twice")
+        for a in names:
+            try:
+                dataclasses.replace(self.objective, **ARMS[a].objective)
+                dataclasses.replace(self.train, **ARMS[a].train)
+            except ConfigError as e:
+                raise ConfigError(f"arms: arm {a!r} does not configure: {e}") from None
+        if self.task not in TASKS:
+            raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
+        if self.devices == 0 or self.devices < -1:
+            raise ConfigError(f"devices: must be >= 1 or -1 (all); got {self.devices}")
+        for f in ("num_answers", "num_seeds", "sft_batch", "sft_demos", "eval_problems",
+                  "eval_budget", "search_problems", "search_seeds", "search_pool",
+                  "law_problems", "law_budget", "probe_samples"):
+            if getattr(self, f) < 1:
+                raise ConfigError(f"{f}: must be >= 1; got {getattr(self, f)}")
+        if self.law_points < 0:
+            raise ConfigError(f"law_points: must be >= 0 (0: no entropy-law trajectory); got "
+                              f"{self.law_points}")
+        if self.law_points and self.train.steps < self.law_points:
+            raise ConfigError(f"law_points: {self.law_points} checkpoints need train.steps >= "
+                              f"{self.law_points}; got {self.train.steps} (or set law_points=0)")
+        if not self.eval_temperature > 0:
+            raise ConfigError(f"eval_temperature: must be > 0; got {self.eval_temperature}")
+        for m in self.all_answers:
+            for f in ("eval_budget", "law_budget"):
+                if getattr(self, f) % m:
+                    raise ConfigError(f"{f}: {getattr(self, f)} must be a multiple of every m "
+                                      f"in use ({m}); e.g. {m * 4}")
+            for f in ("members", "children"):
+                if getattr(self.search, f) % m:
+                    raise ConfigError(f"search.{f}: {getattr(self.search, f)} must be a multiple "
+                                      f"of every m in use ({m})")
+        if self.sft_steps < 1 and not self.init:
+            raise ConfigError("sft_steps: must be >= 1 unless init= names a policy to start from")
+        if self.search_problems > self.search_pool:
+            raise ConfigError(f"search_problems: {self.search_problems} > search_pool "
+                              f"({self.search_pool}); the hardest are picked from that pool")
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [a.strip() for a in self.arms.split(",") if a.strip()]
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.train.seed + i for i in range(self.num_seeds)]
+
+    def arm_answers(self, arm: str) -> int:
+        return ARMS[arm].answers or self.num_answers
+
+    @property
+    def all_answers(self) -> list[int]:
+        """The m of the warm-start mixture and of the warm-start rows: 1 and num_answers."""
+        return sorted({1, self.num_answers})
+
+
+# -- presets -------------------------------------------------------------------------------------
+
+def paper_objective() -> ObjectiveConfig:
+    """VPO paper §1.6 (algorithms.md): PPO clip 0.2/0.2, dual clip 3, token-mean, k3 KL 1e-3,
+    K = 100 Dirichlet(α = 1) weights, no entropy bonus."""
+    return ObjectiveConfig(num_weights=100, alpha=1.0, clip_eps_low=0.2, clip_eps_high=0.2,
+                           dual_clip=3.0, kl_coef=1e-3, kl_estimator="k3", entropy_coef=0.0)
+
+
+FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,entropy_mask,grpo_mut,"
+             "vpo_mut")
+
+
+
+PRESETS: dict[str, CompareConfig] = {
+    # CI: a few steps of everything (the test may shrink it further with overrides).
+    "smoke": CompareConfig(
+        num_seeds=2, sft_steps=40, sft_demos=32, eval_problems=8, eval_budget=6,
+        search_problems=2, search_best_of_n=True,
+        search_pool=8, search_seeds=2, law_points=2, law_problems=4, probe_samples=2,
+        train=TrainConfig(steps=4, batch_size=8, num_problems=64, learning_rate=3e-4,
+                          checkpoint_every=10_000),
+        sampler=SamplerConfig(num_samples=4),
+        search=SearchConfig(islands=2, members=3, parents=2, children=3, generations=2,
+                            num_answers=1, temperature=0.7)),
+    # The quickstart: <= 10 minutes on 2 CPU cores (3 arms x 3 seeds, maze 5x5, tiny policy).
+    "default": CompareConfig(),
+    # Every arm on the paper's 9x9 maze, 5 seeds, the tiny policy: hours on a 2-core CPU (the
+    # estimate is printed up front), minutes on an accelerator.
+    "full": CompareConfig(
+        task="maze9", arms=FULL_ARMS, num_seeds=5, sft_steps=600, eval_problems=100,
+        eval_budget=30, search_problems=16, search_pool=100, search_seeds=5, law_points=6,
+        search_best_of_n=True,
+        train=TrainConfig(steps=600, batch_size=8, num_problems=1000, learning_rate=3e-4,
+                          checkpoint_every=10_000)),
+    # The paper's scale (VPO §1.6): Qwen3 policy, G = 8, m = 3, K = 100, α = 1, lr 1e-6 constant,
+    # AdamW wd 0.01, k3 KL 1e-3, T = 1.0 in training and 0.7 in evaluation, 128 prompts/step,
+    # minibatch 64; 9x9 maze, 100 test problems, best@30; the headline arms. Needs
+    # accelerators; `init=` names the checkpoint: a `vpo sft` / `vpo train` policy folder or
+    # hf:<folder> (default ~/ckpt/Qwen3-4B: `hf download Qwen/Qwen3-4B --local-dir
+    # ~/ckpt/Qwen3-4B`); see tpu_setup.sh.
+    "paper": CompareConfig(
+        task="maze9", model="qwen3-4b", arms="grpo,maxk,multi_rlvr,vpo", num_answers=3,
+        num_seeds=3, init="hf:~/ckpt/Qwen3-4B", sft_steps=0, devices=-1, eval_problems=100,
+        eval_budget=30, search_problems=32, search_pool=279, search_seeds=5, law_problems=100,
+        law_budget=3,
+        objective=paper_objective(),
+        # 2 epochs of the 1000 training mazes at 128 prompts per step (VPO §1.4, §1.6).
+        train=TrainConfig(steps=16, batch_size=128, num_minibatches=2, num_problems=1000,
+                          learning_rate=1e-6, weight_decay=0.01, max_grad_norm=1.0,
+                          checkpoint_every=8, seed=42),
+        sampler=SamplerConfig(num_samples=8, temperature=1.0, top_p=1.0),
+        search=SearchConfig(islands=8, members=12, parents=2, children=12, generations=20,
+                            num_answers=1, temperature=0.7)),
+}
+
+
+def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] = ()
+                ) -> CompareConfig:
+    """A preset with typed `section.key=value` overrides (`vpo.config.apply_overrides`)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
+                          f"{', '.join(PRESETS)}")
+    cfg = apply_overrides(PRESETS[preset], list(overrides))
+    for item in overrides:
+        key = item.partition("=")[0]
+        section, _, field = key.partition(".")
+        why = _SET_PER_ARM.get(key)
+        if key in ("train.checkpoint_every", "train.keep_checkpoints") and cfg.law_points:
+            why = (f"with law_points={cfg.law_points} each run checkpoints that many times for "
+                   "the entropy law; set law_points=0 to choose it")
+        setters = [a for a in cfg.arm_names if section in ("objective", "train")
+                   and field in getattr(ARMS[a], section)]
+        if setters:
+            why = (f"arm {setters[0]} sets {field}={getattr(ARMS[setters[0]], section)[field]!r}"
+                   "; drop the override or that arm")
+        if cfg.init and (key == "model" or key.startswith("sft_")):
+            why = (f"with init={cfg.init} the arms start from that policy: no warm start is "
+                   "trained and no model preset is built")
+        if why:
+            raise ConfigError(f"{key}: vpo compare sets it itself ({why})")
+    return cfg
+
+
+# `RunConfig` fields `arm_run_config` sets itself, so an override of them would be lost
+_SET_PER_ARM = {
+    "sampler.max_new_tokens": "each arm's answer budget is fitted to its m answers",
+    "train.num_answers": "the multi-answer arms answer num_answers=M at once; set that",
+    "train.mutation_parents": "mutation prompts in RL show search.parents parents; set that",
+    "search.num_answers": "each policy searches with its own m answers per generation",
+}

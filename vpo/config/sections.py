@@ -1,0 +1,111 @@
+"""Generation (`SamplerConfig`), evolutionary search (`SearchConfig`) and multi-host start-up
+(`DistributedConfig`) settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vpo.config.fields import (
+    FLAG,
+    FRACTION,
+    POSITIVE,
+    SELECTIONS,
+    TEXT,
+    integer,
+    one_of,
+    real,
+    require,
+    validate,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Generation settings. Temperature, top-p and top-k are traced: changing them never recompiles.
+
+    `temperature == 0` is greedy decoding; `top_k == 0` and `top_p == 1` disable those filters.
+    """
+
+    max_new_tokens: int = 32  # T
+    num_samples: int = 4  # G, samples per prompt sharing the prompt's KV cache
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        validate("sampler", self, {"max_new_tokens": POSITIVE, "num_samples": POSITIVE,
+                                   "temperature": real(0.0), "top_p": FRACTION,
+                                   "top_k": integer(0)})
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+    """Island-model search settings (`vpo.search.ingraph`, `vpo.search.host`; library defaults, not a
+    paper's setting)."""
+
+    islands: int = 4  # I
+    members: int = 8  # Q, population per island
+    parents: int = 2  # K, parents shown in one mutation prompt
+    children: int = 8  # C, candidates per island per generation (C / num_answers policy calls)
+    generations: int = 8
+    migration_interval: int = 2  # 0: never migrate
+    migration_count: int = 1
+    reset_interval: int = 0  # 0: never reset
+    reset_count: int = 0
+    fresh_rate: float = 1 / 6  # probability that a call samples the plain task prompt
+    selection: str = "boltzmann"
+    selection_temperature: float = 0.1  # Boltzmann temperature on fitness
+    tournament_size: int = 3
+    temperature: float = 1.0  # sampler
+    top_p: float = 1.0  # sampler
+    num_answers: int = 2  # m answers per policy call, each one candidate
+
+    def __post_init__(self):
+        validate("search", self, {
+            **dict.fromkeys(("islands", "members", "parents", "children", "generations",
+                             "num_answers", "tournament_size"), POSITIVE),
+            **dict.fromkeys(("migration_interval", "migration_count", "reset_interval",
+                             "reset_count"), integer(0)),
+            "fresh_rate": real(0.0, 1.0), "selection": one_of(SELECTIONS),
+            "selection_temperature": real(0.0, lo_open=True), "temperature": real(0.0),
+            "top_p": FRACTION})
+        require(self.parents <= self.members, "search.parents",
+                 f"must be <= search.members ({self.members}); got {self.parents}")
+        m = self.num_answers
+        require(self.members % m == 0, "search.members",
+                 f"must be a multiple of search.num_answers ({m}); got {self.members}")
+        require(self.children % m == 0, "search.children",
+                 f"must be a multiple of search.num_answers ({m}); got {self.children}")
+        require(2 * self.migration_count <= self.members, "search.migration_count",
+                 f"must be <= search.members / 2 ({self.members // 2}); got "
+                 f"{self.migration_count}")
+        require(self.reset_count < self.islands or self.reset_interval == 0,
+                 "search.reset_count", f"must be < search.islands ({self.islands}) when resets "
+                 "are on")
+
+    @property
+    def budget(self) -> int:
+        """Candidates evaluated by a whole run: I·Q (initial) + generations·I·C."""
+        return self.islands * (self.members + self.generations * self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-host start-up through `jax.distributed.initialize` (nothing home-made).
+
+    Leave `coordinator` empty on TPU / SLURM / Open MPI, where JAX discovers the cluster itself.
+    """
+
+    enabled: bool = False
+    coordinator: str = ""  # "host:port" of process 0
+    num_processes: int = 1
+    process_id: int = 0
+    cpu_collectives: str = "gloo"  # for multi-process CPU runs (tests, laptops)
+
+    def __post_init__(self):
+        validate("distributed", self, {"enabled": FLAG, "coordinator": TEXT,
+                                       "num_processes": POSITIVE, "process_id": integer(0),
+                                       "cpu_collectives": TEXT})
+        require(self.process_id < self.num_processes, "distributed.process_id",
+                 f"must be < num_processes ({self.num_processes}); got {self.process_id}")
+

@@ -1,0 +1,56 @@
+"""A run checked against its task and its devices before anything is allocated: answer count,
+vocabulary, answer budget, sequence length, mutation prompts, group size, and the lower-bound
+memory (`RunConfig.memory_bytes`) against what the devices have."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from vpo.config import ConfigError, RunConfig, check_memory
+from vpo.tasks.bound import BoundTask
+
+
+def device_memory() -> tuple[int, str]:
+    """(bytes, description) of the memory the run's devices have together: the sum of the
+    accelerators' `bytes_limit`, or the host's physical memory for CPU devices (which share it)."""
+    devices = jax.local_devices()
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    if all(limits):
+        total = sum(limits) * jax.process_count()
+        return total, f"{len(devices) * jax.process_count()} {devices[0].platform} device(s)"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
+
+
+def check_run(run: RunConfig, task: BoundTask, prompt_len: int) -> None:
+    """Cross-field checks between the run config, its task (whose longest prompt, mutation
+    prompts included, has `prompt_len` tokens) and the backend, with the fix in the message;
+    then the size check: a run whose lower-bound memory (`RunConfig.memory_bytes`) exceeds
+    the devices' is rejected before anything is allocated."""
+    if run.train.logprob_impl == "pallas" and jax.default_backend() not in ("gpu", "tpu"):
+        raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
+                          f"{jax.default_backend()}; use 'chunked'")
+    task.check_num_answers(run.train.num_answers)
+    if run.model.vocab_size < task.tokenizer.size:
+        raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
+                          f"tokenizer's {task.tokenizer.size} tokens; raise it or use the "
+                          "checkpoint's own tokenizer")
+    need = task.completion_len(run.train.num_answers)
+    if run.sampler.max_new_tokens < need:
+        raise ConfigError(f"sampler.max_new_tokens: {run.sampler.max_new_tokens} < {need}, the "
+                          f"{task.name} budget for {run.train.num_answers} answers; raise it")
+    if run.train.mutation_fraction > 0 and not task.has_mutation_demonstrations:
+        raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
+                          "mutation prompts; set train.mutation_fraction=0")
+    if prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
+        raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
+                          f"{prompt_len} + sampler.max_new_tokens "
+                          f"{run.sampler.max_new_tokens}; raise it")
+    max_len = run.objective.overlong_max_len or run.sampler.max_new_tokens
+    if run.objective.overlong_cache_len > max_len:
+        raise ConfigError(f"objective.overlong_cache_len: {run.objective.overlong_cache_len} "
+                          f"exceeds L_max = {max_len} tokens; make it smaller")
+    if run.sampler.num_samples < 2:
+        raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")
+    check_memory(run, prompt_len, *device_memory())
