@@ -294,7 +294,7 @@ def _forward_split(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: s
         interpret=interpret,
     )(h_PD, w_DV, t_P)
     m_P = jnp.max(m, axis=0)
-    scale = jnp.exp(m - m_P)
+    scale = jnp.exp(m - m_P[None])
     return m_P, jnp.sum(s * scale, 0), jnp.sum(sz * scale, 0), jnp.sum(tgt, 0)
 
 

@@ -135,3 +135,79 @@ def test_f32_products_of_bfloat16_operands_run_on_cpu():
     a, b = e.reshape(-1, 5), v[0, 0]
     np.testing.assert_allclose(jax.jit(dot_f32)(a, b),
                                np.asarray(a, np.float32) @ np.asarray(b, np.float32), atol=1e-5)
+
+
+# -- per-target paths and block sizes ------------------------------------------------------
+
+def test_gpu_logprob_kernel_interpret_matches_reference(inputs):
+    """The GPU kernel (vocabulary ranges merged afterwards, D in steps) under interpret mode."""
+    hidden, w, targets = inputs
+    ref = logprob_entropy_reference(hidden, w, targets)
+    for bs in (BlockSizes(block_n=16, block_v=64, block_d=16, num_splits=3), None):
+        out = logprob_entropy(hidden, w, targets, block_sizes=bs, interpret=True,
+                              platform="gpu")
+        for a, b in zip(out, ref, strict=True):
+            np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_gpu_decode_kernel_interpret_matches_reference(decode_inputs):
+    q, kp, vp, mask, kc, vc = decode_inputs
+    bs = DecodeBlockSizes(block_k=16, block_rows=16)  # P = 21, C = 40: ragged tails
+    run = jax.jit(lambda n: decode_attention(q, kp, vp, mask, kc, vc, n, block_sizes=bs,
+                                             interpret=True, platform="gpu"))
+    for length in (1, 16, 17, DC):
+        ref = decode_attention_reference(q, kp, vp, mask, kc, vc, length)
+        np.testing.assert_allclose(run(length), ref, atol=1e-5, rtol=0)
+
+
+def test_logprob_block_sizes_fit_each_target():
+    from vpo.kernels import targets
+    from vpo.kernels.logprob_entropy import block_sizes_for
+
+    for N, D, V, dtype in [(72, 896, 151936, jnp.bfloat16), (4096, 4096, 151936, jnp.float32),
+                           (2048, 1024, 151936, jnp.bfloat16), (40, 16, 300, jnp.float32)]:
+        tpu = block_sizes_for("tpu", (N, D, V), dtype)
+        size = jnp.dtype(dtype).itemsize
+        assert tpu.block_v % 128 == 0 and tpu.block_n % (8 * max(1, 4 // size)) == 0
+        assert (2 * size * D * (tpu.block_n + tpu.block_v) + 20 * tpu.block_n * tpu.block_v
+                <= targets.TPU_VMEM_BUDGET_BYTES)
+        gpu = block_sizes_for("gpu", (N, D, V), dtype)
+        for b in (gpu.block_n, gpu.block_v, gpu.block_d):
+            assert b >= 16 and b & (b - 1) == 0
+        assert D % gpu.block_d == 0 and gpu.block_n * gpu.block_v <= targets.TRITON_MAX_ELEMENTS
+        per_split = -(-(-(-V // gpu.block_v)) // gpu.num_splits)
+        assert (gpu.num_splits - 1) * per_split * gpu.block_v < V  # every range holds columns
+    assert block_sizes_for("tpu", (72, 896, 151936)).block_v >= 512
+
+
+def test_decode_block_sizes_fit_each_target():
+    from vpo.kernels import targets
+    from vpo.kernels.decode_attention import block_sizes_for
+
+    for shape in [(1, 8, 8, 2, 128, 512, 32768), (2, 8, 2, 7, 64, 333, 4096),
+                  (DB, DG, DN, DH, DE, DP, DC)]:
+        tpu = block_sizes_for("tpu", shape, jnp.bfloat16)
+        assert tpu.block_k % 128 == 0 and tpu.block_rows == 16
+        assert 4 * tpu.block_k * shape[4] * 2 <= targets.TPU_VMEM_BUDGET_BYTES
+        gpu = block_sizes_for("gpu", shape, jnp.bfloat16)
+        assert gpu.block_k >= 16 and gpu.block_k & (gpu.block_k - 1) == 0
+        assert 4 * gpu.block_k * shape[4] * 2 <= targets.GPU_SMEM_BUDGET_BYTES
+
+
+def test_platform_comes_from_the_argument_or_the_devices():
+    from vpo.kernels import targets
+
+    assert targets.resolve_platform(None) == jax.default_backend() == "cpu"
+    assert targets.resolve_platform("cuda") == "gpu" and targets.resolve_platform("TPU") == "tpu"
+    with pytest.raises(ValueError, match="unknown platform"):
+        targets.resolve_platform("metal")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    assert targets.platform_of(mesh) == targets.platform_of(jax.devices()) == "cpu"
+    assert targets.pallas_supported("tpu") and not targets.pallas_supported("cpu")
+    # built for a TPU, bfloat16 operands stay bfloat16 (on CPU they are upcast: see below)
+    a = jnp.ones((4, 8), jnp.bfloat16)
+    dot = jax.make_jaxpr(lambda x: dot_f32(x, x.T, platform="tpu"))(a)
+    assert "convert_element_type" not in str(dot)
+    assert "convert_element_type" in str(jax.make_jaxpr(lambda x: dot_f32(x, x.T))(a))
+    with pytest.raises(ValueError, match="interpret=True"):
+        logprob_entropy(a.astype(jnp.float32), a.T.astype(jnp.float32), jnp.zeros(4, jnp.int32))
