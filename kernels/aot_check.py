@@ -107,7 +107,6 @@ def compile_cell(devices, kernel: str, pass_: str, shape, dtype, n_devices: int 
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
-
     from vpo.kernels.targets import platform_of
 
     mesh = jax.sharding.Mesh(np.array(devices[:n_devices]), ("x",))

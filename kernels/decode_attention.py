@@ -10,7 +10,8 @@ Query head h of sample g of prompt b reads KV head n = h // (H/N) (grouped-query
 
 The kernel streams the keys in blocks of `block_k` with an online softmax (running max m, sum l
 and unnormalised accumulator a; Milakov & Gimelshein, 2018, arXiv 1805.02867): per block
-    m' = max(m, max_j s_j),  l' = l·e^{m−m'} + Σ_j e^{s_j−m'},  a' = a·e^{m−m'} + Σ_j e^{s_j−m'} v_j,
+    m' = max(m, max_j s_j),  l' = l·e^{m−m'} + Σ_j e^{s_j−m'},
+    a' = a·e^{m−m'} + Σ_j e^{s_j−m'} v_j,
 and out = a / l at the end. Prefix and suffix are never concatenated, and only the first
 ⌈length / block_k⌉ suffix blocks are read: a decode step at position t reads O(P + t) keys,
 not O(P + C). Two passes:
@@ -46,7 +47,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-
 from vpo.kernels import targets
 from vpo.kernels.precision import einsum_f32
 
@@ -112,29 +112,6 @@ def _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE):
         if tuple(got) != expected:
             raise ValueError(f"shape mismatch: {name} is {tuple(got)}, expected {expected} from "
                              f"q {q_BGNHE.shape}, prefix length {P}, cache length {C}")
-
-
-def decode_attention_reference(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE,
-                               length, *, scale: float | None = None):
-    """The definition in plain jnp: one softmax over [prefix keys ‖ suffix slots < length].
-
-    Args:
-      q_BGNHE: the new token's queries, H/N query heads per KV head.
-      k_BNPE, v_BNPE: prefix keys/values; prefix_mask_BP: True on real prompt tokens.
-      k_BGNCE, v_BGNCE: suffix caches; slots [0, length) are valid (length ≥ 1, traced).
-    Returns out_BGNHE (q's dtype); scores and softmax in float32.
-    """
-    _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE)
-    scale = 1.0 / math.sqrt(q_BGNHE.shape[-1]) if scale is None else scale
-    P, C = k_BNPE.shape[2], k_BGNCE.shape[3]
-    s_pre = einsum_f32("bgnhe,bnpe->bgnhp", q_BGNHE, k_BNPE) * scale
-    s_pre = jnp.where(prefix_mask_BP[:, None, None, None, :], s_pre, -jnp.inf)
-    s_suf = einsum_f32("bgnhe,bgnce->bgnhc", q_BGNHE, k_BGNCE) * scale
-    s_suf = jnp.where(jnp.arange(C) < length, s_suf, -jnp.inf)
-    p = jax.nn.softmax(jnp.concatenate([s_pre, s_suf], axis=-1), axis=-1)
-    out = (einsum_f32("bgnhp,bnpe->bgnhe", p[..., :P], v_BNPE)
-           + einsum_f32("bgnhc,bgnce->bgnhe", p[..., P:], v_BGNCE))
-    return out.astype(q_BGNHE.dtype)
 
 
 def decode_attention_reference(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE,

@@ -44,7 +44,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-
 from vpo.kernels import targets
 from vpo.kernels.precision import dot_f32, einsum_f32
 

@@ -15,7 +15,6 @@ time for a TPU or GPU from a CPU host must pass it (see `vpo.kernels.targets.pla
 from __future__ import annotations
 
 import jax.numpy as jnp
-
 from vpo.kernels.targets import resolve_platform
 
 

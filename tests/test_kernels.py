@@ -175,7 +175,8 @@ def test_logprob_block_sizes_fit_each_target():
         for b in (gpu.block_n, gpu.block_v, gpu.block_d):
             assert b >= 16 and b & (b - 1) == 0
         assert D % gpu.block_d == 0 and gpu.block_n * gpu.block_v <= targets.TRITON_MAX_ELEMENTS
-        per_split = -(-(-(-V // gpu.block_v)) // gpu.num_splits)
+        tiles = -(-V // gpu.block_v)
+        per_split = -(-tiles // gpu.num_splits)
         assert (gpu.num_splits - 1) * per_split * gpu.block_v < V  # every range holds columns
     assert block_sizes_for("tpu", (72, 896, 151936)).block_v >= 512
 
