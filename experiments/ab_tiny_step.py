@@ -33,16 +33,14 @@ def worker() -> None:
     import jax
     from bench_train import _median_time  # this script's folder is on sys.path
 
+    from vpo.launch.assemble import assemble_run
     from vpo.model import sharding
     from vpo.rl import data as data_lib
     from vpo.rl import step as train_lib
     from vpo.rl.loop import shard_batch
 
-    try:
-        from vpo.launch.presets import build_run_config
-    except ImportError:  # an older checkout: the CLI module held it
-        from vpo.cli.main import build_run_config
-    run, task = build_run_config("maze", None, OVERRIDES)[:2]
+    plan = assemble_run("maze", None, OVERRIDES)
+    run, task = plan.run, plan.task
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)

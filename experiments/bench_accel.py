@@ -112,10 +112,8 @@ from vpo.config import (  # noqa: E402  # noqa: E402
     TrainConfig,
     model_preset,
 )
-from vpo.model.decoder import (
-    decode_attention_impl,  # noqa: E402
-    sharding,  # noqa: E402
-)
+from vpo.model import sharding
+from vpo.model.decoder import decode_attention_impl
 from vpo.rl import step as train_lib  # noqa: E402
 from vpo.rollout import rewards as rewards_lib  # noqa: E402
 from vpo.rollout.sampler import sample_with_keys  # noqa: E402

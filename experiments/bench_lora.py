@@ -30,8 +30,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from vpo.launch import presets
-from vpo.model.decoder import Decoder, lora, sharding
+from vpo.launch import assemble
+from vpo.model import lora, sharding
+from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
 from vpo.rl import step as train_lib
 from vpo.rl.loop import shard_batch
@@ -58,7 +59,8 @@ def build(cfg: dict, rank: int):
         f"train.batch_size={cfg['batch_size']}", f"train.num_answers={cfg['num_answers']}",
         f"sampler.num_samples={cfg['num_samples']}", f"objective.kl_coef={cfg['kl_coef']}",
         f"model.lora_rank={rank}"]
-    run, task, _ = presets.build_run_config("bandit", None, overrides)
+    plan = assemble.assemble_run("bandit", None, overrides)
+    run, task = plan.run, plan.task
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     base = Decoder(lora.base_config(run.model), rngs=nnx.Rngs(0))  # the same base for both arms

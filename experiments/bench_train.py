@@ -45,16 +45,20 @@ def _median_time(fn, repeats):
 
 
 def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
-    from vpo.launch import presets  # here, not at the top: ab_tiny_step imports this module's timer
+    from vpo.launch import (
+        assemble,  # here, not at the top: ab_tiny_step imports this module's timer
+    )
     # under older checkouts of vpo, which have no vpo.launch.presets
 
     overrides = [f"model={preset}", f"sampler.num_samples={G}",
                  f"train.batch_size={cfg['batch_size']}",
                  f"train.num_answers={cfg['num_answers']}",
                  f"objective.advantage={cfg['advantage']}", *extra]
-    run, task, _ = presets.build_run_config("maze", None, overrides)
-    ref_run, _, _ = presets.build_run_config("maze", None,
+    plan = assemble.assemble_run("maze", None, overrides)
+    run, task = plan.run, plan.task
+    plan = assemble.assemble_run("maze", None,
                                              overrides + ["train.logprob_impl=reference"])
+    ref_run, _ = plan.run, plan.task
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     tx = train_lib.make_optimizer(run.train)
     graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)

@@ -12,7 +12,7 @@ import pytest
 from test_run_folders import snapshot  # tests/ is on sys.path under pytest
 
 from vpo.cli import main as cli
-from vpo.launch import presets
+from vpo.launch import assemble
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BPE = os.path.join(FIXTURES, "hf", "qwen2_bpe")
@@ -340,7 +340,8 @@ def test_debug_shows_the_traceback(world, monkeypatch):
 
 
 def test_config_file_task_kwargs_are_honoured(world):
-    run, task, _ = presets.build_run_config(None, world["tmp"] + "/cfg_maze7.json", [])
+    plan = assemble.assemble_run(None, world["tmp"] + "/cfg_maze7.json", [])
+    run, task = plan.run, plan.task
     assert run.task_kwargs == {"size": 7}
     assert len(task.make_problems(0, 1)[0]["grid"]) == 7
     with open(os.path.join(world["run"], "config.json")) as f:

@@ -15,7 +15,7 @@ import pytest
 
 from vpo.config import ObjectiveConfig, RunConfig, SamplerConfig, TrainConfig, model_preset
 from vpo.io import checkpoint as ckpt_lib
-from vpo.launch import assemble, presets
+from vpo.launch import assemble
 from vpo.model import sharding
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
@@ -198,7 +198,8 @@ def test_kill_during_save_then_resume(tmp_path):
     assert [r["step"] for r in got] == [1, 2, 3, 4]
 
     # the same run uninterrupted, in this process
-    run, task, _ = presets.build_run_config("smoke", None, KILL_RUN[2:])
+    plan = assemble.assemble_run("smoke", None, KILL_RUN[2:])
+    run, task = plan.run, plan.task
     _, straight = loop_lib.train(run, str(tmp_path / "straight"), task=task, progress=False,
                                  mesh=sharding.make_mesh(devices=jax.devices()[:1]))
     restored, _ = mngr.restore(straight)

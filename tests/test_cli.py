@@ -8,15 +8,16 @@ import pytest
 
 from vpo.cli import main as cli
 from vpo.config import ConfigError, TrainConfig
-from vpo.launch import presets
+from vpo.launch import assemble
 
 
 def _read(path) -> str:
     return pathlib.Path(path).read_text()
 
 def test_overrides_are_typed_and_fitted_to_the_task():
-    run, task, _ = presets.build_run_config("smoke", None, [
+    plan = assemble.assemble_run("smoke", None, [
         "train.steps=6", "objective.advantage=vpo", "objective.dual_clip=3", "task=maze"])
+    run, task = plan.run, plan.task
     assert run.train.steps == 6 and run.objective.advantage == "vpo"
     assert run.objective.dual_clip == 3.0 and run.task == "maze" and task.name.startswith("maze")
     assert run.model.vocab_size >= task.tokenizer.size
@@ -27,24 +28,25 @@ def test_fitted_fields_keep_what_the_user_gave_or_refuse_it(tmp_path):
     """The vocabulary, sequence length and answer budget are fitted to the task only where the
     user left them out: a given value is kept, and one below what the task needs is an error
     naming the key and the floor, never silently raised."""
-    run, task, _ = presets.build_run_config("maze", None, ["model=tiny", "train.num_answers=3"])
+    plan = assemble.assemble_run("maze", None, ["model=tiny", "train.num_answers=3"])
+    run, task = plan.run, plan.task
     T, V = task.completion_len(3), task.tokenizer.size
     assert run.sampler.max_new_tokens == T and run.model.vocab_size == V
-    given = presets.build_run_config("maze", None, [
+    given = assemble.assemble_run("maze", None, [
         "model=tiny", "train.num_answers=3", f"sampler.max_new_tokens={T + 1}",
-        f"model.max_seq_len={run.model.max_seq_len - 1}"])[0]
+        f"model.max_seq_len={run.model.max_seq_len - 1}"]).run
     assert given.sampler.max_new_tokens == T + 1
     assert given.model.max_seq_len == run.model.max_seq_len - 1  # not raised to need + 32
     for key, low, floor in (("sampler.max_new_tokens", T - 4, T),
                             ("model.vocab_size", 64, V)):
         with pytest.raises(ConfigError, match=rf"{key}={low} is below .*\({floor}\)"):
-            presets.build_run_config("maze", None, ["model=tiny", "train.num_answers=3",
+            assemble.assemble_run("maze", None, ["model=tiny", "train.num_answers=3",
                                                     f"{key}={low}"])
     # a --config file's fields count as given too
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"task": "maze", "sampler": {"max_new_tokens": T - 4}}))
     with pytest.raises(ConfigError, match="sampler.max_new_tokens"):
-        presets.build_run_config(None, str(cfg), ["model=tiny", "train.num_answers=3"])
+        assemble.assemble_run(None, str(cfg), ["model=tiny", "train.num_answers=3"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -58,7 +60,7 @@ def test_fitted_fields_keep_what_the_user_gave_or_refuse_it(tmp_path):
 ])
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
-        presets.build_run_config("smoke", None, [override])
+        assemble.assemble_run("smoke", None, [override])
 
 
 def test_sample_runs_on_its_default_preset(capsys):
@@ -223,8 +225,8 @@ def test_a_pretrained_checkpoint_gets_a_pretrained_learning_rate():
     """model=hf:... without a learning rate: TRL's GRPO default for full fine-tuning, 1e-4 for
     LoRA; a learning rate the user gives is kept, as is a preset model's default."""
     bpe = "hf:" + os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
-    lr = lambda *o: presets.build_run_config(  # noqa: E731
-        None, None, ["task=bandit", *o])[0].train.learning_rate
+    lr = lambda *o: assemble.assemble_run(  # noqa: E731
+        None, None, ["task=bandit", *o]).run.train.learning_rate
     assert lr(f"model={bpe}") == 1e-6
     assert lr(f"model={bpe}", "model.lora_rank=4") == 1e-4
     assert lr(f"model={bpe}", "train.learning_rate=3e-4") == 3e-4

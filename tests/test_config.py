@@ -247,9 +247,9 @@ def test_subset_estimators_need_k_below_the_group_size():
 def test_name_tables_are_the_ones_the_code_uses():
     from vpo import objectives
     from vpo.objectives import common as _common
-    from vpo.rollout import rewards
+    from vpo.objectives import estimators
 
-    assert tuple(rewards.ESTIMATORS) == config_lib.ADVANTAGES
+    assert tuple(estimators.ESTIMATORS) == config_lib.ADVANTAGES
     assert set(_common.STD_DDOF) == set(config_lib.STD_MODES)
     assert objectives.AGG_MODES is config_lib.AGG_MODES
 

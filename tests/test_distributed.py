@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from vpo.io import checkpoint as ckpt_lib
-from vpo.launch import presets
+from vpo.launch import assemble
 
 # the entropy bonus gives every step a gradient to all-reduce, whatever the rewards
 from vpo.model import sharding
@@ -43,7 +43,8 @@ WORKER = textwrap.dedent("""
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
     from vpo.rl import loop
     from vpo.launch import presets
-    run, task, _ = presets.build_run_config("smoke", None, overrides)
+    plan = assemble.assemble_run("smoke", None, overrides)
+    run, task = plan.run, plan.task
     loop.train(run, out, task=task, mesh=sharding.make_mesh(data=2, tensor=4), progress=False)
     print("worker", pid, "done", flush=True)
 """)
@@ -82,7 +83,8 @@ def test_two_processes_match_one_process_of_8_devices(tmp_path):
         assert p.returncode == 0, log[-4000:]
 
     # the reference: this process, 8 devices, the same mesh shape and config
-    run, task, _ = presets.build_run_config("smoke", None, OVERRIDES)
+    plan = assemble.assemble_run("smoke", None, OVERRIDES)
+    run, task = plan.run, plan.task
     out1 = tmp_path / "one"
     _, state1 = loop_lib.train(run, str(out1), task=task, mesh=sharding.make_mesh(**MESH),
                                progress=False)

@@ -33,10 +33,8 @@ from vpo.io import (
 from vpo.io import gguf as vgguf  # noqa: E402
 from vpo.io.tokenizer import load_tokenizer  # noqa: E402
 from vpo.launch import assemble  # noqa: E402
-from vpo.model.decoder import (
-    Decoder,  # noqa: E402
-    sharding,
-)
+from vpo.model import sharding
+from vpo.model.decoder import Decoder
 from vpo.tasks import make_task  # noqa: E402
 from vpo.tasks.bound import bind  # noqa: E402
 from vpo.tasks.prompts import prompt_text

@@ -31,7 +31,8 @@ from vpo.config import (
 from vpo.io import checkpoint as ckpt_lib
 from vpo.io import hf
 from vpo.io.tokenizer import word_tokenizer
-from vpo.model.decoder import Decoder, lora, sharding
+from vpo.model import lora, sharding
+from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
 from vpo.rl import step as train_lib

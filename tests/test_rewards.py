@@ -16,6 +16,7 @@ import pytest
 
 from vpo import objectives as obj
 from vpo.config import ADVANTAGES, ObjectiveConfig
+from vpo.objectives import estimators
 from vpo.rollout import rewards
 from vpo.tasks import make_task
 
@@ -33,8 +34,8 @@ def batch(seed=0):
 
 
 def test_table_holds_every_configurable_name_and_nothing_else():
-    assert tuple(rewards.ESTIMATORS) == ADVANTAGES
-    assert {e.sees for e in rewards.ESTIMATORS.values()} == {
+    assert tuple(estimators.ESTIMATORS) == ADVANTAGES
+    assert {e.sees for e in estimators.ESTIMATORS.values()} == {
         "scalar", "components", "vectors", "correct"}
 
 
@@ -44,7 +45,7 @@ def test_estimator_inputs():
     comps = jnp.sum(jnp.where(smask[..., None], r, 0.0), 2) + penalty[..., None]
     want = {"scalar": scalar, "components": comps, "vectors": r + penalty[..., None, None],
             "correct": solved.astype(jnp.float32)}
-    for name, est in rewards.ESTIMATORS.items():
+    for name, est in estimators.ESTIMATORS.items():
         x = rewards.estimator_input(ObjectiveConfig(advantage=name), r, smask, W_R, penalty,
                                     solved)
         np.testing.assert_allclose(x, want[est.sees], err_msg=name)
@@ -125,7 +126,7 @@ def _with_each_field_changed(r, smask, penalty, solved, key):
 def test_reads_lists_exactly_the_fields_each_estimator_uses():
     # `vpo train` refuses a given field the chosen estimator does not read: each `reads` set
     # must hold every field that changes that estimator's advantages, and only those
-    assert set(_OTHER) == rewards.ESTIMATOR_FIELDS
+    assert set(_OTHER) == estimators.ESTIMATOR_FIELDS
     rng = np.random.default_rng(5)  # 4 groups of 8: continuous rewards, so every field shows
     r = jnp.asarray(rng.uniform(size=(4, 8, M, R)), jnp.float32)
     smask = jnp.asarray(rng.uniform(size=(4, 8, M)) < 0.8)
@@ -134,7 +135,7 @@ def test_reads_lists_exactly_the_fields_each_estimator_uses():
                                    jax.random.key(0))
     for (name, field), (base, changed) in got.items():
         moved = not np.allclose(base, changed, atol=1e-6)
-        assert moved == (field in rewards.ESTIMATORS[name].reads), (name, field)
+        assert moved == (field in estimators.ESTIMATORS[name].reads), (name, field)
 
 
 def test_group_varies_sees_what_the_estimator_sees():

@@ -10,7 +10,8 @@ from flax import nnx
 
 from vpo import prng as _prng
 from vpo.config import ConfigError, SamplerConfig, model_preset
-from vpo.model.decoder import Decoder, sharding
+from vpo.model import sharding
+from vpo.model.decoder import Decoder
 from vpo.rollout.sampler import (
     _first_crossing,
     _first_crossing_blocked,

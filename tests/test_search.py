@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 from vpo.config import ConfigError, model_preset
-from vpo.model.decoder import Decoder, sharding
+from vpo.model import sharding
+from vpo.model.decoder import Decoder
 from vpo.search import ingraph as search
 from vpo.search import population as ops
 from vpo.tasks import answers as answers_lib

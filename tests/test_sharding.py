@@ -8,7 +8,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from vpo.config import model_preset
-from vpo.model.decoder import Decoder, sharding
+from vpo.model import sharding
+from vpo.model.decoder import Decoder
 
 
 def test_make_mesh_sizes_and_errors():

@@ -15,13 +15,9 @@ import pytest
 
 from vpo.io.tokenizer import load_tokenizer
 from vpo.tasks import answers, base, make_task
-from vpo.tasks.bound import (
-    answer_instruction,
-    bind,
-    mutation_text,
-    prompt_text,
-    task_word_tokenizer,
-)
+from vpo.tasks.bound import bind
+from vpo.tasks.prompts import answer_instruction, mutation_text, prompt_text
+from vpo.tasks.words import task_word_tokenizer
 
 BPE = pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_bpe"
 TASKS = ("maze", "program", "bandit", "arithmetic")

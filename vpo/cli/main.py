@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -38,11 +37,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start on a task's demonstrations; writes a policy folder (weights and
     the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
-    from vpo.config import MODEL_PRESETS, ConfigError, model_preset, pretrained_lr
+    from vpo.config import MODEL_PRESETS, ConfigError, ModelConfig, model_preset
     from vpo.io import checkpoint
+    from vpo.launch.assemble import fit_seq_len, learning_rate, source_of
     from vpo.rl import loop
     from vpo.rl.sft import run_sft
-    from vpo.tasks.bound import seq_len_for
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
     loop.check_new_run(args.out, overwrite=args.overwrite)
@@ -60,19 +59,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
     task = load_task("dataset", spec, dataset) if dataset else load_task(args.task, spec)
     problems = task.make_problems(args.seed, 64)
     task.check_num_answers(args.answers)
-    need = max(512, seq_len_for(task, problems, args.answers, num_parents=2) + 64)
-    init, pretrained, src = None, False, spec
+    need = fit_seq_len(task, args.answers, num_parents=2, seed=args.seed,
+                       at_least=ModelConfig.max_seq_len)
+    init, src = None, spec
     if spec in MODEL_PRESETS:
         cfg = model_preset(spec, vocab_size=task.tokenizer.size, max_seq_len=need)
     else:
         init, _, info = checkpoint.load_model(spec, max_seq_len=need)
         cfg = init.cfg
-        pretrained = str(info.get("source", "")).startswith("hf:")  # or its SFT
-        src = info["source"] if pretrained else spec  # the pretrained weights it came from
+        src = source_of(spec) or spec  # the pretrained weights it came from, if any
         check_fit(cfg, task, problems, args.answers, spec)
     if args.overwrite:
         loop.clear_run(args.out)
-    lr = args.lr or (pretrained_lr("sft", cfg.lora_rank) if pretrained else 3e-3)
+    lr = learning_rate("sft", spec, cfg.lora_rank, args.lr)
     print(f"SFT {task.name}: {spec} policy ({cfg.num_params:,} params), {args.steps} "
           f"steps of {args.batch} demonstrations with {args.answers} answers each, learning "
           f"rate {lr:g}")
@@ -117,60 +116,10 @@ def _use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
-def _load_init(spec: str, run, overrides: list[str], config_file: str | None = None):
-    """(Decoder, run with the checkpoint's model config, info) for `--init` / `model=hf:`.
-    `model.*` overrides are applied to the loaded model (dtype, max_seq_len, rope, norm eps) or
-    kept for `vpo train` (LoRA), or rejected by name (shapes the checkpoint fixes). A --config
-    file's model fields count as given too (unless `model=` replaced its model section): the
-    same ones are applied, and a shape field must equal the checkpoint's."""
-
+def _refuse_with_resume(args: argparse.Namespace) -> None:
+    """`--resume` continues the run in --out with its own config, data and starting policy:
+    options that would choose them are refused by name."""
     from vpo.config import ConfigError
-    from vpo.io.checkpoint import SHAPE_FIELDS, load_model
-    from vpo.model import lora
-
-    keys = {item.partition("=")[0].split(".")[1] for item in overrides
-            if item.startswith("model.") and "." in item.partition("=")[0]}
-    file_keys = set()
-    if config_file and not any(item.partition("=")[0] == "model" for item in overrides):
-        file_keys = set(presets.config_file_fields(config_file).get("model", {}))
-    lora_keys = set(lora.settings(run.model))
-    fixed = sorted((keys & set(SHAPE_FIELDS)) - lora_keys)
-    if fixed:
-        raise ConfigError(f"model.{fixed[0]}: the checkpoint {spec} fixes it (its parameters "
-                          "have that shape); drop the override, or train a preset model "
-                          "(model=tiny|small) from scratch instead")
-    extra = {k: getattr(run.model, k)
-             for k in (keys | file_keys) - set(SHAPE_FIELDS) - lora_keys - {"max_seq_len"}}
-    init, _, info = load_model(spec, max_seq_len=run.model.max_seq_len, **extra)
-    for k in sorted((file_keys & set(SHAPE_FIELDS)) - lora_keys):
-        if getattr(run.model, k) != getattr(init.cfg, k):
-            raise ConfigError(f"model.{k}: the --config file {config_file} has "
-                              f"{getattr(run.model, k)!r}, the checkpoint {spec} "
-                              f"{getattr(init.cfg, k)!r} (its parameters fix it); remove "
-                              f"model.{k} from the file")
-    if init.cfg != run.model:
-        run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
-                                                                 **lora.settings(run.model)))
-    return init, run, info
-
-
-def _loadable_fields(model_cfg) -> dict:
-    """The ModelConfig fields a checkpoint can be loaded with (not its shapes, not LoRA)."""
-
-    from vpo.io.checkpoint import SHAPE_FIELDS
-
-    return {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)
-            if f.name not in SHAPE_FIELDS}
-
-
-def _resume_args(args: argparse.Namespace):
-    """(run, bound task, starting policy spec or None) of `vpo train --out RUN --resume`."""
-
-    from vpo.config import ConfigError
-    from vpo.io.tokenizer import load_tokenizer
-    from vpo.rl import loop
-    from vpo.tasks import make_task
-    from vpo.tasks.bound import bind
 
     for flag, given in (("--preset", args.preset), ("--config", args.config),
                         ("--init", args.init), ("--data", args.data), ("--reward", args.reward),
@@ -181,14 +130,6 @@ def _resume_args(args: argparse.Namespace):
             raise ConfigError(f"{flag}: not with --resume (the run in {args.out} keeps its own "
                               "config, data and starting policy); drop it, or start a new run "
                               "with another --out")
-    run = loop.resume_config(args.out, args.overrides)
-    task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(args.out))
-    init_spec = None
-    path = os.path.join(args.out, loop.INIT_FILE)
-    if os.path.exists(path) and not loop.has_checkpoint(args.out):
-        with open(path) as f:  # killed before its first checkpoint: start again from the init
-            init_spec = json.load(f)["init"]
-    return run, task, init_spec
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -198,6 +139,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     (`--overwrite` replaces it)."""
 
     from vpo.io.checkpoint import load_model
+    from vpo.launch import assemble
     from vpo.model import sharding
     from vpo.rl import loop
 
@@ -208,19 +150,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         num_processes=args.num_processes, process_id=args.process_id))
     init = None
     if args.resume:
-        run, task, init_spec = _resume_args(args)
+        _refuse_with_resume(args)
+        plan = assemble.assemble_resume(args.out, args.overrides)
+        run, task, init_spec = plan.run, plan.task, plan.init_spec
         keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
         if init_spec:  # the run's own model settings (dtype, rope, ...), not the file's
-            init, _, _ = load_model(init_spec, **_loadable_fields(run.model))
+            init, _, _ = load_model(init_spec, **assemble.loadable_fields(run.model))
     else:
         loop.check_new_run(args.out, overwrite=args.overwrite)
-        run, task, init_spec = presets.build_run_config(args.preset, args.config, args.overrides,
-                                                init=args.init, dataset=dataset_kwargs(args))
+        plan = assemble.assemble_run(args.preset, args.config, args.overrides, init=args.init,
+                                     dataset=dataset_kwargs(args))
+        run, task, init_spec = plan.run, plan.task, plan.init_spec
         keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
         if init_spec:
-            base = presets.TRAIN_PRESETS[args.preset][1] if args.preset else []
-            init, run, info = _load_init(init_spec, run, [*base, *args.overrides],
-                                         args.config)
+            init, run, info = assemble.load_init(plan, args.config)
             print(f"starting from the policy in {init_spec} "
                   f"({info.get('task', info.get('source'))})")
         if args.overwrite:
@@ -358,7 +301,7 @@ def _is_user_error(e: BaseException) -> bool:
         tb = e.__traceback__
         while tb.tb_next is not None:
             tb = tb.tb_next
-        package = os.path.dirname(os.path.abspath(__file__))
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # vpo/
         return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(package + os.sep)
     return False
 

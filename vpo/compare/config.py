@@ -15,6 +15,7 @@ from vpo.config import (
     TrainConfig,
     apply_overrides,
 )
+from vpo.launch.assemble import learning_rate, source_of
 
 
 class Arm(NamedTuple):
@@ -210,6 +211,11 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
         raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
                           f"{', '.join(PRESETS)}")
     cfg = apply_overrides(PRESETS[preset], list(overrides))
+    if cfg.init and not any(o.partition("=")[0] == "train.learning_rate" for o in overrides):
+        # the same rule as `vpo train --init`: a pretrained policy's learning rate
+        lr = learning_rate("rl", cfg.init, 0, cfg.train.learning_rate
+                           if not source_of(cfg.init) else None)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, learning_rate=lr))
     for item in overrides:
         key = item.partition("=")[0]
         section, _, field = key.partition(".")

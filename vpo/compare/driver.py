@@ -53,20 +53,20 @@ from vpo.compare import report as compare_report
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import (
     ConfigError,
+    ModelConfig,
     RunConfig,
     model_preset,
 )
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
-from vpo.launch.assemble import load_task
+from vpo.launch.assemble import fit_seq_len, load_task
 from vpo.model import sharding
 from vpo.rl.loop import policy_complete, train, write_json_atomic
 from vpo.rl.metrics_log import JSONL
 from vpo.rl.sft import run_sft
 from vpo.rl.step import model_of
 from vpo.search import ingraph as search
-from vpo.tasks.bound import seq_len_for
 
 
 def make_task(cfg: CompareConfig):
@@ -128,10 +128,11 @@ class ArmRun:
 
 
 def _seq_len(cfg: CompareConfig, task, m: int) -> int:
-    """Positions a policy needs: prompt + m answers, and a search mutation prompt + m answers
-    (measured on the evaluation problems, with a margin for longer ones)."""
-    records = task.make_problems(cfg.eval_seed, 16)
-    return max(512, seq_len_for(task, records, m, num_parents=cfg.search.parents) + 64)
+    """Positions a policy needs (`vpo.launch.assemble.fit_seq_len`): prompt + m answers and a
+    search mutation prompt + m answers, measured on evaluation problems, at least the model
+    preset's length."""
+    return fit_seq_len(task, m, num_parents=cfg.search.parents, seed=cfg.eval_seed,
+                       num_problems=16, at_least=ModelConfig.max_seq_len)
 
 
 def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False):

@@ -174,7 +174,8 @@ def load_policy(directory: str, mesh=None, **overrides):
     from flax import nnx
 
     from vpo.config import ModelConfig, from_dict
-    from vpo.model.decoder import Decoder, sharding
+    from vpo.model import sharding
+    from vpo.model.decoder import Decoder
 
     info_path = os.path.join(directory, "policy.json")
     if not os.path.exists(info_path):

@@ -1,23 +1,51 @@
 """The one assembly of a run from a command's parts, and the task as a policy reads it.
 
-`load_task` binds a built-in or dataset task to the tokenizer of the policy that will read it
-(the checkpoint's own, or the task's word-level one for a model preset trained from scratch):
-every entry point (train, sft, sample, eval, search, compare) reads its task through it.
+Every entry point goes through here: `vpo train` (`assemble_run`, then `load_init`), `vpo
+train --resume` (`assemble_resume`), `vpo sft` and `vpo compare` (`fit_seq_len`,
+`learning_rate`), `vpo sample / eval / search` (`load_task`, `fit_seq_len`), and the Python API.
+What is decided here exists nowhere else:
+
+    the task, bound to the tokenizer of the policy that reads it     `load_task`
+    the sequence length: the longest measured prompt + answers + `SEQ_MARGIN`   `fit_seq_len`
+    the learning rate of a pretrained policy (`vpo.config.PRETRAINED_LR`)       `learning_rate`
+    the RunConfig: preset or file, overrides, model= / --init, --data, fitted and checked once
+                                                                     `assemble_run`
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+from typing import Any
 
-from vpo.config import MODEL_PRESETS
+from vpo.config import (
+    MODEL_PRESETS,
+    ConfigError,
+    ObjectiveConfig,
+    RunConfig,
+    apply_overrides,
+    from_dict,
+    model_preset,
+    pretrained_lr,
+)
 from vpo.errors import CheckpointError
 from vpo.io import hf
-from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
+from vpo.io.checkpoint import NO_POLICY, SHAPE_FIELDS, load_model, resolve_model_spec
 from vpo.io.tokenizer import load_tokenizer
-from vpo.tasks import make_task
-from vpo.tasks.bound import bind
+from vpo.launch.presets import PRESET_DATA, TRAIN_PRESETS, preset_dataset
+from vpo.model import lora
+from vpo.rl import loop
+from vpo.tasks import TASK_NAMES, make_task
+from vpo.tasks.bound import BoundTask, bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer
 
+# Positions beyond the longest measured prompt + answers (problems longer than the measured ones).
+SEQ_MARGIN = 64
+FROM_SCRATCH_LR = {"rl": 1e-3, "sft": 3e-3}  # a model preset trained from random weights
+
+
+# -- the task a policy reads ------------------------------------------------------------------
 
 def tokenizer_for(task, model_spec: str | None = None):
     """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` to a folder
@@ -36,7 +64,279 @@ def tokenizer_for(task, model_spec: str | None = None):
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`): what
-    every entry point (CLI, compare, eval, search) reads a task through."""
+    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`)."""
     task = make_task(name, **(task_kwargs or {}))
     return bind(task, tokenizer_for(task, model_spec))
+
+
+# -- the rules every entry point shares ---------------------------------------------------------
+
+def fit_seq_len(task: BoundTask, num_answers, *, num_parents: int = 0, seed: int = 0,
+                num_problems: int = 64, at_least: int = 0) -> int:
+    """max(at_least, longest prompt + answer budget over `num_problems` problems of `seed`, for
+    each m in `num_answers` (an int or several), mutation prompts with `num_parents` parents
+    included, + `SEQ_MARGIN`). `at_least` is the model's own length (a preset's default or a
+    checkpoint's context), which the fit only raises."""
+    ms = [num_answers] if isinstance(num_answers, int) else list(num_answers)
+    records = task.make_problems(seed, num_problems)
+    need = max(seq_len_for(task, records, m, num_parents=num_parents) for m in ms)
+    return max(at_least, need + SEQ_MARGIN)
+
+
+def source_of(model_spec: str | None) -> str | None:
+    """The pretrained weights a policy comes from: `hf:PATH` for a checkpoint (smollm2 resolved),
+    the `source` a policy folder records (an SFT or RL run of a checkpoint), None for a model
+    trained from scratch."""
+    if not model_spec or model_spec in MODEL_PRESETS:
+        return None
+    spec = resolve_model_spec(model_spec)
+    if hf.is_hf_spec(spec):
+        return spec
+    path = os.path.join(spec, "policy.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            source = str(json.load(f).get("source") or "")
+        return source if hf.is_hf_spec(source) else None
+    return None
+
+
+def learning_rate(kind: str, model_spec: str | None, lora_rank: int,
+                  given: float | None = None) -> float:
+    """The learning rate of an RL ("rl") or SFT ("sft") run: `given` if set; for a policy of
+    pretrained weights (`source_of`) `vpo.config.pretrained_lr` (TRL's defaults; LoRA 1e-4);
+    otherwise the from-scratch rate `FROM_SCRATCH_LR`."""
+    if given is not None:
+        return given
+    if source_of(model_spec):
+        return pretrained_lr(kind, lora_rank)
+    return FROM_SCRATCH_LR[kind]
+
+
+# -- vpo train ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Assembly:
+    """A run ready to start: its config (fitted and checked), its bound task, the policy it
+    starts from (`init_spec`, None for a model preset), and what the user set (`given`:
+    `section.key` names; `model_fields`: the model fields a --config file sets)."""
+
+    run: RunConfig
+    task: BoundTask
+    init_spec: str | None
+    given: frozenset[str] = frozenset()
+    model_fields: frozenset[str] = frozenset()
+    overrides: tuple[str, ...] = ()
+
+
+def assemble_run(preset: str | None = None, config_file: str | None = None,
+                 overrides: list[str] | tuple[str, ...] = (), *, init: str | None = None,
+                 dataset: dict | None = None) -> Assembly:
+    """The RunConfig of `vpo train` from a preset or a JSON file, then `section.key=value`
+    overrides, then fitted to the task read through the policy's tokenizer (`init`, or
+    `model=hf:PATH`, or the task's word-level one for a preset model): vocabulary, answer
+    budget, sequence length (`fit_seq_len`), learning rate (`learning_rate`). `dataset` (from
+    `--data`) makes the task a user's data and reward functions. Nothing is allocated."""
+    overrides = list(overrides)
+    run, file_data = RunConfig(), {}
+    init_spec = None
+    user_data = dataset is not None  # --data (a preset's own data is added below)
+    if config_file:
+        run, file_data = read_config_file(config_file)
+    base: list[str] = []
+    if preset:
+        if preset not in TRAIN_PRESETS:
+            raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
+                              f"{', '.join(TRAIN_PRESETS)}")
+        task_name, base = TRAIN_PRESETS[preset]
+        if config_file:
+            raise ConfigError(f"--preset {preset} and --config {config_file}: choose one (the "
+                              "preset's settings would overwrite the file's); put the settings "
+                              "you want in the file, or pass them as overrides")
+        run = dataclasses.replace(run, task=task_name)
+        if preset in PRESET_DATA and dataset is None:
+            dataset = preset_dataset(preset)
+    if user_data and "task" in file_data:
+        raise ConfigError(f"--data: the --config file {config_file} names its own task; "
+                          "your data would replace it. Drop --data or the file's task")
+    rest = []
+    for item in base + overrides:
+        key, _, value = item.partition("=")
+        if item in overrides and key in ("model", "task"):
+            other = {"model": init and f"--init {init}", "task": user_data and "--data"}[key]
+            if other:
+                raise ConfigError(f"{key}={value}: {other} fixes the {key}; drop one of them")
+        if key == "model":
+            run, spec = _with_model(run, value)
+            init_spec = spec or init_spec
+        elif key == "task":
+            run = _with_task(run, value)
+        else:
+            rest.append(item)
+    run = apply_overrides(run, rest)
+    given = {item.partition("=")[0] for item in overrides}
+    given |= {f"{section}.{key}" for section, fields in file_data.items()
+              if isinstance(fields, dict) for key in fields}
+    _refuse_unread_objective_fields(run, given)
+    if dataset is not None:
+        run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
+    init_spec = init or init_spec
+    lr_given = "train.learning_rate" in given | {item.partition("=")[0] for item in base}
+    if init_spec and not lr_given and source_of(init_spec):
+        run = dataclasses.replace(run, train=dataclasses.replace(
+            run.train, learning_rate=learning_rate("rl", init_spec, run.model.lora_rank)))
+    if run.task == "dataset" and init_spec is None:
+        raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
+                          "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
+    task = load_task(run.task, init_spec, run.task_kwargs)
+    run = _fit_to_task(run, task, given)
+    model_fields = frozenset(file_data.get("model", {})) if not any(
+        item.partition("=")[0] == "model" for item in overrides) else frozenset()
+    return Assembly(run, task, init_spec, frozenset(given), model_fields,
+                    tuple(base + overrides))
+
+
+def _with_model(run: RunConfig, value: str) -> tuple[RunConfig, str | None]:
+    """`model=VALUE`: a preset's shapes, or a checkpoint's config (returned as the init spec)."""
+    value = resolve_model_spec(value)  # smollm2 → hf:<the package's GGUF>
+    if value.startswith("hf:"):
+        return dataclasses.replace(
+            run, model=hf.model_config(hf.read_config(hf.hf_spec_path(value)))), value
+    if value not in MODEL_PRESETS:
+        hint = (f"; to start from the vpo policy there pass --init {value}"
+                if os.path.isdir(value) else "")
+        raise ConfigError(f"model={value}: not a model; give a preset "
+                          f"({', '.join(MODEL_PRESETS)}), smollm2, or hf:PATH (a Hugging "
+                          f"Face checkpoint folder or .gguf file){hint}")
+    return dataclasses.replace(run, model=model_preset(value)), None
+
+
+def _with_task(run: RunConfig, value: str) -> RunConfig:
+    if value not in TASK_NAMES:
+        raise ConfigError(f"task: unknown task {value!r}; choose one of {', '.join(TASK_NAMES)}")
+    if run.task_kwargs and value != run.task:
+        raise ConfigError(f"task={value}: the config's task_kwargs "
+                          f"{json.dumps(run.task_kwargs)[:80]} are for task {run.task!r}; "
+                          "remove them from the config file to change the task")
+    return dataclasses.replace(run, task=value)
+
+
+def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str]) -> RunConfig:
+    """Vocabulary, sequence length and answer budget raised to what the task needs, where the
+    user did not set them; a value the user set below that is refused, naming the floor."""
+    m = run.train.num_answers
+    T = task.completion_len(m)
+    parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
+    seq = fit_seq_len(task, m, num_parents=parents, seed=run.train.seed)
+    floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
+              "model.max_seq_len": (seq - SEQ_MARGIN,
+                                    "the longest prompt plus the answer budget"),
+              "sampler.max_new_tokens": (T, "the task's answer budget" + (
+                  f" for m={m} answers in tags" if m > 1 else ""))}
+    for key, (floor, what) in floors.items():
+        section, field = key.split(".")
+        value = getattr(getattr(run, section), field)
+        if key in given and value < floor:
+            raise ConfigError(f"{key}={value} is below {what} ({floor}); raise it to at least "
+                              f"{floor} (on the command line or in the --config file) or leave "
+                              "it out to have it fitted")
+    fit = lambda key, value, floor: value if key in given else max(value, floor)  # noqa: E731
+    return dataclasses.replace(
+        run, model=dataclasses.replace(
+            run.model, vocab_size=fit("model.vocab_size", run.model.vocab_size,
+                                      task.tokenizer.size),
+            max_seq_len=fit("model.max_seq_len", run.model.max_seq_len, seq)),
+        sampler=dataclasses.replace(run.sampler, max_new_tokens=fit(
+            "sampler.max_new_tokens", run.sampler.max_new_tokens, T)))
+
+
+def _refuse_unread_objective_fields(run: RunConfig, given: set[str]) -> None:
+    """A given estimator-specific objective field (e.g. `objective.grpo_scale`) that the chosen
+    `objective.advantage` does not read, set to other than its default, is an error: it would
+    change nothing. (`vpo compare` shares one objective section among its arms and checks its
+    own overrides.)"""
+    from vpo.objectives.estimators import ESTIMATOR_FIELDS, ESTIMATORS  # jax: on first use
+
+    advantage = run.objective.advantage
+    reads = ESTIMATORS[advantage].reads
+    default = ObjectiveConfig()
+    for field in sorted(ESTIMATOR_FIELDS - reads):
+        value = getattr(run.objective, field)
+        if f"objective.{field}" in given and value != getattr(default, field):
+            users = ", ".join(n for n, e in ESTIMATORS.items() if field in e.reads)
+            raise ConfigError(
+                f"objective.{field}={value}: objective.advantage={advantage} does not read it "
+                f"(it reads {', '.join(sorted(reads)) or 'no estimator-specific field'}); remove "
+                f"it, or choose an advantage that uses it ({users})")
+
+
+def read_config_file(path: str) -> tuple[RunConfig, dict[str, Any]]:
+    """(RunConfig, the JSON object as written) of a --config file, read once; unreadable JSON
+    names file:line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--config {path}:{e.lineno}: not valid JSON ({e.msg}); a RunConfig "
+                          "is one JSON object, e.g. a run's config.json") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not UTF-8 text; save it as UTF-8 JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a JSON object (a RunConfig), got "
+                          f"{type(data).__name__}")
+    for section in ("model", "sampler", "objective", "train"):
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"--config {path}: `{section}` must be an object of "
+                              f"{section}.* fields; got {type(data[section]).__name__}")
+    if not isinstance(data.get("task_kwargs", {}), dict):
+        raise ConfigError(f"--config {path}: task_kwargs must be an object of the task's "
+                          f"keyword arguments; got {type(data['task_kwargs']).__name__}")
+    return from_dict(RunConfig, data), data
+
+
+def load_init(plan: Assembly, config_file: str | None = None):
+    """(Decoder, run with the checkpoint's model config, info) of `plan.init_spec`. `model.*`
+    settings the user gave (overrides, or a --config file's model fields) are applied to the
+    loaded model (dtype, rope, norm eps) or kept (LoRA), or refused by name (shapes the
+    checkpoint fixes); a --config file's shape field must equal the checkpoint's."""
+    spec, run = plan.init_spec, plan.run
+    keys = {item.partition("=")[0].split(".")[1] for item in plan.overrides
+            if item.startswith("model.") and "." in item.partition("=")[0]}
+    lora_keys = set(lora.settings(run.model))
+    fixed = sorted((keys & set(SHAPE_FIELDS)) - lora_keys)
+    if fixed:
+        raise ConfigError(f"model.{fixed[0]}: the checkpoint {spec} fixes it (its parameters "
+                          "have that shape); drop the override, or train a preset model "
+                          "(model=tiny|small) from scratch instead")
+    extra = {k: getattr(run.model, k) for k in (keys | plan.model_fields) - set(SHAPE_FIELDS)
+             - lora_keys - {"max_seq_len"}}
+    init, _, info = load_model(spec, max_seq_len=run.model.max_seq_len, **extra)
+    for k in sorted((plan.model_fields & set(SHAPE_FIELDS)) - lora_keys):
+        if getattr(run.model, k) != getattr(init.cfg, k):
+            raise ConfigError(f"model.{k}: the --config file {config_file} has "
+                              f"{getattr(run.model, k)!r}, the checkpoint {spec} "
+                              f"{getattr(init.cfg, k)!r} (its parameters fix it); remove "
+                              f"model.{k} from the file")
+    if init.cfg != run.model:
+        run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
+                                                                 **lora.settings(run.model)))
+    return init, run, info
+
+
+def loadable_fields(model_cfg) -> dict:
+    """The ModelConfig fields a checkpoint can be loaded with (not its shapes, not LoRA)."""
+    return {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)
+            if f.name not in SHAPE_FIELDS}
+
+
+def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Assembly:
+    """The run in `out_dir` as it was started (`vpo.rl.loop.resume_config`: only overrides that
+    keep it the same run), its task through its own tokenizer, and its starting policy when it
+    was killed before its first checkpoint."""
+    run = loop.resume_config(out_dir, list(overrides))
+    task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(out_dir))
+    init_spec = None
+    path = os.path.join(out_dir, loop.INIT_FILE)
+    if os.path.exists(path) and not loop.has_checkpoint(out_dir):
+        with open(path) as f:
+            init_spec = json.load(f)["init"]
+    return Assembly(run, task, init_spec, overrides=tuple(overrides))

@@ -1,22 +1,19 @@
 """Rewards to advantages for one RL step: task rewards in-graph (`jax.vmap(task.reward)`) or
 on the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty
 and dynamic sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator
-through the one name-to-function table `ESTIMATORS` (GRPO family, Max@k, pass@k training,
+through the one name-to-function table `vpo.objectives.estimators.ESTIMATORS` (GRPO family, Max@k, pass@k training,
 random-weight GRPO or VPO, `vpo.objectives`). Pure functions; `vpo.rl.step` calls them inside its
 jitted step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo import objectives
-from vpo.config import ADVANTAGES, ObjectiveConfig
+from vpo.config import ObjectiveConfig
+from vpo.objectives.estimators import ESTIMATORS
 from vpo.tasks.bound import BoundTask
 from vpo.types import Rollout
 
@@ -47,83 +44,7 @@ def solved(task: BoundTask, rewards_BGMR, solution_mask_BGM):
     return jnp.any(solved_BGM, axis=-1)
 
 
-class Estimator(NamedTuple):
-    """One advantage estimator: the reward it sees and the function that turns it into adv_BG.
 
-    sees: "scalar" (w*ᵀr summed over valid answers, + penalty → reward_BG), "components"
-    (per-component sums over valid answers, + penalty on each → reward_BGR), "vectors" (every
-    answer's vector, + penalty on each component → rewards_BGMR) or "correct" (solved_BG).
-    fn(cfg, x, solution_mask_BGM, weights_R, key) -> (adv_BG, metrics).
-    reads: the estimator-specific `ObjectiveConfig` fields fn uses (of `ESTIMATOR_FIELDS`).
-    """
-
-    sees: str
-    fn: Callable
-    reads: frozenset[str] = frozenset()
-
-
-def _grpo(cfg, x_BG, smask, weights_R, key):
-    return objectives.grpo_advantages(x_BG, scale=cfg.grpo_scale, std=cfg.grpo_std), {}
-
-
-def _dr_grpo(cfg, x_BG, smask, weights_R, key):
-    return objectives.grpo_advantages(x_BG, scale="none", std=cfg.grpo_std), {}
-
-
-def _rloo(cfg, x_BG, smask, weights_R, key):
-    return objectives.rloo_advantages(x_BG), {}
-
-
-def _maxrl(cfg, x_BG, smask, weights_R, key):
-    return objectives.maxrl_advantages(x_BG), {}
-
-
-def _gdpo(cfg, x_BGR, smask, weights_R, key):
-    return objectives.gdpo_advantages(x_BGR, weights_R=jnp.asarray(weights_R),
-                                      std=cfg.grpo_std), {}
-
-
-def _vpo(cfg, x_BGMR, smask, weights_R, key):
-    return objectives.vpo_advantages(x_BGMR, smask, key=key, num_weights=cfg.num_weights,
-                                     alpha=cfg.alpha, sampler=cfg.weight_sampler)
-
-
-def _maxk(cfg, x_BG, smask, weights_R, key):
-    k = cfg.subset_size(x_BG.shape[1])
-    return objectives.max_at_k_advantages(x_BG, k, std_normalize=True, std=cfg.grpo_std), {}
-
-
-def _passk(cfg, correct_BG, smask, weights_R, key):
-    k = cfg.subset_size(correct_BG.shape[1])
-    return objectives.pass_at_k_advantages(correct_BG, k), {}
-
-
-def _rw_grpo(cfg, x_BGR, smask, weights_R, key):
-    adv_BG, _ = objectives.random_weight_grpo_advantages(
-        x_BGR, key=key, alpha=cfg.alpha, scale=cfg.grpo_scale, std=cfg.grpo_std)
-    return adv_BG, {}
-
-
-# The estimator table: `objective.advantage` → Estimator (names: `vpo.config.ADVANTAGES`).
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": Estimator("scalar", _grpo, frozenset({"grpo_scale", "grpo_std"})),  # arXiv 2402.03300
-    "dr_grpo": Estimator("scalar", _dr_grpo),  # Dr. GRPO, arXiv 2503.20783 (no std: unscaled)
-    "rloo": Estimator("scalar", _rloo),  # RLOO, arXiv 2402.14740
-    "maxrl": Estimator("scalar", _maxrl),  # MaxRL, arXiv 2602.02710
-    "gdpo": Estimator("components", _gdpo, frozenset({"grpo_std"})),  # GDPO, arXiv 2601.05242
-    "vpo": Estimator("vectors", _vpo,  # VPO, arXiv 2605.22817
-                     frozenset({"num_weights", "alpha", "weight_sampler"})),
-    "maxk": Estimator("scalar", _maxk,  # Max@k, arXiv 2510.23393 (verl, std-normalised)
-                      frozenset({"subset_k", "grpo_std"})),
-    "passk": Estimator("correct", _passk, frozenset({"subset_k"})),  # pass@k, 2508.10751
-    "rw_grpo": Estimator("components", _rw_grpo,  # random-weight GRPO (VPO's baseline)
-                         frozenset({"alpha", "grpo_scale", "grpo_std"})),
-}
-# The objective fields that belong to some estimators only (the rest serve every estimator).
-ESTIMATOR_FIELDS = frozenset().union(*(e.reads for e in ESTIMATORS.values()))
-if tuple(ESTIMATORS) != ADVANTAGES:  # one list of names: the config validates against it
-    raise ImportError(f"vpo.rollout.rewards.ESTIMATORS {tuple(ESTIMATORS)} != vpo.config.ADVANTAGES "
-                      f"{ADVANTAGES}")
 
 
 def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
