@@ -33,3 +33,13 @@ def test_exported_names_never_shadow_a_submodule():
     code = "from vpo import rl, rollout; print(type(rl).__name__, rl.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["module", "vpo.rl"]
+
+
+def test_earlier_import_paths_keep_working():
+    """Users' code written against the flat layout: `vpo.objectives` and `vpo.evaluation`."""
+    from vpo.eval import metrics
+    from vpo.evaluation import best_at_k, pass_at_k, reward_diversity
+    from vpo.objectives import grpo_advantages, policy_loss, vpo_advantages  # noqa: F401
+
+    assert (pass_at_k, best_at_k, reward_diversity) == (
+        metrics.pass_at_k, metrics.best_at_k, metrics.reward_diversity)
