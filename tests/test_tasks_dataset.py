@@ -17,12 +17,15 @@ BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 REWARDS = '''
 CALLS = []
 
+def text(c):  # a chat prompt's completion is TRL's [{"role": "assistant", "content": ...}]
+    return c if isinstance(c, str) else c[0]["content"]
+
 def correct(prompts, completions, answer, **kw):
     CALLS.append(list(completions))
-    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if a in text(c) else 0.0 for c, a in zip(completions, answer)]
 
 def short(prompts, completions, **kw):
-    return [max(0.0, 1.0 - len(c) / 10) for c in completions]
+    return [max(0.0, 1.0 - len(text(c)) / 10) for c in completions]
 '''
 
 ROWS = [
@@ -78,7 +81,9 @@ def test_scores_reach_functions_only_for_valid_answers(task, files):
     mod.CALLS.clear()
     records = task.make_problems(0, 2)
     rewards, valid = task.task.score(records, [["5", None, " 5 "], ["", "eight", "8"]])
-    assert mod.CALLS == [["5", "eight", "8"]]  # one batched call; empty, missing, duplicate out
+    # one batched call; empty, missing, duplicate out; row 1's chat prompt: message lists
+    assert mod.CALLS == [["5", [{"role": "assistant", "content": "eight"}],
+                          [{"role": "assistant", "content": "8"}]]]
     assert valid.tolist() == [[True, False, False], [False, True, True]]
     np.testing.assert_allclose(rewards[0, 0], [1.0, 0.9])
     np.testing.assert_allclose(rewards[1, 1], [0.0, 0.5])

@@ -4,9 +4,10 @@
                              weights=[0.7, 0.3])
 
 Rows (JSONL, or Parquet through pyarrow) need a `prompt`: text, or a list of chat messages
-(`{"role": ..., "content": ...}`) that the checkpoint's chat template renders. Every other column
-is passed to the reward functions by name (`vpo.tasks.reward_fns`); an optional `completion` column
-(text, or a list of m answer texts) gives SFT demonstrations.
+(`{"role": ..., "content": ...}`) that the checkpoint's chat template renders. The reward
+functions are called as TRL's GRPOTrainer calls them (`vpo.tasks.reward_fns`): by keyword, every
+other column by name, and, for a chat prompt, each completion as an assistant message list; an
+optional `completion` column (text, or a list of m answer texts) gives SFT demonstrations.
 
 With m = 1 the prompt is sent as written and the whole completion is the answer (as in TRL);
 with m > 1 the last user message asks for m answers in `<answer k>` tags and each parsed answer
@@ -14,7 +15,9 @@ is one completion for the reward functions. Empty answers and later duplicates o
 answer (same words) are invalid slots: never passed, zero reward, masked.
 
 Reward components are the functions' outputs, in [0, 1]; w* = `weights` normalised to sum 1
-(default: equal); solved = w*ᵀr = 1 (full marks on every weighted component).
+(default: equal); solved = w*ᵀr = 1 (full marks on every weighted component). A function's None
+("does not apply") scores 0 in its component (TRL's nansum); an answer that no function applies
+to is unscorable: an invalid slot, like an empty answer.
 """
 
 from __future__ import annotations
@@ -189,7 +192,9 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
         del seed  # a dataset is a fixed list: the first `num` rows, in file order
         return rows[:num]
 
-    def score(records, answers):
+    def score(records, answers, answer_ids=None):
+        """(rewards_NMR, valid_NM); `answer_ids[n][m]`: slot m's token ids, when the caller
+        has them (passed to the functions as `completion_ids`)."""
         N = len(records)
         M = max((len(a) for a in answers), default=0)
         rewards_NMR = np.zeros((N, M, len(names)), np.float32)
@@ -201,12 +206,13 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
                 if a is not None:
                     flat.append((n, m))
         if flat:
-            got = scorer([records[n] for n, _ in flat],
-                         [answers[n][m].strip() for n, m in flat],
-                         [records[n][ROW] for n, _ in flat])
-            for (n, m), r in zip(flat, got, strict=True):
+            got, applies = scorer.score(
+                [records[n] for n, _ in flat], [answers[n][m].strip() for n, m in flat],
+                [records[n][ROW] for n, _ in flat],
+                None if answer_ids is None else [answer_ids[n][m] for n, m in flat])
+            for (n, m), r, a in zip(flat, got, applies, strict=True):
                 rewards_NMR[n, m] = r
-                valid_NM[n, m] = True
+                valid_NM[n, m] = a.any()  # no function applies: unscorable
         return rewards_NMR, valid_NM
 
     def demonstrations(record: Record, rng, num_answers: int) -> list[str]:
