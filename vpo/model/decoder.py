@@ -23,6 +23,11 @@ not O(P + budget). On GPU / TPU a decode step can run the Pallas kernel
 Products that accumulate in float32 go through `vpo.kernels.precision`, so bfloat16 parameters
 also run on CPU (whose runtime lacks a bf16 × bf16 → f32 dot).
 
+`Decoder.platform` ("tpu" / "gpu" / "cpu", or None for the default backend) is the platform
+the model's programs are built for (`vpo.kernels.targets.platform_of` of its mesh): it picks
+the kernels and the float32 products, so a program compiled ahead of time for a TPU mesh on a
+CPU host takes the TPU branches.
+
 Dimension key: B batch (prompts), G continuations per prompt, S new tokens, P prompt length,
 C suffix-cache length, V vocab, D width, F MLP width, H query heads, N KV heads, E head dim,
 L layers.
@@ -33,6 +38,7 @@ L layers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -42,7 +48,8 @@ from flax import nnx
 
 from vpo.config import ModelConfig
 from vpo.kernels import decode_attention as decode_lib
-from vpo.kernels.precision import einsum_f32
+from vpo.kernels import targets
+from vpo.kernels.precision import einsum_f32 as _einsum_f32
 from vpo.model.adapter import add_adapters, plus_lora
 
 _MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
@@ -52,12 +59,22 @@ _KERNELS = ("pallas", "interpret")  # `Decoder.extend(attention=...)` besides "x
 _KERNEL_BLOCK_K = decode_lib.BlockSizes.get_default().block_k
 
 
-def decode_attention_impl() -> str:
-    """The decode-attention path for the default backend: the Pallas kernel on one GPU / TPU,
-    XLA elsewhere (Pallas compiles only for accelerators, and XLA cannot partition a kernel
-    over a mesh of several devices)."""
-    on_accelerator = jax.default_backend() in ("gpu", "tpu")
-    return "pallas" if on_accelerator and jax.device_count() == 1 else "xla"
+def decode_attention_impl(devices=None) -> str:
+    """The decode-attention path for `devices` (a Mesh, a Sharding, a device or a sequence of
+    devices; None: the default backend's): the Pallas kernel on one GPU / TPU, XLA elsewhere
+    (Pallas compiles only for accelerators, and XLA cannot partition a kernel over a mesh of
+    several devices)."""
+    if devices is None:
+        devices = jax.devices()
+    elif isinstance(devices, jax.sharding.Mesh):
+        devices = devices.devices.flat
+    elif isinstance(devices, jax.sharding.Sharding):
+        devices = devices.device_set
+    elif hasattr(devices, "platform"):
+        devices = [devices]
+    devices = list(devices)
+    one = len(devices) == 1
+    return "pallas" if one and decode_lib.supported(targets.platform_of(devices)) else "xla"
 
 
 class Prefix(NamedTuple):
@@ -177,7 +194,8 @@ def apply_rope(x_BGSHE, cos_BGSE, sin_BGSE):
     return out.astype(x_BGSHE.dtype)
 
 
-def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None):
+def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None, *,
+           platform: str | None = None):
     """softmax(q·kᵀ/√E + mask)·v over [prefix keys ‖ suffix keys], one softmax over both.
 
     Grouped-query attention: query head h reads KV head h // (H/N). prefix_kv, if given, is
@@ -186,7 +204,9 @@ def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=
     out = (Σ_p e^(s_p - m) v_p + Σ_c e^(s_c - m) v_c) / (Σ_p e^(s_p - m) + Σ_c e^(s_c - m)),
     normalised after the value products (fewer elements than the scores). Returns out_BGNHSE
     (H = H/N query heads per KV head), the layout the output projection contracts directly.
+    `platform`: the target of the float32 products (`vpo.kernels.precision`).
     """
+    einsum_f32 = functools.partial(_einsum_f32, platform=platform)
     B, G, S, H, E = q_BGSHE.shape
     N = k_BGNCE.shape[2]
     q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, N, H // N, E)
@@ -239,9 +259,10 @@ class Attention(nnx.Module):
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
     def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP,
-                 kernel=None):
+                 kernel=None, platform=None):
         """Attention of the S new tokens. `kernel` ("pallas" | "interpret"): one decode token
         (S = 1) through the Pallas kernel, which reads only cache slots [0, start + 1).
+        `platform`: the target (`Decoder.platform`).
         Returns (y_BGSD, (k, v)): the whole cache with the new keys written (without a cache:
         the new keys)."""
         q = self._project(x_BGSD, self.wq, self.bq, self.wq_lora)
@@ -261,10 +282,11 @@ class Attention(nnx.Module):
             Bt, G = q.shape[:2]
             out_BGNHE = decode_lib.decode_attention(
                 q[:, :, 0].reshape(Bt, G, N, H // N, E), *prefix_kv, prefix_mask_BP, k, v,
-                start + 1, interpret=kernel == "interpret")
+                start + 1, interpret=kernel == "interpret", platform=platform)
             out_BGNHSE = out_BGNHE[:, :, :, :, None].astype(v.dtype)
         else:
-            out_BGNHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP)
+            out_BGNHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP,
+                                platform=platform)
         # query head n·(H/N) + h is row block h of wo; the small activation is brought into that
         # order (given the [N,H/N,S,E] layout XLA relaid out the whole weight instead, inside the
         # decode loop at every token: ~5% of SmolLM2's sampling on CPU)
@@ -305,18 +327,21 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv, start, prefix_kv, prefix_mask, kernel=None):
+    def __call__(self, x, cos, sin, mask, cache_kv, start, prefix_kv, prefix_mask, kernel=None,
+                 platform=None):
         h, kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, start, prefix_kv,
-                          prefix_mask, kernel)
+                          prefix_mask, kernel, platform)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv
 
 
 class Decoder(nnx.Module):
-    """The policy: a decoder-only transformer (see the module docstring)."""
+    """The policy: a decoder-only transformer (see the module docstring). `platform`: the
+    platform its programs are built for (None: the default backend at trace time)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
         self.cfg = cfg
+        self.platform = None if platform is None else targets.resolve_platform(platform)
         pd = jnp.dtype(cfg.param_dtype)
         self.dtype = jnp.dtype(cfg.dtype)
         self.embed = _param(nnx.initializers.normal(0.02), rngs.params(),
@@ -333,7 +358,8 @@ class Decoder(nnx.Module):
     def logits(self, hidden_xD):
         """Unembedding: final hidden states [..., D] → logits [..., V] (float32)."""
         w = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-        return einsum_f32("...d,dv->...v", hidden_xD, w.astype(self.dtype))
+        return _einsum_f32("...d,dv->...v", hidden_xD, w.astype(self.dtype),
+                           platform=self.platform)
 
     def rope(self, positions):
         """(cos, sin) of RoPE at integer `positions` (any shape) → positions.shape + (E,)."""
@@ -356,7 +382,7 @@ class Decoder(nnx.Module):
 
         def block(state, x, cache_kv, prefix_kv):
             return nnx.merge(block_def, state)(x, cos, sin, mask_BGSC, cache_kv, start,
-                                               prefix_kv, prefix_mask, kernel)
+                                               prefix_kv, prefix_mask, kernel, self.platform)
 
         if remat:  # keep only each block's input for the backward pass; recompute the rest
             block = jax.checkpoint(block, prevent_cse=not self.scanned)
@@ -371,7 +397,7 @@ class Decoder(nnx.Module):
                 x, (k, v) = block(nnx.state(layer), x, cache_kv, prefix_kv)
             else:
                 x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
-                                  prefix_mask, kernel)
+                                  prefix_mask, kernel, self.platform)
             ks.append(k)
             vs.append(v)
         return self.final_norm(x), tuple(ks), tuple(vs)
@@ -441,7 +467,7 @@ class Decoder(nnx.Module):
         O(tokens so far), not O(budget).
         `attention`: "xla" (any backend), or "pallas" / "interpret" for one decode token (S = 1)
         with a cache through `vpo.kernels.decode_attention` (`decode_attention_impl` picks by
-        backend), which reads only slots [0, start + 1) of a cache of any length.
+        devices), which reads only slots [0, start + 1) of a cache of any length.
         `remat`: as in `prefill` (the training forward over all T completion tokens).
         Returns (hidden_BGSD, KVCache with the new keys written).
         """

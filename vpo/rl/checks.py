@@ -9,6 +9,8 @@ import os
 import jax
 
 from vpo.config import ConfigError, RunConfig, check_memory
+from vpo.kernels import logprob_entropy as logprob_lib
+from vpo.kernels import targets
 from vpo.tasks.bound import BoundTask
 
 
@@ -23,14 +25,15 @@ def device_memory() -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
 
 
-def check_run(run: RunConfig, task: BoundTask, prompt_len: int) -> None:
+def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) -> None:
     """Cross-field checks between the run config, its task (whose longest prompt, mutation
-    prompts included, has `prompt_len` tokens) and the backend, with the fix in the message;
-    then the size check: a run whose lower-bound memory (`RunConfig.memory_bytes`) exceeds
-    the devices' is rejected before anything is allocated."""
-    if run.train.logprob_impl == "pallas" and jax.default_backend() not in ("gpu", "tpu"):
+    prompts included, has `prompt_len` tokens) and the devices (`mesh`, else this process's),
+    with the fix in the message; then the size check: a run whose lower-bound memory
+    (`RunConfig.memory_bytes`) exceeds the devices' is rejected before anything is allocated."""
+    platform = targets.platform_of(jax.devices()[:1] if mesh is None else mesh)
+    if run.train.logprob_impl == "pallas" and not logprob_lib.supported(platform):
         raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
-                          f"{jax.default_backend()}; use 'chunked'")
+                          f"{platform}; use 'chunked'")
     task.check_num_answers(run.train.num_answers)
     if run.model.vocab_size < task.tokenizer.size:
         raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "

@@ -40,6 +40,7 @@ from vpo.config import (
 )
 from vpo.eval import metrics as evaluation
 from vpo.kernels import logprob_entropy as logprob_lib
+from vpo.kernels import targets
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
@@ -118,16 +119,19 @@ def _new_state(params, tx, seed: int, with_ref: bool, frozen=None) -> TrainState
 def init_state(model_cfg: ModelConfig, tx, mesh, *, seed: int = 0, with_ref: bool = False
                ) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """A fresh policy and optimiser state, born sharded on `mesh` (never materialised unsharded).
-    With `model_cfg.lora_rank` > 0 the policy carries adapters and only they are trained.
+    With `model_cfg.lora_rank` > 0 the policy carries adapters and only they are trained. The
+    policy targets the mesh's platform (`Decoder.platform`).
 
     Returns (graphdef, state, shardings of state).
     """
+    platform = targets.platform_of(mesh)
 
     def create():
         _, params, frozen = lora_lib.split(Decoder(model_cfg, rngs=nnx.Rngs(seed)))
         return _new_state(params, tx, seed, with_ref, frozen)
 
-    graphdef = lora_lib.split(nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(seed))))[0]
+    graphdef = lora_lib.split(nnx.eval_shape(
+        lambda: Decoder(model_cfg, rngs=nnx.Rngs(seed), platform=platform)))[0]
     shardings = state_shardings(tx, jax.eval_shape(create), mesh)
     return graphdef, jax.jit(create, out_shardings=shardings)(), shardings
 
@@ -141,7 +145,9 @@ def state_from_model(model: Decoder, tx, mesh, *, seed: int = 0, with_ref: bool 
     `consume=True` donates the model's arrays to the state instead: no second copy of the
     weights is made or held through the run (SmolLM2-135M: 0.5 GB; an 8B model: 32 GB of
     device memory in f32), and `model` must not be used afterwards (its arrays are deleted).
+    The model is set to target the mesh's platform (`Decoder.platform`).
     """
+    model.platform = targets.platform_of(mesh)
     graphdef, params, frozen = lora_lib.split(model)
     new = functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref)
     shardings = state_shardings(tx, jax.eval_shape(new, params, frozen=frozen), mesh)
@@ -192,7 +198,8 @@ def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
 
 
 def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
-                    vocab_block: int = 4096, impl: str = "chunked", remat: bool = False):
+                    vocab_block: int = 4096, impl: str = "chunked", remat: bool = False,
+                    platform: str | None = None):
     """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
 
     Computed from the hidden states in vocabulary tiles of `vocab_block` columns
@@ -200,23 +207,27 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     exist at a time, never [B, G, T, V]. A vocabulary of at most `vocab_block` tokens is one
     tile, computed directly (no scan, no rematerialisation: the same memory, less time).
     `impl="pallas"` runs the Pallas kernel instead of the `lax.scan` path (GPU / TPU, single
-    device: XLA cannot partition the kernel over a mesh); `impl="reference"` always
-    materialises all the logits (the definition; a baseline for benchmarks). `remat`: the
-    decoder blocks are recomputed in the backward pass (`TrainConfig.remat`).
+    device: XLA cannot partition the kernel over a mesh), with the tiles it derives for the
+    platform; `impl="reference"` always materialises all the logits (the definition; a
+    baseline for benchmarks). `remat`: the decoder blocks are recomputed in the backward pass
+    (`TrainConfig.remat`). `platform`: the target (None: `model.platform`).
     """
+    platform = model.platform if platform is None else platform
     B, G, T = tokens_BGT.shape
     hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT, remat=remat)
     hidden_ND = hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1])
     w_DV, targets_N = unembedding_DV(model), tokens_BGT.reshape(-1)
     block_v = min(vocab_block, w_DV.shape[1])
     if impl == "pallas":
-        logp_N, entropy_N = logprob_lib.logprob_entropy(
-            hidden_ND, w_DV, targets_N, block_sizes=logprob_lib.BlockSizes(block_v=block_v))
+        logp_N, entropy_N = logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N,
+                                                        platform=platform)
     elif impl == "reference" or block_v == w_DV.shape[1]:
-        logp_N, entropy_N = logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N)
+        logp_N, entropy_N = logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N,
+                                                                  platform=platform)
     else:
         logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N,
-                                                                block_v=block_v)
+                                                                block_v=block_v,
+                                                                platform=platform)
     return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
 
 
@@ -274,10 +285,11 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         ref = nnx.merge(graphdef, state.ref_params)
     elif state.frozen is not None and ocfg.kl_coef > 0:  # LoRA: the base, adapters off
         ref = lora_lib.base_model(model_of(graphdef, state))
-    if ref is not None:
+    if ref is not None:  # the base rebuilt under LoRA: the policy's platform, not its own
         data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
             ref, prompt_BP, prompt_mask_BP, rollout.tokens_BGT,
-            vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl)[0])
+            vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl,
+            platform=model_of(graphdef, state).platform)[0])
 
     def micro_loss(params, mb, den, key):
         model = lora_lib.merge(graphdef, params, state.frozen)
