@@ -203,13 +203,13 @@ def call_inputs(records: Sequence[dict[str, Any]], completions: Sequence[str],
     A record with chat-message prompts gets its completion as TRL's assistant message list."""
     texts = [str(c) for c in completions]
     return {
-        **_columns(records),
         "prompts": [r["prompt"] for r in records],
         "completions": [[{"role": "assistant", "content": c}]
                         if isinstance(r["prompt"], list) else c
                         for r, c in zip(records, texts, strict=True)],
         "completion_ids": (MissingTokenIds(len(texts)) if completion_ids is None
                            else [list(ids) for ids in completion_ids]),
+        **_columns(records),
         "trainer_state": None, "log_extra": None, "log_metric": None,
     }
 
@@ -376,7 +376,7 @@ class RewardScorer:
                 workers, mp_context=multiprocessing.get_context("spawn"))
             specs = [f.spec for f in self.fns]  # start and import in every worker, untimed
             self._collect([self._pool.submit(_warm, specs) for _ in range(workers)],
-                          [None] * workers, 0, [])
+                          ["importing the reward functions"] * workers, "at start-up", None)
 
     def __call__(self, records: Sequence[dict[str, Any]], completions: Sequence[str],
                  rows: Sequence[int]) -> np.ndarray:
@@ -412,7 +412,9 @@ class RewardScorer:
                               f"{self._stopped}")
         if self._pool is not None:
             futures = [self._pool.submit(_call_by_spec, f.spec, inputs, rows) for f in self.fns]
-            return self._collect(futures, self.fns, n, rows)
+            return self._collect(futures, [f"reward function {f.spec}" for f in self.fns],
+                                 f"on a batch of {n} completions from dataset rows "
+                                 f"{_rows_text(rows)}", self.timeout)
         values: list[Any] = []
         try:
             for f in self.fns:
@@ -429,34 +431,42 @@ class RewardScorer:
                 values[i] = v
         return values
 
-    def _collect(self, futures, fns, n: int, rows: Sequence[int]) -> list[Any]:
-        """The futures' results; on any failure the pool is stopped (a stuck or dead worker
-        must not keep the process from exiting) before the error goes on."""
+    def _collect(self, futures, labels: Sequence[str], where: str,
+                 timeout: float | None) -> list[Any]:
+        """The futures' results (`labels[i]` names future i in errors, `where` the work); on any
+        failure the pool is stopped (a stuck or dead worker must not keep the process from
+        exiting) before the error goes on."""
         try:
-            return [self._result(fut, fns, i, n, rows) for i, fut in enumerate(futures)]
+            return [self._result(fut, label, where, timeout)
+                    for fut, label in zip(futures, labels, strict=True)]
+        except BrokenProcessPool:
+            lost = [label for fut, label in zip(futures, labels, strict=True)
+                    if fut.done() and isinstance(fut.exception(), BrokenProcessPool)]
+            self._stop("a worker process died")
+            lost = list(dict.fromkeys(lost))
+            what = (f"{lost[0]}: its worker process died" if len(lost) == 1 else
+                    f"a reward worker process died running one of: {'; '.join(lost)}")
+            raise RewardError(f"{what} ({where}): os._exit, a signal, or a crash such as "
+                              "running out of memory; call the function without "
+                              "--reward-workers to see why") from None
         except BaseException as e:
-            self._stopped = str(e) or type(e).__name__
-            self.close()
+            self._stop(str(e) or type(e).__name__)
             raise
 
-    def _result(self, fut, fns, i: int, n: int, rows: Sequence[int]) -> Any:
-        f = fns[i]
-        label = f.spec if f is not None else "(importing the reward functions)"
-        where = f"a batch of {n} completions from dataset rows {_rows_text(rows)}"
+    @staticmethod
+    def _result(fut, label: str, where: str, timeout: float | None) -> Any:
         try:
-            return fut.result(timeout=self.timeout if f is not None else None)
+            return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            raise RewardError(f"reward function {label}: no result within {self.timeout} s "
-                              f"for {where}; its worker was stopped. Raise --reward-timeout "
-                              "or make it faster") from None
-        except BrokenProcessPool:
-            raise RewardError(f"reward function {label}: its worker process died on {where} "
-                              "(os._exit, a signal, or a crash such as running out of "
-                              "memory); call the function without --reward-workers to see "
-                              "why") from None
+            raise RewardError(f"{label}: no result within {timeout} s ({where}); its worker "
+                              "was stopped. Raise --reward-timeout or make it faster") from None
         except SystemExit as e:
-            raise RewardError(f"reward function {label} called sys.exit({e.code!r}) on "
-                              f"{where}; return a list of floats instead of exiting") from None
+            raise RewardError(f"{label} called sys.exit({e.code!r}) ({where}); return a list "
+                              "of floats instead of exiting") from None
+
+    def _stop(self, reason: str) -> None:
+        self._stopped = reason
+        self.close()
 
     def _warn_unscorable(self, applies: np.ndarray, rows: Sequence[int]) -> None:
         """Warn once when no function applies to some completion (TRL warns likewise)."""
