@@ -1,5 +1,8 @@
 """The claim logic of `vpo compare` on synthetic summaries: claims that should not hold come out
-inconclusive or refuted, claims that do hold come out reproduced (instant: no training)."""
+inconclusive or refuted, claims that do hold come out reproduced (instant: no training). A verdict
+other than inconclusive needs 6 or more paired seeds (the exact sign-flip test's 2^-n must fall
+below the one-sided 2.5% level), so the synthetic comparisons use 6 seeds; fewer seeds are
+tests/test_claims_small_n.py's subject."""
 
 import numpy as np
 import pytest
@@ -29,10 +32,11 @@ def _by_claim(checked):
 
 
 def test_verdict_is_three_way_on_paired_intervals():
-    assert claims.verdict([0.10, 0.12, 0.11]) == claims.REPRODUCED
-    assert claims.verdict([-0.10, -0.12, -0.11]) == claims.REFUTED
-    assert claims.verdict([-0.10, -0.12, -0.11], higher=False) == claims.REPRODUCED
-    assert claims.verdict([0.2, -0.1, 0.05]) == claims.INCONCLUSIVE  # 0 inside the interval
+    up = [0.10, 0.12, 0.11, 0.13, 0.09, 0.10]
+    assert claims.verdict(up) == claims.REPRODUCED
+    assert claims.verdict([-x for x in up]) == claims.REFUTED
+    assert claims.verdict([-x for x in up], higher=False) == claims.REPRODUCED
+    assert claims.verdict([0.2, -0.1, 0.05, 0.1, -0.05, 0.0]) == claims.INCONCLUSIVE  # 0 inside
     assert claims.verdict([0.3]) == claims.INCONCLUSIVE  # one seed: no interval
     assert claims.verdict([0.0, 0.0, 0.0]) == claims.INCONCLUSIVE  # 0.000 vs 0.000: a tie
     assert claims.verdict([1e-4, 2e-4, 1e-4]) == claims.INCONCLUSIVE  # below the precision
@@ -55,12 +59,12 @@ def test_a_third_of_the_slots_wasted_is_not_a_vpo_win():
     GRPO shrinks with k (towards 0 from below) without ever being positive."""
     rng = np.random.default_rng(0)
     grpo, vpo = [], []
-    for _ in range(5):
+    for _ in range(6):
         grpo.append(rng.beta(2, 3, (64, 30)))
         v = rng.beta(2, 3, (64, 30))
         v[:, ::3] = 0.0
         vpo.append(v)
-    div = lambda: list(rng.normal(1.0, 0.05, 5))  # noqa: E731  same diversity distribution
+    div = lambda: list(rng.normal(1.0, 0.05, 6))  # noqa: E731  same diversity distribution
     head = {"vpo": _row(3, vpo, diversity=div()), "grpo": _row(1, grpo, diversity=div())}
     got = _by_claim(claims.check(head, KS))
     assert got and set(got.values()) <= NOT_REPRODUCED, got
@@ -73,21 +77,21 @@ def test_a_real_spread_advantage_is_reproduced():
     """VPO's candidates are more spread (lower mean, much higher best@30): VPO loses at k = 1,
     wins at k = 30, the gap grows, and its diversity is higher."""
     rng = np.random.default_rng(1)
-    grpo = [np.clip(rng.normal(0.5, 0.03, (64, 30)), 0, 1) for _ in range(4)]
-    vpo = [rng.uniform(0.0, 0.95, (64, 30)) for _ in range(4)]
-    head = {"vpo": _row(3, vpo, diversity=[1.3, 1.25, 1.35, 1.3]),
-            "grpo": _row(1, grpo, diversity=[0.2, 0.3, 0.25, 0.2])}
+    grpo = [np.clip(rng.normal(0.5, 0.03, (64, 30)), 0, 1) for _ in range(6)]
+    vpo = [rng.uniform(0.0, 0.95, (64, 30)) for _ in range(6)]
+    head = {"vpo": _row(3, vpo, diversity=[1.3, 1.25, 1.35, 1.3, 1.28, 1.33]),
+            "grpo": _row(1, grpo, diversity=[0.2, 0.3, 0.25, 0.2, 0.22, 0.27])}
     checked = claims.check(head, KS)
     assert {c["verdict"] for c in checked} == {claims.REPRODUCED}, _by_claim(checked)
     assert np.mean(head["vpo"]["values"]["best@1"]) < np.mean(head["grpo"]["values"]["best@1"])
 
 
 def test_token_entropy_claims_only_compare_arms_with_the_same_m():
-    pools = [np.full((4, 30), 0.5)] * 3
-    extra = {"diversity": [1.0] * 3, "train diversity": [1.0] * 3}
-    head = {"vpo": _row(3, pools, **extra, **{"train entropy": [0.5, 0.6, 0.55]}),
-            "grpo": _row(1, pools, **extra, **{"train entropy": [0.1, 0.1, 0.12]}),
-            "multi_rlvr": _row(3, pools, **extra, **{"train entropy": [0.2, 0.25, 0.2]})}
+    pools = [np.full((4, 30), 0.5)] * 6
+    extra = {"diversity": [1.0] * 6, "train diversity": [1.0] * 6}
+    head = {"vpo": _row(3, pools, **extra, **{"train entropy": [0.5, 0.6, 0.55] * 2}),
+            "grpo": _row(1, pools, **extra, **{"train entropy": [0.1, 0.1, 0.12] * 2}),
+            "multi_rlvr": _row(3, pools, **extra, **{"train entropy": [0.2, 0.25, 0.2] * 2})}
     entropy = [c for c in claims.check(head, KS) if "token entropy" in c["claim"]]
     assert [c["claim"] for c in entropy] == [
         "VPO keeps higher token entropy of training rollouts (last 20% of steps) than "
@@ -95,7 +99,7 @@ def test_token_entropy_claims_only_compare_arms_with_the_same_m():
     assert entropy[0]["verdict"] == claims.REPRODUCED
 
 
-def _trajectories(f, seeds=5, noise=0.01):
+def _trajectories(f, seeds=6, noise=0.01):
     steps = np.arange(0, 301, 50.0)
     out = []
     for s in range(seeds):
@@ -121,7 +125,7 @@ def test_entropy_law_trend_in_steps_alone_does_not_reproduce():
     steps = np.arange(0, 301, 50.0)
     trajs = [{"step": steps, "entropy": 0.5 + 0.3 * np.random.default_rng(s).random(steps.size),
               "score": 0.3 + steps / 1000 + np.random.default_rng(9 + s).normal(0, 0.005, 7)}
-             for s in range(5)]
+             for s in range(6)]
     assert claims.entropy_law_claim("trend", trajs)["verdict"] in NOT_REPRODUCED
 
 
@@ -139,12 +143,14 @@ def test_heldout_fits_recover_the_law_and_score_the_alternatives():
 
 def test_search_claim_is_paired_over_policy_seeds():
     rng = np.random.default_rng(3)
-    same = rng.random((3, 5, 8)) < 0.3  # [policy seed, search seed, problem]
+    same = rng.random((6, 5, 8)) < 0.3  # [policy seed, search seed, problem]
+    seeds = {row: list(range(6)) for row in ("vpo", "grpo", "multi_rlvr")}
     solved = claims.search_claim_inputs({"vpo": same, "grpo": same,
-                                         "multi_rlvr": rng.random((3, 5, 8)) < 0.05})
-    assert solved["vpo"] == pytest.approx(same.sum(-1).mean(-1))
-    pools = [np.full((4, 30), 0.5)] * 3
-    head = {a: _row(m, pools, diversity=[1.0] * 3) for a, m in
+                                         "multi_rlvr": rng.random((6, 5, 8)) < 0.05}, seeds)
+    assert solved["vpo"]["values"] == pytest.approx(same.sum(-1).mean(-1))
+    assert solved["vpo"]["seeds"] == list(range(6))
+    pools = [np.full((4, 30), 0.5)] * 6
+    head = {a: _row(m, pools, diversity=[1.0] * 6) for a, m in
             (("vpo", 3), ("grpo", 1), ("multi_rlvr", 3))}
     got = {c["claim"]: c["verdict"] for c in claims.check(head, KS, search=solved)
            if "search" in c["claim"]}
@@ -160,14 +166,18 @@ def test_unpaired_values_are_an_error():
         claims.compare_values("x", [1, 2, 3], [1, 2])
 
 
-def test_p_value_agrees_with_the_interval():
-    # reproduced iff the one-sided p is below 0.025 (the 95% two-sided interval's level)
+def test_p_value_agrees_with_the_interval_and_the_exact_test():
+    # reproduced iff the one-sided p is below 0.025 (the 95% two-sided interval's level), and
+    # that p is below 0.025 iff the interval excludes 0 and the sign-flip test's p is below it
     rng = np.random.default_rng(3)
     for _ in range(200):
-        d = rng.normal(rng.uniform(-1, 1), 1.0, size=int(rng.integers(2, 8)))
+        d = rng.normal(rng.uniform(-1, 1), 1.0, size=int(rng.integers(2, 11)))
         p = claims.p_value(d)
         assert (claims.verdict(d) == claims.REPRODUCED) == (p < 0.025), (d, p)
         assert (claims.verdict(d) == claims.REFUTED) == (claims.p_value(d, higher=False) < 0.025)
+        mean, half = claims.t_interval(d)
+        assert (p < 0.025) == (mean - half > 0 and claims.sign_flip_p(d) < 0.025), (d, p)
+        assert p >= claims.smallest_p(d.size)
     assert claims.p_value([0.0, 0.0, 0.0]) == 1.0  # a tie is never evidence
     assert claims.p_value([0.3]) == 1.0  # one seed
 
@@ -187,12 +197,12 @@ def test_holm_adjusts_by_rank_and_keeps_order():
 
 
 def test_many_weak_wins_do_not_all_survive_holm():
-    # 20 claims, each barely reproduced on its own (p just under 0.025): the family-wise
-    # correction keeps none of them
-    d = [0.10, 0.02, 0.06, 0.03, 0.09]
+    # 20 claims, each reproduced on its own over 6 seeds (p = 2^-6, all differences
+    # positive): the family-wise correction keeps none of them (20 · 2^-6 > 0.025)
+    d = [0.10, 0.02, 0.06, 0.03, 0.09, 0.05]
     p = claims.p_value(d)
-    assert claims.verdict(d) == claims.REPRODUCED and p < 0.025
-    checked = claims.holm([claims.compare_values(f"claim {i}", np.array(d) + 1.0, [1.0] * 5)
+    assert claims.verdict(d) == claims.REPRODUCED and p == 2.0 ** -6
+    checked = claims.holm([claims.compare_values(f"claim {i}", np.array(d) + 1.0, [1.0] * 6)
                            for i in range(20)])
     assert all(c["verdict"] == claims.REPRODUCED for c in checked)
     assert not any(c["survives_holm"] for c in checked)

@@ -1,7 +1,9 @@
-"""The `vpo compare` report: headline table with Student-t intervals over seeds, the papers'
-claims with three-way verdicts on paired differences (`vpo.eval.claims`), RL against its warm start,
-the search stage (per-problem solve matrix, solved-vs-budget curves with intervals, the
-mutation-operator probe), the entropy law on held-out score, PNGs and report.md / summary.json.
+"""The `vpo compare` report: headline table with Student-t intervals over seeds (solving, pass@k,
+beside partial credit, best@k), the papers' claims with three-way verdicts on paired differences
+(`vpo.eval.claims`), RL against its warm start, the search stage (per-problem solve matrix,
+solved-vs-budget curves with intervals, search against best-of-N, the mutation-operator probe),
+the entropy law on held-out score, PNGs and report.md / summary.json. Every family of verdicts
+it prints is Holm-corrected as a family (`verdict_families`) and says so.
 
 Reads what the stages in `vpo.compare.driver` produced; computes nothing new about the policies.
 """
@@ -55,21 +57,29 @@ def fmt(values) -> str:
 
 
 def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, Any]]:
-    """Per row (warm starts, arms): m, seeds and {metric: [value per seed]} (seeds in the same
-    order in every row, so values pair by position)."""
-    N, ks = cfg.eval_budget, evals["ks"]
+    """Per row (warm starts, arms): m, seed ids and {metric: [value per seed]}, the values in the
+    order of the row's seed ids (claims pair rows by those ids, `claims.pair_by_seed`); best@k
+    and pass@k for every evaluated k."""
+    ks = evals["ks"]
     out = {}
     for name, rows in evals["rows"].items():
-        vals = {f"best@{k}": [r[f"best@{k}"] for r in rows] for k in ks}
-        for key in (f"pass@{N}", "diversity", "distinct", "valid_fraction", "entropy"):
+        vals = {f"{what}@{k}": [r[f"{what}@{k}"] for r in rows] for k in ks
+                for what in ("best", "pass") if f"{what}@{k}" in rows[0]}
+        for key in ("diversity", "distinct", "valid_fraction", "entropy"):
             vals[key] = [r[key] for r in rows]
+        seeds = [r["seed"] for r in rows]
         if name in runs:
-            vals["train entropy"] = [tail_mean(r.metrics, "entropy") for r in runs[name]]
-            vals["train diversity"] = [tail_mean(r.metrics, "diversity") for r in runs[name]]
+            trained = [r.seed for r in runs[name]]
+            for key, metric in (("train entropy", "entropy"), ("train diversity", "diversity")):
+                vals[key] = claims.at_seeds(trained, [tail_mean(r.metrics, metric)
+                                                      for r in runs[name]], seeds,
+                                            name=f"{name}'s training runs").tolist()
         if searches is not None:
-            vals["search solved"] = [float(np.mean(np.sum(s["solved_SP"], -1)))
-                                     for s in searches["rows"][name]]
-        out[name] = {"m": rows[0]["m"], "seeds": [r["seed"] for r in rows], "values": vals}
+            srows = searches["rows"][name]
+            vals["search solved"] = claims.at_seeds(
+                [s["seed"] for s in srows], [float(np.mean(np.sum(s["solved_SP"], -1)))
+                                             for s in srows], seeds, name=name).tolist()
+        out[name] = {"m": rows[0]["m"], "seeds": seeds, "values": vals}
     return out
 
 
@@ -97,9 +107,9 @@ def _per_search(searches, row: str) -> np.ndarray:
 
 def against_warm_start(head, N: int, searches=None) -> list[dict[str, Any]]:
     """Every arm against the warm start in its m: claim "RL improves on its warm start" per
-    metric, three-way; evaluation metrics paired by seed (same evaluation keys), search solved
-    paired by search seed (shared search keys; the warm start is one policy, so its noise is
-    the searches')."""
+    metric, three-way; evaluation metrics paired by seed id (same evaluation keys), search
+    solved paired by search seed (shared search keys; the warm start is one policy, so its
+    noise is the searches'). Not yet Holm-adjusted (`verdict_families`)."""
     out = []
     for arm, h in head.items():
         sft = f"sft (m={h['m']})"
@@ -107,35 +117,110 @@ def against_warm_start(head, N: int, searches=None) -> list[dict[str, Any]]:
             continue
         for metric in ("best@1", f"best@{N}", "diversity", "search solved"):
             if metric == "search solved" and searches is not None:
-                c = claims.compare_values(f"{arm} {metric} above its warm start's",
-                                          _per_search(searches, arm),
-                                          _per_search(searches, sft), names=(arm, sft))
-                c["evidence"] = c["evidence"].replace("paired seeds", "paired searches")
-                out.append(c)
+                out.append(_in_units(claims.compare_values(
+                    f"{arm} {metric} above its warm start's", _per_search(searches, arm),
+                    _per_search(searches, sft), names=(arm, sft)), "searches"))
             elif metric in h["values"] and metric in head[sft]["values"]:
                 out.append(claims.compare_values(
                     f"{arm} {metric} above its warm start's", h["values"][metric],
-                    head[sft]["values"][metric], names=(arm, sft)))
+                    head[sft]["values"][metric], names=(arm, sft),
+                    seeds=(h["seeds"], head[sft]["seeds"])))
     return out
+
+
+def _in_units(c: dict[str, Any], unit: str) -> dict[str, Any]:
+    """A claim whose pairs are `unit` (e.g. searches), not policy seeds, says so."""
+    return {**c, **{k: c[k].replace("paired seeds", f"paired {unit}").replace(
+        "too few seeds", f"too few {unit}") for k in ("evidence", "note")}}
 
 
 def remedies(head, probes) -> list[dict[str, Any]]:
     """`*_mut` arms (mutation prompts in RL) against the same arm without them, paired by
-    seed: search solved and the probe's improve / valid fractions."""
+    seed id: search solved and the probe's improve / valid fractions. Not yet Holm-adjusted
+    (`verdict_families`)."""
     out = []
     for arm in head:
         base = arm.removesuffix("_mut")
         if base == arm or base not in head:
             continue
+        seeds = (head[arm]["seeds"], head[base]["seeds"])
         pairs = [("search solved", head[arm]["values"].get("search solved"),
-                  head[base]["values"].get("search solved"))]
+                  head[base]["values"].get("search solved"), seeds)]
         if probes and arm in probes and base in probes:
-            pairs += [(f"probe {k}", [p[k] for p in probes[arm]], [p[k] for p in probes[base]])
-                      for k in ("improve", "valid")]
+            probe_seeds = ([p["seed"] for p in probes[arm]], [p["seed"] for p in probes[base]])
+            pairs += [(f"probe {k}", [p[k] for p in probes[arm]], [p[k] for p in probes[base]],
+                       probe_seeds) for k in ("improve", "valid")]
         out += [claims.compare_values(f"train.mutation_fraction raises {base}'s {what}", a, b,
-                                      names=(arm, base))
-                for what, a, b in pairs if a is not None and b is not None]
+                                      names=(arm, base), seeds=ids)
+                for what, a, b, ids in pairs if a is not None and b is not None]
     return out
+
+
+def search_vs_best_of_n(searches) -> list[dict[str, Any]]:
+    """Per row that ran best-of-N: claim "island search solves more than best-of-N with the same
+    policy, budget and keys", problems solved per unit, search and best-of-N from the same
+    record (so paired by construction): a warm start (one policy) pairs over the shared search
+    keys, an arm over its policy seeds (mean over searches). Not yet Holm-adjusted."""
+    out = []
+    for name, rows in (searches or {"rows": {}})["rows"].items():
+        if "best_of_n_SP" not in rows[0]:
+            continue
+        if name.startswith("sft"):
+            a = np.sum(rows[0]["solved_SP"], -1).tolist()
+            b = np.sum(rows[0]["best_of_n_SP"], -1).tolist()
+            unit = "searches"
+        else:
+            a = [float(np.mean(np.sum(r["solved_SP"], -1))) for r in rows]
+            b = [float(np.mean(np.sum(r["best_of_n_SP"], -1))) for r in rows]
+            unit = "policy seeds"
+        out.append(_in_units(claims.compare_values(
+            f"{name}: island search solves more than best-of-N", a, b,
+            names=("search", "best-of-N")), unit))
+    return out
+
+
+# Each printed family of verdicts: (summary key, section heading's words for its claims).
+FAMILIES = (("claims", "claims of this section"),
+            ("against_warm_start", "RL-against-warm-start claims"),
+            ("search_vs_best_of_n", "search-against-best-of-N claims"),
+            ("remedies", "mutation-prompt claims"))
+
+
+def verdict_families(cfg: CompareConfig, head, ks, law, searches, probes
+                     ) -> dict[str, list[dict[str, Any]]]:
+    """Every family of verdicts the report prints, each Holm-adjusted on its own
+    (`claims.holm`, Holm 1979: the family-wise error of each family at the one-sided
+    `claims.LEVEL`): the papers' claims, RL against its warm start, search against best-of-N
+    and the mutation-prompt remedies; keys as in `FAMILIES`."""
+    solved = None if searches is None else claims.search_claim_inputs(
+        {name: [r["solved_SP"] for r in rows] for name, rows in searches["rows"].items()},
+        {name: [r["seed"] for r in rows] for name, rows in searches["rows"].items()})
+    return {"claims": claims.check(head, ks, law=law, search=solved),
+            "against_warm_start": claims.holm(against_warm_start(head, cfg.eval_budget,
+                                                                 searches)),
+            "search_vs_best_of_n": claims.holm(search_vs_best_of_n(searches)),
+            "remedies": claims.holm(remedies(head, probes))}
+
+
+def correction_text(family: list[dict[str, Any]], what: str) -> str:
+    """The sentence a printed family states its correction in: Holm over its C claims at the
+    one-sided level, which reproduced claims survive, and when the seeds cannot reach it at all
+    (smallest adjusted p C·2^-n, n the most paired units of any claim in the family)."""
+    C, n = len(family), max((c["n"] for c in family), default=0)
+    won = [c for c in family if c["verdict"] == claims.REPRODUCED]
+    lost = [c["claim"] for c in won if not c["survives_holm"]]
+    text = (f"Multiplicity: Holm's step-down correction (Holm 1979) over the {C} {what}, one "
+            f"family, at the one-sided {100 * claims.LEVEL:g}% level of each verdict: ")
+    if not won:
+        text += "no claim is reproduced."
+    else:
+        text += (f"{len(won) - len(lost)} of the {len(won)} reproduced claims survive it"
+                 + (": all do." if not lost else "; these do not: " + "; ".join(lost) + "."))
+    floor = C * claims.smallest_p(n)
+    if C and floor >= claims.LEVEL:
+        text += (f" With at most {n} paired units per claim none can: the smallest possible "
+                 f"adjusted p is {C} × 2^-{n} = {min(1.0, floor):.3g}.")
+    return text
 
 
 def plot_bands(path: str, curves: dict[str, tuple], *, xlabel: str, ylabel: str, title: str,
@@ -181,11 +266,7 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
     head = headline(cfg, runs, evals, searches)
     ks, N = evals["ks"], cfg.eval_budget
     law = law_trajectories(runs)
-    solved = None if searches is None else claims.search_claim_inputs(
-        {name: [r["solved_SP"] for r in rows] for name, rows in searches["rows"].items()})
-    checked = claims.check(head, ks, law=law, search=solved)
-    warm = against_warm_start(head, N, searches)
-    fixes = remedies(head, probes)
+    families = verdict_families(cfg, head, ks, law, searches, probes)
     laws = law_table(law)
     means = {}
     for name, h in head.items():
@@ -228,8 +309,9 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                        [[os.path.join(out_dir, n) for n in row] for row in pngs],
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
-               "load": load, "headline": head, "claims": checked,
-               "against_warm_start": warm, "remedies": fixes,
+               "load": load, "headline": head, **families,
+               "corrections": {k: f"Holm 1979 over {len(families[k])} claims, one-sided "
+                                  f"{claims.LEVEL:g}" for k in families},
                "entropy_law": {a: {k: v for k, v in t.items() if k != "fits"} | {
                    "trajectories": law[a]} for a, t in laws.items()},
                "eval": evals, "search": searches, "probe": probes,
@@ -238,8 +320,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=float)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches,
-                            probes, load, static=static_arms(runs)))
+        f.write(report_text(cfg, command, wall, head, families, laws, searches, probes, load,
+                            static=static_arms(runs)))
     return summary
 
 
@@ -251,30 +333,28 @@ def static_arms(runs) -> list[str]:
 
 
 def _verdict_line(c: dict[str, Any]) -> str:
-    holm = "" if "holm_p" not in c else f" Holm-adjusted p = {c['holm_p']:.3g}."
-    return f"- **{c['verdict']}**: {c['claim']}. {c['evidence']}.{holm}"
+    note = f" ({c['note']})" if c.get("note") else ""
+    holm = "" if "holm_p" not in c else (
+        f" Holm-adjusted p = {c['holm_p']:.3g} over {c['family_size']} claims"
+        + ("; survives." if c["survives_holm"] else
+           "; does not survive." if c["verdict"] == claims.REPRODUCED else "."))
+    return f"- **{c['verdict']}**{note}: {c['claim']}. {c['evidence']}.{holm}"
 
 
-def _holm_summary(checked: list[dict[str, Any]]) -> list[str]:
-    """One paragraph: which reproduced claims survive the family-wise correction."""
-    won = [c for c in checked if c["verdict"] == claims.REPRODUCED]
-    if not won:
-        return []
-    lost = [c["claim"] for c in won if not c["survives_holm"]]
-    text = (f"Multiplicity: {len(won) - len(lost)} of the {len(won)} reproduced claims survive "
-            f"Holm's correction over all {len(checked)} claims above (family-wise, at the "
-            "one-sided 2.5% level of each interval)")
-    return ["", text + (": all do." if not lost else "; these do not: " + "; ".join(lost)
-                        + ".")]
+def _family_lines(family: list[dict[str, Any]], what: str) -> list[str]:
+    """A family's verdict lines and the paragraph stating its correction."""
+    return [_verdict_line(c) for c in family] + ["", correction_text(family, what)]
 
 
-def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, probes, load,
+def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
                 static: list[str] | None = None) -> str:
+    """report.md: `families` as from `verdict_families` (each printed with its correction)."""
     N = cfg.eval_budget
-    metrics = ["best@1", f"best@{N}", f"pass@{N}", "diversity", "distinct", "valid_fraction",
-               "entropy", "train entropy", "train diversity", "search solved"]
+    metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", "diversity", "distinct",
+               "valid_fraction", "entropy", "train entropy", "train diversity", "search solved"]
     metrics = [k for k in metrics if any(k in h["values"] for h in head.values())]
     seeds = max(len(h["seeds"]) for h in head.values())
+    level = f"{100 * claims.LEVEL:g}%"
     start = ("the init policy" if cfg.init else f"SFT, {cfg.sft_steps} steps on a mixture of "
              f"m in {cfg.all_answers} prompts")
     lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
@@ -309,8 +389,10 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
             # one policy searched with the shared keys: its interval is over the searches
             cells[metrics.index("search solved")] = fmt(_per_search(searches, name))
         lines.append(f"| {name} | {h['m']} | {len(h['seeds'])} | " + " | ".join(cells) + " |")
-    lines += ["", "best@k: mean over problems of the best w*ᵀr among k candidates; pass@k: "
-              "unbiased probability that k candidates contain a solution; diversity: mean "
+    lines += ["", "best@k: mean over problems of the best w*ᵀr among k candidates (partial "
+              "credit); pass@k, beside it: unbiased probability that k candidates contain a "
+              "solution (solving), so a best@k gain without a pass@k gain is closer answers, "
+              "not more problems solved; diversity: mean "
               "pairwise L1 distance of valid candidates' reward vectors; distinct: distinct "
               "valid answers; valid_fraction: candidates that parse; train entropy / "
               "diversity: last 20% of training steps; search solved: hard problems solved, "
@@ -318,22 +400,30 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
               "searches, one policy). The warm-start rows are the one SFT policy answering in "
               "each m.", "",
               "## Claims", "",
-              "Each claim is a paired difference over seeds (same warm start, same problems, "
-              "same evaluation keys) with a 95% Student-t interval: **reproduced** when the "
-              "interval excludes 0 in the claimed direction, **refuted** when it excludes 0 "
-              "the other way, **inconclusive** otherwise (ties and saturated values included). "
+              "Each claim is a paired difference over seeds, rows matched by seed id (same warm "
+              "start, same problems, same evaluation keys), judged one-sided in the claimed "
+              f"direction at {level} (each tail of a 95% interval) with p the larger of the "
+              "paired Student-t test's and the exact sign-flip randomization test's over the "
+              "seeds (Fisher 1935), so p is never below 2^-n with n seeds: **reproduced** "
+              f"when p < {level} in the claimed direction, **refuted** when p < {level} the "
+              "other way, **inconclusive** otherwise (ties, saturated values, and fewer than "
+              f"{claims.min_seeds()} seeds, where even 2^-n is not below {level}). "
               "Token-entropy and training-diversity claims compare arms with the same m only.",
               ""]
-    lines += [_verdict_line(c) for c in checked] or ["(no claim applies to these arms)"]
-    lines += _holm_summary(checked)
+    checked, warm = families["claims"], families["against_warm_start"]
+    if checked:
+        lines += _family_lines(checked, FAMILIES[0][1])
+    else:
+        lines += ["(no claim applies to these arms)"]
     if warm:
         lines += ["", "## RL against its warm start", "",
-                  "Same m, paired by seed (the warm start evaluated with each seed's key).", ""]
-        lines += [_verdict_line(c) for c in warm]
+                  "Same m, paired by seed id (the warm start evaluated with each seed's key).",
+                  ""]
+        lines += _family_lines(warm, FAMILIES[1][1])
     if searches is not None:
-        lines += _search_text(cfg, searches, head)
+        lines += _search_text(cfg, searches, head, families["search_vs_best_of_n"])
     if probes:
-        lines += _probe_text(cfg, head, probes, fixes)
+        lines += _probe_text(cfg, head, probes, families["remedies"])
     if laws:
         lines += ["", "## Entropy law on held-out score", "",
                   f"Per run, R = held-out score (best@1 on {cfg.law_problems} problems of seed "
@@ -363,7 +453,7 @@ def report_text(cfg, command, wall, head, checked, warm, fixes, laws, searches, 
     return "\n".join(lines)
 
 
-def _search_text(cfg, searches, head) -> list[str]:
+def _search_text(cfg, searches, head, bon: list[dict[str, Any]]) -> list[str]:
     P, S = len(searches["problems"]), searches["seeds"]
     lines = ["", "## Search", "",
              f"The {P} problems of split {searches['split_seed']} (of {searches['pool']}, which "
@@ -393,23 +483,11 @@ def _search_text(cfg, searches, head) -> list[str]:
     if only:
         lines += ["", "Problems solved in some run of one arm and in none of the other's: "
                   + "; ".join(only) + "."]
-    bon = {n: rs for n, rs in searches["rows"].items() if "best_of_n_SP" in rs[0]}
     if bon:
         lines += ["", "Island search against best-of-N (independent samples from the plain "
                   "prompt) with the same policy, budget and keys: problems solved, mean over "
                   "searches, paired by seed (does the search add anything to sampling?).", ""]
-        for name, rows in bon.items():
-            if name.startswith("sft"):  # one policy: pair over the shared search keys
-                a = np.sum(rows[0]["solved_SP"], -1).tolist()
-                b = np.sum(rows[0]["best_of_n_SP"], -1).tolist()
-                unit = "searches"
-            else:
-                a = [float(np.mean(np.sum(r["solved_SP"], -1))) for r in rows]
-                b = [float(np.mean(np.sum(r["best_of_n_SP"], -1))) for r in rows]
-                unit = "policy seeds"
-            c = claims.compare_values(f"{name}: island search solves more than best-of-N", a, b,
-                                      names=("search", "best-of-N"))
-            lines.append(_verdict_line(c).replace("paired seeds", f"paired {unit}"))
+        lines += _family_lines(bon, FAMILIES[2][1])
     return lines
 
 
@@ -434,8 +512,9 @@ def _probe_text(cfg, head, probes, fixes) -> list[str]:
                                                  fmt([r[k] for r in rows]) for k in PROBE_KEYS)
                      + f" | {fmt(v['valid_fraction'])} |")
     if fixes:
-        lines += ["", "Mutation prompts in RL (`train.mutation_fraction`), paired by seed:", ""]
-        lines += [_verdict_line(c) for c in fixes]
+        lines += ["", "Mutation prompts in RL (`train.mutation_fraction`), paired by seed id:",
+                  ""]
+        lines += _family_lines(fixes, FAMILIES[3][1])
     return lines
 
 

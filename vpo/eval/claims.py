@@ -2,26 +2,48 @@
 
 Seeds are paired: seed i of every arm starts from the same warm start, trains on the same problem
 order and is evaluated with the same keys, so a claim "arm A beats arm B on metric X" is judged
-on the per-seed differences d_i = X_A,i - X_B,i through a 95% Student-t interval
+on the per-seed differences d_i = X_A,i - X_B,i, the rows matched by seed id (`pair_by_seed`;
+different seed lists are an error, never a positional guess). Two tests, one level:
 
-    mean(d) ± t_{0.975, n-1} · s_d / √n        (s_d the unbiased std, n seeds)
+  * the paired Student-t test and its 95% interval
 
-and comes out
+        mean(d) ± t_{0.975, n-1} · s_d / √n        (s_d the unbiased std, n seeds);
 
-    reproduced    the interval excludes 0 on the claimed side,
-    refuted       it excludes 0 on the other side,
-    inconclusive  otherwise: 0 inside the interval, fewer than 2 seeds, or a tie (every
-                  |d_i| <= TIE, e.g. 0.000 vs 0.000 at saturation, or |mean d| <= TIE).
+  * Fisher's randomization (sign-flip) test (Fisher 1935, The Design of Experiments, ch. III;
+    Pitman 1937; Good 2005, Permutation, Parametric and Bootstrap Tests of Hypotheses, 3rd ed.):
+    under "A and B are exchangeable within a seed" every sign pattern ε ∈ {±1}^n of the d_i is
+    equally likely, so the one-sided p in the claimed direction is
 
-Each claim also carries its one-sided p-value in the claimed direction (reproduced iff
-p < 0.025, the interval's own level), and `holm` adjusts a list of claims for multiplicity
-(Holm 1979, step-down): a report that judges 26 claims at 95% each expects about one false
-"reproduced" among true nulls, so it says which reproduced claims survive the family-wise
-correction at the same 2.5% one-sided level.
+        p_exact = #{ε : Σ ε_i d_i >= Σ d_i} / 2^n,
+
+    enumerated for n <= MAX_EXACT and estimated from MC_DRAWS fixed-seed draws beyond that as
+    (1 + #{draws >= observed}) / (MC_DRAWS + 1) (Phipson & Smyth 2010). It needs no normality,
+    and it cannot go below 2^-n: 0.25 for 2 seeds, 0.125 for 3, 0.031 for 5, 0.016 for 6.
+
+Sidedness. A claim is directional ("A beats B") and its verdict three-way, so each side is a
+one-sided test at LEVEL = 2.5%, the level of each tail of the 95% two-sided interval:
+
+    reproduced    p (claimed side) < LEVEL,
+    refuted       p (other side)   < LEVEL,
+    inconclusive  otherwise: neither side, fewer than 2 seeds, a tie (every |d_i| <= TIE, e.g.
+                  0.000 vs 0.000 at saturation, or |mean d| <= TIE), or too few seeds for the
+                  exact test to reach LEVEL at all (2^-n >= LEVEL, i.e. n <= 5: noted).
+
+A claim's p is the larger of the t-test's and the exact test's (`p_value`): the verdict then
+needs the interval to exclude 0 *and* the distribution-free test to agree, and it stays valid
+under the randomization null alone, since P(max(p_t, p_exact) <= a) <= P(p_exact <= a) <= a.
+With 3 to 5 seeds the t-test alone rests on normality nobody can check and gives p = 0 to a
+difference with zero spread (`[1, 1]` vs `[0, 0]`); the exact floor keeps such a claim at 0.25.
+
+`holm` adjusts a family of claims for multiplicity (Holm 1979, step-down): the report judges
+each family it prints (the papers' claims, RL against its warm start, search against
+best-of-N, the mutation-prompt remedies) at LEVEL each, and says which reproduced claims
+survive the family-wise correction at the same level. Over C claims and n seeds the smallest
+adjusted p is C · 2^-n (26 claims need 11 seeds).
 
 Everything here is pure (lists of floats in, dicts out) so the verdict logic is tested on
-synthetic summaries (tests/test_claims.py) without training anything. `check` turns a
-`vpo compare` headline (per-row, per-seed values) into the claim list of the report.
+synthetic summaries (tests/test_claims*.py) without training anything. `check` turns a
+`vpo compare` headline (per-row seed ids and per-seed values) into the claim list of the report.
 """
 
 from __future__ import annotations
@@ -35,6 +57,10 @@ import numpy as np
 from vpo.eval import entropy_law
 
 TIE = 5e-4  # differences below the report's precision are ties
+LEVEL = 0.025  # one-sided level of each side of a verdict (a tail of the 95% interval)
+MAX_EXACT = 16  # sign flips enumerated up to 2^16 patterns; Monte Carlo beyond
+MC_DRAWS = 20_000
+MC_SEED = 0
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
 # single-answer scalar-reward baselines and Multi-RLVR, in report order
 BASELINES = ("grpo", "maxk", "rw_grpo", "passk", "multi_rlvr")
@@ -53,31 +79,58 @@ def t_interval(values: Sequence[float]) -> tuple[float, float]:
                                   / math.sqrt(x.size))
 
 
-def verdict(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE) -> str:
-    """Three-way verdict on paired differences d_i (claimed: d > 0 if `higher`, else d < 0)."""
-    d = np.asarray(diffs, float)
-    if d.size < 2 or not np.all(np.isfinite(d)):
-        return INCONCLUSIVE
-    mean, half = t_interval(d)
-    if np.all(np.abs(d) <= tie) or abs(mean) <= tie:
-        return INCONCLUSIVE
-    sign = 1.0 if higher else -1.0
-    if sign * mean - half > 0:
-        return REPRODUCED
-    if sign * mean + half < 0:
-        return REFUTED
-    return INCONCLUSIVE
+def smallest_p(n: int) -> float:
+    """The smallest one-sided p the sign-flip test can give over n paired seeds: 2^-n (only the
+    observed signs reach the observed sum); 1 for no seeds."""
+    return 0.5 ** n if n > 0 else 1.0
 
 
-def p_value(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE) -> float:
-    """One-sided p-value of the paired t-test in the claimed direction: P(T_{n-1} >= t),
-    t = ±mean(d) / (s_d/√n); 1 for fewer than 2 seeds, non-finite values or a tie; 0 or 1 when
-    every d_i is equal (s_d = 0) on the claimed or the other side."""
+def min_seeds(level: float = LEVEL) -> int:
+    """The fewest paired seeds whose sign-flip test can reach `level`: min n with 2^-n < level."""
+    return math.floor(math.log2(1.0 / level)) + 1
+
+
+def too_few_seeds(n: int, level: float = LEVEL) -> str:
+    """Why no verdict but "inconclusive" is possible with n paired seeds ("" when one is)."""
+    if smallest_p(n) < level:
+        return ""
+    return f"too few seeds: the smallest possible p with {n} paired seeds is {smallest_p(n):.3g}"
+
+
+def _sign_patterns(n: int) -> np.ndarray:
+    """All 2^n sign vectors ε ∈ {±1}^n as a float [2^n, n] array (row 0 all +1)."""
+    bits_FN = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+    return 1.0 - 2.0 * bits_FN
+
+
+def sign_flip_p(diffs: Sequence[float], *, higher: bool = True, max_exact: int = MAX_EXACT,
+                draws: int = MC_DRAWS, seed: int = MC_SEED) -> float:
+    """One-sided p of Fisher's paired randomization test in the claimed direction (d > 0 if
+    `higher`): p = #{ε ∈ {±1}^n : Σ ε_i d_i >= Σ d_i} / 2^n, exact for n <= max_exact, else
+    (1 + #{b : Σ ε_bi d_i >= Σ d_i}) / (draws + 1) over `draws` sign vectors from a fixed
+    `seed`. The mean and the t statistic give the same p: Σ d_i² is the same under every flip
+    and t is increasing in Σ d_i at fixed Σ d_i². A d_i = 0 flips to itself, so with k nonzero
+    d_i the smallest p is 2^-k. 1 for no values."""
+    d_N = np.asarray(diffs, float) * (1.0 if higher else -1.0)
+    n = d_N.size
+    if n == 0:
+        return 1.0
+    observed = float(np.sum(d_N))
+    tol = 1e-9 * max(1.0, float(np.sum(np.abs(d_N))))  # summation-order rounding
+    if n <= max_exact:
+        return float(np.mean(_sign_patterns(n) @ d_N >= observed - tol))
+    signs_BN = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, n))
+    return float((1 + np.sum(signs_BN @ d_N >= observed - tol)) / (draws + 1))
+
+
+def t_test_p(diffs: Sequence[float], *, higher: bool = True) -> float:
+    """One-sided p of the paired t-test in the claimed direction: P(T_{n-1} >= t), t = ±mean(d)
+    / (s_d/√n); 1 for fewer than 2 values; 0 or 1 when every d_i is equal (s_d = 0) on the
+    claimed or the other side."""
     from scipy import stats
 
     d = np.asarray(diffs, float)
-    if d.size < 2 or not np.all(np.isfinite(d)) or np.all(np.abs(d) <= tie) \
-            or abs(d.mean()) <= tie:
+    if d.size < 2:
         return 1.0
     sd = d.std(ddof=1)
     m = d.mean() if higher else -d.mean()
@@ -86,17 +139,81 @@ def p_value(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE) ->
     return float(stats.t.sf(m / (sd / math.sqrt(d.size)), d.size - 1))
 
 
-def holm(claims: Sequence[dict[str, Any]], *, level: float = 0.025) -> list[dict[str, Any]]:
-    """The claims with "holm_p" (Holm's step-down adjusted p over the whole list: the i-th
-    smallest p times (C - i), made monotone, capped at 1) and "survives_holm" (reproduced and
-    holm_p < level; `level` = the one-sided level of each claim's 95% interval)."""
+def _is_tie(d: np.ndarray, tie: float) -> bool:
+    return bool(np.all(np.abs(d) <= tie) or abs(d.mean()) <= tie)
+
+
+def p_value(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE) -> float:
+    """A claim's one-sided p in the claimed direction: max(t-test p, sign-flip p), so never
+    below 2^-n over n seeds (`sign_flip_p`, `t_test_p`; the module's docstring says why the
+    larger); 1 for fewer than 2 seeds, non-finite values or a tie."""
+    d = np.asarray(diffs, float)
+    if d.size < 2 or not np.all(np.isfinite(d)) or _is_tie(d, tie):
+        return 1.0
+    return max(t_test_p(d, higher=higher), sign_flip_p(d, higher=higher))
+
+
+def verdict(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE,
+            level: float = LEVEL) -> str:
+    """Three-way verdict on paired differences d_i (claimed: d > 0 if `higher`, else d < 0):
+    reproduced iff `p_value` on the claimed side < level, refuted iff it is < level on the other
+    side. On the t side this is the 95% interval excluding 0; with n seeds and 2^-n >= level
+    (`too_few_seeds`) it is always inconclusive."""
+    if p_value(diffs, higher=higher, tie=tie) < level:
+        return REPRODUCED
+    if p_value(diffs, higher=not higher, tie=tie) < level:
+        return REFUTED
+    return INCONCLUSIVE
+
+
+def holm(claims: Sequence[dict[str, Any]], *, level: float = LEVEL) -> list[dict[str, Any]]:
+    """The claims with "holm_p" (Holm 1979, step-down adjusted p over the whole list, one
+    family: the i-th smallest p times (C - i), made monotone, capped at 1), "survives_holm"
+    (reproduced and holm_p < level, `level` the one-sided level of each verdict) and
+    "family_size" C."""
     order = sorted(range(len(claims)), key=lambda i: claims[i]["p"])
     adjusted, running = [0.0] * len(claims), 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, claims[i]["p"] * (len(claims) - rank)))
         adjusted[i] = running
-    return [{**c, "holm_p": q, "survives_holm": c["verdict"] == REPRODUCED and q < level}
+    return [{**c, "holm_p": q, "survives_holm": c["verdict"] == REPRODUCED and q < level,
+             "family_size": len(claims)}
             for c, q in zip(claims, adjusted, strict=True)]
+
+
+def matched_seeds(seeds_a: Sequence[int], seeds_b: Sequence[int], *, names=("A", "B"),
+                  text: str = "") -> list[int]:
+    """a's seed ids, once checked to be b's: a ValueError naming both arms and their seed lists
+    when the lists differ as sets or a seed repeats."""
+    sa, sb = [int(s) for s in seeds_a], [int(s) for s in seeds_b]
+    if set(sa) != set(sb) or len(set(sa)) != len(sa) or len(set(sb)) != len(sb):
+        raise ValueError(f"{text + ': ' if text else ''}seeds are not paired: {names[0]} has "
+                         f"seeds {sa}, {names[1]} has seeds {sb}")
+    return sa
+
+
+def at_seeds(row_seeds: Sequence[int], values: Sequence[float], seeds: Sequence[int], *,
+             name: str = "the row") -> np.ndarray:
+    """A row's values ([one per id in row_seeds]) in the order of `seeds`, ids the row holds."""
+    if len(row_seeds) != len(values):
+        raise ValueError(f"seeds are not paired: {name} has {len(values)} values for seeds "
+                         f"{list(row_seeds)}")
+    at = {int(s): i for i, s in enumerate(row_seeds)}
+    missing = [int(s) for s in seeds if int(s) not in at]
+    if missing:
+        raise ValueError(f"seeds are not paired: {name} has seeds {list(row_seeds)}, not "
+                         f"{missing}")
+    return np.asarray(values, float)[[at[int(s)] for s in seeds]]
+
+
+def pair_by_seed(seeds_a: Sequence[int], a: Sequence[float], seeds_b: Sequence[int],
+                 b: Sequence[float], *, names=("A", "B"), text: str = ""
+                 ) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """(seeds, a_S, b_S): two rows' values matched by seed id, in a's seed order
+    (`matched_seeds`: different seed lists are a ValueError naming both arms)."""
+    seeds = matched_seeds(seeds_a, seeds_b, names=names, text=text)
+    return (seeds, at_seeds(seeds_a, a, seeds, name=names[0]),
+            at_seeds(seeds_b, b, seeds, name=names[1]))
 
 
 def _fmt(diffs: Sequence[float]) -> str:
@@ -107,28 +224,36 @@ def _fmt(diffs: Sequence[float]) -> str:
 def _claim(text: str, result: str, diffs: Sequence[float], evidence: str, p: float
            ) -> dict[str, Any]:
     mean, half = t_interval(diffs)
+    n = len(diffs)
     return {"claim": text, "verdict": result, "holds": result == REPRODUCED,
-            "diff": mean, "half_width": half, "n": len(diffs), "p": p, "evidence": evidence}
+            "diff": mean, "half_width": half, "n": n, "p": p, "evidence": evidence,
+            "note": too_few_seeds(n)}
 
 
 def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=("A", "B"),
-                   higher: bool = True) -> dict[str, Any]:
-    """Claim "a > b" (or "a < b" with higher=False) on seed-paired values."""
+                   higher: bool = True, seeds: tuple[Sequence[int], Sequence[int]] | None = None
+                   ) -> dict[str, Any]:
+    """Claim "a > b" (or "a < b" with higher=False) on seed-paired values: with
+    `seeds` = (a's seed ids, b's seed ids) the values are matched by id (`pair_by_seed`);
+    without, a and b are one unit per position (e.g. search seed s of two rows) and must be
+    as long."""
+    if seeds is not None:
+        _, a, b = pair_by_seed(seeds[0], a, seeds[1], b, names=names, text=text)
     a, b = np.asarray(a, float), np.asarray(b, float)
     if a.shape != b.shape:
         raise ValueError(f"{text}: seeds are not paired ({a.size} vs {b.size} values)")
-    d = a - b
+    d, p = a - b, p_value(a - b, higher=higher)
     ev = (f"{names[0]} - {names[1]} = {_fmt(d)} over {d.size} paired seeds "
-          f"({np.mean(a):.3f} vs {np.mean(b):.3f})")
-    return _claim(text, verdict(d, higher=higher), d.tolist(), ev, p_value(d, higher=higher))
+          f"({np.mean(a):.3f} vs {np.mean(b):.3f}), p = {p:.3g}")
+    return _claim(text, verdict(d, higher=higher), d.tolist(), ev, p)
 
 
 def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
               ) -> dict[str, Any]:
     """Claim "the gap a - b grows with k and is positive at the largest k": reproduced iff the
     growth gap(k_max) - gap(k_1) and the gap at k_max are both reproduced (> 0); refuted iff
-    either excludes 0 on the wrong side; inconclusive otherwise. a_SK, b_SK: [seed, k]. Its
-    p-value is the larger of the two (an intersection-union test: both must hold)."""
+    either is refuted; inconclusive otherwise. a_SK, b_SK: [seed, k], rows already paired by
+    seed. Its p-value is the larger of the two (an intersection-union test: both must hold)."""
     gap = np.asarray(a_SK, float) - np.asarray(b_SK, float)
     if gap.ndim != 2 or gap.shape[1] != len(ks):
         raise ValueError(f"{text}: want [seed, k] arrays with {len(ks)} k values; got "
@@ -138,9 +263,10 @@ def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
     result = (REPRODUCED if both == (REPRODUCED, REPRODUCED)
               else REFUTED if REFUTED in both else INCONCLUSIVE)
     curve = ", ".join(f"k={k}: {g:+.3f}" for k, g in zip(ks, gap.mean(0), strict=True))
+    p = max(p_value(growth), p_value(last))
     ev = (f"{names[0]} - {names[1]} by k: {curve}; growth k={ks[0]}->{ks[-1]} {_fmt(growth)} "
-          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]})")
-    return _claim(text, result, growth.tolist(), ev, max(p_value(growth), p_value(last)))
+          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]}), p = {p:.3g}")
+    return _claim(text, result, growth.tolist(), ev, p)
 
 
 def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[float]]],
@@ -149,7 +275,7 @@ def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[fl
     alternatives": per seed, every model is fitted on the first `fit_frac` of the trajectory's
     points {"step", "entropy", "score"} and scored by RMSE on the rest
     (`entropy_law.heldout_fits`); d_i = RMSE(law) - min(RMSE linear in H, RMSE trend in steps,
-    RMSE constant). Reproduced iff d < 0 (interval), the law's a > 0 in every seed's full fit
+    RMSE constant). Reproduced iff d < 0 (`verdict`), the law's a > 0 in every seed's full fit
     and its held-out residuals are unbiased (the interval of the per-seed mean residual holds
     0: a different concave curve, e.g. R = sqrt(1 - H), can beat the alternatives while
     missing the later points systematically); refuted iff d > 0."""
@@ -166,25 +292,51 @@ def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[fl
     mean = {k: float(np.mean([f["rmse"][k] for f in fits])) for k in entropy_law.MODELS}
     ev = (f"held-out RMSE law {mean['law']:.4f}, linear in H {mean['linear_h']:.4f}, trend in "
           f"steps {mean['trend']:.4f}, constant {mean['constant']:.4f} (mean of {len(fits)} "
-          f"seeds); law - best alternative {_fmt(d)}; law's held-out bias {_fmt(bias)}; a = "
-          + ", ".join(f"{f['a']:.3f}" for f in fits))
+          f"seeds); law - best alternative {_fmt(d)}, p = {p:.3g}; law's held-out bias "
+          f"{_fmt(bias)}; a = " + ", ".join(f"{f['a']:.3f}" for f in fits))
     return _claim(text, result, d, ev, p)
 
 
-def _values(head, row: str, metric: str) -> list[float] | None:
-    v = head.get(row, {}).get("values", {}).get(metric)
-    return None if v is None else list(v)
+def _series(rows: Mapping[str, Any], row: str, metric: str | None = None
+            ) -> tuple[list[int], list[float]] | None:
+    """(seed ids, values) of one row's metric ({"seeds", "values": {metric: [...]}}, or
+    {"seeds", "values": [...]} with metric None); None when the row or metric is absent."""
+    r = rows.get(row)
+    v = None if r is None else (r["values"] if metric is None else r["values"].get(metric))
+    return None if v is None else (_seeds(rows, row), list(v))
+
+
+def _seeds(rows: Mapping[str, Any], row: str) -> list[int]:
+    if "seeds" not in rows[row]:
+        raise ValueError(f"row {row!r} has no seed ids: claims pair rows by seed id")
+    return list(rows[row]["seeds"])
+
+
+def _paired(text: str, a, b, names, **kw) -> dict[str, Any]:
+    """compare_values on two `_series`, matched by seed id."""
+    return compare_values(text, a[1], b[1], names=names, seeds=(a[0], b[0]), **kw)
+
+
+def _solving(head, a: str, b: str, metric: str) -> str:
+    """The pass@k (solving) means beside a best@k claim, so a partial-credit gain is not read
+    as solving; "" when the headline has no pass@k."""
+    pa, pb = _series(head, a, metric), _series(head, b, metric)
+    if pa is None or pb is None:
+        return ""
+    return f"; solving, {metric}: {np.mean(pa[1]):.3f} vs {np.mean(pb[1]):.3f}"
 
 
 def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
           ) -> list[dict[str, Any]]:
     """The claims of the VPO and entropy papers on a `vpo compare` headline.
 
-    head: {row: {"m": answers per generation, "values": {metric: [value per seed]}}} with
-      metrics "best@k" for every k in `ks`, "diversity" (eval candidates), "train entropy",
-      "train diversity" and optionally "search solved"; seeds in the same order in every row.
+    head: {row: {"m": answers per generation, "seeds": [seed id], "values": {metric: [value per
+      seed]}}} with metrics "best@k" for every k in `ks`, "diversity" (eval candidates), "train
+      entropy", "train diversity" and optionally "pass@k"; rows are paired by seed id
+      (`pair_by_seed`: different seed lists are a ValueError).
     law: {arm: [{"step", "entropy", "score"} per seed]} (held-out evaluation score over
-      training); search: the output of `search_claim_inputs` (per-row solved counts per seed).
+      training); search: the output of `search_claim_inputs` ({row: {"seeds", "values"}}, per
+      seed solved counts).
     Token-entropy and training-diversity claims compare arms with the same m only (token counts
     and group pool sizes differ with m). Claims whose arms did not run are left out. The list
     is Holm-adjusted as one family (`holm`).
@@ -195,36 +347,40 @@ def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
         mv = head["vpo"]["m"]
         for base in (b for b in BASELINES if b in head):
             names = ("vpo", base)
-            out.append(compare_values(f"VPO best@{N} > {base} best@{N} (equal candidate "
-                                      "budget)", _values(head, "vpo", f"best@{N}"),
-                                      _values(head, base, f"best@{N}"), names=names))
-            a = [_values(head, "vpo", f"best@{k}") for k in ks]
-            b = [_values(head, base, f"best@{k}") for k in ks]
+            c = _paired(f"VPO best@{N} > {base} best@{N} (equal candidate budget)",
+                        _series(head, "vpo", f"best@{N}"), _series(head, base, f"best@{N}"),
+                        names)
+            c["evidence"] += _solving(head, "vpo", base, f"pass@{N}")
+            out.append(c)
+            seeds = matched_seeds(_seeds(head, "vpo"), _seeds(head, base), names=names,
+                                  text=f"the best@k gap VPO - {base}")
+            a_SK = np.transpose([at_seeds(*_series(head, "vpo", f"best@{k}"), seeds,
+                                          name="vpo") for k in ks])
+            b_SK = np.transpose([at_seeds(*_series(head, base, f"best@{k}"), seeds, name=base)
+                                 for k in ks])
             out.append(gap_grows(f"the best@k gap VPO - {base} grows with k and is positive at "
-                                 f"k={N}", np.transpose(a), np.transpose(b), ks, names=names))
-            out.append(compare_values(f"VPO's eval candidates have higher reward-space "
-                                      f"diversity than {base}'s",
-                                      _values(head, "vpo", "diversity"),
-                                      _values(head, base, "diversity"), names=names))
+                                 f"k={N}", a_SK, b_SK, ks, names=names))
+            out.append(_paired(f"VPO's eval candidates have higher reward-space diversity "
+                               f"than {base}'s", _series(head, "vpo", "diversity"),
+                               _series(head, base, "diversity"), names))
             if head[base]["m"] == mv:
                 for metric, what in (("train entropy", "token entropy"),
                                      ("train diversity", "reward-space diversity")):
-                    a, b = _values(head, "vpo", metric), _values(head, base, metric)
+                    a, b = _series(head, "vpo", metric), _series(head, base, metric)
                     if a is not None and b is not None:
-                        out.append(compare_values(
+                        out.append(_paired(
                             f"VPO keeps higher {what} of training rollouts (last 20% of steps) "
-                            f"than {base} (both m={mv})", a, b, names=names))
+                            f"than {base} (both m={mv})", a, b, names))
             if search is not None and "vpo" in search and base in search:
-                out.append(compare_values(
+                out.append(_paired(
                     f"in search at equal budget, VPO's policy solves more of the hard problems "
-                    f"than {base}'s", search["vpo"], search[base], names=names))
+                    f"than {base}'s", _series(search, "vpo"), _series(search, base), names))
     for arm in (a for a in ENTROPY_CONTROLS if a in head):
         if "grpo" in head and head["grpo"]["m"] == head[arm]["m"]:
-            a, b = _values(head, arm, "train entropy"), _values(head, "grpo", "train entropy")
+            a, b = _series(head, arm, "train entropy"), _series(head, "grpo", "train entropy")
             if a is not None and b is not None:
-                out.append(compare_values(f"{arm} keeps token entropy of training rollouts "
-                                          "above plain GRPO (last 20% of steps)", a, b,
-                                          names=(arm, "grpo")))
+                out.append(_paired(f"{arm} keeps token entropy of training rollouts above "
+                                   "plain GRPO (last 20% of steps)", a, b, (arm, "grpo")))
     if law and "grpo" in law:
         out.append(entropy_law_claim(
             "the entropy law R = -a·exp(H) + b predicts GRPO's held-out evaluation score from "
@@ -233,8 +389,16 @@ def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
     return holm(out)
 
 
-def search_claim_inputs(solved_RSX: Mapping[str, Any]) -> dict[str, list[float]]:
-    """Per row, the number of hard problems solved per training seed, averaged over search
-    seeds: solved_RSX[row] is bool [training seed, search seed, problem] → {row: [per seed]}."""
-    return {row: np.asarray(x, float).sum(-1).mean(-1).tolist()
-            for row, x in solved_RSX.items()}
+def search_claim_inputs(solved_RSX: Mapping[str, Any], seeds: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, list]]:
+    """Per row, the seed ids and the number of hard problems solved per training seed, averaged
+    over search seeds: solved_RSX[row] is bool [training seed, search seed, problem] with
+    training seed r = seeds[row][r] → {row: {"seeds": [...], "values": [per seed]}}."""
+    out = {}
+    for row, x in solved_RSX.items():
+        values = np.asarray(x, float).sum(-1).mean(-1).tolist()
+        if len(seeds[row]) != len(values):
+            raise ValueError(f"search rows of {row}: {len(values)} training seeds, seed ids "
+                             f"{list(seeds[row])}")
+        out[row] = {"seeds": list(seeds[row]), "values": values}
+    return out
