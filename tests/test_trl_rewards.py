@@ -166,6 +166,14 @@ def spins(prompts, completions, **kwargs):
         pass
 spins.reward_names = ("spins",)
 
+def spins_on_probe(prompts, completions, **kwargs):
+    while True:
+        pass
+
+def interrupted(prompts, completions, **kwargs):
+    raise KeyboardInterrupt
+interrupted.reward_names = ("interrupted",)
+
 def quick(prompts, completions, **kwargs):
     return [0.5 for _ in completions]
 
@@ -327,6 +335,22 @@ def test_sys_exit_in_a_reward_function_is_a_reward_error(files):
         score(task, "a", "b")
 
 
+def test_a_keyboard_interrupt_stops_the_run_as_the_users(files):
+    task = task_of(files, "standard", "interrupted", module="faults.py")
+    with pytest.raises(KeyboardInterrupt):
+        score(task, "a", "b")
+
+
+def test_vpo_train_refuses_a_reward_function_that_exits(files, tmp_path, capsys):
+    from vpo.cli import main as cli
+
+    rc = cli.main(["train", "--data", str(files / "standard.jsonl"), "--reward",
+                   f"{files}/faults.py:exits_on_probe", f"model=hf:{BPE}",
+                   "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "exits_on_probe called sys.exit(0)" in err and "Traceback" not in err
+
+
 def test_sys_exit_and_a_dead_worker_are_reward_errors(files):
     for name, message in (("exits", r"exits called sys.exit\(0\)"),
                           ("dies", r"dies: its worker process died \(on a batch of 2 completions "
@@ -345,12 +369,18 @@ def test_a_timed_out_worker_is_killed_so_the_process_exits(files, tmp_path):
         from vpo.errors import RewardError
         from vpo.tasks import make_task
 
-        if __name__ == "__main__":
-            task = make_task("dataset", path={str(files / "standard.jsonl")!r},
-                             rewards=[{f"{files}/faults.py:spins"!r},
-                                      {f"{files}/faults.py:quick"!r}],
+        def load(*names):
+            return make_task("dataset", path={str(files / "standard.jsonl")!r},
+                             rewards=[{f"{files}/faults.py:"!r} + n for n in names],
                              reward_workers=2, reward_timeout=1.0)
-            try:
+
+        if __name__ == "__main__":
+            try:  # stuck on the load-time call
+                load("spins_on_probe")
+            except RewardError as e:
+                print("ERROR", e, flush=True)
+            task = load("spins", "quick")
+            try:  # stuck on a step's call
                 task.score(task.make_problems(0, 2), [["a"], ["b"]])
             except RewardError as e:
                 print("ERROR", e, flush=True)
@@ -365,7 +395,8 @@ def test_a_timed_out_worker_is_killed_so_the_process_exits(files, tmp_path):
         proc.communicate()
         pytest.fail("the process did not exit after the reward timeout")
     assert proc.returncode == 0, err
-    assert "ERROR reward function" in out and "spins: no result within 1.0 s" in out
+    assert "spins_on_probe: no result within 1.0 s (on a batch of 1 completions" in out
+    assert "spins: no result within 1.0 s (on a batch of 2 completions" in out
 
 
 def test_reward_functions_get_copies(files, tmp_path):
@@ -393,6 +424,20 @@ def test_reward_functions_get_copies(files, tmp_path):
 
 
 # -- end to end -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_vpo_train_stops_on_sys_exit_in_a_reward_worker(files, tmp_path, capsys):
+    from vpo.cli import main as cli
+
+    out = str(tmp_path / "run")
+    rc = cli.main(["train", "--data", str(files / "standard.jsonl"), "--reward",
+                   f"{files}/faults.py:exits", "--reward-workers", "1", f"model=hf:{BPE}",
+                   "train.batch_size=8", "sampler.num_samples=2", "sampler.max_new_tokens=12",
+                   "train.steps=1", "--out", out])
+    err = capsys.readouterr().err
+    assert rc != 0 and "faults.py:exits called sys.exit(0)" in err and "Traceback" not in err
+    assert not os.path.exists(os.path.join(out, "policy"))
+
 
 @pytest.mark.slow
 def test_vpo_train_with_trl_reward_functions(files, tmp_path):

@@ -33,7 +33,7 @@ import numpy as np
 from vpo.errors import ConfigError
 from vpo.tasks import answers as answers_lib
 from vpo.tasks.base import Record, Task
-from vpo.tasks.reward_fns import RewardScorer, load_reward_fns
+from vpo.tasks.reward_fns import RewardScorer
 
 ANSWER_HINT = "a complete answer"
 ROW = "_row"  # the record's index in the file (not passed to reward functions)
@@ -183,8 +183,8 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
     pool with `reward_timeout` seconds per call.
     """
     rows = check_rows(read_rows(path), path)
-    fns = load_reward_fns(list(rewards), rows[0])
-    scorer = RewardScorer(fns, workers=reward_workers, timeout=reward_timeout)
+    scorer = RewardScorer.load(list(rewards), rows[0], workers=reward_workers,
+                               timeout=reward_timeout)
     names = scorer.names
     w_R = _weights(weights, names)
 

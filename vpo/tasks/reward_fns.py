@@ -131,12 +131,15 @@ def load_callable(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def load_reward_fns(specs: Sequence[str], probe: dict[str, Any]) -> list[RewardFn]:
+def load_reward_fns(specs: Sequence[str], probe: dict[str, Any],
+                    call: Callable[..., Any] | None = None) -> list[RewardFn]:
     """Load `specs` and find each function's component names.
 
     A function may declare them (`fn.reward_names = ("a", "b")` for a dict-returning one);
     otherwise it is called once on `probe` (one dataset row, with its `completion` column, or ""
     as the completion; on copies) and a dict's keys name its components. Names must be distinct.
+    `call(spec, inputs, rows)` makes the probe call (default: here; `Workers.call`: in a worker,
+    under its timeout).
     """
     if not specs:
         raise ConfigError("--reward: give at least one reward function, MODULE:FUNCTION")
@@ -151,9 +154,8 @@ def load_reward_fns(specs: Sequence[str], probe: dict[str, Any]) -> list[RewardF
             completion = probe.get("completion", "")
             if not isinstance(completion, str):
                 completion = str(completion[0]) if completion else ""
-            inputs = call_inputs([probe], [completion])
-            value = _resolve(spec, _start(spec, fn, inputs, [probe.get("_row", 0)]), 1,
-                             [probe.get("_row", 0)])
+            value = (call or _call_by_spec)(spec, call_inputs([probe], [completion]),
+                                            [probe.get("_row", 0)])
             names = tuple(value) if isinstance(value, dict) else (spec.rpartition(":")[2],)
         out.append(RewardFn(spec, fn, names))
     names = [n for f in out for n in f.names]
@@ -289,7 +291,8 @@ def _resolve(spec: str, value: Any, n: int, rows: Sequence[int]) -> Any:
 
 
 def _call_by_spec(spec: str, inputs: dict[str, Any], rows: Sequence[int]) -> Any:
-    """Worker side: import the function from its spec and call it (RewardError on a failure)."""
+    """Import the function from its spec (once per process) and call it on copies of
+    `inputs` (RewardError on a failure): a worker's task, and the load-time probe here."""
     value = _start(spec, load_callable(spec), inputs, rows)
     return _resolve(spec, value, len(inputs["completions"]), rows)
 
@@ -353,89 +356,43 @@ def _parts(f: RewardFn, value: Any) -> list[tuple[str, Any]]:
     return [(f.names[0], value)]
 
 
-class RewardScorer:
-    """Calls the reward functions on batches of (row, completion) pairs → rewards_NR float32.
+class Workers:
+    """A process pool ("spawn": safe beside JAX's threads) that calls reward functions by spec,
+    `timeout` seconds per call. A call that fails in any way (above all one that times out, or
+    whose worker dies) stops the pool, killing its processes so the run can exit, and every
+    later call fails."""
 
-    `workers` > 0 runs each call in a process pool ("spawn": safe beside JAX's threads), with
-    `timeout` seconds per call; 0 calls in this process (no timeout). A call that times out, or
-    whose worker dies, stops the pool (its processes are killed) and every later call fails.
-    """
+    def __init__(self, specs: Sequence[str], workers: int, timeout: float | None):
+        import multiprocessing
 
-    def __init__(self, fns: Sequence[RewardFn], *, workers: int = 0,
-                 timeout: float | None = None):
-        self.fns = list(fns)
-        self.names = tuple(n for f in self.fns for n in f.names)
         self.timeout = timeout
-        self._pool = None
         self._stopped: str | None = None
-        self._warned_unscorable = False
-        if workers > 0:
-            import multiprocessing
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"))
+        specs = list(specs)  # start and import in every worker, untimed
+        self._collect([self._pool.submit(_warm, specs) for _ in range(workers)],
+                      ["importing the reward functions"] * workers, "at start-up", None)
 
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"))
-            specs = [f.spec for f in self.fns]  # start and import in every worker, untimed
-            self._collect([self._pool.submit(_warm, specs) for _ in range(workers)],
-                          ["importing the reward functions"] * workers, "at start-up", None)
+    def call(self, spec: str, inputs: dict[str, Any], rows: Sequence[int]) -> Any:
+        """One function's value on `inputs`, from a worker."""
+        return self.map([spec], inputs, rows)[0]
 
-    def __call__(self, records: Sequence[dict[str, Any]], completions: Sequence[str],
-                 rows: Sequence[int]) -> np.ndarray:
-        """records[i] is the dataset row (`rows[i]` its index) that completions[i] answers;
-        None values score 0 (see `score` for where they were None)."""
-        return self.score(records, completions, rows)[0]
-
-    def score(self, records: Sequence[dict[str, Any]], completions: Sequence[str],
-              rows: Sequence[int], completion_ids: Sequence[Sequence[int]] | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
-        """(rewards_NR float32, None → 0; applies_NR bool, False where a function returned
-        None). `completion_ids`: the completions' token ids, when the caller has them."""
-        N, R = len(completions), len(self.names)
-        out, applies = np.zeros((N, R), np.float32), np.zeros((N, R), bool)
-        if N == 0:
-            return out, applies
-        inputs = call_inputs(records, completions, completion_ids)
-        results = self._results(inputs, list(rows))
-        col = 0
-        for f, value in zip(self.fns, results, strict=True):
-            for name, values in _parts(f, value):
-                out[:, col], applies[:, col] = _check_values(f.spec, name, values, rows)
-                col += 1
-        self._warn_unscorable(applies, rows)
-        return out, applies
-
-    def _results(self, inputs: dict[str, Any], rows: list[int]) -> list[Any]:
-        """Each function's value on `inputs` (in workers, or here with async ones awaited
-        together)."""
-        n = len(inputs["completions"])
+    def map(self, specs: Sequence[str], inputs: dict[str, Any], rows: Sequence[int]
+            ) -> list[Any]:
+        """Each function's value on `inputs`, the calls spread over the workers."""
         if self._stopped:
             raise RewardError(f"reward workers were stopped after an earlier failure: "
                               f"{self._stopped}")
-        if self._pool is not None:
-            futures = [self._pool.submit(_call_by_spec, f.spec, inputs, rows) for f in self.fns]
-            return self._collect(futures, [f"reward function {f.spec}" for f in self.fns],
-                                 f"on a batch of {n} completions from dataset rows "
-                                 f"{_rows_text(rows)}", self.timeout)
-        values: list[Any] = []
-        try:
-            for f in self.fns:
-                values.append(_start(f.spec, f.fn, inputs, rows))
-        except BaseException:
-            for v in values:  # async functions started but never awaited
-                if inspect.iscoroutine(v):
-                    v.close()
-            raise
-        waits = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
-        if waits:
-            done = _await_all([(self.fns[i].spec, values[i], n, rows) for i in waits])
-            for i, v in zip(waits, done, strict=True):
-                values[i] = v
-        return values
+        futures = [self._pool.submit(_call_by_spec, spec, inputs, list(rows)) for spec in specs]
+        where = (f"on a batch of {len(inputs['completions'])} completions from dataset rows "
+                 f"{_rows_text(rows)}")
+        return self._collect(futures, [f"reward function {spec}" for spec in specs], where,
+                             self.timeout)
 
     def _collect(self, futures, labels: Sequence[str], where: str,
                  timeout: float | None) -> list[Any]:
         """The futures' results (`labels[i]` names future i in errors, `where` the work); on any
-        failure the pool is stopped (a stuck or dead worker must not keep the process from
-        exiting) before the error goes on."""
+        failure the pool is stopped before the error goes on."""
         try:
             return [self._result(fut, label, where, timeout)
                     for fut, label in zip(futures, labels, strict=True)]
@@ -468,16 +425,6 @@ class RewardScorer:
         self._stopped = reason
         self.close()
 
-    def _warn_unscorable(self, applies: np.ndarray, rows: Sequence[int]) -> None:
-        """Warn once when no function applies to some completion (TRL warns likewise)."""
-        none = ~applies.any(axis=1)
-        if none.any() and not self._warned_unscorable:
-            self._warned_unscorable = True
-            warnings.warn(f"every reward function returned None for a completion of dataset "
-                          f"row {rows[int(np.argmax(none))]}: such an answer is unscorable "
-                          "(invalid, zero reward); make some function apply to every row",
-                          stacklevel=3)
-
     def close(self) -> None:
         """Stop the workers; a running call (e.g. one that timed out) is killed."""
         if self._pool is None:
@@ -492,3 +439,97 @@ class RewardScorer:
                 proc.kill()
                 proc.join(2.0)
         self._pool = None
+
+
+class RewardScorer:
+    """Calls the reward functions on batches of (row, completion) pairs → rewards_NR float32.
+
+    `workers` > 0 runs each call in a process pool (`Workers`) with `timeout` seconds per call;
+    0 calls in this process (no timeout; async functions awaited together).
+    """
+
+    def __init__(self, fns: Sequence[RewardFn], *, workers: int = 0,
+                 timeout: float | None = None, pool: Workers | None = None):
+        self.fns = list(fns)
+        self.names = tuple(n for f in self.fns for n in f.names)
+        self.timeout = timeout
+        self._pool = pool
+        if pool is None and workers > 0:
+            self._pool = Workers([f.spec for f in self.fns], workers, timeout)
+        self._warned_unscorable = False
+
+    @classmethod
+    def load(cls, specs: Sequence[str], probe: dict[str, Any], *, workers: int = 0,
+             timeout: float | None = None) -> RewardScorer:
+        """The scorer of `specs` (`load_reward_fns` on `probe`); with workers, the probe call
+        runs in one, under the timeout."""
+        pool = Workers(specs, workers, timeout) if workers > 0 else None
+        try:
+            fns = load_reward_fns(specs, probe, call=pool.call if pool else None)
+        except BaseException:
+            if pool is not None:
+                pool.close()
+            raise
+        return cls(fns, timeout=timeout, pool=pool)
+
+    def __call__(self, records: Sequence[dict[str, Any]], completions: Sequence[str],
+                 rows: Sequence[int]) -> np.ndarray:
+        """records[i] is the dataset row (`rows[i]` its index) that completions[i] answers;
+        None values score 0 (see `score` for where they were None)."""
+        return self.score(records, completions, rows)[0]
+
+    def score(self, records: Sequence[dict[str, Any]], completions: Sequence[str],
+              rows: Sequence[int], completion_ids: Sequence[Sequence[int]] | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """(rewards_NR float32, None → 0; applies_NR bool, False where a function returned
+        None). `completion_ids`: the completions' token ids, when the caller has them."""
+        N, R = len(completions), len(self.names)
+        out, applies = np.zeros((N, R), np.float32), np.zeros((N, R), bool)
+        if N == 0:
+            return out, applies
+        inputs = call_inputs(records, completions, completion_ids)
+        results = self._results(inputs, list(rows))
+        col = 0
+        for f, value in zip(self.fns, results, strict=True):
+            for name, values in _parts(f, value):
+                out[:, col], applies[:, col] = _check_values(f.spec, name, values, rows)
+                col += 1
+        self._warn_unscorable(applies, rows)
+        return out, applies
+
+    def _results(self, inputs: dict[str, Any], rows: list[int]) -> list[Any]:
+        """Each function's value on `inputs` (in workers, or here with async ones awaited
+        together)."""
+        if self._pool is not None:
+            return self._pool.map([f.spec for f in self.fns], inputs, rows)
+        values: list[Any] = []
+        try:
+            for f in self.fns:
+                values.append(_start(f.spec, f.fn, inputs, rows))
+        except BaseException:
+            for v in values:  # async functions started but never awaited
+                if inspect.iscoroutine(v):
+                    v.close()
+            raise
+        waits = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
+        if waits:
+            n = len(inputs["completions"])
+            done = _await_all([(self.fns[i].spec, values[i], n, rows) for i in waits])
+            for i, v in zip(waits, done, strict=True):
+                values[i] = v
+        return values
+
+    def _warn_unscorable(self, applies: np.ndarray, rows: Sequence[int]) -> None:
+        """Warn once when no function applies to some completion (TRL warns likewise)."""
+        none = ~applies.any(axis=1)
+        if none.any() and not self._warned_unscorable:
+            self._warned_unscorable = True
+            warnings.warn(f"every reward function returned None for a completion of dataset "
+                          f"row {rows[int(np.argmax(none))]}: such an answer is unscorable "
+                          "(invalid, zero reward); make some function apply to every row",
+                          stacklevel=3)
+
+    def close(self) -> None:
+        """Stop the workers, if any; a running call (e.g. one that timed out) is killed."""
+        if self._pool is not None:
+            self._pool.close()
