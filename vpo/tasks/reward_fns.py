@@ -30,9 +30,9 @@ marks it invalid: zero reward, masked, as TRL zeroes its advantage).
 
 Each call gets deep copies of the prompts, completions and columns: nothing a function does to
 its inputs reaches the dataset or the next function. One batched call per function per RL
-step. `RewardScorer(..., workers=n, timeout=s)` runs the calls in a process pool with a
-per-call timeout (slow verifiers: code execution); each worker imports the functions itself
-from their specs.
+step. `RewardScorer.load(specs, row, workers=n, timeout=s)` runs the calls, the load-time one
+included, in a process pool with a per-call timeout (slow verifiers: code execution); each
+worker imports the functions itself from their specs.
 
 Anything wrong (the call does not fit the function's signature; it raises, calls sys.exit, or
 its worker dies or times out; it returns the wrong length, a string, NaN or inf, or a value
