@@ -148,6 +148,10 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
             raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
                               f"{', '.join(TRAIN_PRESETS)}")
         task_name, base = TRAIN_PRESETS[preset]
+        if run.task_kwargs and run.task != task_name:
+            raise ConfigError(f"--preset {preset}: its task {task_name!r} replaces the config "
+                              f"file's task {run.task!r} and its task_kwargs; drop --preset or "
+                              "the file's task_kwargs")
         if config_file:
             raise ConfigError(f"--preset {preset} and --config {config_file}: choose one (the "
                               "preset's settings would overwrite the file's); put the settings "
