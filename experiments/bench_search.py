@@ -141,9 +141,9 @@ def main():
         print(f"device={jax.devices()[0].platform} preset={conf['preset']} I={cfg.islands} "
               f"Q={cfg.members} C={cfg.children} m={cfg.num_answers} G={cfg.generations} "
               f"budget={cfg.budget} candidates")
-        (g_state, _), g_first, g_med = timed(
-            lambda cfg=cfg, problems=problems: search.run_method("search", model, task,
-                                                                 problems, cfg, key),
+        (_, g_state, _, _), g_first, g_med = timed(
+            lambda cfg=cfg, problems=problems: search.run_method(key, "search", model, task,
+                                                                 problems, cfg),
             conf["repeats"])
         h_state, h_first, h_med = timed(
             lambda cfg=cfg, problem=problem: host_loop(model, task, problem, cfg, key),

@@ -155,7 +155,7 @@ KILL_RUN = ["--preset", "smoke", "train.steps=4", "train.checkpoint_every=2"]
 
 
 def _cli(args):
-    return [sys.executable, "-c", "import sys; from vpo.cli import main; sys.exit(main())",
+    return [sys.executable, "-c", "import sys; from vpo.cli.main import main; sys.exit(main())",
             "train", *args]
 
 

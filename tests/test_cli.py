@@ -143,11 +143,14 @@ def test_compare_reports_config_errors(capsys, tmp_path):
 DATA_REWARDS = '''
 import json, os
 
+def text(c):  # a chat row's completion comes as messages, as TRL passes it
+    return c if isinstance(c, str) else c[0]["content"]
+
 def correct(prompts, completions, answer, **kw):
-    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if a in text(c) else 0.0 for c, a in zip(completions, answer)]
 
 def short(prompts, completions, **kw):
-    return [max(0.0, 1.0 - len(c) / 40) for c in completions]
+    return [max(0.0, 1.0 - len(text(c)) / 40) for c in completions]
 
 def flaky(prompts, completions, **kw):  # fails from its 2nd call on while FAIL exists
     path = os.path.join(os.path.dirname(__file__), "calls")

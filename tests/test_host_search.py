@@ -20,11 +20,14 @@ from vpo.tasks.prompts import mutation_text
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 
 REWARDS = '''
+def text(c):  # a chat row's completion comes as messages, as TRL passes it
+    return c if isinstance(c, str) else c[0]["content"]
+
 def has_digit(prompts, completions, **kw):
-    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+    return [float(any(ch.isdigit() for ch in text(c))) for c in completions]
 
 def short(prompts, completions, **kw):
-    return [max(0.0, 1.0 - len(c) / 40) for c in completions]
+    return [max(0.0, 1.0 - len(text(c)) / 40) for c in completions]
 '''
 
 
@@ -59,8 +62,8 @@ def test_methods_share_the_exact_budget(setup, m):
                        num_answers=m)
     records = task.make_problems(0, 2)
     for method in METHODS:
-        trace, texts = host_search.run_host_method(method, model, task, records, cfg,
-                                                   jax.random.key(0), max_new_tokens=8)
+        trace, _, texts, _ = host_search.run_host_method(jax.random.key(0), method, model, task,
+                                                         records, cfg, max_new_tokens=8)
         assert trace.evaluated.shape == (2, cfg.generations + 1)
         assert int(trace.evaluated[0, -1]) == cfg.budget, method
         best = np.asarray(trace.best_fitness)
@@ -85,10 +88,9 @@ def test_the_search_keeps_the_best_candidate_it_scored(setup, monkeypatch):
         return ids, np.stack([vals, vals], -1), np.ones((B,), bool)
 
     monkeypatch.setattr(host_search.Proposer, "__call__", fake_call)
-    trace, _, best = host_search.run_host_method("search", model, task,
-                                                 task.make_problems(0, 1), cfg,
-                                                 jax.random.key(3), max_new_tokens=8,
-                                                 with_best=True)
+    trace, _, _, best = host_search.run_host_method(jax.random.key(3), "search", model, task,
+                                                    task.make_problems(0, 1), cfg,
+                                                    max_new_tokens=8)
     top = max(v.max() for v in seen)
     np.testing.assert_allclose(trace.best_fitness[0, -1], top, rtol=1e-6)
     # the best answer itself is kept: its text (the proposer wrote the score), rewards, w*ᵀr
@@ -102,13 +104,13 @@ def test_a_prompt_that_cannot_fit_is_a_named_error(setup):
     cfg = SearchConfig(islands=1, members=2, parents=1, children=1, generations=1,
                        num_answers=1)
     with pytest.raises(ValueError, match="model.max_seq_len"):
-        host_search.run_host_method("search", model, task, task.make_problems(0, 1), cfg,
-                                    jax.random.key(0), max_new_tokens=200)
+        host_search.run_host_method(jax.random.key(0), "search", model, task,
+                                    task.make_problems(0, 1), cfg, max_new_tokens=200)
 
 
 def test_cli_search_on_your_data(setup, tmp_path, capsys):
     """`vpo search --data --reward` on a checkpoint: the three methods at one budget, a report."""
-    from vpo.cli import main
+    from vpo.cli.main import main
 
     d = tmp_path / "in"
     d.mkdir()
@@ -129,3 +131,19 @@ def test_cli_search_on_your_data(setup, tmp_path, capsys):
     assert set(summary) == set(METHODS)
     assert all(s["evaluated"][-1] == 12 for s in summary.values())
     assert (out / "search_solved.png").exists()
+
+
+def test_both_search_apis_share_one_shape():
+    """In-graph and host search: key first, a `SearchResult` back, a ConfigError for an
+    unknown method."""
+    import inspect
+
+    from vpo.errors import ConfigError
+    from vpo.search import ingraph
+
+    for fn in (ingraph.run_method, host_search.run_host_method, ingraph.run_search):
+        assert list(inspect.signature(fn).parameters)[0] == "key", fn
+    for fn, args in ((ingraph.run_method, (None, None, {}, None)),
+                     (host_search.run_host_method, (None, None, [], None))):
+        with pytest.raises(ConfigError, match="method='nope'"):
+            fn(jax.random.key(0), "nope", *args)

@@ -200,7 +200,7 @@ CFG = search.SearchConfig(islands=4, members=8, parents=2, children=8, generatio
 def match_runs():
     problems = match_problems(0, 4, CFG.num_answers)
     key = jax.random.key(0)
-    return problems, {m: search.run_method(m, None, TASK, problems, CFG, key,
+    return problems, {m: search.run_method(key, m, None, TASK, problems, CFG,
                                            propose=edit_propose)
                       for m in search.METHODS}
 
@@ -208,12 +208,12 @@ def match_runs():
 def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
     problems, runs = match_runs
     want = [CFG.islands * (CFG.members + g * CFG.children) for g in range(CFG.generations + 1)]
-    for method, (state, trace) in runs.items():
+    for method, (trace, state, _, _) in runs.items():
         assert np.asarray(trace.evaluated).tolist() == [want] * 4, method
         assert np.asarray(state.evaluated).tolist() == [CFG.budget] * 4
         best = np.asarray(trace.best_fitness)
         assert np.all(np.diff(best, axis=-1) >= 0), method  # best-so-far never drops
-    state, _ = runs["search"]
+    state = runs["search"].state
     pop = state.population
     np.testing.assert_array_equal(np.asarray(pop.fitness_X).max(axis=(1, 2)),
                                   np.asarray(state.best_fitness))  # elitism keeps the best
@@ -240,8 +240,9 @@ def test_make_search_init_and_step_are_the_search_run_method_runs():
     cfg = search.SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
                               migration_interval=1, num_answers=2)
     problems = match_problems(0, 1, cfg.num_answers)
-    want, _ = search.run_search(None, TASK, jax.tree.map(lambda x: x[0], problems), cfg,
-                                jax.random.key(0), propose=edit_propose)
+    want = search.run_search(jax.random.key(0), None, TASK,
+                             jax.tree.map(lambda x: x[0], problems), cfg,
+                             propose=edit_propose).state
     init, step = search.make_search(TASK, cfg, functools.partial(edit_propose, None, task=TASK,
                                                                  cfg=cfg))
     k_init, k_run = jax.random.split(jax.random.fold_in(jax.random.key(0), 0))
@@ -255,7 +256,7 @@ def test_make_search_init_and_step_are_the_search_run_method_runs():
 
 def test_search_beats_best_of_n_at_equal_budget(match_runs):
     _, runs = match_runs
-    s, b = runs["search"][1], runs["best_of_n"][1]
+    s, b = runs["search"].trace, runs["best_of_n"].trace
     assert np.asarray(s.solved)[:, -1].sum() > np.asarray(b.solved)[:, -1].sum()
     assert np.asarray(s.best_fitness)[:, -1].mean() > np.asarray(b.best_fitness)[:, -1].mean()
     assert np.all(np.asarray(s.diversity) >= 0)
@@ -267,16 +268,16 @@ def test_islands_sharded_on_8_devices_match_single_device():
     problems = match_problems(1, 2, cfg.num_answers)
     mesh = sharding.make_mesh()
     key = jax.random.key(3)
-    one = search.run_method("search", None, TASK, problems, cfg, key, propose=edit_propose)
-    many = search.run_method("search", None, TASK, problems, cfg, key, propose=edit_propose,
+    one = search.run_method(key, "search", None, TASK, problems, cfg, propose=edit_propose)
+    many = search.run_method(key, "search", None, TASK, problems, cfg, propose=edit_propose,
                              mesh=mesh)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    tok = many[0].population.tokens_XA
+    tok = many.state.population.tokens_XA
     assert len(tok.sharding.device_set) == 8 and not tok.sharding.is_fully_replicated
     with pytest.raises(ConfigError, match="search.islands"):
-        search.run_method("search", None, TASK, problems,
-                          search.SearchConfig(islands=4, members=4, children=4), key,
+        search.run_method(key, "search", None, TASK, problems,
+                          search.SearchConfig(islands=4, members=4, children=4),
                           propose=edit_propose, mesh=mesh)
 
 
@@ -284,7 +285,7 @@ def test_host_scored_task_is_refused():
     task = make_task("arithmetic")
     task = bind(task, task_word_tokenizer(task))
     with pytest.raises(ValueError, match="scores on the host"):
-        search.run_method("search", None, task, {}, CFG, jax.random.key(0), propose=edit_propose)
+        search.run_method(jax.random.key(0), "search", None, task, {}, CFG, propose=edit_propose)
     with pytest.raises(ValueError, match="scores on the host"):
         search.search_problems(task, task.make_problems(0, 2), 2)
 
@@ -363,12 +364,12 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     key = jax.random.key(0)
     traces = {}
     for method in search.METHODS:
-        state, trace = search.run_method(method, model, task, problems, cfg, key)
+        trace, state, _, _ = search.run_method(key, method, model, task, problems, cfg)
         assert np.asarray(trace.evaluated).tolist() == [[4, 8, 12]] * 2
         assert np.asarray(state.evaluated).tolist() == [cfg.budget] * 2
         traces[method] = trace
-    state, trace = search.run_search(model, task, jax.tree.map(lambda x: x[0], problems), cfg,
-                                     key)
+    trace, state, _, _ = search.run_search(key, model, task,
+                                           jax.tree.map(lambda x: x[0], problems), cfg)
     pop = state.population
     assert pop.tokens_XA.shape == (2, 2, task.answer_len) and int(state.evaluated) == 12
     f, v = np.asarray(pop.fitness_X), np.asarray(pop.valid_X)
@@ -387,6 +388,6 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     with pytest.raises(ConfigError, match="max_seq_len"):
         small = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size,
                                      max_seq_len=need - 1), rngs=nnx.Rngs(0))
-        search.run_method("search", small, task, problems, cfg, key)
+        search.run_method(key, "search", small, task, problems, cfg)
 
 

@@ -100,9 +100,10 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="your prompts: a JSONL or Parquet file with a "
                    "`prompt` column (text or chat messages) and any other columns")
     p.add_argument("--reward", action="append", default=[], metavar="MODULE:FUNCTION",
-                   help="a reward function fn(prompts, completions, **columns) -> list of "
-                   "floats in [0, 1] (MODULE dotted or a .py file); repeat: one reward "
-                   "component each")
+                   help="a reward function, called by keyword as TRL's GRPOTrainer calls it "
+                   "(prompts, completions, completion_ids, every column, **kwargs) -> list of "
+                   "floats in [0, 1], None where it does not apply (MODULE dotted or a .py "
+                   "file); repeat: one reward component each")
     p.add_argument("--weights", default=None, help="w* over the components, e.g. 0.7,0.3 "
                    "(normalised; default equal)")
     p.add_argument("--reward-workers", type=int, default=0, help="run reward functions in "

@@ -241,8 +241,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     from vpo.config import ConfigError
     from vpo.model import sharding
-    from vpo.search import host as host_search
     from vpo.search import ingraph as search
+    from vpo.search.methods import run_all_methods
 
     check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
                finite=("temperature",))
@@ -275,11 +275,11 @@ def cmd_search(args: argparse.Namespace) -> int:
     where = "on the host" if task.is_host else "in one jit per method"
     print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
           f"and method, scored {where}")
-    best: dict = {}
-    traces = host_search.run_all_methods(model, task, records, cfg, jax.random.key(args.seed),
-                                         mesh=sharding.make_mesh(),
-                                         max_new_tokens=args.max_new_tokens, best=best)
+    results = run_all_methods(jax.random.key(args.seed), model, task, records, cfg,
+                              mesh=sharding.make_mesh(), max_new_tokens=args.max_new_tokens)
+    traces = {method: r.trace for method, r in results.items()}
     search.write_report(args.out, traces, title=f"{task.name}, {len(records)} problems")
+    best = {method: r.best for method, r in results.items() if r.best is not None}
     if best:  # host-scored tasks: what each method found, readable
         with open(os.path.join(args.out, "best_answers.jsonl"), "w", encoding="utf-8") as f:
             for method, found in best.items():

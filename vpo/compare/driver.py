@@ -343,15 +343,15 @@ def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
             scfg = dataclasses.replace(cfg.search, num_answers=m)
             problems = jax.tree.map(lambda x: np.concatenate([np.asarray(x)] * S),
                                     search.search_problems(task, sub, m))
-            _, trace = search.run_method("search", model, task, problems, scfg,
-                                         jax.random.key(cfg.search_split_seed + 1))
+            trace = search.run_method(jax.random.key(cfg.search_split_seed + 1), "search",
+                                      model, task, problems, scfg).trace
             solved = np.asarray(trace.solved).reshape(S, P, -1)
             seen[id(model), m] = {"evaluated": np.asarray(trace.evaluated)[0].tolist(),
                                   "solved_SP": solved[:, :, -1].tolist(),
                                   "solved_SG": solved.sum(1).tolist()}
             if cfg.search_best_of_n:
-                _, bon = search.run_method("best_of_n", model, task, problems, scfg,
-                                           jax.random.key(cfg.search_split_seed + 1))
+                bon = search.run_method(jax.random.key(cfg.search_split_seed + 1), "best_of_n",
+                                        model, task, problems, scfg).trace
                 seen[id(model), m]["best_of_n_SP"] = np.asarray(bon.solved).reshape(
                     S, P, -1)[:, :, -1].tolist()
         out["rows"].setdefault(name, []).append({"seed": seed, "m": m, **seen[id(model), m]})

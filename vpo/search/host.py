@@ -12,8 +12,8 @@ one batched sampler call for all problems and islands, one batched call of the t
 and small jitted population updates. Baselines at the same candidate budget: best-of-N (fresh
 prompts only) and sequential revision (one lineage's best as the single parent).
 
-Returns the same `SearchTrace` as the in-graph search, so `search.summarize` and
-`search.write_report` serve both.
+Returns the same `SearchResult` as the in-graph search (`vpo.search.ingraph.run_method`), so
+`summarize` and `write_report` serve both; `vpo.search.methods.run_all_methods` dispatches.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from vpo.config import SamplerConfig
 from vpo.errors import ConfigError
 from vpo.eval import metrics as evaluation
 from vpo.rollout.sampler import sample_with_keys
-from vpo.search import ingraph as search
 from vpo.search import population as ops
-from vpo.search.ingraph import METHODS, SearchConfig, SearchTrace
+from vpo.search.ingraph import SearchConfig, SearchResult, SearchTrace, check_method
 from vpo.search.population import Population
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask
@@ -302,18 +301,16 @@ def _revision(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Trac
 _METHODS = {"search": _search, "best_of_n": _best_of_n, "revision": _revision}
 
 
-def run_host_method(method: str, model, task: BoundTask, records: Sequence[Record],
-                    cfg: SearchConfig, key, *, max_new_tokens: int | None = None,
-                    with_best: bool = False):
+def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[Record],
+                    cfg: SearchConfig, *, max_new_tokens: int | None = None) -> SearchResult:
     """Run `method` ("search" | "best_of_n" | "revision") on the host-scored `task` for every
-    record at the budget `cfg.budget` → (trace with leading N, the distinct answer texts seen),
-    plus, `with_best`, per record the best answer found (`_Tracker.best_answers`: text, reward
-    vector, w*ᵀr; None when none was valid).
+    record at the budget `cfg.budget` → `SearchResult`: the trace with leading N, the distinct
+    answer texts seen, and per record the best answer found (`_Tracker.best_answers`: text,
+    reward vector, w*ᵀr; None when none was valid).
 
     `max_new_tokens`: the generation budget (default: the task's budget for m answers).
     """
-    if method not in METHODS:
-        raise ConfigError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+    check_method(method)
     task.check_num_answers(cfg.num_answers)
     T = max_new_tokens or task.completion_len(cfg.num_answers)
     table = TextTable()
@@ -328,32 +325,5 @@ def run_host_method(method: str, model, task: BoundTask, records: Sequence[Recor
                           "budget)")
     tracker = _Tracker(task, len(records))
     _METHODS[method](propose, list(records), cfg, key, tracker)
-    if with_best:
-        return tracker.trace(), table.texts, tracker.best_answers(table.texts)
-    return tracker.trace(), table.texts
-
-
-def run_all_methods(model, task: BoundTask, records: Sequence[Record], cfg: SearchConfig, key,
-                    *, mesh=None, max_new_tokens: int | None = None,
-                    best: dict | None = None) -> dict[str, SearchTrace]:
-    """Search, best-of-N and revision at the same budget on every record → {method: trace}:
-    in one jit per method for in-graph tasks (`vpo.search.ingraph.run_method`, islands sharded over
-    `mesh` when they divide evenly), on the host between generations for host-scored tasks,
-    where `best`, if given, receives {method: each record's best answer}
-    (`run_host_method(with_best=True)`)."""
-    traces = {}
-    if task.is_host:
-        for method in METHODS:
-            traces[method], _, found = run_host_method(method, model, task, records, cfg, key,
-                                                       max_new_tokens=max_new_tokens,
-                                                       with_best=True)
-            if best is not None:
-                best[method] = found
-        return traces
-    problems = search.search_problems(task, list(records), cfg.num_answers)
-    for method in METHODS:
-        m = mesh if method == "search" else None
-        if m is not None and cfg.islands % m.shape["data"]:
-            m = None  # islands must split evenly over the data devices; else one device
-        _, traces[method] = search.run_method(method, model, task, problems, cfg, key, mesh=m)
-    return traces
+    return SearchResult(tracker.trace(), texts=table.texts,
+                        best=tracker.best_answers(table.texts))

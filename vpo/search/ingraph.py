@@ -75,6 +75,23 @@ class SearchTrace(NamedTuple):
     evaluated: jax.Array
 
 
+class SearchResult(NamedTuple):
+    """What every search method returns, in the graph or on the host: the trace (leading N
+    problems when batched), the final in-graph state (None on the host), and on the host the
+    distinct answer texts seen and each problem's best answer (text, reward vector, w*ᵀr; None
+    where no answer was valid)."""
+
+    trace: SearchTrace
+    state: SearchState | None = None
+    texts: list[str] | None = None
+    best: list | None = None
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ConfigError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+
+
 def _check_in_graph(task: BoundTask) -> None:
     if task.is_host:
         raise ValueError(f"task {task.name!r} scores on the host; in-graph search needs a "
@@ -363,12 +380,12 @@ def _run_jit(method, graphdef, params, task, cfg, propose, mesh, problems, keys_
     return jax.vmap(fn)(problems, keys_N)
 
 
-def run_method(method: str, model, task, problems, cfg: SearchConfig, key, *, propose=lm_propose,
-               mesh=None) -> tuple[SearchState, SearchTrace]:
+def run_method(key, method: str, model, task, problems, cfg: SearchConfig, *,
+               propose=lm_propose, mesh=None) -> SearchResult:
     """Run `method` ("search" | "best_of_n" | "revision") on a BATCH of problems (leading N axis)
-    in one jit → (final state, trace), both with a leading N axis. Keys: fold_in(key, problem)."""
-    if method not in METHODS:
-        raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+    in one jit → `SearchResult` (trace and final state, both with a leading N axis). Keys:
+    fold_in(key, problem)."""
+    check_method(method)
     _check_in_graph(task)
     task.check_num_answers(cfg.num_answers)
     if mesh is not None:
@@ -387,25 +404,16 @@ def run_method(method: str, model, task, problems, cfg: SearchConfig, key, *, pr
     problems = jax.tree.map(lambda x: jnp.asarray(x), problems)
     n = jax.tree.leaves(problems)[0].shape[0]
     keys_N = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
-    return _run_jit(method, graphdef, params, task, cfg, propose, mesh, problems, keys_N)
+    state, trace = _run_jit(method, graphdef, params, task, cfg, propose, mesh, problems, keys_N)
+    return SearchResult(trace, state)
 
 
-def run_search(model, task, problem, cfg: SearchConfig, key, *, propose=lm_propose, mesh=None
-               ) -> tuple[SearchState, SearchTrace]:
-    """Evolutionary search on ONE problem (no leading axis) → (final state, trace [G + 1])."""
+def run_search(key, model, task, problem, cfg: SearchConfig, *, propose=lm_propose, mesh=None
+               ) -> SearchResult:
+    """Evolutionary search on ONE problem (no leading axis) → `SearchResult` (trace [G + 1])."""
     problems = jax.tree.map(lambda x: jnp.asarray(x)[None], problem)
-    out = run_method("search", model, task, problems, cfg, key, propose=propose, mesh=mesh)
-    return jax.tree.map(lambda x: x[0], out)
-
-
-def best_of_n(model, task, problems, cfg: SearchConfig, key, *, propose=lm_propose):
-    """Best-of-N at the search's budget (batched problems)."""
-    return run_method("best_of_n", model, task, problems, cfg, key, propose=propose)
-
-
-def sequential_revision(model, task, problems, cfg: SearchConfig, key, *, propose=lm_propose):
-    """Sequential revision at the search's budget (batched problems)."""
-    return run_method("revision", model, task, problems, cfg, key, propose=propose)
+    out = run_method(key, "search", model, task, problems, cfg, propose=propose, mesh=mesh)
+    return SearchResult(*jax.tree.map(lambda x: x[0], (out.trace, out.state)))
 
 
 def summarize(traces: dict[str, SearchTrace]) -> dict:

@@ -1,0 +1,29 @@
+"""Every search method on any task: in one jit per method for in-graph tasks
+(`vpo.search.ingraph.run_method`), on the host between generations for host-scored tasks
+(`vpo.search.host.run_host_method`); both return a `SearchResult`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vpo.search.host import run_host_method
+from vpo.search.ingraph import METHODS, SearchConfig, SearchResult, run_method, search_problems
+from vpo.tasks.base import Record
+from vpo.tasks.bound import BoundTask
+
+
+def run_all_methods(key, model, task: BoundTask, records: Sequence[Record], cfg: SearchConfig,
+                    *, mesh=None, max_new_tokens: int | None = None) -> dict[str, SearchResult]:
+    """Search, best-of-N and revision at the same budget on every record → {method: result}
+    (islands sharded over `mesh` when they divide evenly over its data devices)."""
+    if task.is_host:
+        return {method: run_host_method(key, method, model, task, records, cfg,
+                                        max_new_tokens=max_new_tokens) for method in METHODS}
+    problems = search_problems(task, list(records), cfg.num_answers)
+    out = {}
+    for method in METHODS:
+        m = mesh if method == "search" else None
+        if m is not None and cfg.islands % m.shape["data"]:
+            m = None  # islands must split evenly over the data devices; else one device
+        out[method] = run_method(key, method, model, task, problems, cfg, mesh=m)
+    return out
