@@ -53,9 +53,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     from vpo.config import ConfigError, SamplerConfig, model_preset
     from vpo.io.checkpoint import load_model
+    from vpo.launch.assemble import fit_seq_len
     from vpo.model.decoder import Decoder
     from vpo.rollout import sampler
-    from vpo.tasks.bound import seq_len_for
 
     check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
     dataset = dataset_kwargs(args)
@@ -76,7 +76,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
                               "budget in one jit; the flag sets the budget of host-scored tasks "
                               "(--data, arithmetic). Drop it")
         T = args.max_new_tokens
-    need = max(prompts.shape[1] + T, seq_len_for(task, records, M))
+    need = fit_seq_len(task, M, records=records, max_new_tokens=T,
+                       at_least=0 if model is None else model.cfg.max_seq_len)
     if model is None:
         model = Decoder(model_preset(args.preset, vocab_size=task.tokenizer.size,
                                      max_seq_len=need), rngs=nnx.Rngs(args.seed))
@@ -152,7 +153,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     results, tasks = {}, []
     from vpo.config import ConfigError
     from vpo.io.checkpoint import load_model
-    from vpo.tasks.bound import seq_len_for
+    from vpo.launch.assemble import fit_seq_len
 
     check_args(args, positive=("budget", "problems", "answers"), finite=("temperature",))
     check_out(args.out)
@@ -175,7 +176,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         m = args.answers or int(info.get("num_answers", 1))
         problems = task.make_problems(args.seed, args.problems)
         check_fit(model.cfg, task, problems, m, path)
-        need = seq_len_for(task, problems, m)
+        need = fit_seq_len(task, m, records=problems, at_least=model.cfg.max_seq_len)
         if need > model.cfg.max_seq_len:
             model, _, _ = load_model(path, max_seq_len=need)
         results[f"{name} (m={m})"] = evaluate_policy(

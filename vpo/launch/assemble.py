@@ -72,14 +72,19 @@ def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None
 # -- the rules every entry point shares ---------------------------------------------------------
 
 def fit_seq_len(task: BoundTask, num_answers, *, num_parents: int = 0, seed: int = 0,
-                num_problems: int = 64, at_least: int = 0) -> int:
-    """max(at_least, longest prompt + answer budget over `num_problems` problems of `seed`, for
-    each m in `num_answers` (an int or several), mutation prompts with `num_parents` parents
-    included, + `SEQ_MARGIN`). `at_least` is the model's own length (a preset's default or a
-    checkpoint's context), which the fit only raises."""
+                num_problems: int = 64, at_least: int = 0, records=None,
+                max_new_tokens: int | None = None) -> int:
+    """max(at_least, longest prompt + answer budget over `records` (default: `num_problems`
+    problems of `seed`), for each m in `num_answers` (an int or several), mutation prompts with
+    `num_parents` parents included, + `SEQ_MARGIN`). `at_least` is the model's own length (a
+    preset's default or a checkpoint's context), which the fit only raises; `max_new_tokens`
+    replaces the task's answer budget (host-scored tasks)."""
     ms = [num_answers] if isinstance(num_answers, int) else list(num_answers)
-    records = task.make_problems(seed, num_problems)
+    records = task.make_problems(seed, num_problems) if records is None else records
     need = max(seq_len_for(task, records, m, num_parents=num_parents) for m in ms)
+    if max_new_tokens is not None:
+        need = max(need, max(task.prompt_arrays(records, m)[0].shape[1] for m in ms)
+                   + max_new_tokens)
     return max(at_least, need + SEQ_MARGIN)
 
 

@@ -1,6 +1,6 @@
 """In-graph RL trainer: TrainState (born sharded), optax chain, `rl_step`, the host-reward split.
 
-One RL step, as data (DESIGN.md):
+One RL step, as data (docs/architecture.md draws it):
 
     batch{problems, prompt_BP, prompt_mask_BP}
       ─► generate G samples per prompt            (keys from fold_in(state.rng, state.step))
