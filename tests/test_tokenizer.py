@@ -342,7 +342,7 @@ def test_no_module_hard_codes_a_special_id():
     root = pathlib.Path(__file__).parent.parent / "vpo"
     hits = []
     for path in sorted(root.rglob("*.py")):
-        if path == root / "tokenizer.py":
+        if path == root / "io" / "tokenizer.py":
             continue
         code = _code_without_comments_and_strings(path.read_text())
         for what, pattern in _PATTERNS.items():
