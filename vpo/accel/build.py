@@ -1,0 +1,284 @@
+"""vpo's programs compiled for a target from abstract inputs: shapes, dtypes and shardings on
+the target's mesh (`jax.ShapeDtypeStruct` with a `NamedSharding`), never weights.
+
+Programs (`programs`): the fused RL step (or, for a task scored on the host, its sampling and
+update halves), the sampler alone, the SFT step, the in-graph island search, and the two Pallas
+kernels at the run's shapes. Each is `jax.jit(f).trace(*args).lower().compile()` under the
+target's mesh; `compile_program` returns the compiled program or the compiler's error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vpo.config import ConfigError, RunConfig, SearchConfig
+from vpo.model import lora as lora_lib
+from vpo.model import sharding as sharding_lib
+from vpo.tasks.bound import BoundTask
+
+PROGRAMS = ("rl_step", "sampler", "sft_step", "search", "kernels")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A jitted function and the abstract arguments it is compiled for."""
+
+    name: str
+    fn: Callable  # a jax.jit-wrapped function
+    args: tuple
+
+
+@dataclasses.dataclass
+class Built:
+    """The outcome of one compile: the compiled program, or the error that stopped it."""
+
+    name: str
+    compiled: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+    stage: str = "compile"  # where it stopped: "build" (inputs) or "compile"
+
+
+def with_shardings(shapes, shardings):
+    """ShapeDtypeStructs of `shapes` carrying the matching NamedShardings of `shardings`."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        shapes, shardings)
+
+
+def abstract_state(model_cfg, tx, mesh, *, seed: int = 0, with_ref: bool = False):
+    """(graphdef, abstract TrainState) of `vpo.rl.step.init_state` on `mesh`: the shapes and
+    shardings a fresh (or LoRA) state would have, with nothing allocated."""
+    from vpo.rl.step import init_state
+
+    out = {}
+
+    def create():
+        graphdef, state, shardings = init_state(model_cfg, tx, mesh, seed=seed,
+                                                with_ref=with_ref)
+        out.update(graphdef=graphdef, shardings=shardings)
+        return state
+
+    shapes = jax.eval_shape(create)
+    return out["graphdef"], with_shardings(shapes, out["shardings"])
+
+
+def abstract_batch(arrays: dict, mesh) -> dict:
+    """Abstract arrays of a host batch, leading axis over the mesh's data-parallel axes."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        np.shape(x), np.asarray(x).dtype,
+        sharding=sharding_lib.batch_sharding(mesh, np.ndim(x))), arrays)
+
+
+def data_parallel(mesh) -> int:
+    """Devices the batch is split over (the mesh's "data" × "fsdp")."""
+    return int(np.prod([mesh.shape[a] for a in sharding_lib.RULES["batch"] if a in mesh.shape]))
+
+
+def check_batch(rows: int, mesh, what: str = "train.batch_size") -> None:
+    dp = data_parallel(mesh)
+    if rows % dp:
+        raise ConfigError(f"{what}: {rows} rows do not split over the {dp} data-parallel "
+                          f"devices of the mesh; use a multiple of {dp} or set mesh_data smaller")
+
+
+def rl_batch(run: RunConfig, task: BoundTask, rows: int) -> dict:
+    """A host batch of `rows` problems as `vpo.rl.data` makes it (numpy): problems, prompts
+    left-padded to the longest of max(rows, 64) problems, plain and mutation prompts alike."""
+    from vpo.rl.data import prompt_tables
+
+    t = run.train
+    records = task.make_problems(t.seed, max(rows, 64))
+    tables = prompt_tables(task, records, t.num_answers, mutation_fraction=t.mutation_fraction,
+                           mutation_parents=t.mutation_parents, seed=t.seed)
+    problems = jax.tree.map(lambda x: np.asarray(x)[:rows], task.problem_arrays(records))
+    return {"problems": problems, "prompt_BP": tables.prompts_NP[:rows],
+            "prompt_mask_BP": tables.mask_NP[:rows]}
+
+
+def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
+    """The RL step as `vpo.rl.loop.train` builds it: one donated jit for an in-graph task;
+    for a host-scored task its two jits ("rl_sample", "rl_update")."""
+    from vpo.rl import step as step_lib
+
+    rows = run.train.batch_size * run.objective.oversample
+    check_batch(run.train.batch_size, mesh)
+    check_batch(rows, mesh, "objective.oversample × train.batch_size")
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state = abstract_state(run.model, tx, mesh, seed=run.train.seed,
+                                     with_ref=run.objective.kl_coef > 0)
+    batch = abstract_batch(rl_batch(run, task, rows), mesh)
+    cfg = step_lib.step_config(run, task)
+    if not task.is_host:
+        return [Program("rl_step", step_lib.make_rl_step(graphdef, tx, task, cfg),
+                        (state, batch))]
+    sample = step_lib.make_sample_step(graphdef, cfg)
+    rollout = jax.eval_shape(sample, state, batch)
+    rollout = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding_lib.batch_sharding(mesh, x.ndim)), rollout)
+    G, M, R = run.sampler.num_samples, run.train.num_answers, task.num_rewards
+    rewards = abstract_batch({"r": np.zeros((rows, G, M, R), np.float32),
+                              "m": np.zeros((rows, G, M), bool)}, mesh)
+    update = jax.jit(functools.partial(step_lib.update_from_rollout, graphdef=graphdef, tx=tx,
+                                       task=task, cfg=cfg), donate_argnums=0)
+    return [Program("rl_sample", sample, (state, batch)),
+            Program("rl_update", update, (state, batch, rollout, rewards["r"], rewards["m"]))]
+
+
+def sampler_program(run: RunConfig, task: BoundTask, mesh) -> Program:
+    """`vpo.rollout.sampler.generate` alone: the policy's weights (no optimiser state),
+    train.batch_size prompts, sampler.num_samples samples each, sampler.max_new_tokens."""
+    from vpo.rl.step import make_optimizer
+    from vpo.rollout.sampler import generate
+
+    B, G, s = run.train.batch_size, run.sampler.num_samples, run.sampler
+    check_batch(B, mesh)
+    graphdef, state = abstract_state(run.model, make_optimizer(run.train), mesh,
+                                     seed=run.train.seed)
+    batch = rl_batch(run, task, B)
+    prompts = abstract_batch({"p": batch["prompt_BP"], "m": batch["prompt_mask_BP"]}, mesh)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(mesh))
+    tok = task.tokenizer
+
+    def sample(params, frozen, prompt_BP, mask_BP, key_data):
+        keys_BG = jax.random.split(jax.random.wrap_key_data(key_data), B * G).reshape(B, G)
+        return generate(lora_lib.merge(graphdef, params, frozen), prompt_BP, mask_BP, keys_BG,
+                        jnp.float32(s.temperature), jnp.float32(s.top_p), jnp.int32(s.top_k),
+                        max_new_tokens=s.max_new_tokens, stop_ids=tok.stop_ids,
+                        pad_id=tok.pad_id)
+
+    return Program("sampler", jax.jit(sample),
+                   (state.params, state.frozen, prompts["p"], prompts["m"], key))
+
+
+def sft_program(run: RunConfig, task: BoundTask, mesh) -> Program:
+    """`vpo.rl.sft.sft_step` (donated) on train.batch_size demonstrations of
+    sampler.max_new_tokens target tokens after the run's prompts."""
+    from vpo.rl.sft import sft_step
+    from vpo.rl.step import make_optimizer
+
+    B, T = run.train.batch_size, run.sampler.max_new_tokens
+    check_batch(B, mesh)
+    tx = make_optimizer(run.train)
+    graphdef, state = abstract_state(run.model, tx, mesh, seed=run.train.seed)
+    prompts = rl_batch(run, task, B)
+    batch = abstract_batch({"prompt_BP": prompts["prompt_BP"],
+                            "prompt_mask_BP": prompts["prompt_mask_BP"],
+                            "target_BT": np.zeros((B, T), np.int32),
+                            "target_mask_BT": np.zeros((B, T), bool)}, mesh)
+    step = jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx), donate_argnums=0)
+    return Program("sft_step", step, (state, batch))
+
+
+def search_program(run: RunConfig, task: BoundTask, mesh, cfg: SearchConfig | None = None
+                   ) -> Program:
+    """The in-graph island search (`vpo.search.ingraph`: init, then `generations` steps in one
+    scan) on one problem per data-parallel device, the policy as mutation operator."""
+    from vpo.rl.step import make_optimizer
+    from vpo.search import ingraph
+
+    dp = data_parallel(mesh)
+    cfg = cfg or SearchConfig(islands=max(4, dp), num_answers=run.train.num_answers,
+                              members=4 * run.train.num_answers,
+                              children=4 * run.train.num_answers)
+    if cfg.islands % dp:
+        raise ConfigError(f"search.islands: {cfg.islands} islands must divide evenly over the "
+                          f"mesh's {dp} data-parallel devices")
+    if task.is_host:
+        raise ConfigError(f"task {task.name!r} scores on the host; the in-graph search needs an "
+                          "in-graph task")
+    graphdef, state = abstract_state(run.model, make_optimizer(run.train), mesh,
+                                     seed=run.train.seed)
+    records = task.make_problems(run.train.seed, 1)
+    rep = sharding_lib.replicated(mesh)
+    problems = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype,
+                                                           sharding=rep),
+                            ingraph.search_problems(task, records, cfg.num_answers))
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
+
+    def search(params, frozen, problems_N, key_data):
+        model = lora_lib.merge(graphdef, params, frozen)
+        propose = functools.partial(ingraph.lm_propose, model, task=task, cfg=cfg)
+        init, step = ingraph.make_search(task, cfg, propose, mesh)
+
+        def one(problem, key):
+            k_init, k_run = jax.random.split(key)
+            s = init(k_init, problem)
+            s, trace = jax.lax.scan(lambda s, k: _one_generation(step, s, k), s,
+                                    jax.random.split(k_run, cfg.generations))
+            return s.best_fitness, trace
+
+        keys = jax.random.split(jax.random.wrap_key_data(key_data), 1)
+        return jax.vmap(one)(problems_N, keys)
+
+    return Program("search", jax.jit(search), (state.params, state.frozen, problems, key))
+
+
+def _one_generation(step, state, key):
+    from vpo.search.ingraph import trace_point
+
+    state = step(key, state)
+    return state, trace_point(state)
+
+
+def kernel_shapes(run: RunConfig, prompt_len: int) -> list[tuple]:
+    """The two kernels' cells (`vpo.kernels.aot_check`) at the run's shapes: the log-prob
+    forward and gradient on one micro-batch's completion rows, decode attention on the
+    sampler's batch."""
+    m, t, s = run.model, run.train, run.sampler
+    B, G, T = t.batch_size, s.num_samples, s.max_new_tokens
+    rows = (B // (t.num_minibatches * t.grad_accum)) * G * T
+    dtype = m.dtype
+    return [("logprob_entropy", "fwd", (rows, m.dim, m.vocab_size), dtype),
+            ("logprob_entropy", "grad", (rows, m.dim, m.vocab_size), dtype),
+            ("decode_attention", "fwd", (B, G, m.num_kv_heads, m.num_heads // m.num_kv_heads,
+                                         m.head_dim, prompt_len, T), dtype)]
+
+
+def compile_program(program: Program, mesh) -> Built:
+    """`program.fn.trace(*args).lower().compile()` under `mesh`; a failure is returned."""
+    t0 = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh):
+            compiled = program.fn.trace(*program.args).lower().compile()
+    except Exception as e:  # noqa: BLE001 - the compiler's error is the result
+        return Built(program.name, error=e, seconds=time.perf_counter() - t0)
+    return Built(program.name, compiled=compiled, seconds=time.perf_counter() - t0)
+
+
+def make_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Program]:
+    """The programs of `name` (one of `PROGRAMS` except "kernels")."""
+    if name == "rl_step":
+        return rl_programs(run, task, mesh)
+    makers = {"sampler": sampler_program, "sft_step": sft_program, "search": search_program}
+    if name not in makers:
+        raise ValueError(f"unknown program {name!r}; choose from {', '.join(PROGRAMS)}")
+    return [makers[name](run, task, mesh)]
+
+
+def build(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Built]:
+    """Make and compile the programs of `name`; an error while making the inputs (a setting
+    the mesh refuses) is a Built with stage "build"."""
+    t0 = time.perf_counter()
+    try:
+        programs = make_programs(name, run, task, mesh)
+    except Exception as e:  # noqa: BLE001
+        return [Built(name, error=e, seconds=time.perf_counter() - t0, stage="build")]
+    return [compile_program(p, mesh) for p in programs]
+
+
+def build_kernels(run: RunConfig, task: BoundTask, devs, n_devices: int = 1) -> list[dict]:
+    """The kernels alone at the run's shapes (`vpo.kernels.aot_check.compile_cell`) on the
+    target's first `n_devices` devices; one row per cell."""
+    from vpo.kernels.aot_check import compile_cell
+
+    prompt_len = rl_batch(run, task, run.train.batch_size)["prompt_BP"].shape[1]
+    return [compile_cell(devs, *cell, n_devices=n_devices)
+            for cell in kernel_shapes(run, prompt_len)]
