@@ -24,6 +24,7 @@ _COLLECTIVE_RE = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 DOES_NOT_FIT = "DoesNotFit"  # compiled; bytes per device above the chip's memory
 HBM_OOM = "CompilerOutOfMemory"  # the compiler refused: device memory
 SCRATCH_OOM = "KernelScratchOutOfMemory"  # a kernel's VMEM / shared memory
+NOT_APPLICABLE = "NotApplicable"  # e.g. the in-graph search of a host-scored task
 SETTING = "SettingRefused"  # the inputs could not be made (mesh, batch split)
 COMPILE_ERROR = "CompileError"
 
@@ -46,6 +47,7 @@ class ProgramReport:
     error_name: str | None = None
     error: str | None = None
     change: str | None = None
+    applicable: bool = True  # False: the program does not exist for this run
 
     @property
     def bytes_per_device(self) -> int:
@@ -125,7 +127,7 @@ def from_kernel_row(row: dict, target, hbm_bytes: int) -> ProgramReport:
 def advise(report: ProgramReport, run: RunConfig, n_devices: int) -> str | None:
     """The settings to change, most effective first, for a program that does not compile or
     fit; None when it fits."""
-    if report.fits:
+    if report.fits or not report.applicable:
         return None
     if report.error_name == SETTING:
         return "the setting named in the error"
@@ -159,13 +161,13 @@ def gib(n: int) -> str:
 
 def render(reports: list[ProgramReport]) -> str:
     """A plain-text table, one line per program, with the error and the change below it."""
-    lines = [f"{'program':<44} {'target':<8} {'compiles':<8} {'per device':>11} "
+    lines = [f"{'program':<50} {'target':<8} {'compiles':<8} {'per device':>11} "
              f"{'of chip':>8} {'fits':<4} {'collectives':<30} {'seconds':>7}"]
     for r in reports:
         coll = ", ".join(f"{k} {v}" for k, v in sorted(r.collectives.items())) or "-"
         per = gib(r.bytes_per_device) if r.ok else "-"
         share = f"{100 * r.bytes_per_device / r.hbm_bytes:.0f}%" if r.ok else "-"
-        lines.append(f"{r.program:<44} {r.target:<8} {'yes' if r.ok else 'no':<8} {per:>11} "
+        lines.append(f"{r.program:<50} {r.target:<8} {'yes' if r.ok else 'no':<8} {per:>11} "
                      f"{share:>8} {'yes' if r.fits else 'no':<4} {coll:<30} {r.seconds:>7.1f}")
         if r.ok and r.custom_calls:
             lines.append(f"    kernels: {', '.join(f'{k} {v}' for k, v in r.custom_calls.items())}")
@@ -198,6 +200,11 @@ def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
             devs = targets_lib.devices(target)
             for row in build_lib.build_kernels(run, task, devs):
                 add(from_kernel_row(row, target, hbm))
+            continue
+        if name == "search" and task.is_host:
+            add(ProgramReport(name, target.name, False, 0.0, hbm, error_name=NOT_APPLICABLE,
+                              error=f"task {task.name!r} scores on the host (no in-graph "
+                                    "search)", applicable=False))
             continue
         for built in build_lib.build(name, run, task, mesh):
             add(from_built(built, target, hbm))

@@ -47,7 +47,9 @@ class Target:
 
     @property
     def name(self) -> str:
-        return self.chip.name if self.n_devices == 1 else f"{self.chip.name}x{self.n_devices}"
+        if self.n_devices == 1:
+            return self.chip.name
+        return f"{self.chip.name}{'x' if self.platform == 'gpu' else '-'}{self.n_devices}"
 
     @property
     def platform(self) -> str:
@@ -92,14 +94,17 @@ def missing_wheels(platform: str) -> str | None:
     plugin); else the command that installs what is missing."""
     import jax
 
-    have = {"tpu": importlib.util.find_spec("libtpu") is not None,
-            "gpu": importlib.util.find_spec("jax_plugins.xla_cuda12") is not None}
-    if have[platform]:
-        return None
+    module = {"tpu": "libtpu", "gpu": "jax_plugins.xla_cuda12"}[platform]
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return None
+    except ImportError:  # no jax_plugins package at all
+        pass
     return (f"compiling for {'TPU' if platform == 'tpu' else 'an NVIDIA GPU'} needs libtpu and "
-            "the CUDA plugin of jax's own version (no TPU, GPU or CUDA libraries); install them "
-            f"into this environment with: pip install 'vpo[aot]' \"jax[tpu,cuda12-local]=="
-            f"{jax.__version__}\" (or in a venv of their own, as .ci/run makes .venv-aot)")
+            "the CUDA plugin of jax's own version (no TPU, GPU or CUDA libraries); install "
+            f"them with: pip install \"jax[tpu,cuda12-local]=={jax.__version__}\" (vpo's "
+            "`aot` extra, pinned to this jax), here or in a venv of their own as .ci/run makes "
+            ".venv-aot")
 
 
 def set_up_env() -> None:

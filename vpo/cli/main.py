@@ -256,6 +256,8 @@ COMMANDS = {
     "eval": (cmd_eval, add_eval_args),
     "search": (cmd_search, add_search_args),
     "compare": (cmd_compare, _add_compare),
+    "plan": (lambda m: (m.cmd_plan, m.add_plan_args))(__import__("vpo.cli.plan",
+                                                               fromlist=["cmd_plan"])),
 }
 
 

@@ -1,0 +1,140 @@
+"""The fit table: `vpo plan` of the RL step for published model shapes on TPU v5e / v6e and
+H100 targets, full fine-tuning and LoRA, compiled ahead of time on this host.
+
+    .venv-aot/bin/python experiments/fit_table.py [--models ...] [--targets ...] [--jobs 2]
+        [--timeout 900] [--out experiments/fit_table.jsonl] [--table experiments/fit_table.md]
+
+One `vpo plan --programs rl_step` per (model, target, mode) in a subprocess (a cell that runs
+past --timeout is recorded as such); results are appended to --out as JSON lines (a rerun skips
+cells already there) and the markdown table is written from all of them. The run: task bandit
+(in-graph reward), train.batch_size=8, sampler.num_samples=4, the task's answer budget;
+parameters in bfloat16; on several devices mesh_fsdp = the device count (parameters and
+optimiser state sharded over all of them); LoRA: model.lora_rank=16 on all seven projections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-1.7b", "qwen3-4b")
+TARGETS = ("v5e", "h100", "v5e-4", "v5e-8", "v6e-8", "h100x8")
+MODES = ("full", "lora")
+RUN = ("task=bandit", "train.batch_size=8", "sampler.num_samples=4")
+
+
+def devices_of(target: str) -> int:
+    digits = target.replace("h100", "").lstrip("x-")
+    return int(digits) if digits else 1
+
+
+def cell_args(model: str, target: str, mode: str) -> list[str]:
+    n = devices_of(target)
+    args = [f"model={model}", *RUN]
+    if n > 1:
+        args.append(f"mesh_fsdp={n}")
+    if mode == "lora":
+        args.append("model.lora_rank=16")
+    return args
+
+
+def run_cell(model: str, target: str, mode: str, timeout: int) -> dict:
+    """One `vpo plan` in a subprocess → a row (its report, or the timeout / crash)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.json")
+        cmd = [sys.executable, "-m", "vpo.cli.main", "plan", "--target", target,
+               "--programs", "rl_step", "--json", path, *cell_args(model, target, mode)]
+        t0 = time.perf_counter()
+        row = {"model": model, "target": target, "mode": mode, "command": " ".join(cmd[2:])}
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            row.update(status="timeout", seconds=round(time.perf_counter() - t0))
+            return row
+        row["seconds"] = round(time.perf_counter() - t0)
+        if os.path.exists(path):
+            with open(path) as f:
+                row.update(status="done", reports=json.load(f))
+        else:
+            tail = [x for x in proc.stderr.splitlines() if x.strip()][-3:]
+            row.update(status="failed", error=" | ".join(tail)[-400:])
+    return row
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per (model, target, mode)."""
+    out = ["| model | target | mode | compiles | GiB per device (args + out − alias + temp) "
+           "| of chip | fits | collectives | compile s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = {m: i for i, m in enumerate(MODELS)}
+    torder = {t: i for i, t in enumerate(TARGETS)}
+    for row in sorted(rows, key=lambda r: (order.get(r["model"], 99),
+                                           torder.get(r["target"], 99), r["mode"])):
+        head = f"| {row['model']} | {row['target']} | {row['mode']} "
+        if row["status"] != "done":
+            what = {"timeout": f"not finished in {row['seconds']} s",
+                    "failed": f"failed: {row.get('error', '')[:120]}"}[row["status"]]
+            out.append(head + f"| {what} | | | | | |")
+            continue
+        for r in row["reports"]:
+            if not r["ok"]:
+                out.append(head + f"| no: {r['error_name']} {r['error'][:100]} | | | "
+                           f"no | | {r['seconds']} |")
+                continue
+            coll = ", ".join(f"{k} {v}" for k, v in sorted(r["collectives"].items())) or "-"
+            parts = (f"{gib(r['bytes_per_device'])} ({gib(r['argument_bytes'])} + "
+                     f"{gib(r['output_bytes'])} − {gib(r['alias_bytes'])} + "
+                     f"{gib(r['temp_bytes'])})")
+            out.append(head + f"| yes | {parts} | "
+                       f"{100 * r['bytes_per_device'] / r['hbm_bytes']:.0f}% | "
+                       f"{'yes' if r['fits'] else 'no'} | {coll} | {r['seconds']} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=list(MODELS))
+    p.add_argument("--targets", nargs="*", default=list(TARGETS))
+    p.add_argument("--modes", nargs="*", default=list(MODES))
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--out", default=os.path.join(ROOT, "experiments", "fit_table.jsonl"))
+    p.add_argument("--table", default=os.path.join(ROOT, "experiments", "fit_table.md"))
+    args = p.parse_args(argv)
+    done = []
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            done = [json.loads(x) for x in f if x.strip()]
+    have = {(r["model"], r["target"], r["mode"]) for r in done}
+    cells = [(m, t, mode) for m in args.models for t in args.targets for mode in args.modes
+             if (m, t, mode) not in have]
+
+    def one(cell):
+        row = run_cell(*cell, args.timeout)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "reports"}), flush=True)
+        return row
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        done += list(pool.map(one, cells))
+    with open(args.table, "w") as f:
+        f.write(table(done) + "\n")
+    print(table(done))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

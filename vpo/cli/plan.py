@@ -1,0 +1,94 @@
+"""`vpo plan`: whether each program of a run compiles and fits on an accelerator target,
+built ahead of time on this host (`vpo.accel`; no accelerator, no weights).
+
+    vpo plan --target v5e:2x2 [--preset NAME | --config FILE] [section.key=value ...]
+             [--programs rl_step,sampler,sft_step,kernels] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+
+DEFAULT_PROGRAMS = ("rl_step", "sampler", "sft_step", "kernels")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Compile the run's programs (RL step, sampler, SFT step, search, kernels) for an
+    accelerator target ahead of time and print, per program, whether it compiles, its bytes per
+    device against the chip's memory, its collectives and, when it does not compile or fit, the
+    error and the setting to change. Exit status 0 when every program fits, 1 otherwise."""
+    from vpo.accel import targets
+    from vpo.config import ConfigError
+
+    target = targets.parse_target(args.target)
+    missing = targets.missing_wheels(target.platform)
+    if missing:
+        raise ConfigError(f"--target {args.target}: {missing}")
+    programs = _programs(args.programs)
+    targets.set_up_env()
+    import jax
+
+    # the CPU backend as default: the target's devices are described, never opened (a no-op
+    # once a caller's own jax use has started the backends)
+    with contextlib.suppress(RuntimeError):
+        jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+    from vpo.accel import report
+    from vpo.launch.assemble import assemble_run
+
+    assembled = assemble_run(args.preset, args.config, args.overrides)
+    run, task = assembled.run, assembled.task
+    m = run.model
+    print(f"vpo plan: {target.name} ({target.n_devices} x {target.chip.name}, "
+          f"{report.gib(target.chip.hbm_bytes)} each); mesh data={run.mesh_data} "
+          f"fsdp={run.mesh_fsdp} tensor={run.mesh_tensor}; model {m.num_params / 1e6:.0f}M "
+          f"parameters ({m.param_dtype}), "
+          + (f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tune")
+          + f"; task {run.task}, batch {run.train.batch_size} x {run.sampler.num_samples} "
+          f"samples x {run.sampler.max_new_tokens} tokens", flush=True)
+    header = report.render([]).splitlines()[0]
+    print(header, flush=True)
+    reports = report.plan(run, task, target, programs,
+                          progress=lambda r: print(report.render([r]).split("\n", 1)[1],
+                                                   flush=True))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_json() for r in reports], f, indent=1)
+    bad = [r for r in reports if r.applicable and not r.fits]
+    n = sum(r.applicable for r in reports)
+    print(f"{n - len(bad)} of {n} programs compile and fit on "
+          f"{target.name}" + (f"; not: {', '.join(r.program for r in bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def _programs(text: str) -> tuple[str, ...]:
+    from vpo.accel.build import PROGRAMS
+    from vpo.config import ConfigError
+
+    if text == "all":
+        return PROGRAMS
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in PROGRAMS]
+    if bad or not names:
+        raise ConfigError(f"--programs {text}: choose from {', '.join(PROGRAMS)} (comma-"
+                          "separated) or all")
+    return names
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    from vpo.launch import presets
+
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. model=qwen2.5-0.5b "
+                   "model.lora_rank=16 mesh_fsdp=4 (model=hf:PATH reads only the checkpoint's "
+                   "config)")
+    p.add_argument("--target", required=True, help="v5e, v5p, v6e or h100; a TPU topology "
+                   "(v5e:2x2) or a device count (v5e-8, h100x8)")
+    p.add_argument("--preset", default=None,
+                   help=f"one of {', '.join(presets.TRAIN_PRESETS)}")
+    p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
+    p.add_argument("--programs", default=",".join(DEFAULT_PROGRAMS),
+                   help="comma-separated: rl_step, sampler, sft_step, search, kernels; or all "
+                        f"(default {','.join(DEFAULT_PROGRAMS)})")
+    p.add_argument("--json", default=None, help="also write the reports to this JSON file")
