@@ -41,7 +41,7 @@ ARMS: dict[str, Arm] = {
     "grpo_mut": Arm({"advantage": "grpo"}, 1, {"mutation_fraction": MUTATION_REMEDY}),
     "vpo_mut": Arm({"advantage": "vpo"}, None, {"mutation_fraction": MUTATION_REMEDY}),
 }
-TASKS = ("maze", "maze9", "program")
+TASKS = ("maze", "maze9", "program", "arithmetic")  # arithmetic: host-scored, any tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +55,10 @@ class CompareConfig:
     arms: str = "grpo,multi_rlvr,vpo"  # comma-separated names from ARMS
     num_answers: int = 3  # m of the multi-answer arms
     num_seeds: int = 3
-    init: str = ""  # a policy folder or hf:/path every arm starts from instead of SFT
-    sft_steps: int = 300  # the one SFT warm start (skipped when `init` is set)
+    init: str = ""  # a policy folder, hf:/path or smollm2: every arm starts from it
+    lora_rank: int = 0  # > 0: LoRA adapters of this rank on the init policy (SFT and RL)
+    parse_floor: float = 0.5  # an init policy parsing fewer of its answers gets the warm start SFT
+    sft_steps: int = 300  # the one SFT warm start (from `init` only when it parses too little)
     sft_batch: int = 32
     sft_lr: float = 3e-3
     sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
@@ -124,6 +126,11 @@ class CompareConfig:
                 if getattr(self.search, f) % m:
                     raise ConfigError(f"search.{f}: {getattr(self.search, f)} must be a multiple "
                                       f"of every m in use ({m})")
+        if self.lora_rank < 0 or (self.lora_rank and not self.init):
+            raise ConfigError(f"lora_rank: {self.lora_rank}; LoRA adapts a pretrained init= "
+                              "policy (>= 1), 0 trains every weight")
+        if not 0.0 <= self.parse_floor <= 1.0:
+            raise ConfigError(f"parse_floor: must be in [0, 1]; got {self.parse_floor}")
         if self.sft_steps < 1 and not self.init:
             raise ConfigError("sft_steps: must be >= 1 unless init= names a policy to start from")
         if self.search_problems > self.search_pool:
@@ -211,11 +218,14 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
         raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
                           f"{', '.join(PRESETS)}")
     cfg = apply_overrides(PRESETS[preset], list(overrides))
-    if cfg.init and not any(o.partition("=")[0] == "train.learning_rate" for o in overrides):
-        # the same rule as `vpo train --init`: a pretrained policy's learning rate
-        lr = learning_rate("rl", cfg.init, 0, cfg.train.learning_rate
-                           if not source_of(cfg.init) else None)
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, learning_rate=lr))
+    given = {o.partition("=")[0] for o in overrides}
+    if cfg.init and source_of(cfg.init):
+        # the same rule as `vpo train --init` and `vpo sft --model`: a pretrained policy's rates
+        if "train.learning_rate" not in given:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+                cfg.train, learning_rate=learning_rate("rl", cfg.init, cfg.lora_rank)))
+        if "sft_lr" not in given:
+            cfg = dataclasses.replace(cfg, sft_lr=learning_rate("sft", cfg.init, cfg.lora_rank))
     for item in overrides:
         key = item.partition("=")[0]
         section, _, field = key.partition(".")
@@ -228,9 +238,9 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
         if setters:
             why = (f"arm {setters[0]} sets {field}={getattr(ARMS[setters[0]], section)[field]!r}"
                    "; drop the override or that arm")
-        if cfg.init and (key == "model" or key.startswith("sft_")):
-            why = (f"with init={cfg.init} the arms start from that policy: no warm start is "
-                   "trained and no model preset is built")
+        if cfg.init and key == "model":
+            why = (f"with init={cfg.init} the arms start from that policy: no model preset is "
+                   "built")
         if why:
             raise ConfigError(f"{key}: vpo compare sets it itself ({why})")
     return cfg

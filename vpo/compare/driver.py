@@ -16,7 +16,7 @@ Stages (one function each; every stage calls the library, nothing is re-implemen
   4. `hard_problems` the search problems: the `search_problems` hardest for the warm start on
                     a split of their own (`search_split_seed`), which no arm is evaluated or
                     chosen on.
-  5. `search_arms`  island search (`vpo.search.ingraph.run_method`) with each row's policy as mutation
+  5. `search_arms`  island search (`vpo.search`) with each row's policy as mutation
                     operator, `search_seeds` search seeds per policy, equal candidate budget,
                     the same search keys for every row; `probe_arms` measures each policy as a
                     mutation operator on its own (`policy_eval.mutation_probe`).
@@ -60,13 +60,14 @@ from vpo.config import (
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
-from vpo.launch.assemble import fit_seq_len, load_task
+from vpo.launch.assemble import fit_seq_len, load_task, source_of
 from vpo.model import sharding
 from vpo.rl.loop import policy_complete, train, write_json_atomic
 from vpo.rl.metrics_log import JSONL
 from vpo.rl.sft import run_sft
-from vpo.rl.step import model_of
+from vpo.rl.step import model_of, policy_of
 from vpo.search import ingraph as search
+from vpo.search.host import run_host_method
 
 
 def make_task(cfg: CompareConfig):
@@ -135,29 +136,57 @@ def _seq_len(cfg: CompareConfig, task, m: int) -> int:
                        num_problems=16, at_least=ModelConfig.max_seq_len)
 
 
+def parse_rate(cfg: CompareConfig, task, model) -> float:
+    """The share of a policy's answer slots that parse (`valid_fraction`) on 8 held-out problems
+    at the evaluation temperature, over every m of the mixture."""
+    records = task.make_problems(cfg.eval_seed + 2, 8)
+    rates = [policy_eval.evaluate_policy(
+        model, task, records, num_answers=m, budget=2 * m, ks=[1],
+        key=jax.random.key(cfg.eval_seed + 2), temperature=cfg.eval_temperature)["valid_fraction"]
+        for m in cfg.all_answers]
+    return float(np.mean(rates))
+
+
 def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False):
     """The ONE policy every arm starts from: `run_sft` on a mixture of 1-answer and m-answer
     demonstrations (a share `sft_mutation_fraction` of them search mutation prompts), saved to
-    out_dir/sft; or the `init` policy. `resume`: a complete out_dir/sft is loaded, not redone."""
+    out_dir/sft. From an `init` policy, the SFT (LoRA adapters of `lora_rank`, folded in
+    afterwards) runs only when fewer than `parse_floor` of its answers parse (`parse_rate`):
+    a pretrained chat model first learns the answer format in its own chat template.
+    `resume`: a complete out_dir/sft is loaded, not redone."""
     max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
-    if cfg.init:
-        return load_model(cfg.init, max_seq_len=max_len)[0]
     path = os.path.join(out_dir, "sft")
     if resume and policy_complete(path):
         log(f"  resumed: the warm start in {path}")
         return load_model(path, max_seq_len=max_len)[0]
-    mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size, max_seq_len=max_len)
+    init = None
+    if cfg.init:
+        init = load_model(cfg.init, max_seq_len=max_len)[0]
+        rate = parse_rate(cfg, task, init)
+        enough = rate >= cfg.parse_floor
+        log(f"  {cfg.init}: {rate:.0%} of its answers parse ({'>=' if enough else '<'} "
+            f"parse_floor {cfg.parse_floor:.0%}): " + ("no warm start SFT" if enough else
+                                                       f"{cfg.sft_steps} SFT steps first"))
+        if enough or cfg.sft_steps < 1:
+            return init
+        mcfg = dataclasses.replace(init.cfg, lora_rank=cfg.lora_rank)
+    else:
+        mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size, max_seq_len=max_len)
     graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
                                       learning_rate=cfg.sft_lr, num_answers=cfg.all_answers,
                                       num_demos=cfg.sft_demos, seed=cfg.train.seed,
                                       mutation_fraction=cfg.sft_mutation_fraction,
-                                      mutation_parents=cfg.search.parents)
-    checkpoint.save_policy(path, mcfg, state.params,
+                                      mutation_parents=cfg.search.parents, init=init,
+                                      consume_init=init is not None)
+    policy = policy_of(graphdef, state)  # LoRA: the adapters folded in, a plain Decoder
+    checkpoint.save_policy(path, policy.cfg, nnx.state(policy, nnx.Param),
                            {"task": cfg.task, "num_answers": cfg.all_answers,
                             "sft_steps": cfg.sft_steps, "sft_loss_first": losses[0],
-                            "sft_loss_last": losses[-1]}, tokenizer=task.tokenizer)
+                            "sft_loss_last": losses[-1],
+                            **({"source": source_of(cfg.init)} if cfg.init else {})},
+                           tokenizer=task.tokenizer)
     log(f"  SFT m in {cfg.all_answers}: loss {losses[0]:.3f} -> {losses[-1]:.3f} ({path})")
-    return model_of(graphdef, state)
+    return policy
 
 
 def _copy(model):
@@ -178,7 +207,7 @@ def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, model_cfg):
         tcfg = dataclasses.replace(tcfg, checkpoint_every=cfg.train.steps // cfg.law_points,
                                    keep_checkpoints=cfg.law_points + 1)
     return RunConfig(
-        model=model_cfg,
+        model=dataclasses.replace(model_cfg, lora_rank=cfg.lora_rank),
         sampler=dataclasses.replace(cfg.sampler, max_new_tokens=task.completion_len(m)),
         objective=dataclasses.replace(cfg.objective, **spec.objective),
         train=tcfg, task=cfg.task, mesh_data=-1 if cfg.devices == -1 else cfg.devices)
@@ -326,13 +355,23 @@ def hard_problems(cfg: CompareConfig, task, policy) -> dict[str, Any]:
             "pool_solved_mean": float(s.mean())}
 
 
+def _search_trace(task, model, records, scfg, method: str, split_seed: int):
+    """One search method over `records` (search copies repeated: each its own key): in one jit
+    for in-graph tasks, on the host between generations for host-scored ones."""
+    key = jax.random.key(split_seed + 1)
+    if task.is_host:
+        return run_host_method(key, method, model, task, records, scfg).trace
+    return search.run_method(key, method, model, task,
+                             search.search_problems(task, records, scfg.num_answers), scfg).trace
+
+
 def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
                 ) -> dict[str, Any]:
-    """Island search (`vpo.search.ingraph.run_method`) with each row's policy as mutation operator on
-    the chosen problems, `search_seeds` searches each (the problems repeated, every copy its own
-    key), the same keys for every row and seed. Per row and seed: solved_SP [search seed,
-    problem] at the end, solved_SG [search seed, point] counts over the budget and, with
-    `search_best_of_n`, best_of_n_SP: best-of-N with the same policy, budget and keys."""
+    """Island search (`vpo.search.ingraph.run_method`; `run_host_method` on host-scored tasks)
+    with each row's policy as mutation operator on the chosen problems, `search_seeds` searches
+    each (the problems repeated, every copy its own key), the same keys for every row and seed.
+    Per row and seed: solved_SP [search seed, problem] at the end, solved_SG [search seed,
+    point] counts over the budget and, with `search_best_of_n`, best_of_n_SP: best-of-N with the same policy, budget and keys."""
     records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
     sub = [records[i] for i in chosen["problems"]]
     S, P = cfg.search_seeds, len(sub)
@@ -341,17 +380,14 @@ def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     for name, seed, m, model in policy_rows(cfg, policy, runs):
         if (id(model), m) not in seen:  # the warm start's rows share one policy and the keys
             scfg = dataclasses.replace(cfg.search, num_answers=m)
-            problems = jax.tree.map(lambda x: np.concatenate([np.asarray(x)] * S),
-                                    search.search_problems(task, sub, m))
-            trace = search.run_method(jax.random.key(cfg.search_split_seed + 1), "search",
-                                      model, task, problems, scfg).trace
+            trace = _search_trace(task, model, sub * S, scfg, "search", cfg.search_split_seed)
             solved = np.asarray(trace.solved).reshape(S, P, -1)
             seen[id(model), m] = {"evaluated": np.asarray(trace.evaluated)[0].tolist(),
                                   "solved_SP": solved[:, :, -1].tolist(),
                                   "solved_SG": solved.sum(1).tolist()}
             if cfg.search_best_of_n:
-                bon = search.run_method(jax.random.key(cfg.search_split_seed + 1), "best_of_n",
-                                        model, task, problems, scfg).trace
+                bon = _search_trace(task, model, sub * S, scfg, "best_of_n",
+                                    cfg.search_split_seed)
                 seen[id(model), m]["best_of_n_SP"] = np.asarray(bon.solved).reshape(
                     S, P, -1)[:, :, -1].tolist()
         out["rows"].setdefault(name, []).append({"seed": seed, "m": m, **seen[id(model), m]})
@@ -437,7 +473,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
     task = make_task(cfg)
-    if cfg.model in ("tiny", "small") and jax.default_backend() == "cpu":
+    if cfg.model in ("tiny", "small") and not cfg.init and jax.default_backend() == "cpu":
         est = estimate_seconds(cfg, task)
         log(f"estimated wall time on 2 CPU cores (rough, from the quickstart's measured costs): "
             f"{est['total'] / 60:.0f} min (" + ", ".join(

@@ -355,8 +355,10 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
     metrics = [k for k in metrics if any(k in h["values"] for h in head.values())]
     seeds = max(len(h["seeds"]) for h in head.values())
     level = f"{100 * claims.LEVEL:g}%"
-    start = ("the init policy" if cfg.init else f"SFT, {cfg.sft_steps} steps on a mixture of "
-             f"m in {cfg.all_answers} prompts")
+    sft = f"SFT, {cfg.sft_steps} steps on a mixture of m in {cfg.all_answers} prompts"
+    start = (f"{cfg.init}, with {sft} when fewer than {cfg.parse_floor:.0%} of its answers "
+             "parsed" if cfg.init else sft)
+    lora = f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else ""
     lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
              f"`{command}`", ""]
     if static:
@@ -367,7 +369,7 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
                   "starting point; train longer or on a task where the warm start earns some "
                   "reward (a larger preset).", ""]
     lines += [
-             f"Policy `{cfg.model}`{' from ' + cfg.init if cfg.init else ''}; one warm start "
+             f"Policy `{cfg.init or cfg.model}`{lora}; one warm start "
              f"for every arm ({start}); "
              f"{cfg.train.steps} RL steps x {cfg.train.batch_size} prompts x G = "
              f"{cfg.sampler.num_samples} samples, lr {cfg.train.learning_rate:g}, seeds "
