@@ -17,8 +17,33 @@ import jax
 import orbax.checkpoint as ocp
 
 from vpo.errors import CheckpointError, ConfigError
+from vpo.io.files import read_json_object, reading
 
 log = logging.getLogger(__name__)
+
+
+def _closed_loop_noise(unraisable) -> bool:
+    """Whether an unraisable exception is tensorstore calling back into the asyncio loop orbax
+    closed after a failed read (one per array still in flight: noise after the named error)."""
+    e = unraisable.exc_value
+    return isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
+
+
+def quiet_failed_reads() -> None:
+    """Drop `_closed_loop_noise` from `sys.unraisablehook` (installed once, for the process;
+    every other unraisable exception still reaches the previous hook)."""
+    import sys
+
+    previous = sys.unraisablehook
+    if getattr(previous, "_vpo_quiet", False):
+        return
+
+    def hook(unraisable):
+        if not _closed_loop_noise(unraisable):
+            previous(unraisable)
+
+    hook._vpo_quiet = True
+    sys.unraisablehook = hook
 
 
 def abstract_like(tree):
@@ -69,6 +94,7 @@ class CheckpointManager:
         if not steps:
             raise CheckpointError(f"{self.directory}: no checkpoint to restore")
         abstract = abstract_like(like_state)
+        quiet_failed_reads()
         errors = []
         for s in steps:
             try:
@@ -77,7 +103,7 @@ class CheckpointManager:
                     config=ocp.args.JsonRestore()))
             except Exception as e:  # noqa: BLE001 -- a damaged step: try the previous one
                 log.warning("checkpoint step %d under %s did not restore (%s); trying an older "
-                            "one", s, self.directory, e)
+                            "one", s, self.directory, " ".join(str(e).split())[:300])
                 errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
                 continue
             if data_iterator is not None and out.data:
@@ -89,9 +115,9 @@ class CheckpointManager:
             if step is None:
                 self._set_aside([t for t in steps if t > s])
             return out.state, s
-        raise CheckpointError(f"{self.directory}: no checkpoint restores ("
-                              + "; ".join(errors) + "); delete the damaged step folders to "
-                              "start over, or restore a copy of the folder")
+        raise CheckpointError(f"{self.directory}: no checkpoint restores, all are damaged ("
+                              + "; ".join(errors) + "); restore a copy of the folder, or start "
+                              "the run over (--overwrite)")
 
     def _set_aside(self, damaged: list[int]) -> None:
         """Rename the step folders that did not restore to `damaged-<step>` (kept for a look,
@@ -117,30 +143,68 @@ class CheckpointManager:
 
 # -- a policy on its own: the hand-off between `vpo sft`, `vpo train`, `vpo eval`, `vpo search` --
 
+def partial_dir(directory: str) -> str:
+    """The temporary sibling `save_policy` writes `directory` into before renaming it."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    return os.path.join(parent, f".{name}.partial")
+
+
 def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None, *,
                 tokenizer=None) -> None:
-    """Write a policy folder: `params/` (orbax) + `policy.json` (model config and `extra`) + the
-    policy's tokenizer files (`vpo.io.tokenizer.Tokenizer.save`), so the folder is self-contained.
+    """Write a policy folder: `params/` (orbax) + `policy.json` (model config, `extra`, and
+    "files": everything the export wrote) + the policy's tokenizer files
+    (`vpo.io.tokenizer.Tokenizer.save`), so the folder is self-contained.
 
-    Multi-process: every process calls it (the orbax save is collective); process 0 writes the
-    JSON. `params` must be exactly the `nnx.Param`s of `Decoder(model_cfg)`: a LoRA run exports
-    its merged plain model (`vpo.rl.step.policy_of`), not `TrainState.params` (adapters only).
+    The export is written to a temporary sibling (`partial_dir`) and renamed into place, so an
+    interrupted export leaves no folder that reads as a policy (`vpo.rl.loop.policy_complete`);
+    into a folder that exists already (`vpo sft --out`), the files are moved in with
+    policy.json last. Multi-process: every process calls it (the orbax save is collective);
+    process 0 writes the JSON and renames. `params` must be exactly the `nnx.Param`s of
+    `Decoder(model_cfg)`: a LoRA run exports its merged plain model
+    (`vpo.rl.step.policy_of`), not `TrainState.params` (adapters only).
     """
     import dataclasses
     import json
-    import os
+    import shutil
 
     _check_policy_params(model_cfg, params)
-    os.makedirs(directory, exist_ok=True)
-    target = os.path.join(os.path.abspath(directory), "params")
+    tmp = partial_dir(directory)
+    lead = jax.process_index() == 0
+    if lead and os.path.lexists(tmp):
+        shutil.rmtree(tmp)  # a killed export's leftovers
+    os.makedirs(tmp, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(target, params, force=True)
+        ckptr.save(os.path.join(tmp, "params"), params, force=True)
         ckptr.wait_until_finished()
-    if jax.process_index() == 0:
-        with open(os.path.join(directory, "policy.json"), "w") as f:
-            json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {})}, f, indent=1)
-        if tokenizer is not None:
-            tokenizer.save(directory)
+    if not lead:
+        return
+    if tokenizer is not None:
+        tokenizer.save(tmp)
+    files = sorted(os.listdir(tmp))
+    with open(os.path.join(tmp, "policy.json"), "w") as f:
+        json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {}), "files": files}, f,
+                  indent=1)
+    _move_into_place(tmp, directory, files)
+
+
+def _move_into_place(tmp: str, directory: str, files: list[str]) -> None:
+    """Rename `tmp` to `directory`; if that exists, replace its policy.json (taken out first)
+    and `files` one by one, policy.json last, then remove `tmp`."""
+    import shutil
+
+    if not os.path.lexists(directory):
+        os.rename(tmp, directory)
+        return
+    old = os.path.join(directory, "policy.json")
+    if os.path.lexists(old):
+        os.remove(old)  # the folder is no policy until the new policy.json lands
+    for name in files:
+        dest = os.path.join(directory, name)
+        if os.path.isdir(dest) and not os.path.islink(dest):
+            shutil.rmtree(dest)
+        os.replace(os.path.join(tmp, name), dest)
+    os.replace(os.path.join(tmp, "policy.json"), old)
+    os.rmdir(tmp)
 
 
 def _check_policy_params(model_cfg, params) -> None:
@@ -168,7 +232,6 @@ def load_policy(directory: str, mesh=None, **overrides):
 
     `overrides` replace ModelConfig fields that do not change the parameters (max_seq_len).
     """
-    import json
     import os
 
     from flax import nnx
@@ -182,14 +245,9 @@ def load_policy(directory: str, mesh=None, **overrides):
         raise FileNotFoundError(f"{directory} is not a policy folder (no policy.json); pass the "
                                 "--out folder of `vpo sft`, or of `vpo train` once its run has "
                                 "written <out>/policy")
-    try:
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
-        model_fields = info["model"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{info_path}: not a policy description ({type(e).__name__}: "
-                              f"{str(e)[:120]}); write the policy again") from None
-    cfg = from_dict(ModelConfig, {**model_fields, **overrides})
+    info = read_json_object(info_path, "write the policy again")
+    with reading(info_path, "not a policy description", "write the policy again"):
+        cfg = from_dict(ModelConfig, {**info["model"], **overrides})
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abs_state = nnx.split(abstract)
     abs_params = nnx.state(abstract, nnx.Param)
@@ -201,6 +259,7 @@ def load_policy(directory: str, mesh=None, **overrides):
         one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abs_params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
                                   abs_params)
+    quiet_failed_reads()
     try:
         with ocp.StandardCheckpointer() as ckptr:
             params = ckptr.restore(os.path.join(os.path.abspath(directory), "params"),

@@ -371,7 +371,7 @@ def load_tokenizer(path):
 
 @functools.lru_cache(maxsize=2)
 def _load_tokenizer(path: str, mtime_ns: int, size: int):
-    from vpo.io.tokenizer import Tokenizer
+    from vpo.io.tokenizer import Tokenizer, check_template
 
     where = pathlib.Path(path)
     backend = tokenizer_backend(path)
@@ -392,6 +392,7 @@ def _load_tokenizer(path: str, mtime_ns: int, size: int):
     names = {"bos_token": token_id("bos"), "eos_token": eos,
              "pad_token": eos if pad is None else pad, "unk_token": token_id("unknown")}
     specials = {k: backend.id_to_token(i) for k, i in names.items() if i is not None}
+    check_template(meta.get("tokenizer.chat_template"), f"{where} (tokenizer.chat_template)")
     return Tokenizer(backend, pad_id=names["pad_token"], stop_ids=stop_ids,
                      bos_id=names["bos_token"],
                      add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),

@@ -42,6 +42,7 @@ from flax import nnx
 from vpo.config import ModelConfig, RopeScaling
 from vpo.errors import CheckpointError  # noqa: F401  (re-exported: vpo.io.hf.CheckpointError)
 from vpo.io import gguf
+from vpo.io.files import read_json_object, reading
 from vpo.model.decoder import Decoder
 from vpo.model.sharding import param_shardings
 
@@ -68,13 +69,15 @@ def hf_spec_path(spec: str) -> str:
 
 # -- config.json ⇄ ModelConfig ----------------------------------------------------------------
 
+REDOWNLOAD = "download or save the checkpoint again"
+
+
 def _read_json(path: pathlib.Path, default=None):
     if not path.exists():
         if default is not None:
             return default
         raise CheckpointError(f"{path} does not exist; is {path.parent} a Hugging Face folder?")
-    with open(path) as f:
-        return json.load(f)
+    return read_json_object(path, f"fix the file, or {REDOWNLOAD}")
 
 
 def _dtype_name(dtype) -> str:
@@ -269,7 +272,8 @@ def _open_checkpoint(folder: pathlib.Path, stack: contextlib.ExitStack) -> dict[
 
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(_read_json(index)["weight_map"].values()))
+        with reading(index, "no weight_map of tensor name -> file", REDOWNLOAD):
+            files = sorted(set(_read_json(index)["weight_map"].values()))
     elif (folder / "model.safetensors").exists():
         files = ["model.safetensors"]
     else:
@@ -282,7 +286,9 @@ def _open_checkpoint(folder: pathlib.Path, stack: contextlib.ExitStack) -> dict[
         path = folder / name
         if not path.exists():
             raise CheckpointError(f"{index}: lists {name}, which is not in {folder}")
-        handle = stack.enter_context(safe_open(str(path), framework="numpy"))
+        with reading(path, "not a readable safetensors file (truncated, or its header is "
+                     "damaged)", REDOWNLOAD):
+            handle = stack.enter_context(safe_open(str(path), framework="numpy"))
         out.update((k, (path, handle)) for k in handle.keys())  # noqa: SIM118 (not a dict)
     return out
 
@@ -306,6 +312,12 @@ def _check_names(folder, found: dict, tmap: dict, cfg: ModelConfig, model_type: 
 
 
 def _load_tensor(found, name, layout, shape, dtype, sharding):
+    path = found[name][0]
+    with reading(path, f"tensor {name} does not read", REDOWNLOAD):
+        return _read_tensor(found, name, layout, shape, dtype, sharding)
+
+
+def _read_tensor(found, name, layout, shape, dtype, sharding):
     path, handle = found[name]
     tensor = handle.get_slice(name)
     got, want = tuple(tensor.get_shape()), layout.file_shape(shape)
@@ -344,7 +356,9 @@ def from_pretrained(path, dtype=None, mesh=None, **overrides: Any) -> Decoder:
     """
     folder = pathlib.Path(path).expanduser()
     hf = read_config(folder)
-    cfg = model_config(hf, dtype=dtype, **overrides)
+    source = folder if gguf.is_gguf(folder) else folder / "config.json"
+    with reading(source, "does not describe a model (a setting has the wrong type)", REDOWNLOAD):
+        cfg = model_config(hf, dtype=dtype, **overrides)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
     shardings = {} if mesh is None else {
         key: v.get_value() for _, key, v in _flat_params(param_shardings(state, mesh))}

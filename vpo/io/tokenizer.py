@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vpo.errors import CheckpointError
+from vpo.io.files import read_json_object, reading
 
 # The word-level vocabulary's specials (ids 0..3).
 WORD_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -342,7 +343,9 @@ def load_tokenizer(path) -> Tokenizer:
     if not (folder / "tokenizer.json").exists():
         raise CheckpointError(f"{folder}: no tokenizer.json (vpo reads fast tokenizers; re-save "
                               "a slow one with transformers' AutoTokenizer.save_pretrained)")
-    backend = Backend.from_file(str(folder / "tokenizer.json"))
+    with reading(folder / "tokenizer.json", "not a readable tokenizer (truncated, or not a "
+                 "tokenizers file)", "save the tokenizer again or restore the file"):
+        backend = Backend.from_file(str(folder / "tokenizer.json"))
     tcfg = _read_json(folder / "tokenizer_config.json")
     configs = [_read_json(folder / f) for f in ("generation_config.json", "config.json")]
 
@@ -380,8 +383,11 @@ def load_tokenizer(path) -> Tokenizer:
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named_templates = {t.get("name"): t.get("template") for t in template}
         template = named_templates.get("default") or next(iter(named_templates.values()), None)
+    source = folder / "tokenizer_config.json"
     if (folder / "chat_template.jinja").exists():
-        template = (folder / "chat_template.jinja").read_text()
+        source = folder / "chat_template.jinja"
+        template = source.read_text()
+    check_template(template, source)
     specials = {k: token_str(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     specials = {k: v for k, v in specials.items() if v is not None}
     # as transformers: an explicit add_bos_token wins, else tokenizer.json's post-processor
@@ -411,8 +417,21 @@ def _template_adds_bos(backend, bos_id: int | None) -> bool:
 def _read_json(path: pathlib.Path) -> dict:
     if not path.exists():
         return {}
+    return read_json_object(path, "fix or remove the file")
+
+
+def check_template(template: str | None, source) -> None:
+    """Raise `CheckpointError` naming `source` (and the line) if the chat template does not
+    compile; None (no template) passes."""
+    if template is None:
+        return
+    import jinja2
+
+    if not isinstance(template, str):
+        raise CheckpointError(f"{source}: the chat template is a {type(template).__name__}, "
+                              "not text; fix the chat_template entry")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix or "
-                              "remove the file") from None
+        _compiled_template(template)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise CheckpointError(f"{source}: the chat template does not compile (line {e.lineno}: "
+                              f"{e.message}); fix the template") from None

@@ -1,19 +1,30 @@
 """The host loop: feed batches, run the jitted step, log one step late, checkpoint, resume.
 
-Run folders are never lost: `check_new_run` refuses an `--out` that already holds a run,
-`resume_config` reads a run back with only the overrides that keep it the same run, and the
-loop stops with a named error after `train.max_skipped_updates` consecutive skipped updates.
-`VPO_KILL_AT=point:step` (the kill soak, `experiments/kill_soak.py`) SIGKILLs the process at a
-named point of the loop (`KILL_POINTS`).
+Run folders are never lost: one process at a time holds a run folder (`lock_run`, an
+exclusive lock on `<out>/.vpo.lock`), `check_new_run` refuses an `--out` that already holds a
+run, `resume_config` reads a run back with only the overrides that keep it the same run (and its
+--data file unchanged), and the loop stops with a named error after `train.max_skipped_updates`
+consecutive skipped updates. SIGINT / SIGTERM stop the loop after the step in flight with its
+metrics row and its checkpoint written (`RunInterrupted`); a second one quits at once.
+`VPO_KILL_AT=point:step` (the kill soak, `experiments/kill_soak.py`) sends the process
+`VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL) at a named point of the loop (`KILL_POINTS`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import fcntl
+import hashlib
 import json
 import os
 import signal
+import socket
+import sys
+import threading
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -58,14 +69,103 @@ def shard_batch(batch, mesh):
 
 CONFIG = "config.json"
 # What a run writes into its folder (`train`), besides an empty `checkpoints/` made on start.
+DATA_FILE = "data.json"  # the hash of the run's --data file, checked by --resume
 RUN_FILES = (CONFIG, "init.json", "metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "tb",
-             "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+             "tokenizer.json", "tokenizer_config.json", "generation_config.json", DATA_FILE)
 # Overrides that `--resume` applies: they change when the run stops, saves and logs, never what
 # a step computes. Everything else would make the resumed run a different run.
 RESUME_SAFE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints",
                "train.log_every", "train.profile_every", "train.sample_every",
                "train.max_skipped_updates")
 KILL_POINTS = ("step", "logged", "save", "saved", "exit-save", "policy")
+
+
+LOCK_FILE = ".vpo.lock"
+_HELD: dict[str, tuple[int, bool]] = {}  # run folder → (locked fd, whether lock_run made it)
+
+
+class RunFolderLockedError(ConfigError):
+    """Another process holds the run folder's lock (`lock_run`)."""
+
+
+def _lead_process() -> bool:
+    """Process 0 of a multi-process run (the one that locks its run folder), without starting
+    the JAX backend when `jax.distributed` is not in use."""
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
+def _holder(fd: int) -> str:
+    """'pid N on HOST since T' as the lock file says, or a note that it does not say."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        return f"pid {info['pid']} on {info['host']} since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not written its pid yet"
+
+
+def _try_lock(path: str) -> int:
+    """An fd holding an exclusive flock on `path` (created if missing), or RunFolderLockedError."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunFolderLockedError(holder) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the holder removed the file as it let go: lock the one now there
+
+
+def lock_run(out_dir: str, *, flag: str = "--out") -> bool:
+    """Take the exclusive lock on run folder `out_dir` (created if missing) for this process:
+    `<out_dir>/.vpo.lock`, an flock holding this process's pid and host. Returns whether it was
+    taken now (False: this process already holds it, or is not process 0 of a multi-process
+    run). Another live holder is a `RunFolderLockedError` naming its pid; the lock of a killed
+    process is free (the kernel lets go of it), so it is taken over."""
+    key = os.path.realpath(out_dir)
+    if key in _HELD or not _lead_process():
+        return False
+    made = not os.path.isdir(key)
+    os.makedirs(key, exist_ok=True)
+    try:
+        fd = _try_lock(os.path.join(key, LOCK_FILE))
+    except RunFolderLockedError as e:
+        raise RunFolderLockedError(f"{flag} {out_dir}: another vpo process ({e}) is using this run "
+                            "folder; wait for it to finish, stop it, or pick another folder"
+                            ) from None
+    os.ftruncate(fd, 0)
+    since = datetime.datetime.now().isoformat(timespec="seconds")
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                              "since": since}).encode(), 0)
+    _HELD[key] = (fd, made)
+    return True
+
+
+def release_run(out_dir: str) -> None:
+    """Let go of the lock `lock_run` took on `out_dir` (no-op if not held): the lock file is
+    removed, and the folder too if `lock_run` made it and it is still empty."""
+    key = os.path.realpath(out_dir)
+    fd, made = _HELD.pop(key, (None, False))
+    if fd is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(key, LOCK_FILE))
+    os.close(fd)
+    if made:
+        with contextlib.suppress(OSError):  # it holds something now
+            os.rmdir(key)
+
+
+def release_locks() -> None:
+    """Let go of every run folder lock this process holds (for a caller that ends early)."""
+    for key in list(_HELD):
+        release_run(key)
 
 
 def run_contents(out_dir: str) -> list[str]:
@@ -87,21 +187,28 @@ def has_checkpoint(out_dir: str) -> bool:
 
 
 def check_new_run(out_dir: str, *, overwrite: bool = False, flag: str = "--out") -> None:
-    """Raise unless `out_dir` can take a new run: not a file, and holding no run unless
-    `overwrite` (which `clear_run` then acts on, after the new config has validated)."""
+    """Raise unless `out_dir` can take a new run: not a file, not in use by another process
+    (`lock_run`: the lock is taken first and kept for the run, which `train` lets go of), and
+    holding no run unless `overwrite` (which `clear_run` then acts on, after the new config has
+    validated)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConfigError(f"{flag} {out_dir}: is a file, not a folder; pick a folder path")
+    taken = lock_run(out_dir, flag=flag)
     found = run_contents(out_dir)
     if found and not overwrite:
+        if taken:
+            release_run(out_dir)
         raise ConfigError(f"{flag} {out_dir}: already holds a run ({', '.join(found)}); continue "
                           "it with --resume, pick a new folder, or pass --overwrite to replace it")
 
 
 def clear_run(out_dir: str) -> None:
-    """Delete the run artefacts (`RUN_FILES`) in `out_dir`; other files are left alone."""
+    """Delete the run artefacts (`RUN_FILES`, an unfinished policy export) in `out_dir`, under
+    its lock (`lock_run`, kept for the run); other files are left alone."""
     import shutil
 
-    for name in (*RUN_FILES, "policy.json"):
+    lock_run(out_dir)
+    for name in (*RUN_FILES, "policy.json", POLICY_PARTIAL):
         path = os.path.join(out_dir, name)
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
@@ -132,10 +239,16 @@ def read_run_config(out_dir: str, *, flag: str = "--resume") -> RunConfig:
     return from_dict(RunConfig, data)
 
 
-def resume_config(out_dir: str, overrides: list[str]) -> RunConfig:
+def resume_config(out_dir: str, overrides: list[str], *, data_changed_ok: bool = False
+                  ) -> RunConfig:
     """The saved run config of `out_dir` with the `RESUME_SAFE` overrides applied; any other
-    override is rejected by name (it would make the resumed run a different run)."""
+    override is rejected by name (it would make the resumed run a different run). A folder in
+    use by another process is a `RunFolderLockedError`; a --data file that changed since the run
+    started is a `ConfigError` unless `data_changed_ok` (then the new file is recorded)."""
+    if os.path.isdir(out_dir) and lock_run(out_dir, flag="--resume"):
+        release_run(out_dir)  # free now; `train` takes it for the run
     run = read_run_config(out_dir)
+    check_data(out_dir, run, changed_ok=data_changed_ok)
     for item in overrides:
         key = item.partition("=")[0]
         if key not in RESUME_SAFE:
@@ -154,6 +267,7 @@ def resume_config(out_dir: str, overrides: list[str]) -> RunConfig:
     return new
 
 
+POLICY_PARTIAL = ".policy.partial"  # `save_policy`'s temporary folder for out_dir/policy
 INIT_FILE = "init.json"  # a run's starting policy (`--init` / `model=hf:`), read by --resume
 
 
@@ -166,6 +280,52 @@ def _init_hint(out_dir: str) -> str:
         return f" --init {json.load(f)['init']} (the policy this run started from)"
 
 
+def data_path(config: RunConfig) -> str | None:
+    """The run's data file (task_kwargs `path`, e.g. `--data FILE`), or None."""
+    path = (config.task_kwargs or {}).get("path")
+    return path if isinstance(path, str) and path else None
+
+
+def file_digest(path: str) -> dict:
+    """{"path", "sha256", "bytes"} of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": path, "sha256": h.hexdigest(), "bytes": os.path.getsize(path)}
+
+
+def record_data(out_dir: str, config: RunConfig) -> None:
+    """Write `out_dir/data.json`: the hash of the run's data file (none: nothing written)."""
+    path = data_path(config)
+    if path is not None and os.path.isfile(path):
+        write_json_atomic(os.path.join(out_dir, DATA_FILE), file_digest(path))
+
+
+def check_data(out_dir: str, config: RunConfig, *, changed_ok: bool = False) -> None:
+    """Raise `ConfigError` if the run's data file differs from the one its run started on
+    (`out_dir/data.json`); `changed_ok` records the new file instead. A run without data.json
+    (no data file, or written by an older vpo) is not checked."""
+    recorded = _read_json(os.path.join(out_dir, DATA_FILE))
+    path = data_path(config)
+    if not isinstance(recorded, dict) or path is None:
+        return
+    if not os.path.isfile(path):
+        raise ConfigError(f"--resume: the run's data file {path} is gone; put it back (sha256 "
+                          f"{recorded.get('sha256')}), or start a new run on another file")
+    now = file_digest(path)
+    if now["sha256"] == recorded.get("sha256"):
+        return
+    if not changed_ok:
+        raise ConfigError(f"--resume: the run's data file {path} changed since the run started "
+                          f"({recorded.get('bytes')} bytes, sha256 {recorded.get('sha256')}; now "
+                          f"{now['bytes']} bytes, sha256 {now['sha256']}), so the resumed steps "
+                          "would not continue the same run; restore the file, start a new run "
+                          "on it, or resume on the new file on purpose with data_changed_ok "
+                          "(`resume_config(..., data_changed_ok=True)`)")
+    write_json_atomic(os.path.join(out_dir, DATA_FILE), now)
+
+
 def write_json_atomic(path: str, data) -> None:
     """Write JSON through a temporary file and a rename: a killed process leaves the old file or
     the new one, never half of one."""
@@ -176,16 +336,66 @@ def write_json_atomic(path: str, data) -> None:
 
 
 def policy_complete(policy_dir: str) -> bool:
-    """A policy folder `checkpoint.save_policy` finished (it writes policy.json after the
-    parameters, the tokenizer last)."""
-    return all(os.path.exists(os.path.join(policy_dir, n))
-               for n in ("policy.json", "tokenizer.json"))
+    """A policy folder `checkpoint.save_policy` finished: policy.json (written last) and every
+    file it lists under "files" (an older export without the list: its tokenizer files)."""
+    info = _read_json(os.path.join(policy_dir, "policy.json"))
+    if not isinstance(info, dict):
+        return False
+    files = info.get("files")
+    if not isinstance(files, list):
+        files = ["params", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+    return all(isinstance(n, str) and os.path.exists(os.path.join(policy_dir, n))
+               for n in files)
 
 
 def kill_point(name: str, step: int) -> None:
-    """The kill soak's hook: SIGKILL this process at `name:step` when `VPO_KILL_AT` says so."""
+    """The kill soak's hook: at `name:step` when `VPO_KILL_AT` says so, send this process
+    `VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL)."""
     if os.environ.get("VPO_KILL_AT") == f"{name}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+        sig = os.environ.get("VPO_KILL_SIGNAL", "KILL").upper().removeprefix("SIG")
+        os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The loop stopped on SIGINT / SIGTERM after `step`, its metrics row and checkpoint
+    written; `vpo train --resume` continues it."""
+
+    def __init__(self, signum: int, step: int, out_dir: str):
+        self.signum, self.step = signum, step
+        super().__init__(f"{signal.Signals(signum).name}: stopped after step {step} with its "
+                         f"checkpoint saved; continue with vpo train --out {out_dir} --resume")
+
+
+class StopSignals:
+    """While entered (in the main thread of a single-process run), the first SIGINT / SIGTERM
+    asks the loop to stop after the step in flight (`signum` is set); a second one quits the
+    process at once (exit status 128 + signal), keeping the newest complete checkpoint."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread() and jax.process_count() == 1:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum = signum
+            print(f"\n{name}: stopping after the step in flight and saving its checkpoint "
+                  "(send it again to quit at once)", file=sys.stderr, flush=True)
+            return
+        print(f"\n{name} again: quitting now; --resume continues from the newest complete "
+              "checkpoint", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
 
 
 class SkipGuard:
@@ -240,8 +450,24 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `config.model.lora_rank` > 0 trains LoRA adapters only (a plain `init` gets them, see
     `vpo.model.lora.as_configured`); the exported `policy/` is then the merged plain model.
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
+    The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
+    a `RunFolderLockedError`. SIGINT / SIGTERM stop it after the step in flight, that step's metrics
+    row and checkpoint written, with `RunInterrupted`.
     Returns (graphdef, final state).
     """
+    out_dir = os.path.abspath(out_dir)
+    lock_run(out_dir)
+    try:
+        return _train(config, out_dir, resume, task=task, mesh=mesh, progress=progress,
+                      init=init, consume_init=consume_init, stop_at=stop_at)
+    finally:
+        release_run(out_dir)
+
+
+def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, mesh,
+           progress: bool, init: Decoder | None, consume_init: bool, stop_at: int | None
+           ) -> tuple[nnx.GraphDef, TrainState]:
+    """`train`, with out_dir locked."""
     import tqdm
 
     from vpo.io import checkpoint as ckpt_lib
@@ -258,7 +484,6 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
                                     mutation_fraction=tcfg.mutation_fraction,
                                     mutation_parents=tcfg.mutation_parents, seed=tcfg.seed)
     check_run(config, task, tables.prompt_len)
-    out_dir = os.path.abspath(out_dir)
     mesh = mesh or sharding_lib.make_mesh(config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
     dp = int(np.prod([mesh.shape[a] for a in sharding_lib.RULES["batch"] if a in mesh.shape]))
     if tcfg.batch_size % dp:
@@ -297,6 +522,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
             print(f"resuming: restored step {start} from {manager.directory}", flush=True)
     elif jax.process_index() == 0:
         task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
+        record_data(out_dir, config)
         write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
     cfg = step_config(config, task)
     # each jit compiled ahead of its first call: the compiler's freed memory is given back first
@@ -323,62 +549,82 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
 
     compiled = False  # the sampling probe's first call compiles it: done once, untimed
     guard = SkipGuard(limit, tcfg.updates_per_step, task)
-    try:
-        for step in bar:
-            kill_point("step", step + 1)
-            batch = shard_batch(next(data_it), mesh)
-            host = rollout = rewards = None
-            if due(tcfg.profile_every, step) or sample_due(step):
-                logger.flush()  # the previous step's row first: its time excludes this probe
-                if not compiled and not task.is_host:
-                    jax.block_until_ready(probe_fn(state, batch))
-                    compiled = True
-                state, metrics, host, rollout, rewards = profile_step(step_fn, probe_fn, state,
-                                                                      batch)
-            else:
-                state, metrics = step_fn(state, batch)
-            done = logger.log(step + 1, metrics, host)  # fetches the previous step's metrics
-            kill_point("logged", step + 1)
-            guard.check(step + 1, metrics)
-            if done is not None:
-                bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
-            if rollout is not None and sample_due(step):
-                rows = sample_rows(task, records, batch, rollout, tcfg.num_answers,
-                                   rewards=rewards)
-                samples.write(step + 1, rows)
-                if rows and progress and jax.process_index() == 0:
-                    bar.write(f"step {step + 1}: {one_line(rows[0])}")
-            if (step + 1) % tcfg.checkpoint_every == 0:
-                logger.flush()  # the step's metrics row lands before its checkpoint can
-                manager.save(step + 1, state, data_it, config.to_json())
-                kill_point("save", step + 1)
-                if os.environ.get("VPO_KILL_AT") == f"saved:{step + 1}":
-                    manager.wait()
-                    kill_point("saved", step + 1)
-        guard.check()
-    except KeyboardInterrupt:
-        _save_at_exit(manager, state, data_it, config, start)
-        raise
-    except Exception:  # a bad reward, a non-finite value: keep the last complete checkpoint
-        manager.wait()
-        raise
-    finally:
-        logger.close()
-        samples.close()
-    _save_at_exit(manager, state, data_it, config, start)
-    manager.close()
-    kill_point("policy", int(jax.device_get(state.step)))
-    policy = policy_of(graphdef, state)  # LoRA: adapters folded in, a plain Decoder
-    ckpt_lib.save_policy(os.path.join(out_dir, "policy"), lora_lib.base_config(config.model),
+    logged = start  # the last step handed to the logger (its row written, queued or not due)
+    stop, stopped = StopSignals(), False
+    with stop:
+        try:
+            for step in bar:
+                if stop.signum is not None:
+                    stopped = True
+                    break
+                kill_point("step", step + 1)
+                batch = shard_batch(next(data_it), mesh)
+                host = rollout = rewards = None
+                if due(tcfg.profile_every, step) or sample_due(step):
+                    logger.flush()  # the previous step's row first: its time excludes this probe
+                    if not compiled and not task.is_host:
+                        jax.block_until_ready(probe_fn(state, batch))
+                        compiled = True
+                    state, metrics, host, rollout, rewards = profile_step(step_fn, probe_fn,
+                                                                          state, batch)
+                else:
+                    state, metrics = step_fn(state, batch)
+                done = logger.log(step + 1, metrics, host)  # fetches the previous step's metrics
+                logged = step + 1
+                kill_point("logged", step + 1)
+                guard.check(step + 1, metrics)
+                if done is not None:
+                    bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
+                if rollout is not None and sample_due(step):
+                    rows = sample_rows(task, records, batch, rollout, tcfg.num_answers,
+                                       rewards=rewards)
+                    samples.write(step + 1, rows)
+                    if rows and progress and jax.process_index() == 0:
+                        bar.write(f"step {step + 1}: {one_line(rows[0])}")
+                if (step + 1) % tcfg.checkpoint_every == 0:
+                    logger.flush()  # the step's metrics row lands before its checkpoint can
+                    manager.save(step + 1, state, data_it, config.to_json())
+                    kill_point("save", step + 1)
+                    if os.environ.get("VPO_KILL_AT") == f"saved:{step + 1}":
+                        manager.wait()
+                        kill_point("saved", step + 1)
+            bar.close()
+            guard.check()
+            logger.flush()  # the last step's row before its checkpoint
+            _save_at_exit(manager, state, data_it, config, start)
+        except KeyboardInterrupt:  # no handler (another thread, several processes)
+            _save_consistent(manager, logger, state, data_it, config, start, logged)
+            raise
+        except Exception:  # a bad reward, a non-finite value: keep the last complete checkpoint
+            manager.wait()
+            raise
+        finally:
+            logger.close()
+            samples.close()
+        if stopped:
+            raise RunInterrupted(stop.signum, int(jax.device_get(state.step)), out_dir)
+        manager.close()  # all steps taken: a signal from here on lets the export finish
+        kill_point("policy", int(jax.device_get(state.step)))
+        export_policy(os.path.join(out_dir, "policy"), config, graphdef, state, task)
+    return graphdef, state
+
+
+def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState,
+                  task: BoundTask) -> None:
+    """Write the run's policy folder (`checkpoint.save_policy`; all processes take part): the
+    plain model (LoRA adapters folded in), its tokenizer, and what the run was."""
+    from vpo.io import checkpoint as ckpt_lib
+
+    policy = policy_of(graphdef, state)
+    steps = int(jax.device_get(state.step))
+    ckpt_lib.save_policy(directory, lora_lib.base_config(config.model),
                          nnx.state(policy, nnx.Param),
                          {"task": config.task, "task_kwargs": config.task_kwargs,
                           "num_answers": config.train.num_answers,
-                          "advantage": config.objective.advantage,
-                          "steps": int(jax.device_get(state.step)),
+                          "advantage": config.objective.advantage, "steps": steps,
                           **({"lora": lora_lib.settings(config.model)}
                              if config.model.lora_rank else {})},
-                         tokenizer=task.tokenizer)  # all processes take part
-    return graphdef, state
+                         tokenizer=task.tokenizer)
 
 
 def profile_step(step_fn, sample_fn, state, batch):
@@ -414,10 +660,27 @@ def profile_step(step_fn, sample_fn, state, batch):
 
 
 def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:
+    """Save the final state unless that step is saved already; wait for the saves."""
     final = int(jax.device_get(state.step))
     if final > start and manager.latest_step() != final:
         manager.save(final, state, data_it, config.to_json())
         kill_point("exit-save", final)
+    manager.wait()
+
+
+def _save_consistent(manager, logger, state, data_it, config: RunConfig, start: int,
+                     logged: int) -> None:
+    """On a KeyboardInterrupt raised in the loop: write the queued metrics row, then save the
+    state only if it is the step last handed to the logger (its row is written), so the newest
+    checkpoint never runs ahead of metrics.jsonl; otherwise the newest checkpoint stands."""
+    try:
+        logger.flush()
+        if int(jax.device_get(state.step)) == logged:
+            _save_at_exit(manager, state, data_it, config, start)
+            return
+    except Exception as e:  # noqa: BLE001 -- a state donated to an interrupted step
+        print(f"not saving the interrupted step ({type(e).__name__}); --resume continues from "
+              "the newest checkpoint", file=sys.stderr)
     manager.wait()
 
 
