@@ -13,9 +13,10 @@ test runs it:
         --reps 2 --grad-accum 1
 
 What it measures (warm medians over `--reps` calls; compile / first call reported separately):
-  1. sampling: generated tokens/s of `vpo.rollout.sampler.sample_with_keys` (as `bench_peers.VpoSize`),
-     B prompts x G samples, P prompt tokens, exactly T new tokens at temperature 1 (the stop id
-     is `vocab_size`, which no token takes, so every sample runs all T steps).
+  1. sampling: generated tokens/s of `vpo.rollout.sampler.sample_with_keys` (as
+     `bench_peers.VpoSize`), B prompts x G samples, P prompt tokens, exactly T new tokens at
+     temperature 1 (the stop id is `vocab_size`, which no token takes, so every sample runs all T
+     steps).
   2. decode step: (sampling call - prefill call) / T, the prefill being the same
      `Decoder.prefill` + last-position logits under its own jit. Its HBM roofline fraction is
      bytes / step seconds / HBM bandwidth, with the bytes one decode step must read, averaged
@@ -30,8 +31,8 @@ What it measures (warm medians over `--reps` calls; compile / first call reporte
      AdamW update, one jit, state donated; built as `bench_peers.VpoSize._build_step`, with
      `bench_peers.CountATask` as the in-graph reward): seconds/step, completion tokens/s.
      And the update alone (`vpo.rl.step.update_from_rollout` after
-     `vpo.rollout.rewards.in_graph_rewards`, jitted and donated): reward + advantage + forward/backward
-     over `--grad-accum` micro-batches + AdamW, on a rollout from (1).
+     `vpo.rollout.rewards.in_graph_rewards`, jitted and donated): reward + advantage +
+     forward/backward over `--grad-accum` micro-batches + AdamW, on a rollout from (1).
   4. update MFU = update FLOPs / update seconds / dense bf16 peak (`bench_peers.PEAK_FLOPS`),
      update FLOPs (full fine-tuning, every parameter trained; `update_flops`):
          6 * N_body * (B * P + B * G * T)      body: every prompt token once per group (its G
@@ -104,7 +105,7 @@ import numpy as np  # noqa: E402
 from bench_peers import PEAK_FLOPS, CountATask, _timed  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from vpo.config import (  # noqa: E402  # noqa: E402
+from vpo.config import (  # noqa: E402
     MODEL_PRESETS,
     ModelConfig,
     ObjectiveConfig,
@@ -112,8 +113,8 @@ from vpo.config import (  # noqa: E402  # noqa: E402
     TrainConfig,
     model_preset,
 )
-from vpo.model import sharding
-from vpo.model.decoder import decode_attention_impl
+from vpo.model import sharding  # noqa: E402
+from vpo.model.decoder import decode_attention_impl  # noqa: E402
 from vpo.rl import step as train_lib  # noqa: E402
 from vpo.rollout import rewards as rewards_lib  # noqa: E402
 from vpo.rollout.sampler import sample_with_keys  # noqa: E402

@@ -3,17 +3,17 @@
 Run:  python experiments/bench_decode.py             (add --quick for fewer lengths and repeats)
 
 A decode step used to attend to every slot of a T-slot suffix cache, whatever the number of
-tokens generated so far, so a step cost O(T). `vpo.rollout.sampler.generate` now decodes in phases whose
-cache length doubles (`vpo.rollout.sampler.decode_windows`, `KVCache.grown`), so a step at position t
-reads O(t) slots. Two tables on the same model, old and new alternated in one run (medians over
-repeats, the min-max range in brackets):
+tokens generated so far, so a step cost O(T). `vpo.rollout.sampler.generate` now decodes in phases
+whose cache length doubles (`vpo.rollout.sampler.decode_windows`, `KVCache.grown`), so a step at
+position t reads O(t) slots. Two tables on the same model, old and new alternated in one run
+(medians over repeats, the min-max range in brackets):
 
   1. `steps`: the first 64 decode steps under a budget of T tokens (the RL case of a long
      budget and short answers): tokens/s of `Decoder.extend` steps (greedy), a T-slot cache
      from the start vs the cache grown by the sampler's phases. The goal: flat in T
      (T = 1024 within 25% of T = 64).
-  2. `generate`: the whole sampler (`vpo.rollout.sampler.generate`) producing all T tokens, whole cache
-     (`decode_block=T`) vs the default phases: the end-to-end gain when every step exists.
+  2. `generate`: the whole sampler (`vpo.rollout.sampler.generate`) producing all T tokens, whole
+     cache (`decode_block=T`) vs the default phases: the end-to-end gain when every step exists.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Run:  python experiments/bench_sampler.py            (add --quick for a 1-point smoke run)
 
-Prints, for each (preset, B, G, P, T), generated tokens/s of `vpo.rollout.sampler` and of a naive sampler
-that re-runs the full forward over the whole [B*G, P+T] buffer for every new token (same model,
-same keys, measured in the same run; medians over repetitions, compile time separate), and their
-ratio. Then the prefill saving of prefix sharing: one prompt with G=8 samples sharing its prefill
-vs 8 copies of the prompt (XLA-counted FLOPs of the whole generate call, and prefill time).
+Prints, for each (preset, B, G, P, T), generated tokens/s of `vpo.rollout.sampler` and of a naive
+sampler that re-runs the full forward over the whole [B*G, P+T] buffer for every new token (same
+model, same keys, measured in the same run; medians over repetitions, compile time separate), and
+their ratio. Then the prefill saving of prefix sharing: one prompt with G=8 samples sharing its
+prefill vs 8 copies of the prompt (XLA-counted FLOPs of the whole generate call, and prefill time).
 """
 
 from __future__ import annotations

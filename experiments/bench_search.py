@@ -5,9 +5,9 @@ Run:  python experiments/bench_search.py            (add --quick for a short smo
 Both arms run the same search (same model, task, problem, config, keys and candidate budget) on
 the program task, bound to its built-in word-level tokenizer, with a randomly initialised
 decoder. The host arm is the usual driver: per generation, a jitted parent-selection +
-prompt-building call, the library's jitted sampler (`vpo.rollout.sampler.generate` under jit), a jitted
-answer-reading (symbol ids) + reward + replacement + migration call, and a device→host read of
-the best fitness (logging / early stop). Compile time is measured separately (first
+prompt-building call, the library's jitted sampler (`vpo.rollout.sampler.generate` under jit), a
+jitted answer-reading (symbol ids) + reward + replacement + migration call, and a device→host read
+of the best fitness (logging / early stop). Compile time is measured separately (first
 call); throughput = candidates evaluated per second, median over repetitions. No assertions.
 """
 

@@ -2,10 +2,10 @@
 
 Run:  python experiments/entropy_law.py [section.key=value ...] [--out runs/entropy_law]
 
-From one SFT warm start (vpo.compare.driver.warm_start), GRPO with one answer per generation is trained
-plain, with Clip-Cov and with KL-Cov (vpo.compare.driver.train_arms: same seeds, steps, G, lr). Each run
-checkpoints `law_points` times; at step 0 and at every checkpoint R is the policy's HELD-OUT
-evaluation score (best@1 on `law_problems` problems the run never trains on, temperature
+From one SFT warm start (vpo.compare.driver.warm_start), GRPO with one answer per generation is
+trained plain, with Clip-Cov and with KL-Cov (vpo.compare.driver.train_arms: same seeds, steps, G,
+lr). Each run checkpoints `law_points` times; at step 0 and at every checkpoint R is the policy's
+HELD-OUT evaluation score (best@1 on `law_problems` problems the run never trains on, temperature
 `eval_temperature`, the same key everywhere) and H the training token entropy of the 10 steps
 before it, as in the paper (validation score against training entropy).
 

@@ -15,7 +15,7 @@ from vpo.launch import assemble
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 
 
-class _Seen(Exception):
+class _SeenError(Exception):
     """Raised by a spy to stop a command once it has asked for the value under test."""
 
 
@@ -29,10 +29,10 @@ def test_the_sequence_length_fit_is_one_rule_every_entry_point_follows(monkeypat
     assert compare._seq_len(cfg, task, 1) > 5000 > compare_before
 
     def spy(*args, **kwargs):
-        raise _Seen(kwargs)
+        raise _SeenError(kwargs)
 
     monkeypatch.setattr(assemble, "fit_seq_len", spy)
-    with pytest.raises(_Seen):  # vpo sft asks the same function for its length
+    with pytest.raises(_SeenError):  # vpo sft asks the same function for its length
         cli.main(["sft", "--task", "bandit", "--steps", "1", "--out", str(tmp_path / "s")])
 
 
@@ -53,10 +53,10 @@ def test_the_pretrained_learning_rate_is_one_rule_every_entry_point_follows(monk
 
     def spy(kind, spec, lora_rank, given=None):
         seen.update(kind=kind, spec=spec, given=given)
-        raise _Seen
+        raise _SeenError
 
     monkeypatch.setattr(assemble, "learning_rate", spy)
-    with pytest.raises(_Seen):  # vpo sft asks the same rule
+    with pytest.raises(_SeenError):  # vpo sft asks the same rule
         cli.main(["sft", "--task", "bandit", "--steps", "1", "--out", str(tmp_path / "s")])
     assert seen == {"kind": "sft", "spec": "tiny", "given": None}
 

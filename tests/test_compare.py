@@ -12,6 +12,7 @@ from vpo.cli import main as cli
 from vpo.compare import config as compare_config
 from vpo.compare import driver as compare
 from vpo.compare import report as compare_report
+from vpo.compare.config import make_config
 from vpo.config import ConfigError
 from vpo.eval import entropy_law
 
@@ -57,37 +58,37 @@ def test_mean_ci_is_a_student_t_interval():
 ])
 def test_bad_compare_config_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
-        compare_config.make_config("default", [override])
+        make_config("default", [override])
 
 
 def test_overrides_an_arm_or_init_would_replace_are_refused():
     """An override takes effect in every arm, or is refused naming what sets it instead."""
-    cfg = compare_config.make_config("default", ["objective.cov_control=clip_cov"])  # no arm sets it
+    cfg = make_config("default", ["objective.cov_control=clip_cov"])  # no arm sets it
     assert cfg.objective.cov_control == "clip_cov"
     with pytest.raises(ConfigError, match="arm clip_cov sets cov_control='clip_cov'"):
-        compare_config.make_config("default", ["arms=grpo,clip_cov", "objective.cov_control=kl_cov"])
+        make_config("default", ["arms=grpo,clip_cov", "objective.cov_control=kl_cov"])
     with pytest.raises(ConfigError, match="arm grpo_mut sets mutation_fraction"):
-        compare_config.make_config("default", ["arms=grpo,grpo_mut", "train.mutation_fraction=0.1"])
-    assert compare_config.make_config("default", ["train.mutation_fraction=0.1"]).train.mutation_fraction \
+        make_config("default", ["arms=grpo,grpo_mut", "train.mutation_fraction=0.1"])
+    assert make_config("default", ["train.mutation_fraction=0.1"]).train.mutation_fraction \
         == 0.1
     with pytest.raises(ConfigError, match="model: .*init=/x/policy"):
-        compare_config.make_config("default", ["init=/x/policy", "model=small"])
+        make_config("default", ["init=/x/policy", "model=small"])
     # with init= the SFT settings configure the warm start an unparsing init policy gets
-    assert compare_config.make_config("default", ["init=/x/policy", "sft_steps=50"]).sft_steps == 50
+    assert make_config("default", ["init=/x/policy", "sft_steps=50"]).sft_steps == 50
     with pytest.raises(ConfigError, match="lora_rank: .*init="):
-        compare_config.make_config("default", ["lora_rank=8"])
+        make_config("default", ["lora_rank=8"])
 
 
 def test_presets_and_arm_configs():
-    paper = compare_config.make_config("paper")
+    paper = make_config("paper")
     assert paper.objective.kl_coef == 1e-3 and paper.train.learning_rate == 1e-6
     assert paper.sampler.num_samples == 8 and paper.num_answers == 3
     assert paper.objective.num_weights == 100 and paper.objective.alpha == 1.0
     assert paper.eval_temperature == 0.7 and paper.eval_budget == 30
-    full = compare_config.make_config("full")
+    full = make_config("full")
     assert full.task == "maze9" and full.num_seeds >= 5 and full.search_seeds >= 5
     assert set(full.arm_names) == set(compare_config.ARMS)
-    cfg = compare_config.make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
+    cfg = make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
     assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 5
     task = compare.make_task(cfg)
     from vpo.config import model_preset
@@ -180,7 +181,7 @@ def test_an_arm_that_never_had_a_gradient_is_static():
 
 
 def test_compare_never_replaces_a_folder_silently(tmp_path):
-    cfg = compare_config.make_config("smoke")
+    cfg = make_config("smoke")
     out = str(tmp_path)
     with pytest.raises(ConfigError, match="holds no comparison"):
         compare.check_out_dir(cfg, out, resume=True, overwrite=False)
@@ -190,7 +191,7 @@ def test_compare_never_replaces_a_folder_silently(tmp_path):
     with pytest.raises(ConfigError, match="already holds a comparison.*--resume"):
         compare.check_out_dir(cfg, out, resume=False, overwrite=False)
     compare.check_out_dir(cfg, out, resume=True, overwrite=False)  # same settings: fine
-    other = compare_config.make_config("smoke", ["num_seeds=3", "train.steps=5"])
+    other = make_config("smoke", ["num_seeds=3", "train.steps=5"])
     with pytest.raises(ConfigError, match=r"num_seeds, train differ"):
         compare.check_out_dir(other, out, resume=True, overwrite=False)
     with pytest.raises(ConfigError, match="choose one"):

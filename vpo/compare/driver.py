@@ -371,7 +371,8 @@ def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     with each row's policy as mutation operator on the chosen problems, `search_seeds` searches
     each (the problems repeated, every copy its own key), the same keys for every row and seed.
     Per row and seed: solved_SP [search seed, problem] at the end, solved_SG [search seed,
-    point] counts over the budget and, with `search_best_of_n`, best_of_n_SP: best-of-N with the same policy, budget and keys."""
+    point] counts over the budget and, with `search_best_of_n`, best_of_n_SP: best-of-N with the
+    same policy, budget and keys."""
     records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
     sub = [records[i] for i in chosen["problems"]]
     S, P = cfg.search_seeds, len(sub)

@@ -18,7 +18,8 @@ from vpo.errors import ConfigError  # noqa: F401  (re-exported: vpo.config.Confi
 # -- name tables: the one list of valid names of each name-valued field ------------------------
 
 DTYPES = ("float32", "bfloat16", "float16")
-# Advantage estimators; `vpo.objectives.estimators.ESTIMATORS` maps each to its function, in this order.
+# Advantage estimators; `vpo.objectives.estimators.ESTIMATORS` maps each to its function, in
+# this order.
 ADVANTAGES = ("grpo", "dr_grpo", "rloo", "maxrl", "gdpo", "vpo", "maxk", "passk", "rw_grpo")
 GRPO_SCALES = ("group", "batch", "none")
 STD_MODES = ("unbiased", "population")

@@ -40,8 +40,8 @@ class SamplerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
-    """Island-model search settings (`vpo.search.ingraph`, `vpo.search.host`; library defaults, not a
-    paper's setting)."""
+    """Island-model search settings (`vpo.search.ingraph`, `vpo.search.host`; library defaults, not
+    a paper's setting)."""
 
     islands: int = 4  # I
     members: int = 8  # Q, population per island

@@ -3,8 +3,8 @@ cache.
 
 Architecture: token embedding → L × [RMSNorm → GQA attention with RoPE (optional qkv bias, optional
 per-head q/k RMSNorm) → residual → RMSNorm → SwiGLU MLP → residual] → RMSNorm → LM head (tied to
-the embedding or separate). Parameters carry `logical_axes` metadata that `vpo.model.sharding` maps to
-mesh axes. With `cfg.lora_rank` r > 0 the projections named in `cfg.lora_targets` carry a `LoRA`
+the embedding or separate). Parameters carry `logical_axes` metadata that `vpo.model.sharding` maps
+to mesh axes. With `cfg.lora_rank` r > 0 the projections named in `cfg.lora_targets` carry a `LoRA`
 adapter (`nnx.LoRAParam` A, B): y = x·W + (α/r)·(x·A)·B (see `vpo.model.lora`).
 
 Three entry points share one attention routine:

@@ -1,8 +1,9 @@
 """Device mesh, the logical-axis → mesh-axis rules table, and multi-host start-up.
 
-Parameters carry `logical_axes` metadata (see `vpo.model.decoder`); `RULES` maps each logical name to mesh
-axes. A rule naming an axis the mesh lacks, or one that does not divide the dimension, leaves that
-dimension replicated, so one table serves 1 CPU, 8 fake CPU devices, a GPU host and a TPU slice.
+Parameters carry `logical_axes` metadata (see `vpo.model.decoder`); `RULES` maps each logical name
+to mesh axes. A rule naming an axis the mesh lacks, or one that does not divide the dimension,
+leaves that dimension replicated, so one table serves 1 CPU, 8 fake CPU devices, a GPU host and a
+TPU slice.
 """
 
 from __future__ import annotations

@@ -100,5 +100,6 @@ ESTIMATORS: dict[str, Estimator] = {
 # The objective fields that belong to some estimators only (the rest serve every estimator).
 ESTIMATOR_FIELDS = frozenset().union(*(e.reads for e in ESTIMATORS.values()))
 if tuple(ESTIMATORS) != ADVANTAGES:  # one list of names: the config validates against it
-    raise ImportError(f"vpo.objectives.estimators.ESTIMATORS {tuple(ESTIMATORS)} != vpo.config.ADVANTAGES "
+    raise ImportError(f"vpo.objectives.estimators.ESTIMATORS {tuple(ESTIMATORS)} != "
+                      f"vpo.config.ADVANTAGES "
                       f"{ADVANTAGES}")

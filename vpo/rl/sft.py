@@ -4,8 +4,8 @@ RL needs a base policy that already produces well-formed answers; `run_sft` trai
 task's `demonstrations` (diverse valid answers, e.g. maze routes via gold, via diamond, direct).
 Given several answer counts (`num_answers=(1, 3)`) every batch mixes 1-answer and m-answer
 prompts, so one warm start serves single- and multi-answer RL arms (`vpo compare`).
-Evolutionary search (`vpo.search.ingraph`) also uses the policy as its mutation operator, so by default
-a fraction of every batch are mutation-prompt demonstrations (`mutation_demonstration_set`):
+Evolutionary search (`vpo.search.ingraph`) also uses the policy as its mutation operator, so by
+default a fraction of every batch are mutation-prompt demonstrations (`mutation_demonstration_set`):
 K weaker parents with their real rewards in `task.mutation_prompt` → m children that each score
 strictly higher than every parent under the task's reward.
 """

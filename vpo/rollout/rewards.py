@@ -1,9 +1,9 @@
 """Rewards to advantages for one RL step: task rewards in-graph (`jax.vmap(task.reward)`) or
 on the host (the generations' text), the fixed scalarisation w*ᵀr, DAPO's soft overlong penalty
 and dynamic sampling (Yu et al., arXiv 2503.14476), and the configured advantage estimator
-through the one name-to-function table `vpo.objectives.estimators.ESTIMATORS` (GRPO family, Max@k, pass@k training,
-random-weight GRPO or VPO, `vpo.objectives`). Pure functions; `vpo.rl.step` calls them inside its
-jitted step.
+through the one name-to-function table `vpo.objectives.estimators.ESTIMATORS` (GRPO family, Max@k,
+pass@k training, random-weight GRPO or VPO, `vpo.objectives`). Pure functions; `vpo.rl.step` calls
+them inside its jitted step.
 """
 
 from __future__ import annotations

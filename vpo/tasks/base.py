@@ -6,8 +6,8 @@ A problem is a JSON-able record (a dict). A generation holds m answers in number
 `<answer 1> ... </answer 1>` ... (`vpo.tasks.answers`); missing, empty, truncated, malformed and
 duplicate answers are invalid slots (zero reward row, masked), never errors.
 
-Dimension key (as in `vpo.types`): N problems, M answers per generation, A symbols per answer, R reward
-components, Q parents in a mutation prompt.
+Dimension key (as in `vpo.types`): N problems, M answers per generation, A symbols per answer, R
+reward components, Q parents in a mutation prompt.
 
 Tasks whose answers are words of a fixed alphabet (`symbols`: maze moves, program tokens, bandit
 arms) also score in the graph: `arrays(records)` gives each problem as numeric arrays, and

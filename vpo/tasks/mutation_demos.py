@@ -1,12 +1,13 @@
 """Host-side building blocks of mutation-prompt demonstrations (parents → improved children).
 
-Evolutionary search (`vpo.search.ingraph`) shows the policy K scored parents in `task.mutation_prompt` and
-asks for m better answers. A policy trained only on plain prompts ignores the parents, so SFT also
-needs demonstrations of the mutation step. A task's `mutation_demonstrations(problem, rng,
-num_parents, num_answers) -> (parents, children)` draws m improved children from its reference
-solutions and 1..K weaker parents as random edits of them (`weaker_parents`); the children are
-then, for the parents, a repair of a few edits. `vpo.rl.sft.mutation_demonstration_set` scores both
-sides with the task's in-graph reward and keeps only pairs in which every child beats every parent.
+Evolutionary search (`vpo.search.ingraph`) shows the policy K scored parents in
+`task.mutation_prompt` and asks for m better answers. A policy trained only on plain prompts ignores
+the parents, so SFT also needs demonstrations of the mutation step. A task's
+`mutation_demonstrations(problem, rng, num_parents, num_answers) -> (parents, children)` draws m
+improved children from its reference solutions and 1..K weaker parents as random edits of them
+(`weaker_parents`); the children are then, for the parents, a repair of a few edits.
+`vpo.rl.sft.mutation_demonstration_set` scores both sides with the task's in-graph reward and keeps
+only pairs in which every child beats every parent.
 """
 
 from __future__ import annotations
