@@ -78,6 +78,8 @@ def world(tmp_path_factory):
         "no_prompt.jsonl": '{"question": "hi"}\n',
         "empty.jsonl": "\n",
         "good.jsonl": '{"prompt": "What is 2 + 3?"}\n{"prompt": "Name a colour."}\n',
+        # longer than the BPE fixture's 1,024-position context
+        "too_long.jsonl": '{"prompt": "hi"}\n{"prompt": "' + "word " * 3000 + '"}\n',
         "rewards.py": REWARDS,
         "bad.gguf": "not a gguf file",
     }
@@ -205,7 +207,10 @@ CASES = [
     ("resume-fewer-steps", ["train", "--out", "{garbled}", "--resume", "train.steps=0"],
      ["train.steps"]),
     ("resume-preset", ["train", "--out", "{run}", "--resume", "--preset", "smoke"],
-     ["--preset"]),
+     ["--preset", "train.steps", "differ"]),
+    # the starting command re-run with --resume added is that run: continued (here: finished)
+    ("resume-same-command", ["train", "--out", "{run}", "--resume", *SMOKE[:2], *ONE_STEP],
+     ["already finished"]),
     ("resume-init", ["train", "--out", "{run}", "--resume", "--init", "{policy}"], ["--init"]),
     ("resume-overwrite", ["train", "--out", "{run}", "--resume", "--overwrite"],
      ["--overwrite"]),
@@ -219,6 +224,9 @@ CASES = [
     # -- dataset files (read through the BPE fixture's tokenizer)
     ("data-missing", ["train", "--data", _d("nope.jsonl"), "--reward", _d("rewards.py") + ":ok",
                       *DATA_RUN, *RUN], ["--data", "nope.jsonl"]),
+    ("data-longer-than-context", ["train", "--data", _d("too_long.jsonl"), "--reward",
+                                  _d("rewards.py") + ":ok", *DATA_RUN, *RUN],
+     ["positions", "trained on 1024", "Shorten"]),
     ("data-json", ["train", "--data", _d("bad_json.jsonl"), "--reward", _d("rewards.py") + ":ok",
                    *DATA_RUN, *RUN], ["bad_json.jsonl:2"]),
     ("data-utf8", ["train", "--data", _d("latin1.jsonl"), "--reward", _d("rewards.py") + ":ok",

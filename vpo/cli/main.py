@@ -116,20 +116,36 @@ def _use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
-def _refuse_with_resume(args: argparse.Namespace) -> None:
-    """`--resume` continues the run in --out with its own config, data and starting policy:
-    options that would choose them are refused by name."""
+def _check_resume_matches(args: argparse.Namespace) -> None:
+    """`--resume` continues the run in --out with its own config, data and starting policy. The
+    same command re-run with --resume added (--preset / --config / --init / --data / --reward /
+    --weights) is accepted when it builds the run that was recorded; a difference is refused by
+    name. --overwrite contradicts --resume."""
     from vpo.config import ConfigError
+    from vpo.launch import assemble
 
-    for flag, given in (("--preset", args.preset), ("--config", args.config),
-                        ("--init", args.init), ("--data", args.data), ("--reward", args.reward),
-                        ("--weights", args.weights), ("--reward-workers", args.reward_workers),
-                        ("--reward-timeout", args.reward_timeout),
-                        ("--overwrite", args.overwrite)):
-        if given:
-            raise ConfigError(f"{flag}: not with --resume (the run in {args.out} keeps its own "
-                              "config, data and starting policy); drop it, or start a new run "
-                              "with another --out")
+    if args.overwrite:
+        raise ConfigError("--overwrite: not with --resume (--resume continues the run in "
+                          f"{args.out}, --overwrite replaces it); choose one")
+    for flag, given in (("--reward-workers", args.reward_workers),
+                        ("--reward-timeout", args.reward_timeout)):
+        if given and not args.data:
+            raise ConfigError(f"{flag}: not with --resume alone (the run in {args.out} keeps "
+                              "the reward settings it started with); re-run the whole command "
+                              "that started it with --resume added, or drop it")
+    chosen = [flag for flag, given in (("--preset", args.preset), ("--config", args.config),
+                                       ("--init", args.init), ("--data", args.data),
+                                       ("--reward", args.reward), ("--weights", args.weights))
+              if given]
+    if not chosen:
+        return
+    differ = assemble.resume_differences(args.out, args.preset, args.config, args.overrides,
+                                         init=args.init, dataset=dataset_kwargs(args))
+    if differ:
+        raise ConfigError(f"{', '.join(chosen)} with --resume: the run in {args.out} was started "
+                          f"with other settings ({', '.join(differ)} differ); resume it with "
+                          "the command that started it (or with --resume alone), or start a new "
+                          "run with another --out")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -150,7 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         num_processes=args.num_processes, process_id=args.process_id))
     init = None
     if args.resume:
-        _refuse_with_resume(args)
+        _check_resume_matches(args)
         plan = assemble.assemble_resume(args.out, args.overrides)
         run, task, init_spec = plan.run, plan.task, plan.init_spec
         keep_freed_memory_for(run.model.num_params)  # before jax starts its threads

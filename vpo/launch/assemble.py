@@ -197,7 +197,7 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
         raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
                           "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
     task = load_task(run.task, init_spec, run.task_kwargs)
-    run = _fit_to_task(run, task, given)
+    run = _fit_to_task(run, task, given, context=context_of(init_spec), spec=init_spec)
     model_fields = frozenset(file_data.get("model", {})) if not any(
         item.partition("=")[0] == "model" for item in overrides) else frozenset()
     return Assembly(run, task, init_spec, frozenset(given), model_fields,
@@ -229,13 +229,33 @@ def _with_task(run: RunConfig, value: str) -> RunConfig:
     return dataclasses.replace(run, task=value)
 
 
-def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str]) -> RunConfig:
+def context_of(model_spec: str | None) -> int | None:
+    """The positions a pretrained checkpoint was trained on (`max_position_embeddings`), for an
+    hf: spec or a policy folder of one (`source_of`); None for a model trained from scratch."""
+    source = source_of(model_spec)
+    if source is None:
+        return None
+    return hf.model_config(hf.read_config(hf.hf_spec_path(source))).max_seq_len
+
+
+def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str], *,
+                 context: int | None = None, spec: str | None = None) -> RunConfig:
     """Vocabulary, sequence length and answer budget raised to what the task needs, where the
-    user did not set them; a value the user set below that is refused, naming the floor."""
+    user did not set them; a value the user set below that is refused, naming the floor. A
+    pretrained checkpoint's `context` bounds the sequence length: prompts + answers longer than
+    it are refused before anything is allocated."""
     m = run.train.num_answers
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
     seq = fit_seq_len(task, m, num_parents=parents, seed=run.train.seed)
+    if context is not None:
+        need = seq - SEQ_MARGIN
+        if need > context:
+            raise ConfigError(f"the longest prompt plus the answer budget ({T} tokens) needs "
+                              f"{need} positions; the checkpoint {spec} was trained on "
+                              f"{context}. Shorten the longest prompts or lower "
+                              "sampler.max_new_tokens / train.num_answers")
+        seq = min(seq, context)
     floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
               "model.max_seq_len": (seq - SEQ_MARGIN,
                                     "the longest prompt plus the answer budget"),
@@ -335,6 +355,37 @@ def loadable_fields(model_cfg) -> dict:
     """The ModelConfig fields a checkpoint can be loaded with (not its shapes, not LoRA)."""
     return {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(model_cfg)
             if f.name not in SHAPE_FIELDS}
+
+
+def resume_differences(out_dir: str, preset: str | None, config_file: str | None,
+                       overrides=(), *, init: str | None = None,
+                       dataset: dict | None = None) -> list[str]:
+    """The `section.key` names where the run a command would start differs from the run recorded
+    in `out_dir` (what `--resume` continues), the overrides `--resume` applies left out; the
+    model section is compared only when no checkpoint is loaded (a checkpoint's shapes are read
+    from its weights). `--init` must name the recorded starting policy."""
+    fresh = assemble_run(preset, config_file, overrides, init=init, dataset=dataset)
+    recorded = loop.read_run_config(out_dir)
+    skip = {item.partition("=")[0] for item in overrides}
+    flat = lambda run: {f"{section}.{key}": value  # noqa: E731
+                        for section, fields in dataclasses.asdict(run).items()
+                        for key, value in (fields.items() if isinstance(fields, dict)
+                                           else [("", fields)])}
+    a, b = flat(fresh.run), flat(recorded)
+    differ = sorted(k.rstrip(".") for k in a.keys() | b.keys()
+                    if a.get(k) != b.get(k) and k.rstrip(".") not in skip
+                    and not (fresh.init_spec and k.startswith("model.")))
+    path = os.path.join(out_dir, loop.INIT_FILE)
+    if fresh.init_spec:
+        spec = fresh.init_spec if fresh.init_spec.startswith("hf:") else os.path.abspath(
+            fresh.init_spec)
+        recorded_init = None
+        if os.path.exists(path):
+            with open(path) as f:
+                recorded_init = json.load(f)["init"]
+        if recorded_init != spec:
+            differ.append(f"init ({recorded_init} recorded)")
+    return differ
 
 
 def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Assembly:
