@@ -31,8 +31,9 @@ RUN = ("task=bandit", "train.batch_size=8", "sampler.num_samples=4")
 
 
 def devices_of(target: str) -> int:
-    digits = target.replace("h100", "").lstrip("x-")
-    return int(digits) if digits else 1
+    from vpo.accel.targets import parse_target
+
+    return parse_target(target).n_devices
 
 
 def cell_args(model: str, target: str, mode: str) -> list[str]:

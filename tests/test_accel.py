@@ -1,0 +1,127 @@
+"""`vpo.accel` builds vpo's programs for a TPU v5e (one chip and a 4-chip mesh) and an H100 on
+this CPU-only host, from abstract inputs (the tiny preset in bfloat16; no weights): the RL step
+(full fine-tuning and LoRA) and the sampler compile; on one device the RL step holds the
+log-prob kernel's custom call with `train.logprob_impl=pallas` and none with `chunked`; the
+4-chip mesh has collectives; every compiled program reports positive argument, output and
+RL-step temporary bytes. The builds run in .venv-aot's interpreter (libtpu, the CUDA plugin)."""
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AOT_PYTHON = os.environ.get("VPO_AOT_PYTHON", os.path.join(ROOT, ".venv-aot", "bin", "python"))
+INSTALL = ("python3 -m venv .venv-aot && .venv-aot/bin/pip install "
+           "\"jax[tpu,cuda12-local]==$(.venv/bin/python -c 'import jax; print(jax.__version__)')\""
+           " && .venv-aot/bin/pip install --no-deps -e .   (as .ci/run does)")
+CALL = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
+BF16 = ["model.param_dtype=bfloat16", "model.dtype=bfloat16"]
+
+pytestmark = pytest.mark.skipif(not os.path.exists(AOT_PYTHON),
+                                reason=f"no AOT interpreter at {AOT_PYTHON}; make it with: "
+                                       f"{INSTALL}")
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from vpo.accel import targets
+    targets.set_up_env()
+    from vpo.accel import report
+    from vpo.launch.assemble import assemble_run
+
+    for cell in json.loads(sys.argv[1]):
+        a = assemble_run(None, None, cell["overrides"])
+        for r in report.plan(a.run, a.task, cell["target"], cell["programs"]):
+            print(json.dumps({"cell": cell["name"], **r.to_json()}), flush=True)
+""")
+
+# (name, target, programs, overrides)
+LEAN = [
+    ("v5e full pallas", "v5e", ["rl_step", "sampler"], ["train.logprob_impl=pallas"]),
+    ("v5e full chunked", "v5e", ["rl_step"], ["train.logprob_impl=chunked"]),
+    ("v5e lora pallas", "v5e", ["rl_step"], ["train.logprob_impl=pallas", "model.lora_rank=4"]),
+    ("v5e:2x2 full fsdp", "v5e:2x2", ["rl_step", "sampler"], ["mesh_fsdp=2"]),
+    ("v5e:2x2 lora", "v5e:2x2", ["rl_step"], ["model.lora_rank=4"]),
+    ("h100 full pallas", "h100", ["rl_step", "sampler"], ["train.logprob_impl=pallas"]),
+    ("h100 lora chunked", "h100", ["rl_step"], ["model.lora_rank=4"]),
+]
+SLOW = [
+    ("v5e qwen2.5-0.5b lora", "v5e", ["rl_step"],
+     ["model=qwen2.5-0.5b", "model.lora_rank=16", "train.batch_size=4"]),
+    ("h100 qwen2.5-0.5b full", "h100", ["rl_step"], ["model=qwen2.5-0.5b", "train.batch_size=4"]),
+]
+
+
+def _plan(cells, timeout=900) -> dict[str, list[dict]]:
+    spec = [{"name": n, "target": t, "programs": p, "overrides": [*BF16, *o]}
+            for n, t, p, o in cells]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([AOT_PYTHON, "-c", SCRIPT, json.dumps(spec)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    rows = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode or not rows:
+        pytest.fail(f"vpo.accel build failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}",
+                    pytrace=False)
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["cell"], []).append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lean():
+    return _plan(LEAN)
+
+
+def _check_built(rows):
+    for r in rows:
+        name = f"{r['cell']}: {r['program']}"
+        assert r["ok"], (name, r["error_name"], r["error"])
+        assert r["fits"], (name, r["bytes_per_device"])
+        assert r["argument_bytes"] > 0 and r["output_bytes"] > 0, (name, r)
+        # the update's activations and gradients need scratch (the tiny sampler may not)
+        assert r["temp_bytes"] > 0 or r["program"] != "rl_step", (name, r)
+
+
+@pytest.mark.parametrize("cell", [c[0] for c in LEAN])
+def test_programs_compile_with_memory(lean, cell):
+    rows = lean[cell]
+    assert {r["program"] for r in rows} == set(next(c[2] for c in LEAN if c[0] == cell))
+    _check_built(rows)
+
+
+@pytest.mark.parametrize("cell,platform", [("v5e full pallas", "tpu"), ("v5e lora pallas", "tpu"),
+                                           ("h100 full pallas", "gpu")])
+def test_rl_step_holds_the_kernel_with_pallas(lean, cell, platform):
+    step = next(r for r in lean[cell] if r["program"] == "rl_step")
+    assert step["custom_calls"].get(CALL[platform], 0) >= 1, step["custom_calls"]
+
+
+@pytest.mark.parametrize("cell", ["v5e full chunked", "h100 lora chunked"])
+def test_rl_step_has_no_kernel_when_chunked(lean, cell):
+    step = next(r for r in lean[cell] if r["program"] == "rl_step")
+    assert not step["custom_calls"], step["custom_calls"]
+
+
+def test_a_mesh_build_has_collectives_and_one_chip_none(lean):
+    for cell in ("v5e:2x2 full fsdp", "v5e:2x2 lora"):
+        for r in lean[cell]:
+            assert sum(r["collectives"].values()) > 0, (cell, r["program"])
+            assert r["target"] == "v5e-4"
+    assert not any(r["collectives"] for r in lean["v5e full chunked"])
+
+
+def test_plan_refuses_a_batch_the_mesh_cannot_split_and_names_the_setting():
+    rows = _plan([("odd batch", "v5e:2x2", ["rl_step"], ["train.batch_size=2"])])["odd batch"]
+    (r,) = rows
+    assert not r["ok"] and r["error_name"] == "SettingRefused", r
+    assert "train.batch_size" in r["error"]
+
+
+@pytest.mark.slow
+def test_a_published_shape_compiles_and_fits():
+    """Qwen2.5-0.5B's RL step: LoRA on one v5e chip, full fine-tuning on one H100."""
+    for rows in _plan(SLOW, timeout=3000).values():
+        _check_built(rows)
