@@ -109,11 +109,12 @@ def missing_wheels(platform: str) -> str | None:
 
 def set_up_env() -> None:
     """Environment for a device-less build: the CPU backend as default, no CUDA device opened,
-    no CUDA version check, no TPU metadata query."""
+    no CUDA version check, no TPU metadata query, libtpu loadable by several processes."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # builds in parallel processes
 
 
 def devices(target: Target) -> list:
