@@ -89,7 +89,7 @@ def _phase_seen(ckpt: str, phase: str, step: int) -> bool:
     return str(step) in names  # orbax-final: renamed into place (commit may still be running)
 
 
-STOPPED = (130, 143)  # what `vpo train` exits with once SIGINT / SIGTERM stopped it
+STOPPED = (130, 143)  # what `vpo train` exits with once SIGINT / SIGTERM stopped it early
 
 
 def run_signalled(out: str, point: str, step: int, sig: str) -> float:
@@ -99,7 +99,7 @@ def run_signalled(out: str, point: str, step: int, sig: str) -> float:
         t0 = time.perf_counter()
         p = subprocess.run(command(out, *fresh_args()), env=env(f"{point}:{step}", sig),
                            capture_output=True, text=True)
-        if p.returncode not in STOPPED and not (p.returncode == 0 and point == "policy"):
+        if p.returncode not in (0, *STOPPED):  # 0: the signal came in the last step
             raise RuntimeError(f"{sig} at {point}:{step}: expected exit status 130 or 143, got "
                                f"{p.returncode}:\n{p.stderr[-2000:]}")
         return time.perf_counter() - t0
@@ -172,6 +172,8 @@ def resume(out: str) -> int:
         shutil.rmtree(out)  # killed before its config.json: nothing was kept, start again
         p = subprocess.run(command(out, *fresh_args()), env=env(), capture_output=True,
                            text=True)
+    if p.returncode == 2 and "already finished all" in p.stderr:
+        return STEPS  # the signal came in the last step: the run finished as asked
     if p.returncode != 0:
         raise RuntimeError(f"resume of {out} failed (rc {p.returncode}):\n{p.stderr[-3000:]}")
     for line in p.stdout.splitlines():
@@ -206,15 +208,17 @@ def soak_one(out: str, spec: tuple, ref_rows: list[dict], ref_params) -> dict:
     name = f"{point}:{step}" + ("" if sig == "KILL" else f":{sig}")
     run = os.path.join(out, name.replace(":", "-"))
     agreed = None
-    if point.startswith("concurrent"):
+    if point.startswith("concurrent"):  # the process that was not refused finished the run
         secs = run_concurrent(run, point, step)
-    elif sig == "KILL":
-        secs = run_killed(run, point, step)
+        at_kill = restored = step
     else:
-        secs = run_signalled(run, point, step, sig)
-        agreed = agree(run)
-    at_kill = max((r["step"] for r in rows(run)), default=0)
-    restored = at_kill if point == "concurrent-new" else resume(run)
+        if sig == "KILL":
+            secs = run_killed(run, point, step)
+        else:
+            secs = run_signalled(run, point, step, sig)
+            agreed = agree(run)
+        at_kill = max((r["step"] for r in rows(run)), default=0)
+        restored = resume(run)
     final = rows(run)
     missing = sorted({r["step"] for r in ref_rows} - {r["step"] for r in final})
     exact = final == ref_rows and all(

@@ -509,6 +509,7 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                                          keep=tcfg.keep_checkpoints)
     start = 0
     if resume and manager.latest_step() is not None:
+        check_data(out_dir, config)
         state, start = manager.restore(state, data_it)
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
