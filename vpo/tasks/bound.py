@@ -40,6 +40,7 @@ from vpo.tasks import answers as answers_lib
 from vpo.tasks.base import Record, Task, symbol_words
 from vpo.tasks.prompts import (
     answer_instruction,
+    mutation_text,
     parents_header,
     prompt_text,
 )
@@ -368,10 +369,18 @@ def bind(task: Task, tokenizer: Tokenizer) -> BoundTask:
 def seq_len_for(task: BoundTask, records: Sequence[Record], num_answers: int, *,
                 num_parents: int = 0) -> int:
     """Positions a policy needs on `records`: the longest prompt + the m-answer budget, and with
-    `num_parents` > 0 (symbol tasks) the longest search mutation prompt + the budget."""
+    `num_parents` > 0 the longest search mutation prompt + the budget: for symbol tasks the
+    in-graph mutation prompt; for host-scored tasks the text one, each parent an answer of up
+    to the budget (the bound `vpo.search.host` checks)."""
     T = task.completion_len(num_answers)
     need = task.prompt_arrays(records, num_answers)[0].shape[1] + T
-    if num_parents and task.has_mutation_demonstrations:
+    if num_parents and task.is_host:
+        empty = [("", [0.0] * task.num_rewards)] * num_parents
+        head = max(len(task.tokenizer.prompt_ids(mutation_text(task.task, r, empty,
+                                                                 num_answers)))
+                   for r in records)
+        need = max(need, head + num_parents * T + T)
+    elif num_parents and task.has_mutation_demonstrations:
         head = task.mutation_heads(records)[0].shape[1]
         need = max(need, task.mutation_prompt_len(head, num_parents, num_answers) + T)
     return need
