@@ -17,7 +17,7 @@
 #         'cd ~/vpo && .venv/bin/vpo train --distributed --preset maze objective.advantage=vpo \
 #          model=hf:$HOME/ckpt/Qwen3-4B --out $HOME/runs/vpo'
 # (copy the checkpoint folder to the same path on every worker first). The paper-scale comparison
-# is `vpo compare --preset paper` (settings in vpo/compare/driver.py PRESETS["paper"]).
+# is `vpo compare --preset paper` (settings in vpo/compare/config.py PRESETS["paper"]).
 #
 # Environment knobs: PYTHON (default python3), VENV (default .venv), JAX_TPU_SPEC (default
 # "jax[tpu]", e.g. "jax[tpu]==0.10.2" to pin).

