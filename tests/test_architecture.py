@@ -138,3 +138,17 @@ def test_no_module_over_450_lines_without_a_stated_reason():
     long = [f"{n} ({len(p.read_text().splitlines())} lines)" for n, p in mods.items()
             if len(p.read_text().splitlines()) > 450 and "# size:" not in p.read_text()]
     assert not long, f"split these modules or state why they are long ('# size: ...'): {long}"
+
+
+def test_every_subpackage_ships_in_the_distribution():
+    """pyproject's explicit `packages` list names every subpackage (a missing one installs
+    only in editable mode)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = {"vpo." + ".".join(p.parent.relative_to(ROOT / "vpo").parts)
+             for p in (ROOT / "vpo").rglob("__init__.py")} | {"vpo.kernels"}
+    found = {f.rstrip(".") for f in found}
+    assert found == listed, f"add to pyproject's packages: {sorted(found - listed)}; " \
+                            f"remove: {sorted(listed - found)}"
