@@ -8,8 +8,10 @@ One `vpo plan --programs rl_step` per (model, target, mode) in a subprocess (a c
 past --timeout is recorded as such); results are appended to --out as JSON lines (a rerun skips
 cells already there) and the markdown table is written from all of them. The run: task bandit
 (in-graph reward), train.batch_size=8, sampler.num_samples=4, the task's answer budget;
-parameters in bfloat16; on several devices mesh_fsdp = the device count (parameters and
-optimiser state sharded over all of them); LoRA: model.lora_rank=16 on all seven projections.
+parameters in bfloat16; the blocks as one scan (model.scan_layers=true: one block compiled; the
+unrolled SmolLM2-135M step did not finish compiling for v5e in 10 minutes on 2 cores); on
+several devices mesh_fsdp = the device count (parameters and optimiser state sharded over all of
+them); LoRA: model.lora_rank=16 on all seven projections.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-1.7b", "qwen3-4b")
 TARGETS = ("v5e", "h100", "v5e-4", "v5e-8", "v6e-8", "h100x8")
 MODES = ("full", "lora")
-RUN = ("task=bandit", "train.batch_size=8", "sampler.num_samples=4")
+RUN = ("task=bandit", "train.batch_size=8", "sampler.num_samples=4", "model.scan_layers=true")
 
 
 def devices_of(target: str) -> int:
