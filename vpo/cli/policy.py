@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 from vpo.cli.checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
 from vpo.tasks import TASK_NAMES as TASKS
+
+BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmetic); default: "
+               "the policy's own budget when it is a vpo train run, else the task's answer "
+               "budget (your data: 64 per answer)")
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
@@ -26,9 +31,8 @@ def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
     settings, e.g. a maze size or your data's files), else `default` (an hf: checkpoint).
     `difficulty` is --difficulty, which only `program` has. `overrides`: `load_model`'s."""
     from vpo.config import ConfigError
-    from vpo.io.checkpoint import load_model
 
-    model, _, info = load_model(policy, **overrides)
+    model, info = load_policy_model(policy, **overrides)
     if dataset is not None:
         return model, info, load_task("dataset", policy, dataset)
     own = info.get("task")
@@ -42,6 +46,55 @@ def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
     return model, info, load_task(name, policy, kwargs or None)
 
 
+def stage(text: str) -> None:
+    """A progress line on stderr (a stage of a command that takes a while)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def load_policy_model(policy: str, **overrides):
+    """`load_model(policy)` → (model, info), with a line on stderr before and after (reading
+    a checkpoint can take a while)."""
+    from vpo.io.checkpoint import load_model
+
+    stage(f"loading {policy} ...")
+    t0 = time.perf_counter()
+    model, _, info = load_model(policy, **overrides)
+    stage(f"loaded {policy} ({model.cfg.num_params:,} params) in "
+          f"{time.perf_counter() - t0:.1f}s")
+    return model, info
+
+
+def budget_of(task, num_answers: int, policy: str | None, given: int | None) -> int:
+    """The generation budget of a command: `vpo.launch.assemble.completion_budget` (the one
+    rule: --max-new-tokens, else the policy's `vpo train` run budget, else the task's answer
+    budget); --max-new-tokens on an in-graph task is refused."""
+    from vpo.config import ConfigError
+    from vpo.launch.assemble import completion_budget
+
+    if given is not None and not task.is_host:
+        raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
+                          "budget in one jit; the flag sets the budget of host-scored tasks "
+                          "(--data, arithmetic). Drop it")
+    return completion_budget(task, num_answers, policy=policy, given=given)
+
+
+def problems_of(task, seed: int, num: int) -> list:
+    """`num` problems of `seed`; a data file's rows (which `make_problems` takes in file order)
+    are a sample of `num` rows drawn with `seed`, kept in file order."""
+    import numpy as np
+
+    from vpo.tasks.dataset import ROW
+
+    records = task.make_problems(seed, num)
+    if not records or ROW not in records[0]:
+        return records
+    rows = task.make_problems(seed, 1 << 62)  # every row of the file
+    if len(rows) <= num:
+        return rows
+    pick = np.sort(np.random.default_rng(seed).choice(len(rows), size=num, replace=False))
+    return [rows[i] for i in pick]
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     """Sample answers from a policy and score them with the task's vector reward; prints
     completions, rewards and tokens/s. --policy is a trained policy or a checkpoint (its own
@@ -52,7 +105,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from flax import nnx
 
     from vpo.config import ConfigError, SamplerConfig, model_preset
-    from vpo.io.checkpoint import load_model
     from vpo.launch.assemble import fit_seq_len
     from vpo.model.decoder import Decoder
     from vpo.rollout import sampler
@@ -69,13 +121,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
     records = task.make_problems(args.seed, args.prompts)
     prompts, mask = task.prompt_arrays(records, M)
-    T = task.completion_len(M)
-    if args.max_new_tokens is not None:
-        if not task.is_host:
-            raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
-                              "budget in one jit; the flag sets the budget of host-scored tasks "
-                              "(--data, arithmetic). Drop it")
-        T = args.max_new_tokens
+    T = budget_of(task, M, args.policy, args.max_new_tokens)
     need = fit_seq_len(task, M, records=records, max_new_tokens=T,
                        at_least=0 if model is None else model.cfg.max_seq_len)
     if model is None:
@@ -86,7 +132,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     else:
         check_fit(model.cfg, task, records, M, args.policy)
         if need > model.cfg.max_seq_len:  # room for the prompts and the budget
-            model, _, _ = load_model(args.policy, max_seq_len=need)
+            model, _ = load_policy_model(args.policy, max_seq_len=need)
         source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
     tok = task.tokenizer
     cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
@@ -132,8 +178,7 @@ def add_sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--answers", type=int, default=None, help="answers per generation (VPO's "
                    "m); default: the policy's (3 without --policy)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget of "
-                   "host-scored tasks (--data, arithmetic); default: the task's for m answers")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -152,10 +197,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     results, tasks = {}, []
     from vpo.config import ConfigError
-    from vpo.io.checkpoint import load_model
     from vpo.launch.assemble import fit_seq_len
 
-    check_args(args, positive=("budget", "problems", "answers"), finite=("temperature",))
+    check_args(args, positive=("budget", "problems", "answers", "max_new_tokens"),
+               finite=("temperature",))
     check_out(args.out)
     dataset = dataset_kwargs(args)
     names = arm_names(args.policy)
@@ -166,7 +211,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"the policies were trained on different tasks ({listing}): an "
                               "equal-budget table needs one task; pass --task (or --data) to "
                               "evaluate every policy on it")
-    for path, name in zip(args.policy, names, strict=True):
+    for i, (path, name) in enumerate(zip(args.policy, names, strict=True), 1):
+        stage(f"policy {i}/{len(names)}: {name}")
         model, info, task = policy_and_task(path, args.task, dataset)
         if results and task.name != tasks[0]:
             raise ConfigError(f"--policy {path} was trained on {task.name}, --policy "
@@ -174,15 +220,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               "task; pass --task (or --data) to evaluate every policy on it")
         tasks.append(task.name)
         m = args.answers or int(info.get("num_answers", 1))
-        problems = task.make_problems(args.seed, args.problems)
+        problems = problems_of(task, args.seed, args.problems)
         check_fit(model.cfg, task, problems, m, path)
-        need = fit_seq_len(task, m, records=problems, at_least=model.cfg.max_seq_len)
+        T = budget_of(task, m, path, args.max_new_tokens)
+        need = fit_seq_len(task, m, records=problems, at_least=model.cfg.max_seq_len,
+                           max_new_tokens=T)
         if need > model.cfg.max_seq_len:
-            model, _, _ = load_model(path, max_seq_len=need)
+            model, _ = load_policy_model(path, max_seq_len=need)
+        stage(f"sampling {len(problems)} problems x {args.budget} candidates (m={m}, up to {T} "
+              "new tokens per generation)")
         results[f"{name} (m={m})"] = evaluate_policy(
             model, task, problems, num_answers=m, budget=args.budget,
             ks=default_ks(args.budget), key=jax.random.key(args.seed),
-            temperature=args.temperature)
+            temperature=args.temperature, max_new_tokens=T, progress=True, desc=name)
     table = write_report(args.out, results, default_ks(args.budget),
                          title=f"{task.name}: {len(problems)} problems, {args.budget} candidates")
     print(table)
@@ -226,7 +276,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=12, help="candidates per problem")
     p.add_argument("--problems", type=int, default=32)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
+    p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split); with "
+                   "--data it draws which --problems rows of the file are evaluated")
     add_data_args(p)
     p.add_argument("--out", required=True)
 
@@ -273,11 +325,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ConfigError(message) from None
     records = task.make_problems(args.seed, args.problems)
     check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
-    where = "on the host" if task.is_host else "in one jit per method"
+    T = budget_of(task, cfg.num_answers, args.policy, args.max_new_tokens)
+    where = (f"on the host, up to {T} new tokens per generation" if task.is_host
+             else "in one jit per method")
     print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
-          f"and method, scored {where}")
+          f"and method, scored {where}", flush=True)
     results = run_all_methods(jax.random.key(args.seed), model, task, records, cfg,
-                              mesh=sharding.make_mesh(), max_new_tokens=args.max_new_tokens)
+                              mesh=sharding.make_mesh(),
+                              max_new_tokens=T if task.is_host else None, progress=True)
     traces = {method: r.trace for method, r in results.items()}
     search.write_report(args.out, traces, title=f"{task.name}, {len(records)} problems")
     best = {method: r.best for method, r in results.items() if r.best is not None}
@@ -317,8 +372,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--children", type=int, default=8)
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget per "
-                   "call for host-scored tasks (default: the task's budget for m answers)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
     p.add_argument("--seed", type=int, default=4242)
     add_data_args(p)
     p.add_argument("--out", required=True)

@@ -80,18 +80,29 @@ def host_score_all_answers(task: BoundTask, records, tokens_BGT, mask_BGT, num_a
 
 
 def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
-                key, temperature: float = 1.0, top_p: float = 1.0, chunk: int = 16):
+                key, temperature: float = 1.0, top_p: float = 1.0, chunk: int = 16,
+                max_new_tokens: int | None = None, progress: bool = False, desc: str = "eval"):
     """Sample budget/m generations per problem → (pool, answers_PNA, answer_mask_PNA, entropy).
 
     `budget` must be a multiple of `num_answers`. Problems are processed `chunk` at a time.
     Every parsed answer is a scored candidate (`score_all_answers`, `host_score_all_answers`).
     answers_PNA are symbol ids for in-graph tasks (distinct-solution counts); None for host
-    tasks.
+    tasks. `max_new_tokens`: the generation budget of host-scored tasks (default: the task's
+    for m answers; `vpo.launch.assemble.completion_budget` is the commands' rule). `progress`:
+    a bar over the chunks on stderr, labelled `desc`.
     """
+    import tqdm
+
     if budget % num_answers:
         raise ValueError(f"budget {budget} must be a multiple of num_answers {num_answers}")
     G = budget // num_answers
     T = task.completion_len(num_answers)
+    if max_new_tokens is not None and max_new_tokens != T:
+        if not task.is_host:
+            raise ConfigError(f"max_new_tokens: the {task.name} task's answers are read in one "
+                              f"jit with their own budget ({T}); it sets the budget of "
+                              "host-scored tasks only")
+        T = max_new_tokens
     prompts, pmask = task.prompt_arrays(records, num_answers)
     problems = task.problem_arrays(records)
     if prompts.shape[1] + T > model.cfg.max_seq_len:
@@ -102,7 +113,8 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
     tok = task.tokenizer
     score_fn = None if task.is_host else _jitted_scorer(task, num_answers)
     outs = []
-    for i, start in enumerate(range(0, prompts.shape[0], chunk)):
+    starts = range(0, prompts.shape[0], chunk)
+    for i, start in enumerate(tqdm.tqdm(starts, desc=desc, unit="chunk", disable=not progress)):
         sl = slice(start, start + chunk)
         sub = jax.tree.map(lambda x, sl=sl: np.asarray(x)[sl], problems)
         r = sample(model, prompts[sl], pmask[sl], jax.random.fold_in(key, i), cfg,
@@ -127,19 +139,28 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
 
 
 def evaluate_policy(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
-                    ks: Sequence[int], key, temperature: float = 1.0) -> dict[str, float]:
-    """Problem-averaged metrics of one policy (see `evaluation.summarize_pool`) + entropy."""
+                    ks: Sequence[int], key, temperature: float = 1.0,
+                    max_new_tokens: int | None = None, progress: bool = False,
+                    desc: str = "eval") -> dict[str, float]:
+    """Problem-averaged metrics of one policy (see `evaluation.summarize_pool`) + entropy;
+    `max_new_tokens`, `progress`, `desc` as in `sample_pool`."""
     return evaluate_policy_per_problem(model, task, records, num_answers=num_answers,
-                                       budget=budget, ks=ks, key=key, temperature=temperature)[0]
+                                       budget=budget, ks=ks, key=key, temperature=temperature,
+                                       max_new_tokens=max_new_tokens, progress=progress,
+                                       desc=desc)[0]
 
 
 def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num_answers: int,
-                                budget: int, ks: Sequence[int], key, temperature: float = 1.0
+                                budget: int, ks: Sequence[int], key, temperature: float = 1.0,
+                                max_new_tokens: int | None = None, progress: bool = False,
+                                desc: str = "eval"
                                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """`evaluate_policy`'s metrics and per-problem arrays {"best_P": max_n w*ᵀr over the N
     candidates (0 if none valid), "solved_P": some candidate solves the problem}."""
     pool, answers, amask, entropy = sample_pool(model, task, records, num_answers=num_answers,
-                                                budget=budget, key=key, temperature=temperature)
+                                                budget=budget, key=key, temperature=temperature,
+                                                max_new_tokens=max_new_tokens,
+                                                progress=progress, desc=desc)
     out = evaluation.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
                                     answer_mask_PNA=amask)
     out["entropy"] = entropy

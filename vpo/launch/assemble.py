@@ -2,12 +2,14 @@
 
 Every entry point goes through here: `vpo train` (`assemble_run`, then `load_init`), `vpo
 train --resume` (`assemble_resume`), `vpo sft` and `vpo compare` (`fit_seq_len`,
-`learning_rate`), `vpo sample / eval / search` (`load_task`, `fit_seq_len`), and the Python API.
+`learning_rate`), `vpo sample / eval / search` (`load_task`, `fit_seq_len`,
+`completion_budget`), and the Python API.
 What is decided here exists nowhere else:
 
     the task, bound to the tokenizer of the policy that reads it     `load_task`
     the sequence length: the longest measured prompt + answers + `SEQ_MARGIN`   `fit_seq_len`
     the learning rate of a pretrained policy (`vpo.config.PRETRAINED_LR`)       `learning_rate`
+    the generation budget of every command (train, sample, eval, search) `completion_budget`
     the RunConfig: preset or file, overrides, model= / --init, --data, fitted and checked once
                                                                      `assemble_run`
 """
@@ -86,6 +88,47 @@ def fit_seq_len(task: BoundTask, num_answers, *, num_parents: int = 0, seed: int
         need = max(need, max(task.prompt_arrays(records, m)[0].shape[1] for m in ms)
                    + max_new_tokens)
     return max(at_least, need + SEQ_MARGIN)
+
+
+def completion_budget(task: BoundTask, num_answers: int, *, policy: str | None = None,
+                      given: int | None = None) -> int:
+    """The generation budget (new tokens per completion) every command uses by default.
+
+    In-graph tasks: the task's answer budget `task.completion_len(m)` (their reader is built for
+    it). Host-scored tasks (your data, arithmetic): `given` (--max-new-tokens) if set; else, for
+    a `vpo train` run's policy, the run's own `sampler.max_new_tokens` (its policy.json's
+    `max_new_tokens`, or the run folder's config.json), at least the task's answer budget; else
+    the task's answer budget, which for free-text answers (a dataset: no fixed words) is at least
+    `vpo.tasks.dataset.ANSWER_TOKENS` per answer."""
+    from vpo.tasks.dataset import ANSWER_TOKENS
+
+    floor = task.completion_len(num_answers)
+    if not task.is_host:
+        return floor
+    if given is not None:
+        return int(given)
+
+    def read(path, *keys):
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = json.load(f)
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    trained = None
+    spec = resolve_model_spec(policy) if policy and policy not in MODEL_PRESETS else None
+    if spec and not hf.is_hf_spec(spec) and os.path.isdir(spec):
+        trained = read(os.path.join(spec, "policy.json"), "max_new_tokens")
+        if trained is None and os.path.basename(os.path.normpath(spec)) == "policy":
+            run_dir = os.path.dirname(os.path.abspath(spec))  # a vpo train --out folder
+            trained = read(os.path.join(run_dir, loop.CONFIG), "sampler", "max_new_tokens")
+    if trained is not None:
+        return max(trained, floor)
+    free_text = task.task.symbols is None and not task.task.words
+    return max(floor, num_answers * ANSWER_TOKENS) if free_text else floor
 
 
 def source_of(model_spec: str | None) -> str | None:
@@ -197,7 +240,11 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
         raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
                           "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
     task = load_task(run.task, init_spec, run.task_kwargs)
-    run = _fit_to_task(run, task, given, context=context_of(init_spec), spec=init_spec)
+    chosen = given | {item.partition("=")[0] for item in base}  # by the user or the preset
+    budget = (None if "sampler.max_new_tokens" in chosen or not task.is_host
+              else completion_budget(task, run.train.num_answers, policy=init_spec))
+    run = _fit_to_task(run, task, given, context=context_of(init_spec), spec=init_spec,
+                       budget=budget)
     model_fields = frozenset(file_data.get("model", {})) if not any(
         item.partition("=")[0] == "model" for item in overrides) else frozenset()
     return Assembly(run, task, init_spec, frozenset(given), model_fields,
@@ -239,21 +286,27 @@ def context_of(model_spec: str | None) -> int | None:
 
 
 def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str], *,
-                 context: int | None = None, spec: str | None = None) -> RunConfig:
+                 context: int | None = None, spec: str | None = None,
+                 budget: int | None = None) -> RunConfig:
     """Vocabulary, sequence length and answer budget raised to what the task needs, where the
-    user did not set them; a value the user set below that is refused, naming the floor. A
+    user did not set them; a value the user set below that is refused, naming the floor.
+    `budget`: the default generation budget (`completion_budget`) replacing the config's. A
     pretrained checkpoint's `context` bounds the sequence length: prompts + answers longer than
     it are refused before anything is allocated."""
     m = run.train.num_answers
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
-    seq = fit_seq_len(task, m, num_parents=parents, seed=run.train.seed)
+    seq = fit_seq_len(task, m, num_parents=parents, seed=run.train.seed,
+                      max_new_tokens=budget)
+    if budget is not None:
+        run = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler,
+                                                                   max_new_tokens=budget))
     if context is not None:
         need = seq - SEQ_MARGIN
         if need > context:
-            raise ConfigError(f"the longest prompt plus the answer budget ({T} tokens) needs "
-                              f"{need} positions; the checkpoint {spec} was trained on "
-                              f"{context}. Shorten the longest prompts or lower "
+            raise ConfigError(f"the longest prompt plus the answer budget ({budget or T} "
+                              f"tokens) needs {need} positions; the checkpoint {spec} was "
+                              f"trained on {context}. Shorten the longest prompts or lower "
                               "sampler.max_new_tokens / train.num_answers")
         seq = min(seq, context)
     floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),

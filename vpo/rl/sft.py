@@ -74,13 +74,16 @@ def _right_pad(rows: list[list[int]], length: int, pad_id: int, what: str
 def demonstration_set(task: BoundTask, num: int, num_answers: int, seed: int
                       ) -> dict[str, np.ndarray]:
     """`num` problems with one demonstration each (answers in tags, then the stop token), as
-    padded arrays for `sft_step`."""
+    padded arrays for `sft_step`; targets up to the task's answer budget (free text, your
+    data's `completion` column: up to the longest demonstration)."""
     records = task.make_problems(seed, num)
     prompts, pmask = task.prompt_arrays(records, num_answers)
     rng = np.random.default_rng(seed)
     targets = [task.demonstration_ids(r, rng, num_answers) for r in records]
-    target, tmask = _right_pad(targets, task.completion_len(num_answers),
-                               task.tokenizer.pad_id, "demonstration")
+    length = task.completion_len(num_answers)
+    if task.task.symbols is None and not task.task.words:  # free text (your data): as written
+        length = max([length, *map(len, targets)])
+    target, tmask = _right_pad(targets, length, task.tokenizer.pad_id, "demonstration")
     return dict(prompt_BP=prompts, prompt_mask_BP=pmask, target_BT=target, target_mask_BT=tmask)
 
 
@@ -173,8 +176,8 @@ def _split_rows(total: int, parts: int) -> list[int]:
 def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: int = 32,
             learning_rate: float = 3e-3, num_answers: int | Sequence[int] = 1,
             num_demos: int = 1024, seed: int = 0, mesh=None, mutation_fraction: float = 0.5,
-            mutation_parents: int = 2, init=None, consume_init: bool = False
-            ) -> tuple[nnx.GraphDef, TrainState, list[float]]:
+            mutation_parents: int = 2, init=None, consume_init: bool = False,
+            progress: bool = False) -> tuple[nnx.GraphDef, TrainState, list[float]]:
     """Supervised fine-tuning on the task's demonstrations → (graphdef, state, losses).
 
     num_answers: m, or several m (e.g. (1, 3)): then every batch mixes the m-answer prompts in
@@ -192,7 +195,10 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
       (`vpo.model.lora`); export the plain policy with `vpo.rl.step.policy_of`.
     consume_init: hand init's arrays to the train state (`state_from_model(consume=True)`: the
       weights are not held twice; `init` is unusable afterwards).
+    progress: a bar over the steps on stderr (the loss of the step before, as it is read).
     """
+    import tqdm
+
     if not 0.0 <= mutation_fraction <= 1.0:
         raise ValueError(f"mutation_fraction={mutation_fraction} must be in [0, 1]")
     ms = sorted({int(num_answers)} if np.ndim(num_answers) == 0 else set(num_answers))
@@ -240,7 +246,8 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
     rng = np.random.default_rng(seed)
     losses = []
     pending = None
-    for _ in range(steps):
+    bar = tqdm.tqdm(range(steps), desc="sft", unit="step", disable=not progress)
+    for _ in bar:
         idx = [rng.integers(0, len(d["target_BT"]), size=b) for d, b in zip(sets, sizes,
                                                                               strict=True)]
         batch = {k: jax.device_put(
@@ -250,6 +257,8 @@ def run_sft(task: BoundTask, model_cfg: ModelConfig, steps: int, *, batch_size: 
         state, metrics = step(state, batch)
         if pending is not None:
             losses.append(float(pending["loss"]))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         pending = metrics
+    bar.close()
     losses.append(float(pending["loss"]))
     return graphdef, state, losses

@@ -148,8 +148,8 @@ def _island_ops(pop: Population, *, migrate: bool, reset: bool, cfg: SearchConfi
 class _Tracker:
     """Best-so-far, solved flag and candidates evaluated per problem; the trace points."""
 
-    def __init__(self, task: BoundTask, n: int):
-        self.task, self.n = task, n
+    def __init__(self, task: BoundTask, n: int, bar=None):
+        self.task, self.n, self.bar = task, n, bar  # bar: ticked once per trace point
         self.best_N = np.full((n,), -np.inf, np.float32)
         self.best_id_N = np.full((n,), -1, np.int64)  # the best answer's TextTable id
         self.best_rewards_NR = np.zeros((n, task.num_rewards), np.float32)
@@ -172,6 +172,9 @@ class _Tracker:
     def point(self, diversity_N):
         self.points.append((self.best_N.copy(), self.solved_N.copy(), np.asarray(diversity_N),
                             self.evaluated))
+        if self.bar is not None:
+            self.bar.set_postfix(solved=f"{int(self.solved_N.sum())}/{self.n}", refresh=False)
+            self.bar.update(1)
 
     def best_answers(self, texts: Sequence[str]) -> list[dict | None]:
         """Per problem the best answer found: its text, reward vector and w*ᵀr (None: no
@@ -302,14 +305,19 @@ _METHODS = {"search": _search, "best_of_n": _best_of_n, "revision": _revision}
 
 
 def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[Record],
-                    cfg: SearchConfig, *, max_new_tokens: int | None = None) -> SearchResult:
+                    cfg: SearchConfig, *, max_new_tokens: int | None = None,
+                    progress: bool = False) -> SearchResult:
     """Run `method` ("search" | "best_of_n" | "revision") on the host-scored `task` for every
     record at the budget `cfg.budget` → `SearchResult`: the trace with leading N, the distinct
     answer texts seen, and per record the best answer found (`_Tracker.best_answers`: text,
     reward vector, w*ᵀr; None when none was valid).
 
-    `max_new_tokens`: the generation budget (default: the task's budget for m answers).
+    `max_new_tokens`: the generation budget (default: the task's budget for m answers;
+    `vpo.launch.assemble.completion_budget` is the commands' rule). `progress`: a bar over the
+    generations on stderr (the initial population counts as one).
     """
+    import tqdm
+
     check_method(method)
     task.check_num_answers(cfg.num_answers)
     T = max_new_tokens or task.completion_len(cfg.num_answers)
@@ -323,7 +331,9 @@ def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[
                           f"to {T} tokens, plus {T} new tokens, need {need} positions; got "
                           f"{model.cfg.max_seq_len} (lower search.parents or the generation "
                           "budget)")
-    tracker = _Tracker(task, len(records))
-    _METHODS[method](propose, list(records), cfg, key, tracker)
+    with tqdm.tqdm(total=cfg.generations + 1, desc=method, unit="gen",
+                   disable=not progress) as bar:
+        tracker = _Tracker(task, len(records), bar)
+        _METHODS[method](propose, list(records), cfg, key, tracker)
     return SearchResult(tracker.trace(), texts=table.texts,
                         best=tracker.best_answers(table.texts))

@@ -13,15 +13,23 @@ from vpo.tasks.bound import BoundTask
 
 
 def run_all_methods(key, model, task: BoundTask, records: Sequence[Record], cfg: SearchConfig,
-                    *, mesh=None, max_new_tokens: int | None = None) -> dict[str, SearchResult]:
+                    *, mesh=None, max_new_tokens: int | None = None,
+                    progress: bool = False) -> dict[str, SearchResult]:
     """Search, best-of-N and revision at the same budget on every record → {method: result}
-    (islands sharded over `mesh` when they divide evenly over its data devices)."""
+    (islands sharded over `mesh` when they divide evenly over its data devices). `progress`:
+    bars on stderr, per generation for host-scored tasks, per method for in-graph ones (each
+    method is one jit)."""
+    import tqdm
+
     if task.is_host:
         return {method: run_host_method(key, method, model, task, records, cfg,
-                                        max_new_tokens=max_new_tokens) for method in METHODS}
+                                        max_new_tokens=max_new_tokens, progress=progress)
+                for method in METHODS}
     problems = search_problems(task, list(records), cfg.num_answers)
     out = {}
-    for method in METHODS:
+    bar = tqdm.tqdm(METHODS, desc="search methods", unit="method", disable=not progress)
+    for method in bar:
+        bar.set_postfix_str(method)
         m = mesh if method == "search" else None
         if m is not None and cfg.islands % m.shape["data"]:
             m = None  # islands must split evenly over the data devices; else one device
