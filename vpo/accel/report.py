@@ -136,7 +136,7 @@ def advise(report: ProgramReport, run: RunConfig, n_devices: int) -> str | None:
     if report.error_name == COMPILE_ERROR:
         if "output tile sizes" in (report.error or ""):  # XLA:GPU's Triton GEMM tiling
             return ("XLA_FLAGS=--xla_gpu_enable_triton_gemm=false (XLA's Triton GEMM finds no "
-                    "tiling for a dot of these shapes; the SmolLM2-135M step then compiles)")
+                    "tiling for a dot of these shapes)")
         return None
     t, s = run.train, run.sampler
     options = []
