@@ -1,5 +1,5 @@
 """One rule in one place: the sequence-length fit and the pretrained learning rate live in
-`vpo.launch.assemble`, and changing either there changes what every entry point builds
+`vpo.launch.rules`, and changing either there changes what every entry point builds
 (`vpo train`, `vpo sft`, `vpo compare`)."""
 
 import os
@@ -10,7 +10,7 @@ from vpo.cli import main as cli
 from vpo.compare import config as compare_config
 from vpo.compare import driver as compare
 from vpo.config import run as run_config
-from vpo.launch import assemble
+from vpo.launch import assemble, rules
 
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 
@@ -24,14 +24,14 @@ def test_the_sequence_length_fit_is_one_rule_every_entry_point_follows(monkeypat
     task = compare.make_task(compare_config.make_config("smoke"))
     cfg = compare_config.make_config("smoke")
     compare_before = compare._seq_len(cfg, task, 1)
-    monkeypatch.setattr(assemble, "SEQ_MARGIN", 5000)
+    monkeypatch.setattr(rules, "SEQ_MARGIN", 5000)
     assert assemble.assemble_run("maze", None, ["model=tiny"]).run.model.max_seq_len > 5000 > before
     assert compare._seq_len(cfg, task, 1) > 5000 > compare_before
 
     def spy(*args, **kwargs):
         raise _SeenError(kwargs)
 
-    monkeypatch.setattr(assemble, "fit_seq_len", spy)
+    monkeypatch.setattr(rules, "fit_seq_len", spy)
     with pytest.raises(_SeenError):  # vpo sft asks the same function for its length
         cli.main(["sft", "--task", "bandit", "--steps", "1", "--out", str(tmp_path / "s")])
 
@@ -46,8 +46,8 @@ def test_the_pretrained_learning_rate_is_one_rule_every_entry_point_follows(monk
     assert arm.train.learning_rate == 7e-7  # was the from-scratch 3e-4
     assert compare_config.make_config("smoke", [f"init=hf:{BPE}", "train.learning_rate=1e-3"]
                                       ).train.learning_rate == 1e-3  # a given rate is kept
-    assert assemble.learning_rate("sft", f"hf:{BPE}", 0) == 3e-5
-    assert assemble.learning_rate("sft", None, 0) == assemble.FROM_SCRATCH_LR["sft"]
+    assert rules.learning_rate("sft", f"hf:{BPE}", 0) == 3e-5
+    assert rules.learning_rate("sft", None, 0) == rules.FROM_SCRATCH_LR["sft"]
 
     seen = {}
 
@@ -55,7 +55,7 @@ def test_the_pretrained_learning_rate_is_one_rule_every_entry_point_follows(monk
         seen.update(kind=kind, spec=spec, given=given)
         raise _SeenError
 
-    monkeypatch.setattr(assemble, "learning_rate", spy)
+    monkeypatch.setattr(rules, "learning_rate", spy)
     with pytest.raises(_SeenError):  # vpo sft asks the same rule
         cli.main(["sft", "--task", "bandit", "--steps", "1", "--out", str(tmp_path / "s")])
     assert seen == {"kind": "sft", "spec": "tiny", "given": None}
@@ -67,5 +67,5 @@ def test_a_policy_folder_of_pretrained_weights_counts_as_pretrained(tmp_path):
     folder = tmp_path / "policy"
     folder.mkdir()
     (folder / "policy.json").write_text(f'{{"model": {{}}, "source": "hf:{BPE}"}}')
-    assert assemble.source_of(str(folder)) == f"hf:{BPE}"
-    assert assemble.source_of("tiny") is None and assemble.source_of(None) is None
+    assert rules.source_of(str(folder)) == f"hf:{BPE}"
+    assert rules.source_of("tiny") is None and rules.source_of(None) is None

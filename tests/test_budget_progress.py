@@ -11,8 +11,8 @@ import pytest
 from vpo.cli import main as cli
 from vpo.cli.policy import BUDGET_HELP, budget_of
 from vpo.config import ConfigError
-from vpo.launch import assemble
-from vpo.launch.assemble import completion_budget
+from vpo.launch import assemble, rules
+from vpo.launch.rules import completion_budget
 from vpo.tasks.dataset import ANSWER_TOKENS
 
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
@@ -33,7 +33,7 @@ def kwargs_of(data):
 
 
 def data_task(data):
-    return assemble.load_task("dataset", f"hf:{BPE}", kwargs_of(data))
+    return rules.load_task("dataset", f"hf:{BPE}", kwargs_of(data))
 
 
 def test_the_default_budget_is_one_rule(data, tmp_path):
@@ -44,9 +44,9 @@ def test_the_default_budget_is_one_rule(data, tmp_path):
     assert max(task.completion_len(1), ANSWER_TOKENS) == T
     assert completion_budget(task, 2) == max(task.completion_len(2), 2 * ANSWER_TOKENS)
     assert completion_budget(task, 1, given=9) == 9
-    arith = assemble.load_task("arithmetic")
+    arith = rules.load_task("arithmetic")
     assert completion_budget(arith, 2) == arith.completion_len(2)
-    maze = assemble.load_task("maze")
+    maze = rules.load_task("maze")
     assert completion_budget(maze, 3, given=5) == maze.completion_len(3)  # in-graph: fixed
     run = tmp_path / "run"
     (run / "policy").mkdir(parents=True)

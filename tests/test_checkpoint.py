@@ -15,7 +15,7 @@ import pytest
 
 from vpo.config import ObjectiveConfig, RunConfig, SamplerConfig, TrainConfig, model_preset
 from vpo.io import checkpoint as ckpt_lib
-from vpo.launch import assemble
+from vpo.launch import assemble, rules
 from vpo.model import sharding
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
@@ -132,9 +132,9 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(tok.token_bytes(), got.token_bytes(), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert assemble.tokenizer_for(task.task, folder).encode("A B C") == tok.encode("A B C")
-    assert assemble.tokenizer_for(task.task, None).size == tok.size  # a preset: the word one
-    assert assemble.tokenizer_for(task.task, "tiny").size == tok.size
+    assert rules.tokenizer_for(task.task, folder).encode("A B C") == tok.encode("A B C")
+    assert rules.tokenizer_for(task.task, None).size == tok.size  # a preset: the word one
+    assert rules.tokenizer_for(task.task, "tiny").size == tok.size
 
     bare = str(tmp_path / "bare")
     ckpt_lib.save_policy(bare, run.model, nnx.state(model, nnx.Param))
@@ -148,7 +148,7 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
     hf_model, hf_tok, hf_info = ckpt_lib.load_model("hf:" + src)
     assert hf_info == {"source": "hf:" + src} and hf_model.cfg.param_dtype == "float32"
     assert hf_tok.stop_ids == (72, 70) and hf_tok.pad_id == 70
-    assert assemble.tokenizer_for(task.task, "hf:" + src).stop_ids == (72, 70)
+    assert rules.tokenizer_for(task.task, "hf:" + src).stop_ids == (72, 70)
 
 
 KILL_RUN = ["--preset", "smoke", "train.steps=4", "train.checkpoint_every=2"]

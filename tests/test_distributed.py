@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
     import jax
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
     from vpo.rl import loop
-    from vpo.launch import presets
+    from vpo.launch import assemble
     plan = assemble.assemble_run("smoke", None, overrides)
     run, task = plan.run, plan.task
     loop.train(run, out, task=task, mesh=sharding.make_mesh(data=2, tensor=4), progress=False)

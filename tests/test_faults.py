@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from vpo.errors import CheckpointError
 from vpo.io import checkpoint as ckpt_lib
 from vpo.io.tokenizer import load_tokenizer
 from vpo.launch import assemble
-from vpo.rl import loop
+from vpo.rl import loop, run_folder
 from vpo.rl.metrics_log import read_rows
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -80,22 +81,22 @@ def test_a_run_folder_is_held_by_one_process_and_a_killed_holder_lets_go(tmp_pat
     holder = hold_lock(out)
     try:
         busy = f"another vpo process \\(pid {holder.pid} on "
-        for call in (lambda: loop.check_new_run(out),
-                     lambda: loop.check_new_run(out, overwrite=True),
-                     lambda: loop.clear_run(out), lambda: loop.resume_config(out, [])):
-            with pytest.raises(loop.RunFolderLockedError, match=busy):
+        for call in (lambda: run_folder.check_new_run(out),
+                     lambda: run_folder.check_new_run(out, overwrite=True),
+                     lambda: run_folder.clear_run(out), lambda: run_folder.resume_config(out, [])):
+            with pytest.raises(run_folder.RunFolderLockedError, match=busy):
                 call()
         plan = assemble.assemble_run("smoke", None, ["train.steps=1"])
-        with pytest.raises(loop.RunFolderLockedError, match=busy):
+        with pytest.raises(run_folder.RunFolderLockedError, match=busy):
             loop.train(plan.run, out, task=plan.task, progress=False)
         assert cli.main(["train", *SMOKE, "--out", out]) == 2
         assert f"pid {holder.pid}" in capsys.readouterr().err
-        assert os.listdir(out) == [loop.LOCK_FILE]  # nothing written, nothing cleared
+        assert os.listdir(out) == [run_folder.LOCK_FILE]  # nothing written, nothing cleared
     finally:
         holder.kill()
         holder.wait()
-    loop.check_new_run(out)  # the killed holder's lock is free: taken over
-    with open(os.path.join(out, loop.LOCK_FILE)) as f:
+    run_folder.check_new_run(out)  # the killed holder's lock is free: taken over
+    with open(os.path.join(out, run_folder.LOCK_FILE)) as f:
         assert json.load(f)["pid"] == os.getpid()
     loop.release_run(out)
     assert os.listdir(out) == []
@@ -105,11 +106,11 @@ def test_a_refused_check_leaves_no_trace(finished, tmp_path):
     """A check that refuses lets go of the lock and removes what it made."""
     before = sorted(os.listdir(finished))
     with pytest.raises(ConfigError, match="already holds a run"):
-        loop.check_new_run(finished)
+        run_folder.check_new_run(finished)
     assert sorted(os.listdir(finished)) == before
     new = str(tmp_path / "new")
     assert loop.lock_run(new) and not loop.lock_run(new)  # held: taken once per process
-    loop.release_locks()
+    run_folder.release_locks()
     assert not os.path.exists(new)
 
 
@@ -127,12 +128,13 @@ def test_two_processes_on_one_folder_one_refuses(tmp_path, load_experiment):
 @pytest.mark.parametrize("sig", ["INT", "TERM"])
 def test_a_signal_stops_the_run_with_its_last_row_checkpointed(finished, tmp_path, sig):
     """The signal lands after step 2's row was queued (one step late): the run writes row 2,
-    saves step 2 (not a checkpoint step), exits with 130; --resume finishes it exactly."""
+    saves step 2 (not a checkpoint step), exits with 128 + the signal's number (130 for SIGINT,
+    143 for SIGTERM, as shells report them); --resume finishes it exactly."""
     out = str(tmp_path / "run")
     t0 = time.perf_counter()
     p = vpo("train", "--preset", "smoke", *RUN6, "--out", out, VPO_KILL_AT="logged:2",
             VPO_KILL_SIGNAL=sig)
-    assert p.returncode == 130, p.stderr[-2000:]
+    assert p.returncode == 128 + getattr(signal, f"SIG{sig}"), p.stderr[-2000:]
     assert time.perf_counter() - t0 < 60
     assert "Traceback" not in p.stderr and f"SIG{sig}: stopping after the step" in p.stderr
     assert steps(out) == [1, 2] and checkpoints(out) == [2]
@@ -277,12 +279,12 @@ def test_resume_refuses_a_changed_data_file(tmp_path):
     run = dataclasses.replace(plan.run, task_kwargs={"path": str(data)})
     out = str(tmp_path / "run")
     loop.train(run, out, task=plan.task, progress=False, stop_at=1)
-    assert loop.resume_config(out, []).task_kwargs == {"path": str(data)}
+    assert run_folder.resume_config(out, []).task_kwargs == {"path": str(data)}
     data.write_text('{"prompt": "b"}\n')
     with pytest.raises(ConfigError, match=f"data file {data} changed since the run started"):
-        loop.resume_config(out, [])
-    loop.resume_config(out, [], data_changed_ok=True)  # on purpose: the new file is recorded
-    loop.resume_config(out, [])
+        run_folder.resume_config(out, [])
+    run_folder.resume_config(out, [], data_changed_ok=True)  # on purpose: the new file is recorded
+    run_folder.resume_config(out, [])
     data.unlink()
     with pytest.raises(ConfigError, match=f"data file {data} is gone"):
-        loop.resume_config(out, [])
+        run_folder.resume_config(out, [])

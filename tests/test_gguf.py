@@ -32,7 +32,7 @@ from vpo.io import (
 )
 from vpo.io import gguf as vgguf  # noqa: E402
 from vpo.io.tokenizer import load_tokenizer  # noqa: E402
-from vpo.launch import assemble  # noqa: E402
+from vpo.launch import rules  # noqa: E402
 from vpo.model import sharding
 from vpo.model.decoder import Decoder
 from vpo.tasks import make_task  # noqa: E402
@@ -208,7 +208,7 @@ def test_completion_text_is_decode(tok):
 
 def test_tokenizer_for_an_hf_gguf_spec(path, tok):
     task = make_task("maze")
-    got = assemble.tokenizer_for(task, f"hf:{path}")
+    got = rules.tokenizer_for(task, f"hf:{path}")
     assert got.size == tok.size and got.stop_ids == tok.stop_ids
 
 

@@ -53,11 +53,11 @@ def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
 def check_out(out: str) -> None:
     """A report folder (`vpo eval` / `vpo search --out`) must not be a run or policy folder."""
     from vpo.config import ConfigError
-    from vpo.rl import loop
+    from vpo.rl import run_folder
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"--out {out}: is a file, not a folder; pick a folder path")
-    found = [n for n in loop.run_contents(out) if n != "tb"]
+    found = [n for n in run_folder.run_contents(out) if n != "tb"]
     if found:
         raise ConfigError(f"--out {out}: holds a run or policy ({', '.join(found)}); write the "
                           "report to its own folder")

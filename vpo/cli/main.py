@@ -39,12 +39,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
     from vpo.config import MODEL_PRESETS, ConfigError, ModelConfig, model_preset
     from vpo.io import checkpoint
-    from vpo.launch.assemble import fit_seq_len, learning_rate, source_of
-    from vpo.rl import loop
+    from vpo.launch.rules import fit_seq_len, learning_rate, source_of
+    from vpo.rl import run_folder
     from vpo.rl.sft import run_sft
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
-    loop.check_new_run(args.out, overwrite=args.overwrite)
+    run_folder.check_new_run(args.out, overwrite=args.overwrite)
     if args.model and args.preset:
         raise ConfigError(f"--preset {args.preset} and --model {args.model}: choose one (a "
                           "model preset trained from scratch, or a checkpoint to fine-tune)")
@@ -70,14 +70,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
         src = source_of(spec) or spec  # the pretrained weights it came from, if any
         check_fit(cfg, task, problems, args.answers, spec)
     if args.overwrite:
-        loop.clear_run(args.out)
+        run_folder.clear_run(args.out)
     lr = learning_rate("sft", spec, cfg.lora_rank, args.lr)
     print(f"SFT {task.name}: {spec} policy ({cfg.num_params:,} params), {args.steps} "
           f"steps of {args.batch} demonstrations with {args.answers} answers each, learning "
           f"rate {lr:g}")
     _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
                                learning_rate=lr, num_answers=args.answers, seed=args.seed,
-                               init=init, consume_init=True)  # the weights held once
+                               init=init, consume_init=True,  # the weights held once
+                               progress=True)
     checkpoint.save_policy(args.out, cfg, state.params,
                            {"task": "dataset" if dataset else args.task,
                             "task_kwargs": dataset or {},
@@ -157,7 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vpo.io.checkpoint import load_model
     from vpo.launch import assemble
     from vpo.model import sharding
-    from vpo.rl import loop
+    from vpo.rl import loop, run_folder
 
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
     _use_compile_cache(args.compile_cache)
@@ -167,13 +168,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     init = None
     if args.resume:
         _check_resume_matches(args)
-        plan = assemble.assemble_resume(args.out, args.overrides)
+        plan = assemble.assemble_resume(args.out, args.overrides,
+                                        data_changed_ok=args.data_changed_ok)
         run, task, init_spec = plan.run, plan.task, plan.init_spec
         keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
         if init_spec:  # the run's own model settings (dtype, rope, ...), not the file's
             init, _, _ = load_model(init_spec, **assemble.loadable_fields(run.model))
     else:
-        loop.check_new_run(args.out, overwrite=args.overwrite)
+        run_folder.check_new_run(args.out, overwrite=args.overwrite)
         plan = assemble.assemble_run(args.preset, args.config, args.overrides, init=args.init,
                                      dataset=dataset_kwargs(args))
         run, task, init_spec = plan.run, plan.task, plan.init_spec
@@ -183,11 +185,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"starting from the policy in {init_spec} "
                   f"({info.get('task', info.get('source'))})")
         if args.overwrite:
-            loop.clear_run(args.out)
+            run_folder.clear_run(args.out)
         if init_spec:
             os.makedirs(args.out, exist_ok=True)
             spec = init_spec if init_spec.startswith("hf:") else os.path.abspath(init_spec)
-            with open(os.path.join(args.out, loop.INIT_FILE), "w") as f:
+            with open(os.path.join(args.out, run_folder.INIT_FILE), "w") as f:
                 json.dump({"init": spec}, f)
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
@@ -211,6 +213,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its "
                    "newest checkpoint (train.steps=N extends it)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--data-changed-ok", action="store_true",
+                   help="with --resume: continue on a --data file whose rows changed since the "
+                   "run started (its new hash is recorded); without it such a run is refused")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
                    help="persistent XLA compile cache ('' to disable)")
     p.add_argument("--distributed", action="store_true", help="multi-host: run the same command "
@@ -346,16 +351,26 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         return args.fn(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug:
             raise
-        print(f"vpo {args.command}: interrupted", file=sys.stderr)
-        return 130
+        signum = getattr(e, "signum", None)  # vpo.rl.loop.RunInterrupted: a clean stop
+        print(f"vpo {args.command}: {e if signum else 'interrupted'}", file=sys.stderr)
+        return 128 + signum if signum else 130
     except Exception as e:
         if debug or not _is_user_error(e):
             raise
         print(error_message(args.command, e), file=sys.stderr)
         return 2
+    finally:
+        _release_run_folders()
+
+
+def _release_run_folders() -> None:
+    """Run-folder locks a command took are let go when it returns, whatever happened (an
+    in-process caller must not keep --out locked after an error)."""
+    if "vpo.rl.run_folder" in sys.modules:
+        sys.modules["vpo.rl.run_folder"].release_locks()
 
 
 if __name__ == "__main__":

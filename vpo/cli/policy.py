@@ -18,8 +18,8 @@ BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmet
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """`vpo.launch.assemble.load_task`, imported on first use (keeps `vpo --help` fast)."""
-    from vpo.launch.assemble import load_task as _load_task
+    """`vpo.launch.rules.load_task`, imported on first use (keeps `vpo --help` fast)."""
+    from vpo.launch.rules import load_task as _load_task
 
     return _load_task(name, model_spec, task_kwargs)
 
@@ -65,11 +65,11 @@ def load_policy_model(policy: str, **overrides):
 
 
 def budget_of(task, num_answers: int, policy: str | None, given: int | None) -> int:
-    """The generation budget of a command: `vpo.launch.assemble.completion_budget` (the one
+    """The generation budget of a command: `vpo.launch.rules.completion_budget` (the one
     rule: --max-new-tokens, else the policy's `vpo train` run budget, else the task's answer
     budget); --max-new-tokens on an in-graph task is refused."""
     from vpo.config import ConfigError
-    from vpo.launch.assemble import completion_budget
+    from vpo.launch.rules import completion_budget
 
     if given is not None and not task.is_host:
         raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
@@ -105,7 +105,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from flax import nnx
 
     from vpo.config import ConfigError, SamplerConfig, model_preset
-    from vpo.launch.assemble import fit_seq_len
+    from vpo.launch.rules import fit_seq_len
     from vpo.model.decoder import Decoder
     from vpo.rollout import sampler
 
@@ -197,7 +197,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     results, tasks = {}, []
     from vpo.config import ConfigError
-    from vpo.launch.assemble import fit_seq_len
+    from vpo.launch.rules import fit_seq_len
 
     check_args(args, positive=("budget", "problems", "answers", "max_new_tokens"),
                finite=("temperature",))

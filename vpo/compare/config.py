@@ -15,7 +15,7 @@ from vpo.config import (
     TrainConfig,
     apply_overrides,
 )
-from vpo.launch.assemble import learning_rate, source_of
+from vpo.launch.rules import learning_rate, source_of
 
 
 class Arm(NamedTuple):

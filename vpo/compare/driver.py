@@ -60,7 +60,7 @@ from vpo.config import (
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
-from vpo.launch.assemble import context_of, fit_seq_len, load_task, source_of
+from vpo.launch.rules import context_of, fit_seq_len, load_task, source_of
 from vpo.model import sharding
 from vpo.rl.loop import policy_complete, train, write_json_atomic
 from vpo.rl.metrics_log import JSONL
@@ -129,7 +129,7 @@ class ArmRun:
 
 
 def _seq_len(cfg: CompareConfig, task, m: int) -> int:
-    """Positions a policy needs (`vpo.launch.assemble.fit_seq_len`): prompt + m answers and a
+    """Positions a policy needs (`vpo.launch.rules.fit_seq_len`): prompt + m answers and a
     search mutation prompt + m answers, measured on evaluation problems, at least the init
     checkpoint's context (`context_of`) or the model preset's length."""
     return fit_seq_len(task, m, num_parents=cfg.search.parents, seed=cfg.eval_seed,

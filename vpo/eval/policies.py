@@ -88,7 +88,7 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
     Every parsed answer is a scored candidate (`score_all_answers`, `host_score_all_answers`).
     answers_PNA are symbol ids for in-graph tasks (distinct-solution counts); None for host
     tasks. `max_new_tokens`: the generation budget of host-scored tasks (default: the task's
-    for m answers; `vpo.launch.assemble.completion_budget` is the commands' rule). `progress`:
+    for m answers; `vpo.launch.rules.completion_budget` is the commands' rule). `progress`:
     a bar over the chunks on stderr, labelled `desc`.
     """
     import tqdm

@@ -1,18 +1,7 @@
-"""The one assembly of a run from a command's parts, and the task as a policy reads it.
-
-Every entry point goes through here: `vpo train` (`assemble_run`, then `load_init`), `vpo
-train --resume` (`assemble_resume`), `vpo sft` and `vpo compare` (`fit_seq_len`,
-`learning_rate`), `vpo sample / eval / search` (`load_task`, `fit_seq_len`,
-`completion_budget`), and the Python API.
-What is decided here exists nowhere else:
-
-    the task, bound to the tokenizer of the policy that reads it     `load_task`
-    the sequence length: the longest measured prompt + answers + `SEQ_MARGIN`   `fit_seq_len`
-    the learning rate of a pretrained policy (`vpo.config.PRETRAINED_LR`)       `learning_rate`
-    the generation budget of every command (train, sample, eval, search) `completion_budget`
-    the RunConfig: preset or file, overrides, model= / --init, --data, fitted and checked once
-                                                                     `assemble_run`
-"""
+"""The one assembly of a run from a command's parts: `assemble_run` (then `load_init`) for
+`vpo train`, `assemble_resume` for `vpo train --resume`, `resume_differences` for a start command
+re-run with --resume. The RunConfig is built from a preset or file, overrides, model= / --init and
+--data, fitted to the task (`vpo.launch.rules`) and checked once; nothing is allocated."""
 
 from __future__ import annotations
 
@@ -29,136 +18,16 @@ from vpo.config import (
     apply_overrides,
     from_dict,
     model_preset,
-    pretrained_lr,
 )
-from vpo.errors import CheckpointError
 from vpo.io import hf
-from vpo.io.checkpoint import NO_POLICY, SHAPE_FIELDS, load_model, resolve_model_spec
+from vpo.io.checkpoint import SHAPE_FIELDS, load_model, resolve_model_spec
 from vpo.io.tokenizer import load_tokenizer
+from vpo.launch import rules
 from vpo.launch.presets import PRESET_DATA, TRAIN_PRESETS, preset_dataset
 from vpo.model import lora
-from vpo.rl import loop
+from vpo.rl import run_folder
 from vpo.tasks import TASK_NAMES, make_task
-from vpo.tasks.bound import BoundTask, bind, seq_len_for
-from vpo.tasks.words import task_word_tokenizer
-
-# Positions beyond the longest measured prompt + answers (problems longer than the measured ones).
-SEQ_MARGIN = 64
-FROM_SCRATCH_LR = {"rl": 1e-3, "sft": 3e-3}  # a model preset trained from random weights
-
-
-# -- the task a policy reads ------------------------------------------------------------------
-
-def tokenizer_for(task, model_spec: str | None = None):
-    """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` to a folder
-    or a .gguf file, or a policy folder), or, for a model preset trained from scratch (None or a
-    preset name), the task's word-level tokenizer (`vpo.tasks.words.task_word_tokenizer`).
-    Anything else is a `CheckpointError` (a mistyped path must not fall back to words)."""
-    model_spec = model_spec and resolve_model_spec(model_spec)
-    if model_spec and not (hf.is_hf_spec(model_spec) or os.path.isdir(model_spec)
-                           or model_spec in MODEL_PRESETS):
-        raise CheckpointError(NO_POLICY.format(spec=model_spec))
-    if model_spec and hf.is_hf_spec(model_spec):
-        return load_tokenizer(hf.hf_spec_path(model_spec))
-    if model_spec and os.path.isdir(model_spec):
-        return load_tokenizer(model_spec)
-    return task_word_tokenizer(task)
-
-
-def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`)."""
-    task = make_task(name, **(task_kwargs or {}))
-    return bind(task, tokenizer_for(task, model_spec))
-
-
-# -- the rules every entry point shares ---------------------------------------------------------
-
-def fit_seq_len(task: BoundTask, num_answers, *, num_parents: int = 0, seed: int = 0,
-                num_problems: int = 64, at_least: int = 0, records=None,
-                max_new_tokens: int | None = None) -> int:
-    """max(at_least, longest prompt + answer budget over `records` (default: `num_problems`
-    problems of `seed`), for each m in `num_answers` (an int or several), mutation prompts with
-    `num_parents` parents included, + `SEQ_MARGIN`). `at_least` is the model's own length (a
-    preset's default or a checkpoint's context), which the fit only raises; `max_new_tokens`
-    replaces the task's answer budget (host-scored tasks)."""
-    ms = [num_answers] if isinstance(num_answers, int) else list(num_answers)
-    records = task.make_problems(seed, num_problems) if records is None else records
-    need = max(seq_len_for(task, records, m, num_parents=num_parents) for m in ms)
-    if max_new_tokens is not None:
-        need = max(need, max(task.prompt_arrays(records, m)[0].shape[1] for m in ms)
-                   + max_new_tokens)
-    return max(at_least, need + SEQ_MARGIN)
-
-
-def completion_budget(task: BoundTask, num_answers: int, *, policy: str | None = None,
-                      given: int | None = None) -> int:
-    """The generation budget (new tokens per completion) every command uses by default.
-
-    In-graph tasks: the task's answer budget `task.completion_len(m)` (their reader is built for
-    it). Host-scored tasks (your data, arithmetic): `given` (--max-new-tokens) if set; else, for
-    a `vpo train` run's policy, the run's own `sampler.max_new_tokens` (its policy.json's
-    `max_new_tokens`, or the run folder's config.json), at least the task's answer budget; else
-    the task's answer budget, which for free-text answers (a dataset: no fixed words) is at least
-    `vpo.tasks.dataset.ANSWER_TOKENS` per answer."""
-    from vpo.tasks.dataset import ANSWER_TOKENS
-
-    floor = task.completion_len(num_answers)
-    if not task.is_host:
-        return floor
-    if given is not None:
-        return int(given)
-
-    def read(path, *keys):
-        try:
-            with open(path, encoding="utf-8") as f:
-                value = json.load(f)
-            for key in keys:
-                value = value.get(key) if isinstance(value, dict) else None
-        except (OSError, ValueError):
-            return None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    trained = None
-    spec = resolve_model_spec(policy) if policy and policy not in MODEL_PRESETS else None
-    if spec and not hf.is_hf_spec(spec) and os.path.isdir(spec):
-        trained = read(os.path.join(spec, "policy.json"), "max_new_tokens")
-        if trained is None and os.path.basename(os.path.normpath(spec)) == "policy":
-            run_dir = os.path.dirname(os.path.abspath(spec))  # a vpo train --out folder
-            trained = read(os.path.join(run_dir, loop.CONFIG), "sampler", "max_new_tokens")
-    if trained is not None:
-        return max(trained, floor)
-    free_text = task.task.symbols is None and not task.task.words
-    return max(floor, num_answers * ANSWER_TOKENS) if free_text else floor
-
-
-def source_of(model_spec: str | None) -> str | None:
-    """The pretrained weights a policy comes from: `hf:PATH` for a checkpoint (smollm2 resolved),
-    the `source` a policy folder records (an SFT or RL run of a checkpoint), None for a model
-    trained from scratch."""
-    if not model_spec or model_spec in MODEL_PRESETS:
-        return None
-    spec = resolve_model_spec(model_spec)
-    if hf.is_hf_spec(spec):
-        return spec
-    path = os.path.join(spec, "policy.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            source = str(json.load(f).get("source") or "")
-        return source if hf.is_hf_spec(source) else None
-    return None
-
-
-def learning_rate(kind: str, model_spec: str | None, lora_rank: int,
-                  given: float | None = None) -> float:
-    """The learning rate of an RL ("rl") or SFT ("sft") run: `given` if set; for a policy of
-    pretrained weights (`source_of`) `vpo.config.pretrained_lr` (TRL's defaults; LoRA 1e-4);
-    otherwise the from-scratch rate `FROM_SCRATCH_LR`."""
-    if given is not None:
-        return given
-    if source_of(model_spec):
-        return pretrained_lr(kind, lora_rank)
-    return FROM_SCRATCH_LR[kind]
-
+from vpo.tasks.bound import BoundTask, bind
 
 # -- vpo train ----------------------------------------------------------------------------------
 
@@ -182,8 +51,8 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
     """The RunConfig of `vpo train` from a preset or a JSON file, then `section.key=value`
     overrides, then fitted to the task read through the policy's tokenizer (`init`, or
     `model=hf:PATH`, or the task's word-level one for a preset model): vocabulary, answer
-    budget, sequence length (`fit_seq_len`), learning rate (`learning_rate`). `dataset` (from
-    `--data`) makes the task a user's data and reward functions. Nothing is allocated."""
+    budget, sequence length (`rules.fit_seq_len`), learning rate (`rules.learning_rate`). `dataset`
+    (from `--data`) makes the task a user's data and reward functions. Nothing is allocated."""
     overrides = list(overrides)
     run, file_data = RunConfig(), {}
     init_spec = None
@@ -233,17 +102,17 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
         run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
     init_spec = init or init_spec
     lr_given = "train.learning_rate" in given | {item.partition("=")[0] for item in base}
-    if init_spec and not lr_given and source_of(init_spec):
+    if init_spec and not lr_given and rules.source_of(init_spec):
         run = dataclasses.replace(run, train=dataclasses.replace(
-            run.train, learning_rate=learning_rate("rl", init_spec, run.model.lora_rank)))
+            run.train, learning_rate=rules.learning_rate("rl", init_spec, run.model.lora_rank)))
     if run.task == "dataset" and init_spec is None:
         raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
                           "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
-    task = load_task(run.task, init_spec, run.task_kwargs)
+    task = rules.load_task(run.task, init_spec, run.task_kwargs)
     chosen = given | {item.partition("=")[0] for item in base}  # by the user or the preset
     budget = (None if "sampler.max_new_tokens" in chosen or not task.is_host
-              else completion_budget(task, run.train.num_answers, policy=init_spec))
-    run = _fit_to_task(run, task, given, context=context_of(init_spec), spec=init_spec,
+              else rules.completion_budget(task, run.train.num_answers, policy=init_spec))
+    run = _fit_to_task(run, task, given, context=rules.context_of(init_spec), spec=init_spec,
                        budget=budget)
     model_fields = frozenset(file_data.get("model", {})) if not any(
         item.partition("=")[0] == "model" for item in overrides) else frozenset()
@@ -276,33 +145,24 @@ def _with_task(run: RunConfig, value: str) -> RunConfig:
     return dataclasses.replace(run, task=value)
 
 
-def context_of(model_spec: str | None) -> int | None:
-    """The positions a pretrained checkpoint was trained on (`max_position_embeddings`), for an
-    hf: spec or a policy folder of one (`source_of`); None for a model trained from scratch."""
-    source = source_of(model_spec)
-    if source is None:
-        return None
-    return hf.model_config(hf.read_config(hf.hf_spec_path(source))).max_seq_len
-
-
 def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str], *,
                  context: int | None = None, spec: str | None = None,
                  budget: int | None = None) -> RunConfig:
     """Vocabulary, sequence length and answer budget raised to what the task needs, where the
     user did not set them; a value the user set below that is refused, naming the floor.
-    `budget`: the default generation budget (`completion_budget`) replacing the config's. A
+    `budget`: the default generation budget (`rules.completion_budget`) replacing the config's. A
     pretrained checkpoint's `context` bounds the sequence length: prompts + answers longer than
     it are refused before anything is allocated."""
     m = run.train.num_answers
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
-    seq = fit_seq_len(task, m, num_parents=parents, seed=run.train.seed,
+    seq = rules.fit_seq_len(task, m, num_parents=parents, seed=run.train.seed,
                       max_new_tokens=budget)
     if budget is not None:
         run = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler,
                                                                    max_new_tokens=budget))
     if context is not None:
-        need = seq - SEQ_MARGIN
+        need = seq - rules.SEQ_MARGIN
         if need > context:
             raise ConfigError(f"the longest prompt plus the answer budget ({budget or T} "
                               f"tokens) needs {need} positions; the checkpoint {spec} was "
@@ -310,7 +170,7 @@ def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str], *,
                               "sampler.max_new_tokens / train.num_answers")
         seq = min(seq, context)
     floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
-              "model.max_seq_len": (seq - SEQ_MARGIN,
+              "model.max_seq_len": (seq - rules.SEQ_MARGIN,
                                     "the longest prompt plus the answer budget"),
               "sampler.max_new_tokens": (T, "the task's answer budget" + (
                   f" for m={m} answers in tags" if m > 1 else ""))}
@@ -418,7 +278,7 @@ def resume_differences(out_dir: str, preset: str | None, config_file: str | None
     model section is compared only when no checkpoint is loaded (a checkpoint's shapes are read
     from its weights). `--init` must name the recorded starting policy."""
     fresh = assemble_run(preset, config_file, overrides, init=init, dataset=dataset)
-    recorded = loop.read_run_config(out_dir)
+    recorded = run_folder.read_run_config(out_dir)
     skip = {item.partition("=")[0] for item in overrides}
     flat = lambda run: {f"{section}.{key}": value  # noqa: E731
                         for section, fields in dataclasses.asdict(run).items()
@@ -428,7 +288,7 @@ def resume_differences(out_dir: str, preset: str | None, config_file: str | None
     differ = sorted(k.rstrip(".") for k in a.keys() | b.keys()
                     if a.get(k) != b.get(k) and k.rstrip(".") not in skip
                     and not (fresh.init_spec and k.startswith("model.")))
-    path = os.path.join(out_dir, loop.INIT_FILE)
+    path = os.path.join(out_dir, run_folder.INIT_FILE)
     if fresh.init_spec:
         spec = fresh.init_spec if fresh.init_spec.startswith("hf:") else os.path.abspath(
             fresh.init_spec)
@@ -441,15 +301,17 @@ def resume_differences(out_dir: str, preset: str | None, config_file: str | None
     return differ
 
 
-def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Assembly:
-    """The run in `out_dir` as it was started (`vpo.rl.loop.resume_config`: only overrides that
-    keep it the same run), its task through its own tokenizer, and its starting policy when it
-    was killed before its first checkpoint."""
-    run = loop.resume_config(out_dir, list(overrides))
+def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = (), *,
+                    data_changed_ok: bool = False) -> Assembly:
+    """The run in `out_dir` as it was started (`vpo.rl.run_folder.resume_config`: only
+    overrides that keep it the same run), its task through its own tokenizer, and its starting
+    policy when it was killed before its first checkpoint. `data_changed_ok`: a --data file that
+    changed since the run started is accepted (its new hash recorded) instead of refused."""
+    run = run_folder.resume_config(out_dir, list(overrides), data_changed_ok=data_changed_ok)
     task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(out_dir))
     init_spec = None
-    path = os.path.join(out_dir, loop.INIT_FILE)
-    if os.path.exists(path) and not loop.has_checkpoint(out_dir):
+    path = os.path.join(out_dir, run_folder.INIT_FILE)
+    if os.path.exists(path) and not run_folder.has_checkpoint(out_dir):
         with open(path) as f:
             init_spec = json.load(f)["init"]
     return Assembly(run, task, init_spec, overrides=tuple(overrides))

@@ -59,11 +59,12 @@ _KERNELS = ("pallas", "interpret")  # `Decoder.extend(attention=...)` besides "x
 _KERNEL_BLOCK_K = decode_lib.BlockSizes.get_default().block_k
 
 
-def decode_attention_impl(devices=None) -> str:
+def decode_attention_impl(devices=None, *, platform: str | None = None) -> str:
     """The decode-attention path for `devices` (a Mesh, a Sharding, a device or a sequence of
     devices; None: the default backend's): the Pallas kernel on one GPU / TPU, XLA elsewhere
     (Pallas compiles only for accelerators, and XLA cannot partition a kernel over a mesh of
-    several devices)."""
+    several devices). `platform` (a model's `Decoder.platform`, set when it is built for a
+    target other than this process's backend) replaces the devices' own."""
     if devices is None:
         devices = jax.devices()
     elif isinstance(devices, jax.sharding.Mesh):
@@ -74,7 +75,8 @@ def decode_attention_impl(devices=None) -> str:
         devices = [devices]
     devices = list(devices)
     one = len(devices) == 1
-    return "pallas" if one and decode_lib.supported(targets.platform_of(devices)) else "xla"
+    platform = platform or targets.platform_of(devices)
+    return "pallas" if one and decode_lib.supported(platform) else "xla"
 
 
 class Prefix(NamedTuple):

@@ -268,7 +268,7 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
     """
     B, G = keys_BG.shape
     T = max_new_tokens
-    attention = decode_attention_impl()
+    attention = decode_attention_impl(platform=getattr(model, "platform", None))
     windows = decode_windows(T, T if attention != "xla" else decode_block)
     hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
     logits_BV = model.logits(hidden_BPD[:, -1])

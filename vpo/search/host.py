@@ -313,7 +313,7 @@ def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[
     reward vector, w*ᵀr; None when none was valid).
 
     `max_new_tokens`: the generation budget (default: the task's budget for m answers;
-    `vpo.launch.assemble.completion_budget` is the commands' rule). `progress`: a bar over the
+    `vpo.launch.rules.completion_budget` is the commands' rule). `progress`: a bar over the
     generations on stderr (the initial population counts as one).
     """
     import tqdm

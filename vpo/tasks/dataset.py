@@ -38,7 +38,7 @@ from vpo.tasks.reward_fns import RewardScorer
 ANSWER_HINT = "a complete answer"
 ROW = "_row"  # the record's index in the file (not passed to reward functions)
 LINE = "_line"  # its line in the file (Parquet: row number from 1), for error messages
-# The default generation budget per answer of free text (`vpo.launch.assemble.completion_budget`):
+# The default generation budget per answer of free text (`vpo.launch.rules.completion_budget`):
 # what `vpo train`, `sample`, `eval` and `search` generate on your data unless --max-new-tokens /
 # sampler.max_new_tokens says otherwise.
 ANSWER_TOKENS = 64

@@ -1,0 +1,148 @@
+"""The rules every entry point shares, each in one place (`vpo train`, `vpo sft`, `vpo compare`,
+`vpo sample / eval / search` and the Python API call them):
+
+    the task, bound to the tokenizer of the policy that reads it                `load_task`
+    the sequence length: the longest measured prompt + answers + `SEQ_MARGIN`    `fit_seq_len`
+    the generation budget of every command (train, sample, eval, search)  `completion_budget`
+    the learning rate of a pretrained policy (`vpo.config.PRETRAINED_LR`)        `learning_rate`
+    the pretrained weights a policy comes from, and their context    `source_of`, `context_of`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from vpo.config import MODEL_PRESETS, pretrained_lr
+from vpo.errors import CheckpointError
+from vpo.io import hf
+from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
+from vpo.io.tokenizer import load_tokenizer
+from vpo.rl import run_folder
+from vpo.tasks import make_task
+from vpo.tasks.bound import BoundTask, bind, seq_len_for
+from vpo.tasks.words import task_word_tokenizer
+
+# Positions beyond the longest measured prompt + answers (problems longer than the measured ones).
+SEQ_MARGIN = 64
+
+
+FROM_SCRATCH_LR = {"rl": 1e-3, "sft": 3e-3}  # a model preset trained from random weights
+
+
+def tokenizer_for(task, model_spec: str | None = None):
+    """The tokenizer a policy reads `task` with: the checkpoint's own (`hf:/path` to a folder
+    or a .gguf file, or a policy folder), or, for a model preset trained from scratch (None or a
+    preset name), the task's word-level tokenizer (`vpo.tasks.words.task_word_tokenizer`).
+    Anything else is a `CheckpointError` (a mistyped path must not fall back to words)."""
+    model_spec = model_spec and resolve_model_spec(model_spec)
+    if model_spec and not (hf.is_hf_spec(model_spec) or os.path.isdir(model_spec)
+                           or model_spec in MODEL_PRESETS):
+        raise CheckpointError(NO_POLICY.format(spec=model_spec))
+    if model_spec and hf.is_hf_spec(model_spec):
+        return load_tokenizer(hf.hf_spec_path(model_spec))
+    if model_spec and os.path.isdir(model_spec):
+        return load_tokenizer(model_spec)
+    return task_word_tokenizer(task)
+
+
+def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
+    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`)."""
+    task = make_task(name, **(task_kwargs or {}))
+    return bind(task, tokenizer_for(task, model_spec))
+
+
+def fit_seq_len(task: BoundTask, num_answers, *, num_parents: int = 0, seed: int = 0,
+                num_problems: int = 64, at_least: int = 0, records=None,
+                max_new_tokens: int | None = None) -> int:
+    """max(at_least, longest prompt + answer budget over `records` (default: `num_problems`
+    problems of `seed`), for each m in `num_answers` (an int or several), mutation prompts with
+    `num_parents` parents included, + `SEQ_MARGIN`). `at_least` is the model's own length (a
+    preset's default or a checkpoint's context), which the fit only raises; `max_new_tokens`
+    replaces the task's answer budget (host-scored tasks)."""
+    ms = [num_answers] if isinstance(num_answers, int) else list(num_answers)
+    records = task.make_problems(seed, num_problems) if records is None else records
+    need = max(seq_len_for(task, records, m, num_parents=num_parents) for m in ms)
+    if max_new_tokens is not None:
+        need = max(need, max(task.prompt_arrays(records, m)[0].shape[1] for m in ms)
+                   + max_new_tokens)
+    return max(at_least, need + SEQ_MARGIN)
+
+
+def completion_budget(task: BoundTask, num_answers: int, *, policy: str | None = None,
+                      given: int | None = None) -> int:
+    """The generation budget (new tokens per completion) every command uses by default.
+
+    In-graph tasks: the task's answer budget `task.completion_len(m)` (their reader is built for
+    it). Host-scored tasks (your data, arithmetic): `given` (--max-new-tokens) if set; else, for
+    a `vpo train` run's policy, the run's own `sampler.max_new_tokens` (its policy.json's
+    `max_new_tokens`, or the run folder's config.json), at least the task's answer budget; else
+    the task's answer budget, which for free-text answers (a dataset: no fixed words) is at least
+    `vpo.tasks.dataset.ANSWER_TOKENS` per answer."""
+    from vpo.tasks.dataset import ANSWER_TOKENS
+
+    floor = task.completion_len(num_answers)
+    if not task.is_host:
+        return floor
+    if given is not None:
+        return int(given)
+
+    def read(path, *keys):
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = json.load(f)
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    trained = None
+    spec = resolve_model_spec(policy) if policy and policy not in MODEL_PRESETS else None
+    if spec and not hf.is_hf_spec(spec) and os.path.isdir(spec):
+        trained = read(os.path.join(spec, "policy.json"), "max_new_tokens")
+        if trained is None and os.path.basename(os.path.normpath(spec)) == "policy":
+            run_dir = os.path.dirname(os.path.abspath(spec))  # a vpo train --out folder
+            trained = read(os.path.join(run_dir, run_folder.CONFIG), "sampler", "max_new_tokens")
+    if trained is not None:
+        return max(trained, floor)
+    free_text = task.task.symbols is None and not task.task.words
+    return max(floor, num_answers * ANSWER_TOKENS) if free_text else floor
+
+
+def source_of(model_spec: str | None) -> str | None:
+    """The pretrained weights a policy comes from: `hf:PATH` for a checkpoint (smollm2 resolved),
+    the `source` a policy folder records (an SFT or RL run of a checkpoint), None for a model
+    trained from scratch."""
+    if not model_spec or model_spec in MODEL_PRESETS:
+        return None
+    spec = resolve_model_spec(model_spec)
+    if hf.is_hf_spec(spec):
+        return spec
+    path = os.path.join(spec, "policy.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            source = str(json.load(f).get("source") or "")
+        return source if hf.is_hf_spec(source) else None
+    return None
+
+
+def learning_rate(kind: str, model_spec: str | None, lora_rank: int,
+                  given: float | None = None) -> float:
+    """The learning rate of an RL ("rl") or SFT ("sft") run: `given` if set; for a policy of
+    pretrained weights (`source_of`) `vpo.config.pretrained_lr` (TRL's defaults; LoRA 1e-4);
+    otherwise the from-scratch rate `FROM_SCRATCH_LR`."""
+    if given is not None:
+        return given
+    if source_of(model_spec):
+        return pretrained_lr(kind, lora_rank)
+    return FROM_SCRATCH_LR[kind]
+
+
+def context_of(model_spec: str | None) -> int | None:
+    """The positions a pretrained checkpoint was trained on (`max_position_embeddings`), for an
+    hf: spec or a policy folder of one (`source_of`); None for a model trained from scratch."""
+    source = source_of(model_spec)
+    if source is None:
+        return None
+    return hf.model_config(hf.read_config(hf.hf_spec_path(source))).max_seq_len
