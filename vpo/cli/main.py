@@ -158,8 +158,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vpo.io.checkpoint import load_model
     from vpo.launch import assemble
     from vpo.model import sharding
-    from vpo.rl import loop, run_folder
+    from vpo.rl import loop, metrics_log, run_folder
 
+    report_to = metrics_log.parse_report_to(args.report_to)  # a missing wandb: before any work
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
     _use_compile_cache(args.compile_cache)
     sharding.initialize_distributed(sharding.DistributedConfig(
@@ -195,7 +196,7 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
           f"{run.train.num_answers} answers, learning rate {run.train.learning_rate:g}; model "
           f"{run.model.num_params:,} params -> {args.out}")
-    loop.train(run, args.out, resume=args.resume, task=task, init=init,
+    loop.train(run, args.out, resume=args.resume, task=task, init=init, report_to=report_to,
                consume_init=True)  # the loaded weights are not held twice through the run
     print(f"metrics: {os.path.join(args.out, 'metrics.jsonl')}; policy: "
           f"{os.path.join(args.out, 'policy')}")
@@ -216,6 +217,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-changed-ok", action="store_true",
                    help="with --resume: continue on a --data file whose rows changed since the "
                    "run started (its new hash is recorded); without it such a run is refused")
+    p.add_argument("--report-to", default="tensorboard", help="metric sinks beside metrics.jsonl "
+                   "(always written): tensorboard, wandb (pip install 'vpo[wandb]'; its run "
+                   "folder is <out>/wandb), all, none, or a comma list")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
                    help="persistent XLA compile cache ('' to disable)")
     p.add_argument("--distributed", action="store_true", help="multi-host: run the same command "

@@ -5,6 +5,12 @@ marker), so an interrupted save never shadows the previous checkpoint. `restore`
 step that restores cleanly and falls back to older ones, warning about each it skips and moving
 it aside (`damaged-<step>`) so the run can save that step again; when none restores, a
 `CheckpointError` names the folder and each step's failure.
+
+A LoRA state (a `TrainState` whose `frozen` holds the base weights) is saved without its base:
+the step holds the adapters, optimiser state, step and rng, and a `base` item
+{"spec", "checksum"}: the base's `base_checksum` and what it was loaded from. `restore` takes
+the base from the state it restores onto and refuses (`CheckpointError` naming both specs) a
+base whose checksum differs, since the adapters were trained on the recorded one.
 """
 
 from __future__ import annotations
@@ -52,10 +58,52 @@ def abstract_like(tree):
                         tree)
 
 
-class CheckpointManager:
-    """Keeps the last `keep` checkpoints under `directory` (steps as sub-directories)."""
+def base_checksum(tree) -> str:
+    """A content hash of a pytree of arrays: sha256 over each leaf's path, shape, dtype and two
+    sums of its bit patterns as uint32 (Σ bits and Σ (2i+1)·bits over the flat index i, both
+    mod 2³²). Integer sums wrap exactly in any order, so the value does not depend on the
+    device, sharding or reduction order; computed on device in one pass over the arrays."""
+    import hashlib
 
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    import numpy as np
+
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    sums = _bit_sums([x for _, x in flat])
+    h = hashlib.sha256()
+    for (path, x), s in zip(flat, sums, strict=True):
+        s = np.asarray(s.addressable_data(0))
+        h.update(f"{jax.tree_util.keystr(path)}|{x.shape}|{x.dtype}|{s[0]}|{s[1]}\n".encode())
+    return h.hexdigest()
+
+
+@jax.jit
+def _bit_sums(leaves):
+    import jax.numpy as jnp
+
+    def sums(x):
+        bits = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32,
+                                                 8: jnp.uint32}[x.dtype.itemsize])
+        bits = bits.reshape(-1).astype(jnp.uint32)
+        i = jnp.arange(bits.size, dtype=jnp.uint32)
+        return jnp.stack([jnp.sum(bits, dtype=jnp.uint32),
+                          jnp.sum(bits * (2 * i + 1), dtype=jnp.uint32)])
+
+    return [sums(x) for x in leaves]
+
+
+def _frozen(state):
+    """The base weights of a LoRA `TrainState` (its `frozen` field), else None."""
+    return getattr(state, "frozen", None)
+
+
+class CheckpointManager:
+    """Keeps the last `keep` checkpoints under `directory` (steps as sub-directories).
+
+    `base`: what a LoRA state's frozen weights were loaded from (a model spec, or a phrase such
+    as "random init, seed 0"), recorded with their checksum and named if they change."""
+
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
+                 base: str | None = None):
         directory = os.path.abspath(directory)  # orbax restores from absolute paths only
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise CheckpointError(f"{directory}: is a file, not a checkpoint folder; move or "
@@ -63,8 +111,9 @@ class CheckpointManager:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._mngr = ocp.CheckpointManager(directory, options=options,
-                                           item_names=("state", "data", "config"))
+                                           item_names=("state", "data", "config", "base"))
         self.directory = directory
+        self.base = base
 
     def all_steps(self) -> list[int]:
         self._mngr.reload()
@@ -79,33 +128,48 @@ class CheckpointManager:
         """Save asynchronously (device→host copies happen before this returns, so the caller may
         donate `state` to the next step right away)."""
         data = {} if data_iterator is None else data_iterator.get_state()
+        items = {}
+        if _frozen(state) is not None:  # LoRA: adapters + optimiser state; the base by reference
+            items["base"] = ocp.args.JsonSave({"spec": self.base,
+                                               "checksum": base_checksum(_frozen(state))})
+            state = state._replace(frozen=None)
         self._mngr.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
-            config=ocp.args.JsonSave(config or {})))
+            config=ocp.args.JsonSave(config or {}), **items))
 
     def restore(self, like_state, data_iterator=None, *, step: int | None = None):
         """Restore onto the structure and shardings of `like_state`'s arrays → (state, step).
 
         Without `step`, the newest checkpoint that restores; older ones are tried if it fails.
-        The data iterator, when given, is moved to the saved position.
+        The data iterator, when given, is moved to the saved position. A LoRA checkpoint saved
+        without its base takes `like_state.frozen` as the base, after checking its checksum.
         """
         self.wait()
         steps = [step] if step is not None else self.all_steps()[::-1]
         if not steps:
             raise CheckpointError(f"{self.directory}: no checkpoint to restore")
-        abstract = abstract_like(like_state)
+        frozen = _frozen(like_state)
+        checksum = None if frozen is None else base_checksum(frozen)
         quiet_failed_reads()
         errors = []
         for s in steps:
+            by_ref = frozen is not None and os.path.isdir(os.path.join(self.directory, str(s),
+                                                                       "base"))
+            like = like_state._replace(frozen=None) if by_ref else like_state
+            base = {"base": ocp.args.JsonRestore()} if by_ref else {}
             try:
                 out = self._mngr.restore(s, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore(),
-                    config=ocp.args.JsonRestore()))
+                    state=ocp.args.StandardRestore(abstract_like(like)),
+                    data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), **base))
             except Exception as e:  # noqa: BLE001 -- a damaged step: try the previous one
                 log.warning("checkpoint step %d under %s did not restore (%s); trying an older "
                             "one", s, self.directory, " ".join(str(e).split())[:300])
                 errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
                 continue
+            state = out.state
+            if by_ref:
+                self._check_base(s, out.base, checksum)
+                state = state._replace(frozen=frozen)
             if data_iterator is not None and out.data:
                 try:
                     data_iterator.set_state(out.data)
@@ -114,10 +178,24 @@ class CheckpointManager:
                     continue
             if step is None:
                 self._set_aside([t for t in steps if t > s])
-            return out.state, s
+            return state, s
         raise CheckpointError(f"{self.directory}: no checkpoint restores, all are damaged ("
                               + "; ".join(errors) + "); restore a copy of the folder, or start "
                               "the run over (--overwrite)")
+
+    def _check_base(self, step: int, recorded, checksum: str) -> None:
+        """Raise `CheckpointError` unless the base restored onto is the one `step` was saved
+        with (its checksum)."""
+        recorded = recorded if isinstance(recorded, dict) else {}
+        if recorded.get("checksum") == checksum:
+            return
+        raise CheckpointError(
+            f"{self.directory}: the base model is not the one the LoRA adapters of step {step} "
+            f"were trained on: they were saved on {recorded.get('spec') or 'an unnamed base'} "
+            f"(checksum {str(recorded.get('checksum'))[:16]}), the base given now "
+            f"({self.base or 'unnamed'}) has checksum {checksum[:16]}; the file changed or "
+            "another model was given. Put back the base the run started from, or start a new "
+            "run")
 
     def _set_aside(self, damaged: list[int]) -> None:
         """Rename the step folders that did not restore to `damaged-<step>` (kept for a look,
@@ -150,7 +228,7 @@ def partial_dir(directory: str) -> str:
 
 
 def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None = None, *,
-                tokenizer=None) -> None:
+                tokenizer=None, write_into=None) -> None:
     """Write a policy folder: `params/` (orbax) + `policy.json` (model config, `extra`, and
     "files": everything the export wrote) + the policy's tokenizer files
     (`vpo.io.tokenizer.Tokenizer.save`), so the folder is self-contained.
@@ -161,7 +239,9 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
     policy.json last. Multi-process: every process calls it (the orbax save is collective);
     process 0 writes the JSON and renames. `params` must be exactly the `nnx.Param`s of
     `Decoder(model_cfg)`: a LoRA run exports its merged plain model
-    (`vpo.rl.step.policy_of`), not `TrainState.params` (adapters only).
+    (`vpo.rl.step.policy_of`), not `TrainState.params` (adapters only). `write_into(folder)`,
+    when given, writes further files into the folder (process 0; e.g. a LoRA run's PEFT
+    `adapter/`, `vpo.io.peft`), listed under "files" like the rest.
     """
     import dataclasses
     import json
@@ -180,6 +260,8 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
         return
     if tokenizer is not None:
         tokenizer.save(tmp)
+    if write_into is not None:
+        write_into(tmp)
     files = sorted(os.listdir(tmp))
     with open(os.path.join(tmp, "policy.json"), "w") as f:
         json.dump({"model": dataclasses.asdict(model_cfg), **(extra or {}), "files": files}, f,

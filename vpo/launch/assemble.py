@@ -305,13 +305,14 @@ def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = (), *
                     data_changed_ok: bool = False) -> Assembly:
     """The run in `out_dir` as it was started (`vpo.rl.run_folder.resume_config`: only
     overrides that keep it the same run), its task through its own tokenizer, and its starting
-    policy when it was killed before its first checkpoint. `data_changed_ok`: a --data file that
+    policy when it was killed before its first checkpoint, or always for a LoRA run (its
+    checkpoints hold the adapters, not the base). `data_changed_ok`: a --data file that
     changed since the run started is accepted (its new hash recorded) instead of refused."""
     run = run_folder.resume_config(out_dir, list(overrides), data_changed_ok=data_changed_ok)
     task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(out_dir))
     init_spec = None
     path = os.path.join(out_dir, run_folder.INIT_FILE)
-    if os.path.exists(path) and not run_folder.has_checkpoint(out_dir):
+    if os.path.exists(path) and (run.model.lora_rank or not run_folder.has_checkpoint(out_dir)):
         with open(path) as f:
             init_spec = json.load(f)["init"]
     return Assembly(run, task, init_spec, overrides=tuple(overrides))

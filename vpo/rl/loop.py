@@ -162,7 +162,7 @@ class SkipGuard:
 
 def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundTask,
           mesh=None, progress: bool = True, init: Decoder | None = None,
-          consume_init: bool = False, stop_at: int | None = None
+          consume_init: bool = False, stop_at: int | None = None, report_to=None
           ) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
 
@@ -174,6 +174,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `config.model.lora_rank` > 0 trains LoRA adapters only (a plain `init` gets them, see
     `vpo.model.lora.as_configured`); the exported `policy/` is then the merged plain model.
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
+    `report_to`: the metric sinks beside metrics.jsonl (`metrics_log.parse_report_to`).
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
     a `RunFolderLockedError`. SIGINT / SIGTERM stop it after the step in flight, that step's metrics
     row and checkpoint written, with `RunInterrupted`.
@@ -183,20 +184,22 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     lock_run(out_dir)
     try:
         return _train(config, out_dir, resume, task=task, mesh=mesh, progress=progress,
-                      init=init, consume_init=consume_init, stop_at=stop_at)
+                      init=init, consume_init=consume_init, stop_at=stop_at,
+                      report_to=report_to)
     finally:
         release_run(out_dir)
 
 
 def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, mesh,
-           progress: bool, init: Decoder | None, consume_init: bool, stop_at: int | None
-           ) -> tuple[nnx.GraphDef, TrainState]:
+           progress: bool, init: Decoder | None, consume_init: bool, stop_at: int | None,
+           report_to=None) -> tuple[nnx.GraphDef, TrainState]:
     """`train`, with out_dir locked."""
     import tqdm
 
     from vpo.io import checkpoint as ckpt_lib
     from vpo.rl.metrics_log import MetricsLogger
     from vpo.rl.samples_log import SampleLog, one_line, sample_rows
+    from vpo.rl.watch import RunWatch
 
     tcfg = config.train
     limit = getattr(tcfg, "max_skipped_updates", 3)
@@ -257,11 +260,14 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                                       update=compiled_on_first_call(step_fn.update))
     else:
         step_fn = compiled_on_first_call(make_rl_step(graphdef, tx, task, cfg))
-    logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every)
+    logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every,
+                           report_to=report_to, config=config.to_json(),
+                           watch=RunWatch(config.sampler.max_new_tokens).check)
     end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
     bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
                     disable=not progress or jax.process_index() != 0)
-    samples = SampleLog(out_dir, resume_from=start if start else None)
+    samples = SampleLog(out_dir, resume_from=start if start else None,
+                        tensorboard=logger.tensorboard)
     probe_fn = (make_sample_step(graphdef, cfg)
                 if (tcfg.profile_every or tcfg.sample_every) and not task.is_host else None)
 
@@ -304,6 +310,7 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                     rows = sample_rows(task, records, batch, rollout, tcfg.num_answers,
                                        rewards=rewards)
                     samples.write(step + 1, rows)
+                    logger.log_samples(step + 1, rows)
                     if rows and progress and jax.process_index() == 0:
                         bar.write(f"step {step + 1}: {one_line(rows[0])}")
                 if (step + 1) % tcfg.checkpoint_every == 0:

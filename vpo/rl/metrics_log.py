@@ -1,4 +1,4 @@
-"""Scalar metrics to JSONL (one object per step) and TensorBoard, fetched one step late.
+"""Scalar metrics to JSONL (one object per step), TensorBoard and W&B, fetched one step late.
 
 `log(step, metrics)` keeps this step's metrics (device arrays, still being computed) and writes
 the previous step's, whose values are ready by the time the next step has been dispatched: the
@@ -8,6 +8,11 @@ Every row gets `step_time_s`: wall time between the moments two logged steps' me
 ready, per step (the device runs steps back to back, so in steady state this is the step's
 time; the first row after start-up includes compilation), and `tokens_per_s` =
 `generated_tokens` / `step_time_s` when the step reports `generated_tokens`.
+
+`report_to` (TRL's `report_to`: "tensorboard", "wandb", "all", "none" or a comma list) picks the
+sinks beside the JSONL file, which is always written. W&B (`pip install 'vpo[wandb]'`) gets the
+same rows, the run config at init and the sample log's rows as tables; its run folder is
+`<out>/wandb` (`WANDB_MODE=offline` writes it without network; `wandb sync` uploads it later).
 """
 
 from __future__ import annotations
@@ -15,13 +20,39 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 JSONL = "metrics.jsonl"
+REPORT_TO = ("tensorboard", "wandb")
+
+
+def parse_report_to(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The sinks `value` names ("tensorboard", "wandb", "all", "none", or a comma list or
+    sequence of them; None: tensorboard); anything else is a `ConfigError`. A missing wandb
+    package is one too, naming its install command: checked here, before a run allocates."""
+    import importlib.util
+
+    from vpo.config import ConfigError
+
+    if value is None:
+        return ("tensorboard",)
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    names = [p.strip().lower() for p in parts if p.strip()]
+    bad = [n for n in names if n not in (*REPORT_TO, "all", "none")]
+    if bad:
+        raise ConfigError(f"--report-to: unknown {', '.join(map(repr, bad))}; give "
+                          "tensorboard, wandb, all or none (or a comma list)")
+    out = tuple(n for n in REPORT_TO if n in names or "all" in names)
+    if "wandb" in out and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--report-to wandb: the wandb package is not installed; "
+                          "pip install 'vpo[wandb]' (or drop wandb from --report-to)")
+    return out
 
 
 def _scalar(x) -> float | int:
@@ -55,22 +86,66 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+class _Wandb:
+    """A W&B run in `out_dir/wandb`: scalar rows and sample tables at their steps."""
+
+    def __init__(self, out_dir: str, config: dict[str, Any] | None):
+        import wandb
+
+        name = None if os.environ.get("WANDB_NAME") else os.path.basename(out_dir)
+        try:
+            self.run = wandb.init(dir=out_dir, config=config, name=name,
+                                  project=os.environ.get("WANDB_PROJECT", "vpo"))
+        except Exception as e:  # noqa: BLE001 -- not logged in, no network, a bad setting
+            from vpo.config import ConfigError
+
+            raise ConfigError(f"--report-to wandb: wandb.init failed ({e}); run `wandb login`, "
+                              "or set WANDB_MODE=offline and `wandb sync` the run later") from e
+        self.step = 0  # the last step logged: W&B drops a step below it
+
+    def log(self, step: int, data: dict[str, Any]) -> None:
+        self.step = max(step, self.step)
+        self.run.log(data, step=self.step)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        cols = ["step", "prompt", "completion", "score", "rewards"]
+        table = wandb.Table(columns=cols, data=[
+            [step, r.get("prompt", ""), r.get("completion", ""), r.get("score"),
+             json.dumps(r.get("rewards"))] for r in rows])
+        self.log(step, {"samples": table})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class MetricsLogger:
-    """Writes `out_dir/metrics.jsonl` and TensorBoard events under `out_dir/tb` (process 0 only).
+    """Writes `out_dir/metrics.jsonl`, and TensorBoard events under `out_dir/tb` and a W&B run
+    under `out_dir/wandb` as `report_to` says (`parse_report_to`; process 0 only).
 
     `resume_from=k` drops JSONL lines of steps > k left by an interrupted run, so a resumed run's
-    file reads as one uninterrupted run.
+    file reads as one uninterrupted run. `config`: the run config W&B records. `watch` (e.g.
+    `vpo.rl.watch.RunWatch.check`) reads each row and returns warnings, printed to stderr and
+    kept in `warnings`.
     """
 
     def __init__(self, out_dir: str, *, resume_from: int | None = None, tensorboard: bool = True,
-                 every: int = 1):
+                 every: int = 1, report_to: str | Sequence[str] | None = None,
+                 config: dict[str, Any] | None = None,
+                 watch: Callable[[dict[str, Any]], list[str]] | None = None):
         self.active = jax.process_index() == 0
         self.every = every
         self.path = os.path.join(out_dir, JSONL)
         self._pending: tuple[int, Any, dict[str, float]] | None = None
         self._ready = (resume_from or 0, time.perf_counter())  # (step, time) last seen ready
         self.history: list[dict[str, Any]] = []
-        self._tb = None
+        self.warnings: list[str] = []
+        self.watch = watch
+        sinks = parse_report_to(report_to) if report_to is not None else (
+            ("tensorboard",) if tensorboard else ())
+        self.tensorboard = "tensorboard" in sinks
+        self._tb = self._wandb = None
         if not self.active:
             return
         os.makedirs(out_dir, exist_ok=True)
@@ -84,10 +159,12 @@ class MetricsLogger:
         elif resume_from is None and os.path.exists(self.path):
             os.remove(self.path)
         self._file = open(self.path, "a")  # noqa: SIM115  (open for the run; close() closes)
-        if tensorboard:
+        if self.tensorboard:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
+        if "wandb" in sinks:
+            self._wandb = _Wandb(out_dir, config)
 
     def log(self, step: int, metrics: dict[str, Any], host: dict[str, float] | None = None
             ) -> dict[str, Any] | None:
@@ -121,7 +198,20 @@ class MetricsLogger:
                 for k, v in row.items():
                     if k != "step":
                         self._tb.add_scalar(k, v, step)
+            if self._wandb is not None:
+                self._wandb.log(step, {k: v for k, v in row.items() if k != "step"})
+        for msg in self.watch(row) if self.watch is not None else ():
+            self.warnings.append(msg)
+            if self.active:
+                import tqdm  # beside a progress bar on stderr
+
+                tqdm.tqdm.write(f"warning: {msg}", file=sys.stderr)
         return row
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """The sample log's rows of `step` (`vpo.rl.samples_log.sample_rows`) to W&B as a table."""
+        if self.active and self._wandb is not None and rows:
+            self._wandb.samples(step, rows)
 
     def close(self) -> None:
         self.flush()
@@ -129,3 +219,6 @@ class MetricsLogger:
             self._file.close()
             if self._tb is not None:
                 self._tb.close()
+            if self._wandb is not None:
+                self._wandb.close()
+                self._wandb = None

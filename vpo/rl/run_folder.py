@@ -231,6 +231,23 @@ def _init_hint(out_dir: str) -> str:
         return f" --init {json.load(f)['init']} (the policy this run started from)"
 
 
+def base_spec(out_dir: str, config: RunConfig) -> str:
+    """What the run's base weights are (named by a LoRA checkpoint, which does not hold them):
+    its starting policy (`INIT_FILE`), else the random init of config.model at train.seed."""
+    info = read_json(os.path.join(out_dir, INIT_FILE))
+    if isinstance(info, dict) and isinstance(info.get("init"), str):
+        return info["init"]
+    return f"the random init of the run's model config (train.seed={config.train.seed})"
+
+
+def base_name(out_dir: str) -> str | None:
+    """The base model as a path for other tools (PEFT's base_model_name_or_path): the run's
+    starting policy (`INIT_FILE`) without its `hf:` prefix, or None (a random init)."""
+    info = read_json(os.path.join(out_dir, INIT_FILE))
+    init = info.get("init") if isinstance(info, dict) else None
+    return init.removeprefix("hf:") if isinstance(init, str) else None
+
+
 def data_path(config: RunConfig) -> str | None:
     """The run's data file (task_kwargs `path`, e.g. `--data FILE`), or None."""
     path = (config.task_kwargs or {}).get("path")
