@@ -283,6 +283,8 @@ COMMANDS = {
     "compare": (cmd_compare, _add_compare),
     "plan": (lambda m: (m.cmd_plan, m.add_plan_args))(__import__("vpo.cli.plan",
                                                                fromlist=["cmd_plan"])),
+    "export": (lambda m: (m.cmd_export, m.add_export_args))(__import__("vpo.cli.export",
+                                                                   fromlist=["cmd_export"])),
 }
 
 

@@ -34,6 +34,8 @@ from vpo.rl.checks import check_run
 from vpo.rl.host_memory import compiled_on_first_call
 from vpo.rl.run_folder import (  # the run folder the loop writes
     CONFIG,
+    base_name,
+    base_spec,
     check_data,
     lock_run,
     policy_complete,
@@ -233,7 +235,8 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                                         mutation_parents=tcfg.mutation_parents)
     os.makedirs(out_dir, exist_ok=True)
     manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
-                                         keep=tcfg.keep_checkpoints)
+                                         keep=tcfg.keep_checkpoints,
+                                         base=base_spec(out_dir, config))  # LoRA: not saved
     start = 0
     if resume and manager.latest_step() is not None:
         check_data(out_dir, config)
@@ -344,9 +347,18 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
 def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState,
                   task: BoundTask) -> None:
     """Write the run's policy folder (`checkpoint.save_policy`; all processes take part): the
-    plain model (LoRA adapters folded in), its tokenizer, and what the run was."""
+    plain model (LoRA adapters folded in), its tokenizer, and what the run was; a LoRA run also
+    writes its adapters as a PEFT folder, `adapter/` (`vpo.io.peft`, read by `vpo export
+    --adapter`), its base named as the run's starting policy."""
     from vpo.io import checkpoint as ckpt_lib
+    from vpo.io import peft
 
+    write_adapter = None
+    if config.model.lora_rank:
+        tensors = peft.adapter_tensors(lora_lib.merge(graphdef, state.params, state.frozen))
+        adapter_cfg = peft.adapter_config(config.model, base_name(os.path.dirname(directory)))
+        write_adapter = lambda d: peft.save_adapter(os.path.join(d, "adapter"),  # noqa: E731
+                                                    tensors, adapter_cfg)
     policy = policy_of(graphdef, state)
     steps = int(jax.device_get(state.step))
     ckpt_lib.save_policy(directory, lora_lib.base_config(config.model),
@@ -357,7 +369,7 @@ def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState
                           "max_new_tokens": config.sampler.max_new_tokens,
                           **({"lora": lora_lib.settings(config.model)}
                              if config.model.lora_rank else {})},
-                         tokenizer=task.tokenizer)
+                         tokenizer=task.tokenizer, write_into=write_adapter)
 
 
 def profile_step(step_fn, sample_fn, state, batch):
