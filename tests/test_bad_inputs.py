@@ -94,6 +94,10 @@ def world(tmp_path_factory):
     for name in os.listdir(w / "hf_noweights"):
         if name.endswith(".safetensors"):
             os.remove(w / "hf_noweights" / name)
+    shutil.copytree(BPE, w / "hf_rope")
+    cfg = json.loads((w / "hf_rope" / "config.json").read_text())
+    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"] = "abc"
+    (w / "hf_rope" / "config.json").write_text(json.dumps(cfg))
     (w / "nopolicy").mkdir()
     return paths
 
@@ -214,6 +218,10 @@ CASES = [
     ("resume-init", ["train", "--out", "{run}", "--resume", "--init", "{policy}"], ["--init"]),
     ("resume-overwrite", ["train", "--out", "{run}", "--resume", "--overwrite"],
      ["--overwrite"]),
+    ("reward-workers-negative", ["train", *DATA, "--reward-workers", "-2", *DATA_RUN, *RUN],
+     ["--reward-workers -2", ">= 1"]),
+    ("num-problems-huge", ["train", *SMOKE, "train.num_problems=100000000000", *RUN],
+     ["train.num_problems", "1e+07"]),
     ("resume-reward-workers", ["train", "--out", "{run}", "--resume", "--reward-workers", "2"],
      ["--reward-workers"]),
     ("resume-bad-config", ["train", "--out", "{badcfg}", "--resume"], ["config.json:2"]),
@@ -256,6 +264,7 @@ CASES = [
     ("hf-no-config", ["train", *SMOKE, "model=hf:{tmp}/hf_empty", *RUN],
      ["hf_empty", "config.json"]),
     ("hf-model-type", ["train", *SMOKE, "model=hf:{tmp}/hf_type", *RUN], ["model_type"]),
+    ("hf-rope-theta", ["train", *SMOKE, "model=hf:{tmp}/hf_rope", *RUN], ["rope_theta", "'abc'"]),
     ("hf-no-weights", ["train", *SMOKE, "model=hf:{tmp}/hf_noweights", *RUN],
      ["hf_noweights"]),
     ("hf-shape-override", ["train", *SMOKE, "model=hf:{bpe}", "model.dim=64", *RUN],

@@ -68,6 +68,13 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
     made absolute, so `--resume` and `vpo eval` find them from any directory."""
     from vpo.config import ConfigError
 
+    workers = getattr(args, "reward_workers", None)
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--reward-workers {workers}: the number of worker processes must be "
+                          ">= 1 (or 0, the default: reward functions run in this process)")
+    timeout = getattr(args, "reward_timeout", None)
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"--reward-timeout {timeout}: seconds per reward call must be > 0")
     if getattr(args, "reward_timeout", None) is not None and not args.reward_workers:
         raise ConfigError("--reward-timeout needs --reward-workers N (the timeout applies to "
                           "reward calls in worker processes)")

@@ -179,7 +179,9 @@ class TrainConfig:
 
     RULES = {
         "seed": integer(0),
-        **dict.fromkeys(("steps", "batch_size", "num_answers", "num_problems", "ppo_epochs",
+        # the problem set is built up front: 10 million records is already gigabytes
+        "num_problems": integer(1, 10_000_000),
+        **dict.fromkeys(("steps", "batch_size", "num_answers", "ppo_epochs",
                          "num_minibatches", "grad_accum", "log_every", "checkpoint_every",
                          "keep_checkpoints", "vocab_block", "mutation_parents"), POSITIVE),
         "mutation_fraction": real(0.0, 1.0), "learning_rate": real(0.0, lo_open=True),

@@ -84,11 +84,19 @@ def _dtype_name(dtype) -> str:
     return jnp.dtype(str(dtype).removeprefix("torch.") if isinstance(dtype, str) else dtype).name
 
 
+def _number(key: str, value) -> float:
+    """A config.json number, or a CheckpointError naming the key and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"config.json: {key}={value!r} is not a number; fix the value (a "
+                              "float such as 1000000.0) or restore the file")
+    return float(value)
+
+
 def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
     """(theta, Llama-3 scaling) as transformers reads them: `rope_scaling` (4.x) wins over
     `rope_parameters` (5.x); `rope_theta` inside that dict wins over the top-level one."""
     params = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    theta = _number("rope_theta", params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise CheckpointError("config.json: partial_rotary_factor != 1 is not supported")
@@ -143,7 +151,7 @@ def model_config(hf: dict, *, dtype=None, **overrides: Any) -> ModelConfig:
         vocab_size=hf["vocab_size"], dim=D, num_layers=hf["num_hidden_layers"], num_heads=H,
         num_kv_heads=hf.get("num_key_value_heads") or H, head_dim=hf.get("head_dim") or D // H,
         mlp_dim=hf["intermediate_size"], rope_theta=theta, rope_scaling=scaling,
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qkv_bias=mt == "qwen2",
+        norm_eps=_number("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)), qkv_bias=mt == "qwen2",
         qk_norm=mt == "qwen3", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_seq_len=hf.get("max_position_embeddings", 2048), param_dtype=dt, dtype=dt)
     return ModelConfig(**{**fields, **overrides})
