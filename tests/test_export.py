@@ -159,7 +159,8 @@ def test_adapter_export_is_peft_format(runs):
     for name in base:  # everything else is the base, bit for bit
         if not any(f".{m}." in name for m in config["target_modules"]):
             np.testing.assert_array_equal(base[name], out[name])
-    assert json.load(open(os.path.join(merged, "config.json")))["model_type"] == "llama"
+    with open(os.path.join(merged, "config.json")) as f:
+        assert json.load(f)["model_type"] == "llama"
     assert os.path.exists(os.path.join(merged, "tokenizer.json"))
 
 
@@ -170,7 +171,8 @@ def test_merged_export_in_bfloat16(runs):
     with open(os.path.join(out, "model.safetensors"), "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
-    assert json.load(open(os.path.join(out, "config.json")))["torch_dtype"] == "bfloat16"
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["torch_dtype"] == "bfloat16"
     model = hf.from_pretrained(out)
     assert jax.tree.leaves(nnx.state(model, nnx.Param))[0].dtype == "bfloat16"
     assert main(["export", "--policy", runs["a"], "--out", out, "--merged"]) == 2
