@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AOT_PYTHON = os.environ.get("VPO_AOT_PYTHON", os.path.join(ROOT, ".venv-aot", "bin", "python"))
 INSTALL = ("python3 -m venv .venv-aot && .venv-aot/bin/pip install "
            "\"jax[tpu,cuda12-local]==$(.venv/bin/python -c 'import jax; print(jax.__version__)')\""
-           " && .venv-aot/bin/pip install --no-deps -e .   (as .ci/run does)")
+           " && .venv-aot/bin/pip install -e .   (as .ci/run does)")
 CALL = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
 
 pytestmark = pytest.mark.skipif(not os.path.exists(AOT_PYTHON),
