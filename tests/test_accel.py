@@ -40,12 +40,12 @@ SCRIPT = textwrap.dedent("""
 # (name, target, programs, overrides)
 LEAN = [
     ("v5e full pallas", "v5e", ["rl_step", "sampler"], ["train.logprob_impl=pallas"]),
-    ("v5e full chunked", "v5e", ["rl_step"], ["train.logprob_impl=chunked"]),
+    ("v5e full chunked", "v5e", ["rl_step", "sampler"], ["train.logprob_impl=chunked"]),
     ("v5e lora pallas", "v5e", ["rl_step"], ["train.logprob_impl=pallas", "model.lora_rank=4"]),
     ("v5e:2x2 full fsdp", "v5e:2x2", ["rl_step", "sampler"], ["mesh_fsdp=2"]),
     ("v5e:2x2 lora", "v5e:2x2", ["rl_step"], ["model.lora_rank=4"]),
     ("h100 full pallas", "h100", ["rl_step", "sampler"], ["train.logprob_impl=pallas"]),
-    ("h100 lora chunked", "h100", ["rl_step"], ["model.lora_rank=4"]),
+    ("h100 lora chunked", "h100", ["rl_step", "sampler"], ["model.lora_rank=4"]),
 ]
 SLOW = [
     ("v5e qwen2.5-0.5b lora", "v5e", ["rl_step"],
@@ -81,8 +81,9 @@ def _check_built(rows):
         assert r["ok"], (name, r["error_name"], r["error"])
         assert r["fits"], (name, r["bytes_per_device"])
         assert r["argument_bytes"] > 0 and r["output_bytes"] > 0, (name, r)
-        # the update's activations and gradients need scratch (the tiny sampler may not)
-        assert r["temp_bytes"] > 0 or r["program"] != "rl_step", (name, r)
+        # temporaries as the compiler reports them (XLA:TPU reports none for the tiny RL step
+        # once the sampler's decode attention is a Mosaic kernel)
+        assert r["temp_bytes"] >= 0 and r["bytes_per_device"] > 0, (name, r)
 
 
 @pytest.mark.parametrize("cell", [c[0] for c in LEAN])
@@ -100,9 +101,13 @@ def test_rl_step_holds_the_kernel_with_pallas(lean, cell, platform):
 
 
 @pytest.mark.parametrize("cell", ["v5e full chunked", "h100 lora chunked"])
-def test_rl_step_has_no_kernel_when_chunked(lean, cell):
+def test_rl_step_has_no_logprob_kernel_when_chunked(lean, cell):
+    """logprob_impl=chunked: the log-prob kernel is absent; the decode-attention kernel of the
+    sampler (one chip) stays, so the step holds exactly the sampler's kernel calls."""
     step = next(r for r in lean[cell] if r["program"] == "rl_step")
-    assert not step["custom_calls"], step["custom_calls"]
+    sampler = next(r for r in lean[cell] if r["program"] == "sampler")
+    assert step["custom_calls"] == sampler["custom_calls"], (step["custom_calls"],
+                                                              sampler["custom_calls"])
 
 
 def test_a_mesh_build_has_collectives_and_one_chip_none(lean):

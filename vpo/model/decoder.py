@@ -64,7 +64,12 @@ def decode_attention_impl(devices=None, *, platform: str | None = None) -> str:
     devices; None: the default backend's): the Pallas kernel on one GPU / TPU, XLA elsewhere
     (Pallas compiles only for accelerators, and XLA cannot partition a kernel over a mesh of
     several devices). `platform` (a model's `Decoder.platform`, set when it is built for a
-    target other than this process's backend) replaces the devices' own."""
+    target other than this process's backend) replaces the devices' own; the devices are then
+    counted on the mesh the program is built under (`jax.set_mesh`), if any."""
+    if devices is None and platform is not None:
+        mesh = jax.sharding.get_abstract_mesh()
+        count = 1 if mesh.empty else mesh.size
+        return "pallas" if count == 1 and decode_lib.supported(platform) else "xla"
     if devices is None:
         devices = jax.devices()
     elif isinstance(devices, jax.sharding.Mesh):
