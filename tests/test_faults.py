@@ -288,3 +288,20 @@ def test_resume_refuses_a_changed_data_file(tmp_path):
     data.unlink()
     with pytest.raises(ConfigError, match=f"data file {data} is gone"):
         run_folder.resume_config(out, [])
+
+
+def test_a_full_disk_names_the_folder_and_how_to_continue(monkeypatch, tmp_path, capsys):
+    """[Errno 28] without a file name (as orbax raises it) names --out and says --resume."""
+    import errno
+
+    from vpo.cli import main as cli
+    from vpo.rl import loop
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(loop, "train", full)
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--preset", "smoke", "--compile-cache", "", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and out in err and "--resume" in err

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -335,12 +336,18 @@ def _is_user_error(e: BaseException) -> bool:
     return False
 
 
-def error_message(command: str, e: BaseException, limit: int = 1500) -> str:
+def error_message(command: str, e: BaseException, limit: int = 1500,
+                  out: str | None = None) -> str:
     """The one paragraph a user sees for `e`: what is wrong and how to fix it (the library's
-    message, cut at `limit` characters), and how to see the traceback."""
+    message, cut at `limit` characters), and how to see the traceback. A full disk names the
+    folder being written (`out`) and how to continue."""
     text = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
         text = f"{e.filename}: {text}"
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        where = f" under {out}" if out else ""
+        text += (f" (writing{where}): free space on that disk, then run the same command with "
+                 "--resume to continue from the last complete checkpoint")
     if len(text) > limit:
         text = text[:limit] + " [...]"
     return (f"vpo {command}: error: {text}\n(run with --debug or {DEBUG_ENV}=1 for the "
@@ -366,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if debug or not _is_user_error(e):
             raise
-        print(error_message(args.command, e), file=sys.stderr)
+        print(error_message(args.command, e, out=getattr(args, "out", None)), file=sys.stderr)
         return 2
     finally:
         _release_run_folders()
