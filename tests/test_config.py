@@ -101,7 +101,7 @@ BAD = [
     (TrainConfig, "steps", 0, ">= 1"),
     (TrainConfig, "batch_size", 0, ">= 1"),
     (TrainConfig, "num_answers", 0, ">= 1"),
-    (TrainConfig, "num_problems", 0, ">= 1"),
+    (TrainConfig, "num_problems", 10**11, "in [1, 1e+07]"),
     (TrainConfig, "mutation_fraction", 1.5, "in [0, 1]"),
     (TrainConfig, "mutation_parents", 0, ">= 1"),
     (TrainConfig, "ppo_epochs", 0, ">= 1"),
