@@ -1,6 +1,7 @@
 """vpo compare: config validation, the entropy-law fit, t-intervals, the one warm start, and the
 smoke preset end to end (report, PNGs, finite and consistent numbers, three-way verdicts)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -79,7 +80,7 @@ def test_overrides_an_arm_or_init_would_replace_are_refused():
         make_config("default", ["lora_rank=8"])
 
 
-def test_presets_and_arm_configs():
+def test_presets_and_arm_configs(tmp_path):
     paper = make_config("paper")
     assert paper.objective.kl_coef == 1e-3 and paper.train.learning_rate == 1e-6
     assert paper.sampler.num_samples == 8 and paper.num_answers == 3
@@ -91,9 +92,8 @@ def test_presets_and_arm_configs():
     cfg = make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
     assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 5
     task = compare.make_task(cfg)
-    from vpo.config import model_preset
-    mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=512)
-    runs = {a: compare.arm_run_config(cfg, task, a, 3, mcfg) for a in cfg.arm_names}
+    spec, mcfg = _saved_tiny_policy(tmp_path, task)
+    runs = {a: compare.arm_run_config(cfg, task, a, 3, spec, mcfg)[0] for a in cfg.arm_names}
     assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3
     assert runs["multi_rlvr"].objective.advantage == "grpo"
     for arm in ("vpo", "maxk", "rw_grpo", "passk"):
@@ -110,6 +110,43 @@ def test_presets_and_arm_configs():
     est = compare.estimate_seconds(cfg, task)
     assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
     assert compare.estimate_seconds(full, compare.make_task(full))["total"] > 2 * est["total"]
+
+
+def _saved_tiny_policy(tmp_path, task):
+    """(policy folder, its ModelConfig): a fresh tiny decoder saved as a warm start would be."""
+    from flax import nnx
+
+    from vpo.config import model_preset
+    from vpo.io import checkpoint
+    from vpo.model.decoder import Decoder
+
+    mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=512)
+    spec = str(tmp_path / "sft")
+    checkpoint.save_policy(spec, mcfg, nnx.state(Decoder(mcfg, rngs=nnx.Rngs(0)), nnx.Param),
+                           {"task": task.name}, tokenizer=task.tokenizer)
+    return spec, mcfg
+
+
+def test_an_arm_is_the_run_its_vpo_train_command_starts(tmp_path):
+    """Each arm is assembled as `vpo train` assembles a run: the command recorded for an arm,
+    parsed and assembled by `vpo train`'s own path (assemble_run, then load_init, which loads
+    the warm start), gives the arm's RunConfig field for field."""
+    import shlex
+
+    from vpo.launch import assemble
+
+    cfg = make_config("default", ["arms=grpo,vpo_mut,kl_cov", "law_points=2"])
+    task = compare.make_task(cfg)
+    spec, mcfg = _saved_tiny_policy(tmp_path, task)
+    for arm in cfg.arm_names:
+        run, overrides = compare.arm_run_config(cfg, task, arm, 2, spec, mcfg)
+        argv = shlex.split(compare.train_command(spec, str(tmp_path / arm), overrides))[1:]
+        args = cli._parse(argv)
+        plan = assemble.assemble_run(args.preset, args.config, args.overrides, init=args.init)
+        _, trained, _ = assemble.load_init(plan, args.config)
+        assert trained == run, arm
+        assert run.train.seed == 2 and run.objective == dataclasses.replace(
+            cfg.objective, **compare_config.ARMS[arm].objective)
 
 
 @pytest.mark.slow

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import time
 from typing import Any
@@ -60,8 +61,9 @@ from vpo.config import (
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
+from vpo.launch.assemble import assemble_run
 from vpo.launch.rules import context_of, fit_seq_len, load_task, source_of
-from vpo.model import sharding
+from vpo.model import lora, sharding
 from vpo.rl.loop import policy_complete, train, write_json_atomic
 from vpo.rl.metrics_log import JSONL
 from vpo.rl.sft import run_sft
@@ -199,21 +201,47 @@ def _copy(model):
     return nnx.merge(graphdef, jax.tree.map(jax.numpy.copy, state))
 
 
-def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, model_cfg):
-    """The `RunConfig` of one arm and seed: the shared sections, then the arm's changes; with
-    `law_points` the run checkpoints that many times (and keeps them all)."""
-    spec = ARMS[arm]
-    m = cfg.arm_answers(arm)
-    tcfg = dataclasses.replace(cfg.train, seed=seed, num_answers=m,
-                               mutation_parents=cfg.search.parents, **spec.train)
+def arm_overrides(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int) -> list[str]:
+    """The `vpo train` overrides of one arm and seed: the task, every shared train / sampler /
+    objective field that differs from `RunConfig`'s default, then the arm's own changes (`ARMS`),
+    its seed, m, mutation parents, answer budget `task.completion_len(m)` and the warm start's
+    `max_seq_len`; with `law_points` the run checkpoints that many times (and keeps them all)."""
+    spec, m = ARMS[arm], cfg.arm_answers(arm)
+    train = {**dataclasses.asdict(cfg.train), **spec.train, "seed": seed, "num_answers": m,
+             "mutation_parents": cfg.search.parents}
     if cfg.law_points:
-        tcfg = dataclasses.replace(tcfg, checkpoint_every=cfg.train.steps // cfg.law_points,
-                                   keep_checkpoints=cfg.law_points + 1)
-    return RunConfig(
-        model=dataclasses.replace(model_cfg, lora_rank=cfg.lora_rank),
-        sampler=dataclasses.replace(cfg.sampler, max_new_tokens=task.completion_len(m)),
-        objective=dataclasses.replace(cfg.objective, **spec.objective),
-        train=tcfg, task=cfg.task, mesh_data=-1 if cfg.devices == -1 else cfg.devices)
+        train |= {"checkpoint_every": cfg.train.steps // cfg.law_points,
+                  "keep_checkpoints": cfg.law_points + 1}
+    sections = {"train": train,
+                "sampler": {**dataclasses.asdict(cfg.sampler),
+                            "max_new_tokens": task.completion_len(m)},
+                "objective": {**dataclasses.asdict(cfg.objective), **spec.objective}}
+    default = RunConfig()
+    out = [f"task={cfg.task}", f"model.max_seq_len={max_seq_len}"]
+    out += [f"model.lora_rank={cfg.lora_rank}"] if cfg.lora_rank else []
+    for section, fields in sections.items():
+        base = dataclasses.asdict(getattr(default, section))
+        out += [f"{section}.{key}={value}" for key, value in fields.items()
+                if value != base[key] or key == "max_new_tokens"]
+    mesh = -1 if cfg.devices == -1 else cfg.devices
+    return out + ([f"mesh_data={mesh}"] if mesh != default.mesh_data else [])
+
+
+def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, init_spec: str,
+                   policy_cfg) -> tuple[RunConfig, list[str]]:
+    """(RunConfig, overrides) of one arm and seed: exactly the run `vpo train --init init_spec
+    <overrides>` starts (`vpo.launch.assemble.assemble_run`, then `load_init`'s model rule: the
+    warm start's config `policy_cfg` with the run's LoRA settings and sequence length)."""
+    overrides = arm_overrides(cfg, task, arm, seed, policy_cfg.max_seq_len)
+    run = assemble_run(overrides=overrides, init=init_spec).run
+    model = dataclasses.replace(policy_cfg, max_seq_len=run.model.max_seq_len,
+                                **lora.settings(run.model))
+    return dataclasses.replace(run, model=model), overrides
+
+
+def train_command(init_spec: str, path: str, overrides: list[str]) -> str:
+    """The `vpo train` command line that trains the same run as an arm of `vpo compare`."""
+    return shlex.join(["vpo", "train", "--init", init_spec, "--out", path, *overrides])
 
 
 def _law_score(cfg: CompareConfig, task, model, m: int) -> float:
@@ -274,14 +302,16 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
     mesh = sharding.make_mesh(devices=devices)
     runs: dict[str, list[ArmRun]] = {}
     start_scores: dict[int, float] = {}
+    sft = os.path.join(out_dir, "sft")  # the warm start, or the init policy when it parsed
+    init_spec = os.path.abspath(sft) if policy_complete(sft) else cfg.init
     total, done, t_all = len(cfg.arm_names) * cfg.num_seeds, 0, time.perf_counter()
     for arm in cfg.arm_names:
         m = cfg.arm_answers(arm)
         if cfg.law_points and m not in start_scores:
             start_scores[m] = _law_score(cfg, task, policy, m)
         for seed in cfg.seeds:
-            run = arm_run_config(cfg, task, arm, seed, policy.cfg)
             path = os.path.join(out_dir, "arms", arm, f"seed{seed}")
+            run, overrides = arm_run_config(cfg, task, arm, seed, init_spec, policy.cfg)
             earlier = (_read_arm_run(path, arm, seed, m, policy.cfg.max_seq_len)
                        if resume else None)
             if earlier is not None:
@@ -301,7 +331,9 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
             law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)
                    if cfg.law_points else {})
             seconds = time.perf_counter() - t0
-            write_json_atomic(os.path.join(path, ARM_DONE), {"law": law, "seconds": seconds})
+            write_json_atomic(os.path.join(path, ARM_DONE), {
+                "law": law, "seconds": seconds,
+                "command": train_command(init_spec, path, overrides)})
             runs.setdefault(arm, []).append(ArmRun(arm, seed, m, path, model_of(graphdef, state),
                                                    rows, law, seconds))
             done += 1
