@@ -248,7 +248,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
           f"RL steps each -> {args.out}")
     summary = compare.run_compare(cfg, args.out, command=command,
                                   with_search=not args.no_search, resume=args.resume,
-                                  overwrite=args.overwrite)
+                                  overwrite=args.overwrite, progress=True)
     for c in summary["claims"]:
         holm = "" if c["verdict"] != "reproduced" else (
             " [survives Holm's correction]" if c["survives_holm"] else

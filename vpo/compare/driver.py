@@ -291,7 +291,7 @@ ARM_DONE = "compare_run.json"  # written last in an (arm, seed) folder: the run 
 
 
 def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
-               resume: bool = False) -> dict[str, list[ArmRun]]:
+               resume: bool = False, progress: bool = False) -> dict[str, list[ArmRun]]:
     """RL for every arm and seed from the warm start → {arm: [ArmRun per seed]}.
 
     `resume`: finished runs of an interrupted comparison are read back (`_read_arm_run`); an
@@ -325,7 +325,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
                 shutil.rmtree(path)
             t0 = time.perf_counter()
             graphdef, state = train(run, path, resume=resume, task=task, mesh=mesh,
-                                    progress=False, init=_copy(policy))
+                                    progress=progress, init=_copy(policy))
             with open(os.path.join(path, JSONL)) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)
@@ -345,6 +345,13 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
     return runs
 
 
+def _progress(log, stage: str, done: int, total: int, t0: float, what: str) -> None:
+    """A stage's per-item line: what finished, how many of how many, the estimate left."""
+    spent = time.perf_counter() - t0
+    log(f"  {stage}: {what} ({done} of {total}, {spent:.0f} s; ~"
+        f"{spent / done * (total - done) / 60:.1f} min left)")
+
+
 def policy_rows(cfg: CompareConfig, policy, runs) -> list[tuple[str, int, int, Any]]:
     """(row name, seed, m, model): the warm start in every m of the mixture (once per seed, so
     its rows pair with the arms' seeds) and every trained arm and seed."""
@@ -354,20 +361,22 @@ def policy_rows(cfg: CompareConfig, policy, runs) -> list[tuple[str, int, int, A
     return rows
 
 
-def evaluate_arms(cfg: CompareConfig, task, policy, runs) -> dict[str, Any]:
+def evaluate_arms(cfg: CompareConfig, task, policy, runs, log=print) -> dict[str, Any]:
     """Budget-fair evaluation on cfg.eval_problems held-out problems: per row and seed the
     metrics of `evaluation.summarize_pool` + entropy, and per-problem best score / solved.
     Seed s of every row is evaluated with the key fold_in(key(eval_seed), s)."""
     records = task.make_problems(cfg.eval_seed, cfg.eval_problems)
     ks = policy_eval.default_ks(cfg.eval_budget)
     out: dict[str, Any] = {"ks": ks, "temperature": cfg.eval_temperature, "rows": {}}
-    for name, seed, m, model in policy_rows(cfg, policy, runs):
+    rows, t0 = policy_rows(cfg, policy, runs), time.perf_counter()
+    for i, (name, seed, m, model) in enumerate(rows):
         metrics, per = policy_eval.evaluate_policy_per_problem(
             model, task, records, num_answers=m, budget=cfg.eval_budget, ks=ks,
             key=jax.random.fold_in(jax.random.key(cfg.eval_seed), seed),
             temperature=cfg.eval_temperature)
         out["rows"].setdefault(name, []).append(
             {"seed": seed, "m": m, **metrics, **{k: v.tolist() for k, v in per.items()}})
+        _progress(log, "evaluation", i + 1, len(rows), t0, f"{name} seed {seed}")
     return out
 
 
@@ -400,7 +409,7 @@ def _search_trace(task, model, records, scfg, method: str, split_seed: int):
                              search.search_problems(task, records, scfg.num_answers), scfg).trace
 
 
-def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
+def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any], log=print
                 ) -> dict[str, Any]:
     """Island search (`vpo.search.ingraph.run_method`; `run_host_method` on host-scored tasks)
     with each row's policy as mutation operator on the chosen problems, `search_seeds` searches
@@ -413,7 +422,8 @@ def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     S, P = cfg.search_seeds, len(sub)
     out: dict[str, Any] = {**chosen, "budget": cfg.search.budget, "seeds": S, "rows": {}}
     seen: dict[tuple[int, int], dict[str, Any]] = {}
-    for name, seed, m, model in policy_rows(cfg, policy, runs):
+    rows, t0 = policy_rows(cfg, policy, runs), time.perf_counter()
+    for i, (name, seed, m, model) in enumerate(rows):
         if (id(model), m) not in seen:  # the warm start's rows share one policy and the keys
             scfg = dataclasses.replace(cfg.search, num_answers=m)
             trace = _search_trace(task, model, sub * S, scfg, "search", cfg.search_split_seed)
@@ -427,6 +437,7 @@ def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
                 seen[id(model), m]["best_of_n_SP"] = np.asarray(bon.solved).reshape(
                     S, P, -1)[:, :, -1].tolist()
         out["rows"].setdefault(name, []).append({"seed": seed, "m": m, **seen[id(model), m]})
+        _progress(log, "search", i + 1, len(rows), t0, f"{name} seed {seed}")
     return out
 
 
@@ -498,13 +509,14 @@ def check_out_dir(cfg: CompareConfig, out_dir: str, *, resume: bool, overwrite: 
 
 def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare",
                 log=print, with_search: bool = True, resume: bool = False,
-                overwrite: bool = False) -> dict[str, Any]:
+                overwrite: bool = False, progress: bool = False) -> dict[str, Any]:
     """All stages; writes out_dir/report.md and friends and returns the summary.
 
     Each finished stage is kept in out_dir/stages/<stage>.json (its result and seconds) and
     each finished RL run in its folder, so `resume=True` continues an interrupted comparison
     where it stopped with the same results (the stages are seeded); the report's stage times
-    add up the time spent in every session."""
+    add up the time spent in every attempt. `log` gets a line per finished run, evaluated row
+    and searched row with the estimate left; `progress`: each RL run's step bar on stderr."""
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
@@ -546,15 +558,15 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
 
     (policy, before) = stage("warm start", warm, cached=False)
     wall["warm start"] += before
-    runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log, resume=resume),
-                 cached=False)
+    runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log, resume=resume,
+                                          progress=progress), cached=False)
     if resume:  # the RL stage's time: every run's own, whichever session trained it
         wall["RL"] = sum(r.seconds for rs in runs.values() for r in rs)
-    evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs))
+    evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs, log))
     searches = probes = None
     if with_search:
         chosen = stage("hard problems", lambda: hard_problems(cfg, task, policy))
-        searches = stage("search", lambda: search_arms(cfg, task, policy, runs, chosen))
+        searches = stage("search", lambda: search_arms(cfg, task, policy, runs, chosen, log))
         probes = stage("mutation probe", lambda: probe_arms(cfg, task, policy, runs, chosen))
     wall["total"] = sum(wall.values())
     loads.append(compare_report.machine_load())
