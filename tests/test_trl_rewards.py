@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from vpo.errors import RewardError
+from vpo.errors import ConfigError, RewardError
 from vpo.io.tokenizer import load_tokenizer
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind
@@ -34,6 +34,10 @@ def reward_func(completion_ids, **kwargs):
     """Reward function that assigns higher scores to longer completions (in terms of token
     count)."""
     return [float(len(ids)) for ids in completion_ids]
+
+
+def reward_len(completions, **kwargs):  # TRL's quickstart: completions near 20 characters
+    return [-abs(20 - len(completion)) for completion in completions]
 
 
 def char_length_reward(completions, **kwargs):
@@ -300,8 +304,34 @@ def test_completion_ids_reach_functions_when_given(files):
 def test_unbounded_trl_rewards_are_named_with_how_to_fix(files):
     task = task_of(files, "standard", "char_length_reward")
     with pytest.raises(RewardError, match=r"char_length_reward: value 5.0 for dataset row 0 "
-                                          r".*outside \[0, 1\].* rescale"):
+                                          r".*outside \[0, 1\].* --reward-range "
+                                          r"char_length_reward=LO:HI"):
         score(task, " blue.", " in the sky.")  # answers are stripped: "blue." is 5
+
+
+def test_trl_rewards_on_their_own_scale_run_with_a_declared_range(files):
+    """TRL's quickstart reward (-abs(20 - len)) and a raw length run unchanged once their
+    range is declared: v → (v - lo) / (hi - lo), clipped to [0, 1] with one warning."""
+    from vpo.cli import checks
+
+    ranges = checks.parse_reward_ranges(["reward_len=-20:0", "char_length_reward=0:20"])
+    assert ranges == {"reward_len": [-20.0, 0.0], "char_length_reward": [0.0, 20.0]}
+    task = task_of(files, "standard", "reward_len", "char_length_reward",
+                   reward_ranges=ranges)
+    rewards, valid = score(task, "x" * 20, "x" * 10)  # lengths 20, 10
+    np.testing.assert_allclose(rewards, [[1.0, 1.0], [0.5, 0.5]])
+    assert valid.all()
+    with pytest.warns(UserWarning, match=r"reward reward_len: values outside its declared "
+                                         r"range \[-20, 0\] were clipped"):
+        rewards, _ = score(task, "x" * 45, "x" * 5)  # -25 → 0 (clipped); length 45 → 1
+    np.testing.assert_allclose(rewards, [[0.0, 1.0], [0.25, 0.25]])
+    with pytest.raises(ConfigError, match="no reward component is called 'reward_length'; the "
+                                          "components are reward_len"):
+        task_of(files, "standard", "reward_len", reward_ranges={"reward_length": (-1, 0)})
+    with pytest.raises(ConfigError, match="give LO < HI"):
+        task_of(files, "standard", "reward_len", reward_ranges={"reward_len": (0, -50)})
+    with pytest.raises(ConfigError, match="expected NAME=LO:HI"):
+        checks.parse_reward_ranges(["reward_len=-50"])
 
 
 @pytest.mark.parametrize("name, signature, missing", [

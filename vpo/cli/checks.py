@@ -81,7 +81,8 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
     if not getattr(args, "data", None):
         for flag, given in (("--reward", getattr(args, "reward", None)),
                             ("--weights", getattr(args, "weights", None)),
-                            ("--reward-workers", getattr(args, "reward_workers", None))):
+                            ("--reward-workers", getattr(args, "reward_workers", None)),
+                            ("--reward-range", getattr(args, "reward_range", None))):
             if given:
                 raise ConfigError(f"{flag} needs --data FILE (your prompts and reward "
                                   "functions); a preset's own data keeps its own settings")
@@ -97,10 +98,30 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
         except ValueError:
             raise ConfigError(f"--weights {args.weights!r}: expected comma-separated numbers, "
                               "e.g. 0.7,0.3") from None
+    if getattr(args, "reward_range", None):
+        kw["reward_ranges"] = parse_reward_ranges(args.reward_range)
     if args.reward_workers:
         kw["reward_workers"] = args.reward_workers
         kw["reward_timeout"] = args.reward_timeout
     return kw
+
+
+def parse_reward_ranges(items: list[str]) -> dict[str, list[float]]:
+    """{component: [lo, hi]} of `--reward-range NAME=LO:HI` items."""
+    from vpo.config import ConfigError
+
+    out = {}
+    for item in items:
+        name, _, bounds = item.partition("=")
+        lo, sep, hi = bounds.partition(":")
+        try:
+            if not (name and sep):
+                raise ValueError
+            out[name] = [float(lo), float(hi)]
+        except ValueError:
+            raise ConfigError(f"--reward-range {item!r}: expected NAME=LO:HI, e.g. "
+                              "reward_len=-50:0 (the component's worst and best values)") from None
+    return out
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -113,6 +134,10 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    "file); repeat: one reward component each")
     p.add_argument("--weights", default=None, help="w* over the components, e.g. 0.7,0.3 "
                    "(normalised; default equal)")
+    p.add_argument("--reward-range", action="append", default=[], metavar="NAME=LO:HI",
+                   help="a component's scale when its function returns values outside [0, 1] "
+                   "(TRL's -abs(20 - len(c)): reward_len=-50:0): mapped to [0, 1], clipped; "
+                   "repeat per component")
     p.add_argument("--reward-workers", type=int, default=0, help="run reward functions in "
                    "this many worker processes (slow verifiers)")
     p.add_argument("--reward-timeout", type=float, default=None,

@@ -180,15 +180,17 @@ def _weights(weights: Sequence[float] | None, names: Sequence[str]) -> np.ndarra
 def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float] | None = None,
                       *, max_answers: int = 8, answer_hint: str = ANSWER_HINT,
                       reward_workers: int = 0, reward_timeout: float | None = None,
+                      reward_ranges: dict[str, Sequence[float]] | None = None,
                       name: str | None = None) -> Task:
     """The task of a dataset file and reward functions (see the module docstring).
 
     `rewards`: `MODULE:FUNCTION` specs. `reward_workers` > 0 runs the functions in a process
-    pool with `reward_timeout` seconds per call.
+    pool with `reward_timeout` seconds per call. `reward_ranges`: {component: (lo, hi)}, the
+    declared scale of components not in [0, 1] (`vpo.tasks.reward_fns`).
     """
     rows = check_rows(read_rows(path), path)
     scorer = RewardScorer.load(list(rewards), rows[0], workers=reward_workers,
-                               timeout=reward_timeout)
+                               timeout=reward_timeout, ranges=reward_ranges)
     names = scorer.names
     w_R = _weights(weights, names)
 

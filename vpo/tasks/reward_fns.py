@@ -17,7 +17,11 @@ so `def f(completions, **kwargs)` takes only what it needs. `async def` function
 completion; invalid slots are never passed.
 
 A function returns N floats in [0, 1] (a bool: 1 or 0), or a dict of named lists for several
-components, and None where it does not apply to a sample (TRL's multi-task idiom). Each
+components, and None where it does not apply to a sample (TRL's multi-task idiom). A function
+written for TRL with another scale (TRL's `-abs(20 - len(c))`, a raw length) runs unchanged
+with its range declared (`ranges={name: (lo, hi)}`, `--reward-range NAME=LO:HI`): a value v
+scores (v - lo) / (hi - lo), clipped to [0, 1] (one warning per component when it clips), so an
+empty answer set's 0 is the worst score, as VPO needs. Each
 function is ONE component of the reward vector (TRL sums them into a scalar; here GRPO trains
 on w*ᵀr and VPO on the vector), named after the function (or the dict's keys); metrics log
 them as `reward/<name>`.
@@ -115,10 +119,14 @@ def load_reward_fns(specs: Sequence[str], probe: dict[str, Any],
 
 # -- the values -------------------------------------------------------------------------------
 
-def _check_values(spec: str, name: str, values: Any, rows: Sequence[int]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(values float64 [N], None → 0; applies bool [N], False where None), or a RewardError
-    naming the function, row and value."""
+def _check_values(spec: str, name: str, values: Any, rows: Sequence[int],
+                  bounds: tuple[float, float] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(values float64 [N], None → 0; applies bool [N], False where None; whether a value was
+    clipped to the declared range), or a RewardError
+    naming the function, row and value. `bounds` (lo, hi): the component's declared range,
+    values mapped to (v - lo) / (hi - lo) and clipped to [0, 1]; without it a value outside
+    [0, 1] is an error."""
     n = len(rows)
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise RewardError(f"reward function {spec}: returned {type(values).__name__} "
@@ -128,6 +136,7 @@ def _check_values(spec: str, name: str, values: Any, rows: Sequence[int]
                           "completions; return one float per completion")
     out = np.zeros(n, np.float64)
     applies = np.ones(n, bool)
+    lo, hi = bounds if bounds is not None else (0.0, 1.0)
     for i, v in enumerate(values):
         if v is None:  # the function does not apply to this sample
             applies[i] = False
@@ -135,17 +144,35 @@ def _check_values(spec: str, name: str, values: Any, rows: Sequence[int]
         # a bool is a pass/fail score (`c == answer`): True → 1.0, False → 0.0
         ok = isinstance(v, (int, float, np.integer, np.floating, np.bool_))
         f = float(v) if ok else math.nan
-        if not ok or not math.isfinite(f) or not 0.0 <= f <= 1.0:
+        if not ok or not math.isfinite(f) or (bounds is None and not 0.0 <= f <= 1.0):
             what = ("not a number" if not ok else "not finite" if not math.isfinite(f)
                     else "outside [0, 1]")
             label = spec if name == spec.rpartition(":")[2] else f"{spec} [{name}]"
             raise RewardError(
                 f"reward function {label}: value {_short(v)} for dataset row {rows[i]} (call "
                 f"item {i}) is {what}; return floats in [0, 1], or None where the function "
-                "does not apply (VPO weighs components and scores an empty answer set 0, so "
-                "rescale negative or unbounded scores)")
-        out[i] = f
-    return out, applies
+                "does not apply (VPO weighs components and scores an empty answer set 0), or "
+                f"declare the function's range: --reward-range {name}=LO:HI (its values are "
+                "mapped to [0, 1])")
+        out[i] = (f - lo) / (hi - lo)
+    clipped = bool(np.any((out < 0) | (out > 1)))
+    return np.clip(out, 0.0, 1.0), applies, clipped
+
+
+def check_ranges(ranges: dict[str, Sequence[float]], names: Sequence[str]
+                 ) -> dict[str, tuple[float, float]]:
+    """{component: (lo, hi)} with every name a component and lo < hi finite, else ConfigError."""
+    out = {}
+    for name, bounds in ranges.items():
+        if name not in names:
+            raise ConfigError(f"--reward-range {name}=...: no reward component is called "
+                              f"{name!r}; the components are {', '.join(names)}")
+        lo, hi = (float(b) for b in bounds)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ConfigError(f"--reward-range {name}={lo:g}:{hi:g}: give LO < HI, both finite "
+                              "(the values the function returns at worst and at best)")
+        out[name] = (lo, hi)
+    return out
 
 
 def _short(v: Any) -> str:
@@ -175,9 +202,12 @@ class RewardScorer:
     """
 
     def __init__(self, fns: Sequence[RewardFn], *, workers: int = 0,
-                 timeout: float | None = None, pool: Workers | None = None):
+                 timeout: float | None = None, pool: Workers | None = None,
+                 ranges: dict[str, Sequence[float]] | None = None):
         self.fns = list(fns)
         self.names = tuple(n for f in self.fns for n in f.names)
+        self.ranges = check_ranges(ranges or {}, self.names)
+        self._warned_clip: set[str] = set()
         self.timeout = timeout
         self._pool = pool
         if pool is None and workers > 0:
@@ -186,9 +216,10 @@ class RewardScorer:
 
     @classmethod
     def load(cls, specs: Sequence[str], probe: dict[str, Any], *, workers: int = 0,
-             timeout: float | None = None) -> RewardScorer:
+             timeout: float | None = None, ranges: dict[str, Sequence[float]] | None = None
+             ) -> RewardScorer:
         """The scorer of `specs` (`load_reward_fns` on `probe`); with workers, the probe call
-        runs in one, under the timeout."""
+        runs in one, under the timeout. `ranges`: {component: (lo, hi)} declared scales."""
         pool = Workers(specs, workers, timeout) if workers > 0 else None
         try:
             fns = load_reward_fns(specs, probe, call=pool.call if pool else None)
@@ -196,7 +227,12 @@ class RewardScorer:
             if pool is not None:
                 pool.close()
             raise
-        return cls(fns, timeout=timeout, pool=pool)
+        try:
+            return cls(fns, timeout=timeout, pool=pool, ranges=ranges)
+        except BaseException:
+            if pool is not None:
+                pool.close()
+            raise
 
     def __call__(self, records: Sequence[dict[str, Any]], completions: Sequence[str],
                  rows: Sequence[int]) -> np.ndarray:
@@ -218,7 +254,15 @@ class RewardScorer:
         col = 0
         for f, value in zip(self.fns, results, strict=True):
             for name, values in _parts(f, value):
-                out[:, col], applies[:, col] = _check_values(f.spec, name, values, rows)
+                out[:, col], applies[:, col], clipped = _check_values(
+                    f.spec, name, values, rows, self.ranges.get(name))
+                if clipped and name not in self._warned_clip:
+                    self._warned_clip.add(name)
+                    lo, hi = self.ranges[name]
+                    warnings.warn(f"reward {name}: values outside its declared range "
+                                  f"[{lo:g}, {hi:g}] were clipped to it (rows {_short(rows)}); "
+                                  f"widen --reward-range {name}=LO:HI to tell them apart",
+                                  stacklevel=2)
                 col += 1
         self._warn_unscorable(applies, rows)
         return out, applies
