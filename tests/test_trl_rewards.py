@@ -287,6 +287,28 @@ def test_none_means_the_component_does_not_apply(files):
     assert applies.tolist() == [[True, False], [False, True]]
 
 
+def test_none_is_left_out_of_the_components_metrics(files):
+    """reward/<name> averages a component over the answers it applies to (TRL's nanmean):
+    math_reward_func over the math row only, coding_reward_func over the code row only; an
+    unscorable answer (no function applies) counts 0 in every component, like an empty one."""
+    from vpo.rollout.rewards import component_means
+
+    task = bind(task_of(files, "multitask", "math_reward_func", "coding_reward_func"),
+                load_tokenizer(BPE))
+    tok = task.tokenizer
+    records = task.make_problems(0, 3)
+    ids = [tok.encode(t) + [tok.eos_id] for t in ("4", "def add(a, b): return a + b", "cat")]
+    T = max(map(len, ids))
+    tokens = np.array([x + [tok.pad_id] * (T - len(x)) for x in ids], np.int32)
+    mask = np.array([[True] * len(x) + [False] * (T - len(x)) for x in ids])
+    with pytest.warns(UserWarning, match="returned None"):
+        rewards, valid, applies = task.host_score_applies(records, tokens, mask, 1)
+    assert applies[:, 0].tolist() == [[True, False], [False, True], [True, True]]
+    means = component_means(task.reward_names, rewards, applies)
+    assert means == {"reward/math_reward_func": 0.5, "reward/coding_reward_func": 0.5}
+    assert np.isnan(component_means(("a",), np.zeros((2, 1)), np.zeros((2, 1), bool))["reward/a"])
+
+
 def test_completion_ids_reach_functions_when_given(files):
     from vpo.tasks.reward_fns import RewardFn, load_callable
 

@@ -390,7 +390,7 @@ def profile_step(step_fn, sample_fn, state, batch):
         t1 = time.perf_counter()
         rewards = step_fn.score(batch, rollout)
         t2 = time.perf_counter()
-        state, metrics = jax.block_until_ready(step_fn.update(state, batch, rollout, *rewards))
+        state, metrics = jax.block_until_ready(step_fn.apply(state, batch, rollout, rewards))
         t3 = time.perf_counter()
         return state, metrics, {"step_time_s": t3 - t0, "sampling_time_s": t1 - t0,
                                 "reward_time_s": t2 - t1, "update_time_s": t3 - t2}, \

@@ -436,12 +436,21 @@ class HostRLStep:
     with the rewards the step used, without scoring twice)."""
 
     sample: Callable  # jit: (state, batch) -> Rollout
-    score: Callable  # host: (batch, rollout) -> (rewards_BGMR, solution_mask_BGM) numpy
+    score: Callable  # host: (batch, rollout) -> (rewards_BGMR, solution_mask_BGM, applies_BGMR)
     update: Callable  # jit, state donated: (state, batch, rollout, rewards, smask) -> (state, m)
+    reward_names: tuple[str, ...] = ()
 
     def __call__(self, state, batch):
         rollout = self.sample(state, batch)
-        return self.update(state, batch, rollout, *self.score(batch, rollout))
+        return self.apply(state, batch, rollout, self.score(batch, rollout))
+
+    def apply(self, state, batch, rollout, scored):
+        """The update on `score`'s output → (state, metrics); `reward/<name>` left out where
+        the component's function returned None (`rewards_lib.component_means`)."""
+        rewards_BGMR, smask_BGM, applies_BGMR = scored
+        state, metrics = self.update(state, batch, rollout, rewards_BGMR, smask_BGM)
+        return state, {**metrics, **rewards_lib.component_means(
+            self.reward_names, rewards_BGMR, applies_BGMR)}
 
 
 def make_host_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -> HostRLStep:
@@ -457,7 +466,7 @@ def make_host_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -
                                         cfg.train.num_answers)
 
     return HostRLStep(make_sample_step(graphdef, cfg), score,
-                      jax.jit(update, donate_argnums=0))
+                      jax.jit(update, donate_argnums=0), tuple(task.reward_names))
 
 
 def step_config(run: RunConfig, task: BoundTask) -> StepConfig:

@@ -115,13 +115,25 @@ def in_graph_rewards(task: BoundTask, problems, tokens_BGT, mask_BGT, num_answer
 
 
 def host_rewards(task: BoundTask, records, problems, rollout: Rollout, num_answers: int):
-    """`task.host_score` on the generations' text (one batched call), the records looked up by
-    `problems["index"]` → (rewards_BGMR, solution_mask_BGM) as numpy."""
+    """`task.host_score_applies` on the generations' text (one batched call), the records looked
+    up by `problems["index"]` → (rewards_BGMR, solution_mask_BGM, applies_BGMR) as numpy."""
     tokens_BGT = np.asarray(rollout.tokens_BGT)
     mask_BGT = np.asarray(rollout.mask_BGT)
     B, G, T = tokens_BGT.shape
     index_B = np.asarray(problems["index"])
     rows = [records[int(i)] for i in index_B for _ in range(G)]
-    rewards, smask = task.host_score(rows, tokens_BGT.reshape(B * G, T),
-                                     mask_BGT.reshape(B * G, T), num_answers)
-    return (rewards.reshape(B, G, num_answers, -1), smask.reshape(B, G, num_answers))
+    rewards, smask, applies = task.host_score_applies(rows, tokens_BGT.reshape(B * G, T),
+                                                      mask_BGT.reshape(B * G, T), num_answers)
+    return (rewards.reshape(B, G, num_answers, -1), smask.reshape(B, G, num_answers),
+            applies.reshape(B, G, num_answers, -1))
+
+
+def component_means(names, rewards_BGMR, applies_BGMR) -> dict[str, float]:
+    """`reward/<name>`: each component's mean over the answer slots it applies to (a reward
+    function's None is left out, as TRL's nanmean; invalid slots count 0); NaN where it applies
+    to none."""
+    r = np.asarray(rewards_BGMR, np.float64).reshape(-1, len(names))
+    a = np.asarray(applies_BGMR, bool).reshape(-1, len(names))
+    n = a.sum(0)
+    mean = np.where(n > 0, (r * a).sum(0) / np.maximum(n, 1), np.nan)
+    return {f"reward/{name}": float(v) for name, v in zip(names, mean, strict=True)}

@@ -65,6 +65,9 @@ class Task:
       max_answers: the most answers one generation may be asked for.
       tagless_single: with m = 1, send the statement as written and read the whole completion
         as the answer (no tags; user datasets, as in TRL).
+      score_applies(records, answers) -> (rewards_NMR, valid_NM, applies_NMR bool): `score`
+        with, per component, False where it does not apply to a valid answer (a reward function
+        returned None: TRL's multi-task idiom); None: every component applies to every answer.
     """
 
     name: str
@@ -85,6 +88,7 @@ class Task:
     words: tuple[str, ...] = ()
     max_answers: int = 8
     tagless_single: bool = False
+    score_applies: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def __post_init__(self):
         w = np.asarray(self.eval_weights_R, np.float32)

@@ -343,10 +343,21 @@ class BoundTask:
     def host_score(self, records: Sequence[Record], tokens_NT, mask_NT, num_answers: int
                    ) -> tuple[np.ndarray, np.ndarray]:
         """The task's host scorer on the generations' text → (rewards_NMR, valid_NM)."""
+        return self.host_score_applies(records, tokens_NT, mask_NT, num_answers)[:2]
+
+    def host_score_applies(self, records: Sequence[Record], tokens_NT, mask_NT,
+                           num_answers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`host_score` and applies_NMR (`Task.score_applies`: False where a component does not
+        apply to a valid answer; all True for a task without it)."""
         parsed = [self.parse_text(t, num_answers)
                   for t in self.completion_texts(tokens_NT, mask_NT)]
-        rewards, valid = self.task.score(list(records), parsed)
-        return np.asarray(rewards, np.float32), np.asarray(valid, bool)
+        if self.task.score_applies is not None:
+            rewards, valid, applies = self.task.score_applies(list(records), parsed)
+        else:
+            rewards, valid = self.task.score(list(records), parsed)
+            applies = np.ones(np.shape(rewards), bool)
+        return (np.asarray(rewards, np.float32), np.asarray(valid, bool),
+                np.asarray(applies, bool))
 
     def symbols_text(self, symbols_A, mask_A) -> str:
         """An answer given as symbol ids, as text (words joined by single spaces)."""

@@ -198,13 +198,15 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
         del seed  # a dataset is a fixed list: the first `num` rows, in file order
         return rows[:num]
 
-    def score(records, answers, answer_ids=None):
-        """(rewards_NMR, valid_NM); `answer_ids[n][m]`: slot m's token ids, when the caller
-        has them (passed to the functions as `completion_ids`)."""
+    def score_applies(records, answers, answer_ids=None):
+        """(rewards_NMR, valid_NM, applies_NMR: False where a function returned None for a
+        valid answer); `answer_ids[n][m]`: slot m's token ids, when the caller has them
+        (passed to the functions as `completion_ids`)."""
         N = len(records)
         M = max((len(a) for a in answers), default=0)
         rewards_NMR = np.zeros((N, M, len(names)), np.float32)
         valid_NM = np.zeros((N, M), bool)
+        applies_NMR = np.ones((N, M, len(names)), bool)
         flat: list[tuple[int, int]] = []
         for n, slots in enumerate(answers):
             for m, a in enumerate(answers_lib.without_duplicates(
@@ -219,7 +221,12 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
             for (n, m), r, a in zip(flat, got, applies, strict=True):
                 rewards_NMR[n, m] = r
                 valid_NM[n, m] = a.any()  # no function applies: unscorable
-        return rewards_NMR, valid_NM
+                applies_NMR[n, m] = a | ~a.any()
+        return rewards_NMR, valid_NM, applies_NMR
+
+    def score(records, answers, answer_ids=None):
+        """(rewards_NMR, valid_NM) of `score_applies`."""
+        return score_applies(records, answers, answer_ids)[:2]
 
     def demonstrations(record: Record, rng, num_answers: int) -> list[str]:
         del rng
@@ -245,4 +252,5 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
         demonstrations=demonstrations,
         max_answers=max_answers,
         tagless_single=True,
+        score_applies=score_applies,
     )

@@ -24,7 +24,7 @@ scores (v - lo) / (hi - lo), clipped to [0, 1] (one warning per component when i
 empty answer set's 0 is the worst score, as VPO needs. Each
 function is ONE component of the reward vector (TRL sums them into a scalar; here GRPO trains
 on w*ᵀr and VPO on the vector), named after the function (or the dict's keys); metrics log
-them as `reward/<name>`.
+them as `reward/<name>` (the mean over the answers the function applied to).
 
 None ("does not apply") is reported in `RewardScorer.score`'s `applies` mask and scored 0 in
 the reward vector: TRL's nansum over functions, so w*ᵀr is what TRL trains on. When a whole
