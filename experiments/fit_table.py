@@ -2,7 +2,8 @@
 H100 targets, full fine-tuning and LoRA, compiled ahead of time on this host.
 
     .venv-aot/bin/python experiments/fit_table.py [--models ...] [--targets ...] [--jobs 2]
-        [--timeout 900] [--out experiments/fit_table.jsonl] [--table experiments/fit_table.md]
+        [--timeout 900] [--xla-flags FLAGS] [--out experiments/fit_table.jsonl]
+        [--table experiments/fit_table.md]
 
 One `vpo plan --programs rl_step` per (model, target, mode) in a subprocess (a cell that runs
 past --timeout is recorded as such); results are appended to --out as JSON lines (a rerun skips
@@ -11,7 +12,9 @@ cells already there) and the markdown table is written from all of them. The run
 parameters in bfloat16; the blocks as one scan (model.scan_layers=true: one block compiled; the
 unrolled SmolLM2-135M step did not finish compiling for v5e in 10 minutes on 2 cores); on
 several devices mesh_fsdp = the device count (parameters and optimiser state sharded over all of
-them); LoRA: model.lora_rank=16 on all seven projections.
+them); LoRA: model.lora_rank=16 on all seven projections. `--xla-flags`: XLA_FLAGS of the
+builds (e.g. --xla_gpu_enable_triton_gemm=false, which XLA:GPU's Triton GEMM tiling needs for
+these steps), recorded in each row and shown beside the target.
 """
 
 from __future__ import annotations
@@ -48,17 +51,19 @@ def cell_args(model: str, target: str, mode: str) -> list[str]:
     return args
 
 
-def run_cell(model: str, target: str, mode: str, timeout: int) -> dict:
+def run_cell(model: str, target: str, mode: str, timeout: int, xla_flags: str = "") -> dict:
     """One `vpo plan` in a subprocess → a row (its report, or the timeout / crash)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "plan.json")
         cmd = [sys.executable, "-m", "vpo.cli.main", "plan", "--target", target,
                "--programs", "rl_step", "--json", path, *cell_args(model, target, mode)]
         t0 = time.perf_counter()
-        row = {"model": model, "target": target, "mode": mode, "command": " ".join(cmd[2:])}
+        row = {"model": model, "target": target, "mode": mode, "command": " ".join(cmd[2:]),
+               "xla_flags": xla_flags}
+        env = {**os.environ, "XLA_FLAGS": xla_flags} if xla_flags else None
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=timeout)
+                                  timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             row.update(status="timeout", seconds=round(time.perf_counter() - t0))
             return row
@@ -85,7 +90,8 @@ def table(rows: list[dict]) -> str:
     torder = {t: i for i, t in enumerate(TARGETS)}
     for row in sorted(rows, key=lambda r: (order.get(r["model"], 99),
                                            torder.get(r["target"], 99), r["mode"])):
-        head = f"| {row['model']} | {row['target']} | {row['mode']} "
+        flags = f" ({row['xla_flags']})" if row.get("xla_flags") else ""
+        head = f"| {row['model']} | {row['target']}{flags} | {row['mode']} "
         if row["status"] != "done":
             what = {"timeout": f"not finished in {row['seconds']} s",
                     "failed": f"failed: {row.get('error', '')[:120]}"}[row["status"]]
@@ -113,6 +119,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="*", default=list(MODES))
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--xla-flags", default="", help="XLA_FLAGS of the builds")
     p.add_argument("--out", default=os.path.join(ROOT, "experiments", "fit_table.jsonl"))
     p.add_argument("--table", default=os.path.join(ROOT, "experiments", "fit_table.md"))
     args = p.parse_args(argv)
@@ -120,12 +127,12 @@ def main(argv=None) -> int:
     if os.path.exists(args.out):
         with open(args.out) as f:
             done = [json.loads(x) for x in f if x.strip()]
-    have = {(r["model"], r["target"], r["mode"]) for r in done}
+    have = {(r["model"], r["target"], r["mode"], r.get("xla_flags", "")) for r in done}
     cells = [(m, t, mode) for m in args.models for t in args.targets for mode in args.modes
-             if (m, t, mode) not in have]
+             if (m, t, mode, args.xla_flags) not in have]
 
     def one(cell):
-        row = run_cell(*cell, args.timeout)
+        row = run_cell(*cell, args.timeout, args.xla_flags)
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps({k: v for k, v in row.items() if k != "reports"}), flush=True)
