@@ -96,3 +96,18 @@ def test_tpu_build_from_cpu_host_takes_the_kernels():
     counts = json.loads(rows[-1])
     assert counts["attention"] == "pallas"
     assert counts["decode"] >= 1 and counts["logp"] >= 1, counts
+
+
+def test_gpu_xla_flags_are_added_unless_the_user_sets_them(monkeypatch):
+    """vpo's commands turn XLA:GPU's Triton GEMM emitter off (it cannot tile the RL step's
+    small dots on H100), keeping every flag the user gave and their own choice of it."""
+    from vpo.accel.targets import default_xla_flags
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert default_xla_flags() == ("--xla_force_host_platform_device_count=8 "
+                                   "--xla_gpu_enable_triton_gemm=false")
+    assert default_xla_flags() == os.environ["XLA_FLAGS"]  # once
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+    assert default_xla_flags() == "--xla_gpu_enable_triton_gemm=true"
+    monkeypatch.delenv("XLA_FLAGS")
+    assert default_xla_flags() == "--xla_gpu_enable_triton_gemm=false"

@@ -107,9 +107,29 @@ def missing_wheels(platform: str) -> str | None:
             ".venv-aot")
 
 
+# XLA:GPU's Triton GEMM emitter finds no tiling for the RL step's small f32[L, 64|128, 3] dots
+# ("Couldn't find output tile sizes"): every H100 RL step of the fit table failed with it, every
+# one compiled without it (docs/accelerators.md). vpo's commands build GPU programs with XLA's
+# other GEMM paths unless XLA_FLAGS sets the flag itself; the flag is inert on CPU and TPU.
+GPU_XLA_FLAGS = ("--xla_gpu_enable_triton_gemm=false",)
+
+
+def default_xla_flags() -> str:
+    """Add `GPU_XLA_FLAGS` to XLA_FLAGS where it does not set them (before the backend starts;
+    afterwards XLA has read its flags) → the resulting XLA_FLAGS."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    for flag in GPU_XLA_FLAGS:
+        if flag.partition("=")[0] not in flags:
+            flags = f"{flags} {flag}".strip()
+    os.environ["XLA_FLAGS"] = flags
+    return flags
+
+
 def set_up_env() -> None:
     """Environment for a device-less build: the CPU backend as default, no CUDA device opened,
-    no CUDA version check, no TPU metadata query, libtpu loadable by several processes."""
+    no CUDA version check, no TPU metadata query, libtpu loadable by several processes, vpo's
+    XLA:GPU flags (`default_xla_flags`)."""
+    default_xla_flags()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")

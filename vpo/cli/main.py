@@ -362,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    from vpo.accel.targets import default_xla_flags
+
+    default_xla_flags()  # before any command starts a backend
     try:
         return args.fn(args)
     except KeyboardInterrupt as e:
