@@ -257,3 +257,14 @@ def test_dashed_fit_shares_its_data_colour_and_pngs_combine(tmp_path):
     assert os.path.getsize(out) > max(os.path.getsize(a), os.path.getsize(b)) / 2
     with pytest.raises(ValueError, match="rows is empty"):
         plots.combine_pngs(str(tmp_path / "none.png"), [[]])
+
+
+def test_headline_of_a_host_scored_task_without_distinct_counts():
+    """Host-scored tasks (arithmetic, your data) count no distinct symbol answers: the headline
+    and the report table leave the column out instead of failing."""
+    row = {"seed": 0, "m": 1, "best@1": 0.5, "pass@1": 0.0, "diversity": 0.1,
+           "valid_fraction": 1.0, "entropy": 0.2}
+    head = compare_report.headline(make_config("smollm"), {},
+                                   {"ks": [1], "rows": {"sft (m=1)": [row]}}, None)
+    assert "distinct" not in head["sft (m=1)"]["values"]
+    assert head["sft (m=1)"]["values"]["diversity"] == [0.1]

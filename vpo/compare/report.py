@@ -66,7 +66,8 @@ def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, A
         vals = {f"{what}@{k}": [r[f"{what}@{k}"] for r in rows] for k in ks
                 for what in ("best", "pass") if f"{what}@{k}" in rows[0]}
         for key in ("diversity", "distinct", "valid_fraction", "entropy"):
-            vals[key] = [r[key] for r in rows]
+            if key in rows[0]:  # host-scored tasks count no distinct symbol answers
+                vals[key] = [r[key] for r in rows]
         seeds = [r["seed"] for r in rows]
         if name in runs:
             trained = [r.seed for r in runs[name]]
