@@ -325,7 +325,8 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
                 shutil.rmtree(path)
             t0 = time.perf_counter()
             graphdef, state = train(run, path, resume=resume, task=task, mesh=mesh,
-                                    progress=progress, init=_copy(policy))
+                                    progress=progress, init=_copy(policy),
+                                    bar_label=f"{arm} seed {seed}")
             with open(os.path.join(path, JSONL)) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)

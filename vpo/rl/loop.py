@@ -164,8 +164,8 @@ class SkipGuard:
 
 def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundTask,
           mesh=None, progress: bool = True, init: Decoder | None = None,
-          consume_init: bool = False, stop_at: int | None = None, report_to=None
-          ) -> tuple[nnx.GraphDef, TrainState]:
+          consume_init: bool = False, stop_at: int | None = None, report_to=None,
+          bar_label: str | None = None) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
 
     `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
@@ -177,6 +177,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `vpo.model.lora.as_configured`); the exported `policy/` is then the merged plain model.
     `stop_at` ends the loop early after that many steps (the schedule still spans `steps`).
     `report_to`: the metric sinks beside metrics.jsonl (`metrics_log.parse_report_to`).
+    `progress`: the step bar on stderr, with a sample line every `train.sample_every` steps;
+    `bar_label` labels the bar of one run of several (a `vpo compare` arm), without sample lines.
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
     a `RunFolderLockedError`. SIGINT / SIGTERM stop it after the step in flight, that step's metrics
     row and checkpoint written, with `RunInterrupted`.
@@ -187,14 +189,14 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     try:
         return _train(config, out_dir, resume, task=task, mesh=mesh, progress=progress,
                       init=init, consume_init=consume_init, stop_at=stop_at,
-                      report_to=report_to)
+                      report_to=report_to, bar_label=bar_label)
     finally:
         release_run(out_dir)
 
 
 def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, mesh,
            progress: bool, init: Decoder | None, consume_init: bool, stop_at: int | None,
-           report_to=None) -> tuple[nnx.GraphDef, TrainState]:
+           report_to=None, bar_label: str | None = None) -> tuple[nnx.GraphDef, TrainState]:
     """`train`, with out_dir locked."""
     import tqdm
 
@@ -267,7 +269,7 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                            report_to=report_to, config=config.to_json(),
                            watch=RunWatch(config.sampler.max_new_tokens).check)
     end = tcfg.steps if stop_at is None else min(stop_at, tcfg.steps)
-    bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps,
+    bar = tqdm.tqdm(range(start, end), initial=start, total=tcfg.steps, desc=bar_label,
                     disable=not progress or jax.process_index() != 0)
     samples = SampleLog(out_dir, resume_from=start if start else None,
                         tensorboard=logger.tensorboard)
@@ -314,7 +316,7 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                                        rewards=rewards)
                     samples.write(step + 1, rows)
                     logger.log_samples(step + 1, rows)
-                    if rows and progress and jax.process_index() == 0:
+                    if rows and progress and bar_label is None and jax.process_index() == 0:
                         bar.write(f"step {step + 1}: {one_line(rows[0])}")
                 if (step + 1) % tcfg.checkpoint_every == 0:
                     logger.flush()  # the step's metrics row lands before its checkpoint can
