@@ -1,8 +1,10 @@
-"""The README's results table is the committed report's own: every row of it stands verbatim in
-docs/default/report.md (what `vpo compare` wrote), so the two cannot drift apart."""
+"""The README's results tables are the committed reports' own: every row stands verbatim in
+docs/smollm/report.md and docs/default/report.md (what `vpo compare` wrote), so they cannot drift
+apart, and the README names the commit each came from."""
 
 import pathlib
-import re
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -18,12 +20,13 @@ def _table(text: str, header: str) -> list[str]:
     return rows
 
 
-def test_the_readme_results_table_is_the_committed_reports():
+@pytest.mark.parametrize("report, k", [("smollm", 12), ("default", 30)])
+def test_the_readme_results_tables_are_the_committed_reports(report, k):
     readme = (ROOT / "README.md").read_text()
-    report = (ROOT / "docs" / "default" / "report.md").read_text()
-    header = "| policy | m | seeds |"
-    ours, theirs = _table(readme, header), _table(report, header)
-    assert len(ours) >= 3, "the README's results table is missing"
-    assert ours == theirs, "re-copy the headline table of docs/default/report.md into the README"
-    commit = re.search(r"`vpo compare` at commit ([0-9a-f]{7,})", readme)
-    assert commit, "the README names the commit that produced the table"
+    text = (ROOT / "docs" / report / "report.md").read_text()
+    header = f"| policy | m | seeds | best@1 | pass@1 | best@{k} |"
+    ours, theirs = _table(readme, header), _table(text, header)
+    assert len(ours) >= 3, f"the README's table of docs/{report}/report.md is missing"
+    assert ours == theirs, f"re-copy the headline table of docs/{report}/report.md into the README"
+    at = readme.replace("\n", " ").find(f"(docs/{report}/report.md), `vpo compare` at commit")
+    assert at > 0, f"the README names the commit that produced docs/{report}/report.md"
