@@ -176,3 +176,44 @@ def test_merged_export_in_bfloat16(runs):
     model = hf.from_pretrained(out)
     assert jax.tree.leaves(nnx.state(model, nnx.Param))[0].dtype == "bfloat16"
     assert main(["export", "--policy", runs["a"], "--out", out, "--merged"]) == 2
+
+
+HF_PYTHON = os.environ.get("VPO_HF_PYTHON", "")
+PEFT_SCRIPT = """
+import json, sys
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+base_dir, adapter, merged = sys.argv[1:4]
+ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7]])
+with torch.no_grad():
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32), adapter)
+    ours = AutoModelForCausalLM.from_pretrained(merged, torch_dtype=torch.float32)
+    a, b = peft_model(ids).logits, ours(ids).logits
+    folded = peft_model.merge_and_unload().state_dict()
+    weights = max(float((folded[k] - v).abs().max()) for k, v in ours.state_dict().items())
+print(json.dumps({"logits": float((a - b).abs().max()), "scale": float(b.abs().max()),
+                  "weights": weights}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(HF_PYTHON or "/nonexistent"),
+                    reason="VPO_HF_PYTHON: a Python with torch, transformers and peft")
+def test_peft_loads_the_adapter_onto_its_base(runs):
+    """PEFT itself (PeftModel.from_pretrained on the transformers base) reads `vpo export
+    --adapter`: its logits equal those of vpo's merged export, and its merge_and_unload equals
+    the merged weights."""
+    import subprocess
+
+    adapter, merged = str(runs["tmp"] / "peft_adapter"), str(runs["tmp"] / "peft_merged")
+    assert main(["export", "--policy", runs["a"], "--out", adapter, "--adapter"]) == 0
+    assert main(["export", "--policy", runs["a"], "--out", merged, "--merged"]) == 0
+    proc = subprocess.run([HF_PYTHON, "-c", PEFT_SCRIPT, runs["base"], adapter, merged],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["scale"] > 0 and got["logits"] <= 1e-4 * max(1.0, got["scale"]), got
+    assert got["weights"] <= 1e-5, got
