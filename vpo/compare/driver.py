@@ -149,13 +149,14 @@ def parse_rate(cfg: CompareConfig, task, model) -> float:
     return float(np.mean(rates))
 
 
-def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False):
+def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False,
+               progress: bool = False):
     """The ONE policy every arm starts from: `run_sft` on a mixture of 1-answer and m-answer
     demonstrations (a share `sft_mutation_fraction` of them search mutation prompts), saved to
     out_dir/sft. From an `init` policy, the SFT (LoRA adapters of `lora_rank`, folded in
     afterwards) runs only when fewer than `parse_floor` of its answers parse (`parse_rate`):
     a pretrained chat model first learns the answer format in its own chat template.
-    `resume`: a complete out_dir/sft is loaded, not redone."""
+    `resume`: a complete out_dir/sft is loaded, not redone; `progress`: the SFT step bar."""
     max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
     path = os.path.join(out_dir, "sft")
     if resume and policy_complete(path):
@@ -179,7 +180,7 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                       num_demos=cfg.sft_demos, seed=cfg.train.seed,
                                       mutation_fraction=cfg.sft_mutation_fraction,
                                       mutation_parents=cfg.search.parents, init=init,
-                                      consume_init=init is not None)
+                                      consume_init=init is not None, progress=progress)
     policy = policy_of(graphdef, state)  # LoRA: the adapters folded in, a plain Decoder
     extra = {}
     if cfg.init:  # what the RL arms start from: does it answer in the format now?
@@ -517,7 +518,8 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     each finished RL run in its folder, so `resume=True` continues an interrupted comparison
     where it stopped with the same results (the stages are seeded); the report's stage times
     add up the time spent in every attempt. `log` gets a line per finished run, evaluated row
-    and searched row with the estimate left; `progress`: each RL run's step bar on stderr."""
+    and searched row with the estimate left; `progress`: the warm start's SFT bar and each RL
+    run's step bar on stderr."""
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
@@ -552,7 +554,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     def warm():
         t0, sft = time.perf_counter(), os.path.join(out_dir, "stages", "warm_start.json")
         before = _read_json(sft)["seconds"] if resume and os.path.exists(sft) else 0.0
-        model = warm_start(cfg, task, out_dir, log, resume=resume)
+        model = warm_start(cfg, task, out_dir, log, resume=resume, progress=progress)
         if not before:
             write_json_atomic(sft, {"seconds": time.perf_counter() - t0})
         return model, before
