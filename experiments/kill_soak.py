@@ -136,7 +136,7 @@ def run_concurrent(out: str, point: str, step: int) -> float:
     done = [(p.communicate(timeout=300), p.returncode, time.perf_counter() - t0) for p in procs]
     codes = sorted(rc for _, rc, _ in done)
     refused = [(err, secs) for (_, err), rc, secs in done if rc == 2]
-    if codes != [0, 2] or "another vpo process (pid" not in refused[0][0]:
+    if codes != [0, 2] or "another vpo process (" not in refused[0][0]:
         raise RuntimeError(f"{point}: expected one run to finish and one to refuse, got exit "
                            f"statuses {codes}:\n" + "\n".join(e[-1500:] for (_, e), _, _ in done))
     return refused[0][1]
