@@ -125,7 +125,8 @@ def agree(out: str) -> bool:
 
 def run_concurrent(out: str, point: str, step: int) -> float:
     """Two processes on `out` at once (two new runs, or two resumes of a run stopped after
-    `step`); one must refuse (naming the other's pid, or that it has not written it yet), one finish. Returns the refusal's seconds."""
+    `step`); one must refuse (naming the other's pid, or that it has not written it yet), one
+    finish. Returns the refusal's seconds."""
     args = fresh_args()
     if point == "concurrent-resume":
         run_signalled(out, "logged", step, "INT")
