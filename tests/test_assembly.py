@@ -9,8 +9,7 @@ import pytest
 from vpo.cli import main as cli
 from vpo.compare import config as compare_config
 from vpo.compare import driver as compare
-from vpo.config import run as run_config
-from vpo.launch import assemble, rules
+from vpo.launch import assemble, rules, warm_start
 
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
 
@@ -21,7 +20,7 @@ class _SeenError(Exception):
 
 def test_the_sequence_length_fit_is_one_rule_every_entry_point_follows(monkeypatch, tmp_path):
     before = assemble.assemble_run("maze", None, ["model=tiny"]).run.model.max_seq_len
-    task = compare.make_task(compare_config.make_config("smoke"))
+    task = rules.load_task(compare_config.make_config("smoke").task)
     cfg = compare_config.make_config("smoke")
     compare_before = compare._seq_len(cfg, task, 1)
     monkeypatch.setattr(rules, "SEQ_MARGIN", 5000)
@@ -38,16 +37,19 @@ def test_the_sequence_length_fit_is_one_rule_every_entry_point_follows(monkeypat
 
 def test_the_pretrained_learning_rate_is_one_rule_every_entry_point_follows(monkeypatch,
                                                                              tmp_path):
-    monkeypatch.setitem(run_config.PRETRAINED_LR, "rl", 7e-7)
-    monkeypatch.setitem(run_config.PRETRAINED_LR, "sft", 3e-5)
+    monkeypatch.setitem(rules.PRETRAINED_LR, "rl", 7e-7)
+    monkeypatch.setitem(rules.PRETRAINED_LR, "sft", 3e-5)
     train = assemble.assemble_run(None, None, ["task=bandit", f"model=hf:{BPE}"]).run
     assert train.train.learning_rate == 7e-7
-    arm = compare_config.make_config("smoke", [f"init=hf:{BPE}"])
-    assert arm.train.learning_rate == 7e-7  # was the from-scratch 3e-4
-    assert compare_config.make_config("smoke", [f"init=hf:{BPE}", "train.learning_rate=1e-3"]
-                                      ).train.learning_rate == 1e-3  # a given rate is kept
     assert rules.learning_rate("sft", f"hf:{BPE}", 0) == 3e-5
     assert rules.learning_rate("sft", None, 0) == rules.FROM_SCRATCH_LR["sft"]
+    # vpo compare's warm start asks the same rule when its preset leaves sft_lr out
+    cfg = compare_config.make_config("smoke", [f"init=hf:{BPE}"])
+    assert cfg.sft_lr is None
+    task = rules.load_task(cfg.task, cfg.init)
+    plan = warm_start.assemble_sft(task, cfg.init, num_answers=[1, 2], seed=0,
+                                   learning_rate=cfg.sft_lr)
+    assert plan.learning_rate == 3e-5
 
     seen = {}
 
@@ -69,3 +71,35 @@ def test_a_policy_folder_of_pretrained_weights_counts_as_pretrained(tmp_path):
     (folder / "policy.json").write_text(f'{{"model": {{}}, "source": "hf:{BPE}"}}')
     assert rules.source_of(str(folder)) == f"hf:{BPE}"
     assert rules.source_of("tiny") is None and rules.source_of(None) is None
+
+
+def test_a_value_the_preset_or_the_user_sets_is_never_replaced_by_a_rule():
+    """'Not given' is None or an absent key, never a value equal to a default: the smollm
+    preset's rates (3e-4 RL, 5e-4 SFT, from a pretrained checkpoint) are the ones it runs at,
+    and so is a user's rate equal to the from-scratch default."""
+    smollm = compare_config.PRESETS["smollm"]
+    cfg = compare_config.make_config("smollm")
+    assert cfg.train.learning_rate == smollm.train.learning_rate == 3e-4
+    assert cfg.sft_lr == smollm.sft_lr == 5e-4
+    cfg = compare_config.make_config("smoke", [f"init=hf:{BPE}"])
+    assert cfg.train.learning_rate == compare_config.PRESETS["smoke"].train.learning_rate
+    default_rate = rules.FROM_SCRATCH_LR["rl"]
+    given = assemble.assemble_run(None, None, ["task=bandit", f"model=hf:{BPE}",
+                                               f"train.learning_rate={default_rate}"]).run
+    assert given.train.learning_rate == default_rate  # not the pretrained 1e-6
+
+
+def test_fitted_fields_keep_a_given_value_and_fill_an_absent_one():
+    """vocab_size, max_seq_len and max_new_tokens: a given value at or above the task's need is
+    kept as given (even when it equals the default); an absent one is fitted to the need."""
+    from vpo.config import RunConfig
+
+    default = RunConfig()
+    fitted = assemble.assemble_run("maze", None, ["model=tiny"]).run
+    assert fitted.model.max_seq_len >= default.model.max_seq_len
+    for key, value in (("model.max_seq_len", fitted.model.max_seq_len + 7),
+                       ("model.vocab_size", fitted.model.vocab_size + 3),
+                       ("sampler.max_new_tokens", fitted.sampler.max_new_tokens + 2)):
+        run = assemble.assemble_run("maze", None, ["model=tiny", f"{key}={value}"]).run
+        section, field = key.split(".")
+        assert getattr(getattr(run, section), field) == value, key

@@ -16,6 +16,7 @@ from vpo.compare import report as compare_report
 from vpo.compare.config import make_config
 from vpo.config import ConfigError
 from vpo.eval import entropy_law
+from vpo.launch.rules import load_task
 
 
 def test_entropy_law_fit_recovers_known_coefficients():
@@ -91,9 +92,9 @@ def test_presets_and_arm_configs(tmp_path):
     assert set(full.arm_names) == set(compare_config.ARMS)
     cfg = make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
     assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 5
-    task = compare.make_task(cfg)
-    spec, mcfg = _saved_tiny_policy(tmp_path, task)
-    runs = {a: compare.arm_run_config(cfg, task, a, 3, spec, mcfg)[0] for a in cfg.arm_names}
+    task = load_task(cfg.task)
+    spec, policy = _saved_tiny_policy(tmp_path, task)
+    runs = {a: compare.arm_run_config(cfg, task, a, 3, spec, policy)[0] for a in cfg.arm_names}
     assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3
     assert runs["multi_rlvr"].objective.advantage == "grpo"
     for arm in ("vpo", "maxk", "rw_grpo", "passk"):
@@ -109,11 +110,11 @@ def test_presets_and_arm_configs(tmp_path):
     assert runs["grpo"].train.keep_checkpoints > cfg.law_points
     est = compare.estimate_seconds(cfg, task)
     assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
-    assert compare.estimate_seconds(full, compare.make_task(full))["total"] > 2 * est["total"]
+    assert compare.estimate_seconds(full, load_task(full.task))["total"] > 2 * est["total"]
 
 
 def _saved_tiny_policy(tmp_path, task):
-    """(policy folder, its ModelConfig): a fresh tiny decoder saved as a warm start would be."""
+    """(policy folder, the policy): a fresh tiny decoder saved as a warm start would be."""
     from flax import nnx
 
     from vpo.config import model_preset
@@ -122,9 +123,10 @@ def _saved_tiny_policy(tmp_path, task):
 
     mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=512)
     spec = str(tmp_path / "sft")
-    checkpoint.save_policy(spec, mcfg, nnx.state(Decoder(mcfg, rngs=nnx.Rngs(0)), nnx.Param),
-                           {"task": task.name}, tokenizer=task.tokenizer)
-    return spec, mcfg
+    policy = Decoder(mcfg, rngs=nnx.Rngs(0))
+    checkpoint.save_policy(spec, mcfg, nnx.state(policy, nnx.Param), {"task": task.name},
+                           tokenizer=task.tokenizer)
+    return spec, policy
 
 
 def test_an_arm_is_the_run_its_vpo_train_command_starts(tmp_path):
@@ -136,10 +138,10 @@ def test_an_arm_is_the_run_its_vpo_train_command_starts(tmp_path):
     from vpo.launch import assemble
 
     cfg = make_config("default", ["arms=grpo,vpo_mut,kl_cov", "law_points=2"])
-    task = compare.make_task(cfg)
-    spec, mcfg = _saved_tiny_policy(tmp_path, task)
+    task = load_task(cfg.task)
+    spec, policy = _saved_tiny_policy(tmp_path, task)
     for arm in cfg.arm_names:
-        run, overrides = compare.arm_run_config(cfg, task, arm, 2, spec, mcfg)
+        run, overrides = compare.arm_run_config(cfg, task, arm, 2, spec, policy)
         argv = shlex.split(compare.train_command(spec, str(tmp_path / arm), overrides))[1:]
         args = cli._parse(argv)
         plan = assemble.assemble_run(args.preset, args.config, args.overrides, init=args.init)

@@ -55,9 +55,7 @@ def _export_merged(args: argparse.Namespace) -> None:
     if hf.is_hf_spec(spec):
         source = hf.hf_spec_path(spec)
     else:  # a policy folder: its run's starting checkpoint, if that was a Hugging Face one
-        init = run_folder.read_json(os.path.join(os.path.dirname(os.path.abspath(spec)),
-                                                 run_folder.INIT_FILE))
-        init = init.get("init") if isinstance(init, dict) else None
+        init = run_folder.read_init(os.path.dirname(os.path.abspath(spec)))
         source = hf.hf_spec_path(init) if hf.is_hf_spec(init) else None
         if source is not None and not os.path.exists(source):
             source = None

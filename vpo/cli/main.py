@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 
 from vpo.cli.checks import add_data_args, check_args, check_fit, dataset_kwargs
+from vpo.cli.export import add_export_args, cmd_export
+from vpo.cli.plan import add_plan_args, cmd_plan
 from vpo.cli.policy import (
     add_eval_args,
     add_sample_args,
@@ -29,7 +30,7 @@ from vpo.cli.policy import (
     load_task,
 )
 from vpo.launch import presets
-from vpo.rl.host_memory import keep_freed_memory_for
+from vpo.rl import run_folder
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 # -- sft ------------------------------------------------------------------------------------
@@ -38,11 +39,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start on a task's demonstrations; writes a policy folder (weights and
     the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
-    from vpo.config import MODEL_PRESETS, ConfigError, ModelConfig, model_preset
-    from vpo.io import checkpoint
-    from vpo.launch.rules import fit_seq_len, learning_rate, source_of
-    from vpo.rl import run_folder
-    from vpo.rl.sft import run_sft
+    from vpo.config import MODEL_PRESETS, ConfigError, ModelConfig
+    from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
     run_folder.check_new_run(args.out, overwrite=args.overwrite)
@@ -58,34 +56,21 @@ def cmd_sft(args: argparse.Namespace) -> int:
         raise ConfigError(f"--preset: unknown model preset {args.preset!r}; choose one of "
                           f"{', '.join(MODEL_PRESETS)}")
     task = load_task("dataset", spec, dataset) if dataset else load_task(args.task, spec)
-    problems = task.make_problems(args.seed, 64)
     task.check_num_answers(args.answers)
-    need = fit_seq_len(task, args.answers, num_parents=2, seed=args.seed,
-                       at_least=ModelConfig.max_seq_len)
-    init, src = None, spec
-    if spec in MODEL_PRESETS:
-        cfg = model_preset(spec, vocab_size=task.tokenizer.size, max_seq_len=need)
-    else:
-        init, _, info = checkpoint.load_model(spec, max_seq_len=need)
-        cfg = init.cfg
-        src = source_of(spec) or spec  # the pretrained weights it came from, if any
-        check_fit(cfg, task, problems, args.answers, spec)
+    plan = assemble_sft(task, spec, num_answers=args.answers, seed=args.seed, num_parents=2,
+                        learning_rate=args.lr, at_least=ModelConfig.max_seq_len)
+    if plan.init is not None:
+        check_fit(plan.model, task, task.make_problems(args.seed, 64), args.answers, spec)
     if args.overwrite:
         run_folder.clear_run(args.out)
-    lr = learning_rate("sft", spec, cfg.lora_rank, args.lr)
-    print(f"SFT {task.name}: {spec} policy ({cfg.num_params:,} params), {args.steps} "
+    print(f"SFT {task.name}: {spec} policy ({plan.model.num_params:,} params), {args.steps} "
           f"steps of {args.batch} demonstrations with {args.answers} answers each, learning "
-          f"rate {lr:g}")
-    _, state, losses = run_sft(task, cfg, args.steps, batch_size=args.batch,
-                               learning_rate=lr, num_answers=args.answers, seed=args.seed,
-                               init=init, consume_init=True,  # the weights held once
-                               progress=True)
-    checkpoint.save_policy(args.out, cfg, state.params,
-                           {"task": "dataset" if dataset else args.task,
-                            "task_kwargs": dataset or {},
-                            "num_answers": args.answers, "sft_steps": args.steps,
-                            "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
-                            "source": src}, tokenizer=task.tokenizer)
+          f"rate {plan.learning_rate:g}")
+    policy, losses = run_warm_start(plan, steps=args.steps, batch_size=args.batch,
+                                    num_answers=args.answers, seed=args.seed, progress=True)
+    save_warm_start(args.out, plan, policy, losses, steps=args.steps, num_answers=args.answers,
+                    info={"task": "dataset" if dataset else args.task,
+                          "task_kwargs": dataset or {}, "source": plan.source or spec})
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; policy written to {args.out}")
     return 0
 
@@ -118,48 +103,14 @@ def _use_compile_cache(folder: str) -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
 
 
-def _check_resume_matches(args: argparse.Namespace) -> None:
-    """`--resume` continues the run in --out with its own config, data and starting policy. The
-    same command re-run with --resume added (--preset / --config / --init / --data / --reward /
-    --weights) is accepted when it builds the run that was recorded; a difference is refused by
-    name. --overwrite contradicts --resume."""
-    from vpo.config import ConfigError
-    from vpo.launch import assemble
-
-    if args.overwrite:
-        raise ConfigError("--overwrite: not with --resume (--resume continues the run in "
-                          f"{args.out}, --overwrite replaces it); choose one")
-    for flag, given in (("--reward-workers", args.reward_workers),
-                        ("--reward-timeout", args.reward_timeout)):
-        if given and not args.data:
-            raise ConfigError(f"{flag}: not with --resume alone (the run in {args.out} keeps "
-                              "the reward settings it started with); re-run the whole command "
-                              "that started it with --resume added, or drop it")
-    chosen = [flag for flag, given in (("--preset", args.preset), ("--config", args.config),
-                                       ("--init", args.init), ("--data", args.data),
-                                       ("--reward", args.reward), ("--weights", args.weights))
-              if given]
-    if not chosen:
-        return
-    differ = assemble.resume_differences(args.out, args.preset, args.config, args.overrides,
-                                         init=args.init, dataset=dataset_kwargs(args))
-    if differ:
-        raise ConfigError(f"{', '.join(chosen)} with --resume: the run in {args.out} was started "
-                          f"with other settings ({', '.join(differ)} differ); resume it with "
-                          "the command that started it (or with --resume alone), or start a new "
-                          "run with another --out")
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     """RL training (GRPO family or VPO) on a task; metrics, checkpoints and the final policy
     go to --out. `--resume` continues exactly from the latest complete checkpoint there
     (`train.steps=N` extends the run to N steps); --out must not hold a run otherwise
     (`--overwrite` replaces it)."""
-
-    from vpo.io.checkpoint import load_model
-    from vpo.launch import assemble
+    from vpo.launch import start
     from vpo.model import sharding
-    from vpo.rl import loop, metrics_log, run_folder
+    from vpo.rl import loop, metrics_log
 
     report_to = metrics_log.parse_report_to(args.report_to)  # a missing wandb: before any work
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).
@@ -167,38 +118,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     sharding.initialize_distributed(sharding.DistributedConfig(
         enabled=args.distributed, coordinator=args.coordinator,
         num_processes=args.num_processes, process_id=args.process_id))
-    init = None
+    parts = dict(preset=args.preset, config_file=args.config, overrides=args.overrides,
+                 init=args.init, dataset=dataset_kwargs(args), overwrite=args.overwrite)
     if args.resume:
-        _check_resume_matches(args)
-        plan = assemble.assemble_resume(args.out, args.overrides,
-                                        data_changed_ok=args.data_changed_ok)
-        run, task, init_spec = plan.run, plan.task, plan.init_spec
-        keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
-        if init_spec:  # the run's own model settings (dtype, rope, ...), not the file's
-            init, _, _ = load_model(init_spec, **assemble.loadable_fields(run.model))
+        flags = tuple(flag for flag, given in (
+            ("--preset", args.preset), ("--config", args.config), ("--init", args.init),
+            ("--data", args.data), ("--reward", args.reward), ("--weights", args.weights))
+            if given)
+        ready = start.start_resume(args.out, **parts, data_changed_ok=args.data_changed_ok,
+                                   flags=flags,
+                                   reward_flags={"--reward-workers": args.reward_workers,
+                                                 "--reward-timeout": args.reward_timeout})
     else:
-        run_folder.check_new_run(args.out, overwrite=args.overwrite)
-        plan = assemble.assemble_run(args.preset, args.config, args.overrides, init=args.init,
-                                     dataset=dataset_kwargs(args))
-        run, task, init_spec = plan.run, plan.task, plan.init_spec
-        keep_freed_memory_for(run.model.num_params)  # before jax starts its threads
-        if init_spec:
-            init, run, info = assemble.load_init(plan, args.config)
-            print(f"starting from the policy in {init_spec} "
-                  f"({info.get('task', info.get('source'))})")
-        if args.overwrite:
-            run_folder.clear_run(args.out)
-        if init_spec:
-            os.makedirs(args.out, exist_ok=True)
-            spec = init_spec if init_spec.startswith("hf:") else os.path.abspath(init_spec)
-            with open(os.path.join(args.out, run_folder.INIT_FILE), "w") as f:
-                json.dump({"init": spec}, f)
+        ready = start.start_new(args.out, **parts)
+        if ready.init_spec:
+            print(f"starting from the policy in {ready.init_spec} "
+                  f"({ready.info.get('task', ready.info.get('source'))})")
+    run = ready.run
     print(f"training {run.objective.advantage} on {run.task}: {run.train.steps} steps x "
           f"{run.train.batch_size} prompts x {run.sampler.num_samples} samples x "
           f"{run.train.num_answers} answers, learning rate {run.train.learning_rate:g}; model "
           f"{run.model.num_params:,} params -> {args.out}")
-    loop.train(run, args.out, resume=args.resume, task=task, init=init, report_to=report_to,
-               consume_init=True)  # the loaded weights are not held twice through the run
+    loop.train(run, args.out, resume=args.resume, task=ready.task, init=ready.init,
+               report_to=report_to, consume_init=True)  # the weights are not held twice
     print(f"metrics: {os.path.join(args.out, 'metrics.jsonl')}; policy: "
           f"{os.path.join(args.out, 'policy')}")
     return 0
@@ -238,7 +180,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     evaluation at an equal candidate budget -> island search on the hardest problems; writes
     --out/report.md."""
     from vpo.compare import config as compare_config
-    from vpo.compare import driver as compare
+    from vpo.compare import driver
 
     _use_compile_cache(args.compile_cache)
     cfg = compare_config.make_config(args.preset, args.overrides)
@@ -246,7 +188,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                         f"--out {args.out}"])
     print(f"{command}: arms {', '.join(cfg.arm_names)} x seeds {cfg.seeds}, {cfg.train.steps} "
           f"RL steps each -> {args.out}")
-    summary = compare.run_compare(cfg, args.out, command=command,
+    summary = driver.run_compare(cfg, args.out, command=command,
                                   with_search=not args.no_search, resume=args.resume,
                                   overwrite=args.overwrite, progress=True)
     for c in summary["claims"]:
@@ -282,10 +224,8 @@ COMMANDS = {
     "eval": (cmd_eval, add_eval_args),
     "search": (cmd_search, add_search_args),
     "compare": (cmd_compare, _add_compare),
-    "plan": (lambda m: (m.cmd_plan, m.add_plan_args))(__import__("vpo.cli.plan",
-                                                               fromlist=["cmd_plan"])),
-    "export": (lambda m: (m.cmd_export, m.add_export_args))(__import__("vpo.cli.export",
-                                                                   fromlist=["cmd_export"])),
+    "plan": (cmd_plan, add_plan_args),
+    "export": (cmd_export, add_export_args),
 }
 
 
@@ -379,14 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         print(error_message(args.command, e, out=getattr(args, "out", None)), file=sys.stderr)
         return 2
     finally:
-        _release_run_folders()
-
-
-def _release_run_folders() -> None:
-    """Run-folder locks a command took are let go when it returns, whatever happened (an
-    in-process caller must not keep --out locked after an error)."""
-    if "vpo.rl.run_folder" in sys.modules:
-        sys.modules["vpo.rl.run_folder"].release_locks()
+        # the run-folder locks a command took are let go when it returns, whatever happened
+        # (an in-process caller must not keep --out locked after an error)
+        run_folder.release_locks()
 
 
 if __name__ == "__main__":

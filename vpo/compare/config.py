@@ -15,7 +15,6 @@ from vpo.config import (
     TrainConfig,
     apply_overrides,
 )
-from vpo.launch.rules import learning_rate, source_of
 
 
 class Arm(NamedTuple):
@@ -60,7 +59,7 @@ class CompareConfig:
     parse_floor: float = 0.5  # an init policy parsing fewer of its answers gets the warm start SFT
     sft_steps: int = 300  # the one SFT warm start (from `init` only when it parses too little)
     sft_batch: int = 32
-    sft_lr: float = 3e-3
+    sft_lr: float | None = None  # None: `vpo.launch.rules.learning_rate("sft", ...)`
     sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
     sft_demos: int = 512  # demonstrations (and mutation demonstrations) per m
     eval_problems: int = 64
@@ -115,6 +114,9 @@ class CompareConfig:
         if self.law_points and self.train.steps < self.law_points:
             raise ConfigError(f"law_points: {self.law_points} checkpoints need train.steps >= "
                               f"{self.law_points}; got {self.train.steps} (or set law_points=0)")
+        if self.sft_lr is not None and not self.sft_lr > 0:
+            raise ConfigError(f"sft_lr: must be > 0 (or left out for the SFT rule); got "
+                              f"{self.sft_lr}")
         if not self.eval_temperature > 0:
             raise ConfigError(f"eval_temperature: must be > 0; got {self.eval_temperature}")
         for m in self.all_answers:
@@ -229,23 +231,13 @@ PRESETS: dict[str, CompareConfig] = {
 
 def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] = ()
                 ) -> CompareConfig:
-    """A preset with typed `section.key=value` overrides (`vpo.config.apply_overrides`)."""
+    """A preset with typed `section.key=value` overrides (`vpo.config.apply_overrides`). What
+    the preset or an override sets is used as it is: the RL rate is `train.learning_rate`, and
+    only `sft_lr` left at None follows the SFT rule (`vpo.launch.rules.learning_rate`)."""
     if preset not in PRESETS:
         raise ConfigError(f"--preset: unknown preset {preset!r}; choose one of "
                           f"{', '.join(PRESETS)}")
     cfg = apply_overrides(PRESETS[preset], list(overrides))
-    given = {o.partition("=")[0] for o in overrides}
-    default = CompareConfig()  # a rate a preset sets itself is kept, as an override is
-    given |= {"train.learning_rate"} if PRESETS[preset].train.learning_rate != \
-        default.train.learning_rate else set()
-    given |= {"sft_lr"} if PRESETS[preset].sft_lr != default.sft_lr else set()
-    if cfg.init and source_of(cfg.init):
-        # the same rule as `vpo train --init` and `vpo sft --model`: a pretrained policy's rates
-        if "train.learning_rate" not in given:
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-                cfg.train, learning_rate=learning_rate("rl", cfg.init, cfg.lora_rank)))
-        if "sft_lr" not in given:
-            cfg = dataclasses.replace(cfg, sft_lr=learning_rate("sft", cfg.init, cfg.lora_rank))
     for item in overrides:
         key = item.partition("=")[0]
         section, _, field = key.partition(".")

@@ -52,31 +52,19 @@ from flax import nnx
 
 from vpo.compare import report as compare_report
 from vpo.compare.config import ARMS, CompareConfig
-from vpo.config import (
-    ConfigError,
-    ModelConfig,
-    RunConfig,
-    model_preset,
-)
+from vpo.config import ConfigError, ModelConfig, RunConfig
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
-from vpo.launch.assemble import assemble_run
-from vpo.launch.rules import context_of, fit_seq_len, load_task, source_of
-from vpo.model import lora, sharding
+from vpo.launch.assemble import assemble_config, load_init
+from vpo.launch.rules import context_of, fit_seq_len, load_task
+from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
+from vpo.model import sharding
 from vpo.rl.loop import policy_complete, train, write_json_atomic
 from vpo.rl.metrics_log import JSONL
-from vpo.rl.sft import run_sft
-from vpo.rl.step import model_of, policy_of
-from vpo.search import ingraph as search
+from vpo.rl.step import model_of
+from vpo.search import ingraph
 from vpo.search.host import run_host_method
-
-
-def make_task(cfg: CompareConfig):
-    """The comparison's task bound to its tokenizer: the `init` checkpoint's own tokenizer, or
-    the task's word-level tokenizer for a preset model trained from scratch."""
-    return load_task(cfg.task, cfg.init or None)
-
 
 # Seconds per token on 2 CPU cores, tiny policy, measured on the maze 5x5 quickstart (commit of
 # issue 16, load average ~7 from other jobs): an SFT row-token (demonstration building
@@ -151,12 +139,13 @@ def parse_rate(cfg: CompareConfig, task, model) -> float:
 
 def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False,
                progress: bool = False):
-    """The ONE policy every arm starts from: `run_sft` on a mixture of 1-answer and m-answer
-    demonstrations (a share `sft_mutation_fraction` of them search mutation prompts), saved to
-    out_dir/sft. From an `init` policy, the SFT (LoRA adapters of `lora_rank`, folded in
-    afterwards) runs only when fewer than `parse_floor` of its answers parse (`parse_rate`):
-    a pretrained chat model first learns the answer format in its own chat template.
-    `resume`: a complete out_dir/sft is loaded, not redone; `progress`: the SFT step bar."""
+    """The ONE policy every arm starts from: the SFT warm start (`vpo.launch.warm_start`, as
+    `vpo sft` runs it) on a mixture of 1-answer and m-answer demonstrations (a share
+    `sft_mutation_fraction` of them search mutation prompts), saved to out_dir/sft. From an
+    `init` policy, the SFT (LoRA adapters of `lora_rank`, folded in afterwards) runs only when
+    fewer than `parse_floor` of its answers parse (`parse_rate`): a pretrained chat model first
+    learns the answer format in its own chat template. `resume`: a complete out_dir/sft is
+    loaded, not redone; `progress`: the SFT step bar."""
     max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
     path = os.path.join(out_dir, "sft")
     if resume and policy_complete(path):
@@ -172,25 +161,20 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                                        f"{cfg.sft_steps} SFT steps first"))
         if enough or cfg.sft_steps < 1:
             return init
-        mcfg = dataclasses.replace(init.cfg, lora_rank=cfg.lora_rank)
-    else:
-        mcfg = model_preset(cfg.model, vocab_size=task.tokenizer.size, max_seq_len=max_len)
-    graphdef, state, losses = run_sft(task, mcfg, cfg.sft_steps, batch_size=cfg.sft_batch,
-                                      learning_rate=cfg.sft_lr, num_answers=cfg.all_answers,
-                                      num_demos=cfg.sft_demos, seed=cfg.train.seed,
-                                      mutation_fraction=cfg.sft_mutation_fraction,
-                                      mutation_parents=cfg.search.parents, init=init,
-                                      consume_init=init is not None, progress=progress)
-    policy = policy_of(graphdef, state)  # LoRA: the adapters folded in, a plain Decoder
-    extra = {}
-    if cfg.init:  # what the RL arms start from: does it answer in the format now?
-        extra = {"source": source_of(cfg.init), "parse_rate": parse_rate(cfg, task, policy)}
-    checkpoint.save_policy(path, policy.cfg, nnx.state(policy, nnx.Param),
-                           {"task": cfg.task, "num_answers": cfg.all_answers,
-                            "sft_steps": cfg.sft_steps, "sft_loss_first": losses[0],
-                            "sft_loss_last": losses[-1], **extra},
-                           tokenizer=task.tokenizer)
-    log(f"  SFT m in {cfg.all_answers}: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    plan = assemble_sft(task, cfg.init or cfg.model, num_answers=cfg.all_answers,
+                        seed=cfg.eval_seed, num_parents=cfg.search.parents, num_problems=16,
+                        lora_rank=cfg.lora_rank, learning_rate=cfg.sft_lr,
+                        at_least=context_of(cfg.init) or ModelConfig.max_seq_len, init=init)
+    policy, losses = run_warm_start(plan, steps=cfg.sft_steps, batch_size=cfg.sft_batch,
+                                    num_answers=cfg.all_answers, seed=cfg.train.seed,
+                                    num_demos=cfg.sft_demos,
+                                    mutation_fraction=cfg.sft_mutation_fraction,
+                                    mutation_parents=cfg.search.parents, progress=progress)
+    extra = {"parse_rate": parse_rate(cfg, task, policy)} if cfg.init else {}
+    save_warm_start(path, plan, policy, losses, steps=cfg.sft_steps,
+                    num_answers=cfg.all_answers, info={"task": cfg.task, **extra})
+    log(f"  SFT m in {cfg.all_answers} at learning rate {plan.learning_rate:g}: loss "
+        f"{losses[0]:.3f} -> {losses[-1]:.3f}"
         + (f", {extra['parse_rate']:.0%} of its answers parse" if extra else "") + f" ({path})")
     return policy
 
@@ -202,10 +186,12 @@ def _copy(model):
     return nnx.merge(graphdef, jax.tree.map(jax.numpy.copy, state))
 
 
-def arm_overrides(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int) -> list[str]:
-    """The `vpo train` overrides of one arm and seed: the task, every shared train / sampler /
-    objective field that differs from `RunConfig`'s default, then the arm's own changes (`ARMS`),
-    its seed, m, mutation parents, answer budget `task.completion_len(m)` and the warm start's
+def arm_changes(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int
+                ) -> dict[str, Any]:
+    """The typed changes of one arm and seed to `RunConfig`'s defaults, {"section.key": value}:
+    the task, every shared train / sampler / objective field that differs from the default (the
+    learning rate always: the comparison sets it), then the arm's own changes (`ARMS`), its
+    seed, m, mutation parents, answer budget `task.completion_len(m)` and the warm start's
     `max_seq_len`; with `law_points` the run checkpoints that many times (and keeps them all)."""
     spec, m = ARMS[arm], cfg.arm_answers(arm)
     train = {**dataclasses.asdict(cfg.train), **spec.train, "seed": seed, "num_answers": m,
@@ -218,26 +204,47 @@ def arm_overrides(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: in
                             "max_new_tokens": task.completion_len(m)},
                 "objective": {**dataclasses.asdict(cfg.objective), **spec.objective}}
     default = RunConfig()
-    out = [f"task={cfg.task}", f"model.max_seq_len={max_seq_len}"]
-    out += [f"model.lora_rank={cfg.lora_rank}"] if cfg.lora_rank else []
+    out: dict[str, Any] = {"task": cfg.task, "model.max_seq_len": max_seq_len}
+    if cfg.lora_rank:
+        out["model.lora_rank"] = cfg.lora_rank
+    always = ("sampler.max_new_tokens", "train.learning_rate")
     for section, fields in sections.items():
         base = dataclasses.asdict(getattr(default, section))
-        out += [f"{section}.{key}={value}" for key, value in fields.items()
-                if value != base[key] or key == "max_new_tokens"]
+        out |= {f"{section}.{key}": value for key, value in fields.items()
+                if value != base[key] or f"{section}.{key}" in always}
     mesh = -1 if cfg.devices == -1 else cfg.devices
-    return out + ([f"mesh_data={mesh}"] if mesh != default.mesh_data else [])
+    return out | ({"mesh_data": mesh} if mesh != default.mesh_data else {})
+
+
+def arm_overrides(changes: dict[str, Any]) -> list[str]:
+    """`arm_changes` as the `section.key=value` strings of the equivalent `vpo train` command."""
+    return [f"{key}={value}" for key, value in changes.items()]
+
+
+def _with_changes(run: RunConfig, changes: dict[str, Any]) -> RunConfig:
+    """`run` with typed {"section.key": value} changes (a top-level field has no section)."""
+    top = {k: v for k, v in changes.items() if "." not in k}
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        if "." in key:
+            section, field = key.split(".", 1)
+            sections.setdefault(section, {})[field] = value
+    return dataclasses.replace(run, **top, **{
+        section: dataclasses.replace(getattr(run, section), **fields)
+        for section, fields in sections.items()})
 
 
 def arm_run_config(cfg: CompareConfig, task, arm: str, seed: int, init_spec: str,
-                   policy_cfg) -> tuple[RunConfig, list[str]]:
-    """(RunConfig, overrides) of one arm and seed: exactly the run `vpo train --init init_spec
-    <overrides>` starts (`vpo.launch.assemble.assemble_run`, then `load_init`'s model rule: the
-    warm start's config `policy_cfg` with the run's LoRA settings and sequence length)."""
-    overrides = arm_overrides(cfg, task, arm, seed, policy_cfg.max_seq_len)
-    run = assemble_run(overrides=overrides, init=init_spec).run
-    model = dataclasses.replace(policy_cfg, max_seq_len=run.model.max_seq_len,
-                                **lora.settings(run.model))
-    return dataclasses.replace(run, model=model), overrides
+                   policy) -> tuple[RunConfig, list[str]]:
+    """(RunConfig, overrides) of one arm and seed: the run `vpo train --init init_spec
+    <overrides>` starts, assembled from typed changes by `vpo.launch.assemble.assemble_config`
+    with the task the comparison assembled once, and `load_init` on the warm start `policy`
+    already in memory (its config, with the run's LoRA settings and sequence length)."""
+    changes = arm_changes(cfg, task, arm, seed, policy.cfg.max_seq_len)
+    plan = assemble_config(_with_changes(RunConfig(), changes), frozenset(changes),
+                           init_spec=init_spec, task=task)
+    _, run, _ = load_init(plan, policy=policy)
+    return run, arm_overrides(changes)
 
 
 def train_command(init_spec: str, path: str, overrides: list[str]) -> str:
@@ -312,7 +319,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
             start_scores[m] = _law_score(cfg, task, policy, m)
         for seed in cfg.seeds:
             path = os.path.join(out_dir, "arms", arm, f"seed{seed}")
-            run, overrides = arm_run_config(cfg, task, arm, seed, init_spec, policy.cfg)
+            run, overrides = arm_run_config(cfg, task, arm, seed, init_spec, policy)
             earlier = (_read_arm_run(path, arm, seed, m, policy.cfg.max_seq_len)
                        if resume else None)
             if earlier is not None:
@@ -407,8 +414,9 @@ def _search_trace(task, model, records, scfg, method: str, split_seed: int):
     key = jax.random.key(split_seed + 1)
     if task.is_host:
         return run_host_method(key, method, model, task, records, scfg).trace
-    return search.run_method(key, method, model, task,
-                             search.search_problems(task, records, scfg.num_answers), scfg).trace
+    return ingraph.run_method(key, method, model, task,
+                              ingraph.search_problems(task, records, scfg.num_answers),
+                              scfg).trace
 
 
 def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any], log=print
@@ -523,7 +531,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
-    task = make_task(cfg)
+    task = load_task(cfg.task, cfg.init or None)  # bound to the policy's tokenizer
     if cfg.model in ("tiny", "small") and not cfg.init and jax.default_backend() == "cpu":
         est = estimate_seconds(cfg, task)
         log(f"estimated wall time on 2 CPU cores (rough, from the quickstart's measured costs): "

@@ -4,7 +4,7 @@
     model      `ModelConfig`, `RopeScaling`, `LORA_TARGETS`, `MODEL_PRESETS`, `model_preset`
     sections   `SamplerConfig`, `SearchConfig`, `DistributedConfig`
     run        `ObjectiveConfig`, `TrainConfig`, `RunConfig` (what a run and its checkpoint
-               hold), `StepConfig`, `pretrained_lr`, `check_memory`
+               hold), `StepConfig`, `check_memory`
     overrides  `from_dict` (JSON), `apply_overrides` (`section.key=value`)
 
 The package re-exports every public name, so `from vpo.config import RunConfig` is the path.
@@ -15,13 +15,11 @@ from vpo.config.fields import ConfigError, Rule, integer, one_of, real, require,
 from vpo.config.model import LORA_TARGETS, MODEL_PRESETS, ModelConfig, RopeScaling, model_preset  # noqa: F401
 from vpo.config.overrides import apply_overrides, from_dict, parse_value  # noqa: F401
 from vpo.config.run import (  # noqa: F401
-    PRETRAINED_LR,
     SUBSET_ESTIMATORS,
     ObjectiveConfig,
     RunConfig,
     StepConfig,
     TrainConfig,
     check_memory,
-    pretrained_lr,
 )
 from vpo.config.sections import DistributedConfig, SamplerConfig, SearchConfig  # noqa: F401

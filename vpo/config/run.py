@@ -125,19 +125,6 @@ class ObjectiveConfig:
         return self.subset_k if self.subset_k is not None else max(2, num_samples // 2)
 
 
-# Learning rates for a run that starts from a pretrained checkpoint (hf:) and sets none: the
-# defaults below (`TrainConfig.learning_rate`, `vpo sft --lr`) suit small models trained from
-# scratch and wreck a pretrained one (SmolLM2 SFT at 3e-3: loss 1.11 -> 1.74 in 6 steps). Full
-# fine-tuning takes TRL's defaults (GRPOConfig 1e-6, SFTConfig 2e-5); LoRA adapters, which start
-# at B = 0, 1e-4 for both.
-PRETRAINED_LR = {"rl": 1e-6, "sft": 2e-5, "lora": 1e-4}
-
-
-def pretrained_lr(kind: str, lora_rank: int) -> float:
-    """The learning rate a `kind` ("rl" | "sft") run from a pretrained checkpoint defaults to."""
-    return PRETRAINED_LR["lora"] if lora_rank else PRETRAINED_LR[kind]
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Loop, batch and optimiser settings.
@@ -157,7 +144,7 @@ class TrainConfig:
     ppo_epochs: int = 1
     num_minibatches: int = 1
     grad_accum: int = 1
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3  # from scratch; `vpo.launch.rules.learning_rate` picks others
     schedule: str = "constant"  # "constant" | "cosine" (after warmup)
     warmup_steps: int = 0  # in optimiser updates
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of learning_rate

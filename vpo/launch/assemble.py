@@ -45,14 +45,19 @@ class Assembly:
     overrides: tuple[str, ...] = ()
 
 
+def split_overrides(overrides) -> list[tuple[str, str]]:
+    """`section.key=value` strings as (key, value) pairs, split once (the value keeps any `=`)."""
+    return [(item.partition("=")[0], item.partition("=")[2]) for item in overrides]
+
+
 def assemble_run(preset: str | None = None, config_file: str | None = None,
                  overrides: list[str] | tuple[str, ...] = (), *, init: str | None = None,
                  dataset: dict | None = None) -> Assembly:
     """The RunConfig of `vpo train` from a preset or a JSON file, then `section.key=value`
-    overrides, then fitted to the task read through the policy's tokenizer (`init`, or
-    `model=hf:PATH`, or the task's word-level one for a preset model): vocabulary, answer
-    budget, sequence length (`rules.fit_seq_len`), learning rate (`rules.learning_rate`). `dataset`
-    (from `--data`) makes the task a user's data and reward functions. Nothing is allocated."""
+    overrides (the strings of a command line, parsed here once), then `assemble_config`: fitted
+    to the task read through the policy's tokenizer (`init`, or `model=hf:PATH`, or the task's
+    word-level one for a preset model). `dataset` (from `--data`) makes the task a user's data
+    and reward functions. Nothing is allocated."""
     overrides = list(overrides)
     run, file_data = RunConfig(), {}
     init_spec = None
@@ -79,10 +84,10 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
     if user_data and "task" in file_data:
         raise ConfigError(f"--data: the --config file {config_file} names its own task; "
                           "your data would replace it. Drop --data or the file's task")
+    given_pairs, base_pairs = split_overrides(overrides), split_overrides(base)
     rest = []
-    for item in base + overrides:
-        key, _, value = item.partition("=")
-        if item in overrides and key in ("model", "task"):
+    for (key, value), item in zip(base_pairs + given_pairs, base + overrides, strict=True):
+        if (key, value) in given_pairs and key in ("model", "task"):
             other = {"model": init and f"--init {init}", "task": user_data and "--data"}[key]
             if other:
                 raise ConfigError(f"{key}={value}: {other} fixes the {key}; drop one of them")
@@ -94,30 +99,45 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
         else:
             rest.append(item)
     run = apply_overrides(run, rest)
-    given = {item.partition("=")[0] for item in overrides}
+    given = {key for key, _ in given_pairs}
     given |= {f"{section}.{key}" for section, fields in file_data.items()
               if isinstance(fields, dict) for key in fields}
-    _refuse_unread_objective_fields(run, given)
     if dataset is not None:
         run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
     init_spec = init or init_spec
-    lr_given = "train.learning_rate" in given | {item.partition("=")[0] for item in base}
-    if init_spec and not lr_given and rules.source_of(init_spec):
-        run = dataclasses.replace(run, train=dataclasses.replace(
-            run.train, learning_rate=rules.learning_rate("rl", init_spec, run.model.lora_rank)))
     if run.task == "dataset" and init_spec is None:
         raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
                           "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
-    task = rules.load_task(run.task, init_spec, run.task_kwargs)
-    chosen = given | {item.partition("=")[0] for item in base}  # by the user or the preset
+    model_fields = frozenset(file_data.get("model", {})) if "model" not in given else frozenset()
+    plan = assemble_config(run, frozenset(given), init_spec=init_spec,
+                           chosen=frozenset(given | {key for key, _ in base_pairs}))
+    return dataclasses.replace(plan, model_fields=model_fields,
+                               overrides=tuple(base + overrides))
+
+
+def assemble_config(run: RunConfig, given: frozenset[str], *, init_spec: str | None,
+                    task: BoundTask | None = None, chosen: frozenset[str] | None = None
+                    ) -> Assembly:
+    """A typed RunConfig made ready to start, the typed half of `assemble_run` (`vpo compare`
+    calls it for every arm with the task it assembled once). `given`: the `section.key` fields
+    the user set (a floor below the task's need is refused; the rest is fitted); `chosen`:
+    `given` plus what a preset set (default `given`), whose learning rate and generation budget
+    no rule replaces. Rules applied: the learning rate (`rules.learning_rate`), the generation
+    budget of host-scored tasks (`rules.completion_budget`), vocabulary / sequence length /
+    answer budget fitted to the task and the checkpoint's context. `task`: the task already
+    bound to the policy's tokenizer (default: `rules.load_task` reads it)."""
+    chosen = given if chosen is None else chosen
+    _refuse_unread_objective_fields(run, given)
+    if "train.learning_rate" not in chosen:
+        run = dataclasses.replace(run, train=dataclasses.replace(
+            run.train, learning_rate=rules.learning_rate("rl", init_spec, run.model.lora_rank)))
+    if task is None:
+        task = rules.load_task(run.task, init_spec, run.task_kwargs)
     budget = (None if "sampler.max_new_tokens" in chosen or not task.is_host
               else rules.completion_budget(task, run.train.num_answers, policy=init_spec))
-    run = _fit_to_task(run, task, given, context=rules.context_of(init_spec), spec=init_spec,
-                       budget=budget)
-    model_fields = frozenset(file_data.get("model", {})) if not any(
-        item.partition("=")[0] == "model" for item in overrides) else frozenset()
-    return Assembly(run, task, init_spec, frozenset(given), model_fields,
-                    tuple(base + overrides))
+    run = _fit_to_task(run, task, set(given), context=rules.context_of(init_spec),
+                       spec=init_spec, budget=budget)
+    return Assembly(run, task, init_spec, frozenset(given))
 
 
 def _with_model(run: RunConfig, value: str) -> tuple[RunConfig, str | None]:
@@ -195,7 +215,7 @@ def _refuse_unread_objective_fields(run: RunConfig, given: set[str]) -> None:
     """A given estimator-specific objective field (e.g. `objective.grpo_scale`) that the chosen
     `objective.advantage` does not read, set to other than its default, is an error: it would
     change nothing. (`vpo compare` shares one objective section among its arms and checks its
-    own overrides.)"""
+    own overrides: its arms pass the shared fields through here too.)"""
     from vpo.objectives.estimators import ESTIMATOR_FIELDS, ESTIMATORS  # jax: on first use
 
     advantage = run.objective.advantage
@@ -235,14 +255,16 @@ def read_config_file(path: str) -> tuple[RunConfig, dict[str, Any]]:
     return from_dict(RunConfig, data), data
 
 
-def load_init(plan: Assembly, config_file: str | None = None):
+def load_init(plan: Assembly, config_file: str | None = None, *, policy=None):
     """(Decoder, run with the checkpoint's model config, info) of `plan.init_spec`. `model.*`
     settings the user gave (overrides, or a --config file's model fields) are applied to the
     loaded model (dtype, rope, norm eps) or kept (LoRA), or refused by name (shapes the
-    checkpoint fixes); a --config file's shape field must equal the checkpoint's."""
+    checkpoint fixes); a --config file's shape field must equal the checkpoint's. `policy`: that
+    policy already in memory (a Decoder; `vpo compare`'s warm start), used instead of reading
+    `plan.init_spec` again (info is then {})."""
     spec, run = plan.init_spec, plan.run
-    keys = {item.partition("=")[0].split(".")[1] for item in plan.overrides
-            if item.startswith("model.") and "." in item.partition("=")[0]}
+    keys = {key.split(".", 1)[1] for key, _ in split_overrides(plan.overrides)
+            if key.startswith("model.")}
     lora_keys = set(lora.settings(run.model))
     fixed = sorted((keys & set(SHAPE_FIELDS)) - lora_keys)
     if fixed:
@@ -251,16 +273,23 @@ def load_init(plan: Assembly, config_file: str | None = None):
                           "(model=tiny|small) from scratch instead")
     extra = {k: getattr(run.model, k) for k in (keys | plan.model_fields) - set(SHAPE_FIELDS)
              - lora_keys - {"max_seq_len"}}
-    init, _, info = load_model(spec, max_seq_len=run.model.max_seq_len, **extra)
+    if policy is None:
+        init, _, info = load_model(spec, max_seq_len=run.model.max_seq_len, **extra)
+    else:
+        if extra:
+            raise ConfigError(f"model.{sorted(extra)[0]}: a policy in memory is used as it is; "
+                              "load it with that setting instead")
+        init, info = policy, {}
     for k in sorted((plan.model_fields & set(SHAPE_FIELDS)) - lora_keys):
         if getattr(run.model, k) != getattr(init.cfg, k):
             raise ConfigError(f"model.{k}: the --config file {config_file} has "
                               f"{getattr(run.model, k)!r}, the checkpoint {spec} "
                               f"{getattr(init.cfg, k)!r} (its parameters fix it); remove "
                               f"model.{k} from the file")
-    if init.cfg != run.model:
-        run = dataclasses.replace(run, model=dataclasses.replace(init.cfg,
-                                                                 **lora.settings(run.model)))
+    model = dataclasses.replace(init.cfg, max_seq_len=run.model.max_seq_len,
+                                **lora.settings(run.model))
+    if model != run.model:
+        run = dataclasses.replace(run, model=model)
     return init, run, info
 
 
@@ -288,15 +317,9 @@ def resume_differences(out_dir: str, preset: str | None, config_file: str | None
     differ = sorted(k.rstrip(".") for k in a.keys() | b.keys()
                     if a.get(k) != b.get(k) and k.rstrip(".") not in skip
                     and not (fresh.init_spec and k.startswith("model.")))
-    path = os.path.join(out_dir, run_folder.INIT_FILE)
     if fresh.init_spec:
-        spec = fresh.init_spec if fresh.init_spec.startswith("hf:") else os.path.abspath(
-            fresh.init_spec)
-        recorded_init = None
-        if os.path.exists(path):
-            with open(path) as f:
-                recorded_init = json.load(f)["init"]
-        if recorded_init != spec:
+        recorded_init = run_folder.read_init(out_dir)
+        if recorded_init != run_folder.init_spec_of(fresh.init_spec):
             differ.append(f"init ({recorded_init} recorded)")
     return differ
 
@@ -311,8 +334,6 @@ def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = (), *
     run = run_folder.resume_config(out_dir, list(overrides), data_changed_ok=data_changed_ok)
     task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(out_dir))
     init_spec = None
-    path = os.path.join(out_dir, run_folder.INIT_FILE)
-    if os.path.exists(path) and (run.model.lora_rank or not run_folder.has_checkpoint(out_dir)):
-        with open(path) as f:
-            init_spec = json.load(f)["init"]
+    if run.model.lora_rank or not run_folder.has_checkpoint(out_dir):
+        init_spec = run_folder.read_init(out_dir)
     return Assembly(run, task, init_spec, overrides=tuple(overrides))

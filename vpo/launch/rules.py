@@ -4,7 +4,7 @@
     the task, bound to the tokenizer of the policy that reads it                `load_task`
     the sequence length: the longest measured prompt + answers + `SEQ_MARGIN`    `fit_seq_len`
     the generation budget of every command (train, sample, eval, search)  `completion_budget`
-    the learning rate of a pretrained policy (`vpo.config.PRETRAINED_LR`)        `learning_rate`
+    the learning rate of a run that sets none (`FROM_SCRATCH_LR`, `PRETRAINED_LR`) `learning_rate`
     the pretrained weights a policy comes from, and their context    `source_of`, `context_of`
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from vpo.config import MODEL_PRESETS, pretrained_lr
+from vpo.config import MODEL_PRESETS, TrainConfig
 from vpo.errors import CheckpointError
 from vpo.io import hf
 from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
@@ -27,7 +27,13 @@ from vpo.tasks.words import task_word_tokenizer
 SEQ_MARGIN = 64
 
 
-FROM_SCRATCH_LR = {"rl": 1e-3, "sft": 3e-3}  # a model preset trained from random weights
+# The learning rates of a run that sets none, the one table. A model preset trained from random
+# weights: RL at `TrainConfig.learning_rate`'s default, SFT at 3e-3. A run from a pretrained
+# checkpoint: those rates wreck it (SmolLM2 SFT at 3e-3: loss 1.11 -> 1.74 in 6 steps), so full
+# fine-tuning takes TRL's defaults (GRPOConfig 1e-6, SFTConfig 2e-5) and LoRA adapters, which
+# start at B = 0, 1e-4 for both.
+FROM_SCRATCH_LR = {"rl": TrainConfig.learning_rate, "sft": 3e-3}
+PRETRAINED_LR = {"rl": 1e-6, "sft": 2e-5, "lora": 1e-4}
 
 
 def tokenizer_for(task, model_spec: str | None = None):
@@ -129,13 +135,13 @@ def source_of(model_spec: str | None) -> str | None:
 
 def learning_rate(kind: str, model_spec: str | None, lora_rank: int,
                   given: float | None = None) -> float:
-    """The learning rate of an RL ("rl") or SFT ("sft") run: `given` if set; for a policy of
-    pretrained weights (`source_of`) `vpo.config.pretrained_lr` (TRL's defaults; LoRA 1e-4);
-    otherwise the from-scratch rate `FROM_SCRATCH_LR`."""
+    """The learning rate of an RL ("rl") or SFT ("sft") run: `given` if set (None: not given),
+    else for a policy of pretrained weights (`source_of`) `PRETRAINED_LR` (LoRA: its "lora"
+    rate), otherwise the from-scratch rate `FROM_SCRATCH_LR`."""
     if given is not None:
         return given
     if source_of(model_spec):
-        return pretrained_lr(kind, lora_rank)
+        return PRETRAINED_LR["lora"] if lora_rank else PRETRAINED_LR[kind]
     return FROM_SCRATCH_LR[kind]
 
 

@@ -15,8 +15,6 @@ import json
 import os
 import socket
 
-import jax
-
 from vpo.config import ConfigError, RunConfig, apply_overrides, from_dict
 from vpo.errors import CheckpointError
 
@@ -41,7 +39,10 @@ class RunFolderLockedError(ConfigError):
 
 def _lead_process() -> bool:
     """Process 0 of a multi-process run (the one that locks its run folder), without starting
-    the JAX backend when `jax.distributed` is not in use."""
+    the JAX backend when `jax.distributed` is not in use (jax is imported here, on first use:
+    the command line reads and locks folders before anything needs it)."""
+    import jax
+
     return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
@@ -222,30 +223,44 @@ POLICY_PARTIAL = ".policy.partial"  # `save_policy`'s temporary folder for out_d
 INIT_FILE = "init.json"  # a run's starting policy (`--init` / `model=hf:`), read by --resume
 
 
+def init_spec_of(spec: str) -> str:
+    """How a run folder records its starting policy: `hf:PATH` as given, a policy folder as an
+    absolute path (a resumed run may start from another working directory)."""
+    return spec if spec.startswith("hf:") else os.path.abspath(spec)
+
+
+def write_init(out_dir: str, spec: str) -> None:
+    """Record the policy a run starts from (`--init` / `model=hf:`) in `out_dir/init.json`."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_json_atomic(os.path.join(out_dir, INIT_FILE), {"init": init_spec_of(spec)})
+
+
+def read_init(out_dir: str) -> str | None:
+    """The starting policy `write_init` recorded in `out_dir`, or None (a random init, or no
+    readable record)."""
+    info = read_json(os.path.join(out_dir, INIT_FILE))
+    init = info.get("init") if isinstance(info, dict) else None
+    return init if isinstance(init, str) else None
+
+
 def _init_hint(out_dir: str) -> str:
     """The `--init` a new run needs to start where `out_dir` started (its init.json), or ''."""
-    path = os.path.join(out_dir, INIT_FILE)
-    if not os.path.exists(path):
-        return ""
-    with open(path) as f:
-        return f" --init {json.load(f)['init']} (the policy this run started from)"
+    init = read_init(out_dir)
+    return f" --init {init} (the policy this run started from)" if init else ""
 
 
 def base_spec(out_dir: str, config: RunConfig) -> str:
     """What the run's base weights are (named by a LoRA checkpoint, which does not hold them):
     its starting policy (`INIT_FILE`), else the random init of config.model at train.seed."""
-    info = read_json(os.path.join(out_dir, INIT_FILE))
-    if isinstance(info, dict) and isinstance(info.get("init"), str):
-        return info["init"]
-    return f"the random init of the run's model config (train.seed={config.train.seed})"
+    return read_init(out_dir) or (
+        f"the random init of the run's model config (train.seed={config.train.seed})")
 
 
 def base_name(out_dir: str) -> str | None:
     """The base model as a path for other tools (PEFT's base_model_name_or_path): the run's
     starting policy (`INIT_FILE`) without its `hf:` prefix, or None (a random init)."""
-    info = read_json(os.path.join(out_dir, INIT_FILE))
-    init = info.get("init") if isinstance(info, dict) else None
-    return init.removeprefix("hf:") if isinstance(init, str) else None
+    init = read_init(out_dir)
+    return init.removeprefix("hf:") if init else None
 
 
 def data_path(config: RunConfig) -> str | None:
