@@ -206,3 +206,37 @@ def test_many_weak_wins_do_not_all_survive_holm():
                            for i in range(20)])
     assert all(c["verdict"] == claims.REPRODUCED for c in checked)
     assert not any(c["survives_holm"] for c in checked)
+
+
+def test_a_trend_is_judged_over_every_step_not_two_endpoints():
+    steps = list(range(30))
+    rng = np.random.default_rng(0)
+    rising = [(steps, 0.02 * np.arange(30) + 0.05 * rng.standard_normal(30)) for _ in range(6)]
+    c = claims.trend("reward rose", rising)
+    assert c["verdict"] == claims.REPRODUCED and c["trend"] == claims.ROSE
+    assert c["p"] == 2.0 ** -6 and "over all 30 logged steps" in c["evidence"]
+    falling = [(s, -v) for s, v in rising]
+    assert claims.trend("reward rose", falling)["trend"] == claims.FELL
+    # last step above the first in every run, yet flat in between: no trend shown
+    flat = []
+    for _ in range(6):
+        v = 0.3 * rng.standard_normal(30)
+        v[0], v[-1] = -1.0, 1.0
+        flat.append((steps, v))
+    c = claims.trend("reward rose", flat)
+    assert c["trend"] == claims.NO_TREND, c["evidence"]
+    # three runs: the sign test cannot go below 1/8
+    assert claims.trend("x", rising[:3])["p"] == 0.125
+
+
+def test_a_gap_that_fails_one_part_is_refuted_only_after_both_chances_are_corrected():
+    # growth negative in every seed (p = 2^-n on that side), gap at k_max positive: either
+    # failing part refutes, so the two chances are Bonferroni-corrected (2 · 2^-n)
+    def gap(n):
+        a = np.array([[0.5, 0.55]] * n) + np.linspace(0, 0.01, n)[:, None]
+        return claims.gap_grows("g", a, np.array([[0.3, 0.45]] * n), [1, 30])
+
+    six, seven = gap(6), gap(7)
+    assert claims.verdict(-0.1 * np.ones(6)) == claims.REFUTED  # the growth alone, 6 seeds
+    assert six["p_other"] == 2 * 2.0 ** -6 and six["verdict"] == claims.INCONCLUSIVE
+    assert seven["p_other"] == 2 * 2.0 ** -7 and seven["verdict"] == claims.REFUTED

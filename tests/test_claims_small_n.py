@@ -145,3 +145,100 @@ def test_every_family_in_the_report_is_holm_corrected(tmp_path):
     assert not improve["survives_holm"] and "does not survive" in text
     # solving beside partial credit in the headline
     assert "| policy | m | seeds | best@1 | pass@1 | best@6 | pass@6 |" in text
+
+
+def test_holm_corrects_a_refuted_verdict_as_it_corrects_a_reproduced_one():
+    # six seeds all the other way: refuted alone (p = 2^-6 on the other side), not over 3 claims
+    c = claims.compare_values("x", [0.0] * 6, np.linspace(0.2, 0.3, 6))
+    assert c["verdict"] == claims.REFUTED and c["p_other"] == 2.0 ** -6
+    family = claims.holm([c] + [{"claim": f"other {i}", "verdict": claims.INCONCLUSIVE,
+                                 "p": 0.5} for i in range(2)])
+    assert family[0]["holm_p"] == 3 * 2.0 ** -6
+    assert not family[0]["survives_holm"] and family[0]["family_verdict"] == claims.INCONCLUSIVE
+    alone = claims.holm([c])[0]
+    assert alone["survives_holm"] and alone["family_verdict"] == claims.REFUTED
+    # seven seeds: 3 · 2^-7 < 0.025, so the refutation survives a family of three
+    c7 = claims.compare_values("x", [0.0] * 7, np.linspace(0.2, 0.3, 7))
+    family = claims.holm([c7] + [{"claim": f"o{i}", "verdict": claims.INCONCLUSIVE, "p": 0.5}
+                                 for i in range(2)])
+    assert family[0]["family_verdict"] == claims.REFUTED
+
+
+@pytest.mark.parametrize("n, C, can", [(3, 3, False), (5, 1, False), (6, 1, True), (6, 3, False),
+                                       (7, 3, True), (8, 3, True), (6, 2, False), (7, 2, True)])
+def test_the_design_states_the_smallest_holm_p_its_seeds_allow(n, C, can):
+    d = claims.design(n, C)
+    assert d["smallest_p"] == 2.0 ** -n
+    assert d["smallest_holm_p"] == min(1.0, C * 2.0 ** -n)
+    assert d["can_decide"] is can
+    assert claims.design(d["seeds_needed"], C)["can_decide"]
+    assert not claims.design(d["seeds_needed"] - 1, C)["can_decide"]
+    text = claims.design_text(d)
+    assert ("cannot decide" in text) is (not can) and f"{C} × 2^-{n}" in text
+
+
+def test_seeds_needed_for_one_and_three_primary_claims():
+    assert claims.seeds_needed(1) == 6 and claims.seeds_needed(3) == 7
+    # one seed the other way (the smallest difference): p at best 2^(1-n)
+    assert claims.seeds_needed(3, discordant=1) == 8
+    d = [0.3, 0.25, 0.2, 0.22, 0.28, 0.26, 0.24, -0.01]  # 8 seeds, one small one the other way
+    assert claims.sign_flip_p(d) == 2 / 2 ** 8 and 3 * claims.sign_flip_p(d) < claims.LEVEL
+
+
+def test_a_value_from_fewer_than_three_units_has_no_interval():
+    assert compare_report.fmt([2.0, 2.0]) == "2.000"
+    assert compare_report.fmt([0.0, 4.0]) == "2.000"  # not "2.000 ± 25.412"
+    assert compare_report.fmt([1.0, 2.0, 3.0]).startswith("2.000 ± ")
+    c = claims.compare_values("x", [2.0, 0.0], [0.0, 0.0])
+    assert "±" not in c["evidence"] and np.isnan(c["half_width"])
+
+
+def test_primary_keys_are_checked_and_the_config_names_them():
+    assert claims.primary_keys("vpo-grpo:best, vpo-warm:pass") == ["vpo-grpo:best",
+                                                                    "vpo-warm:pass"]
+    for bad in ("vpo-vpo:best", "vpo-grpo:mean", "vpo-grpo:best,vpo-grpo:best",
+                "vpo-grpo:best,vpo-grpo:pass,vpo-warm:pass,vpo-multi_rlvr:best"):
+        with pytest.raises(ValueError):
+            claims.primary_keys(bad)
+    for preset in compare_config.PRESETS:
+        cfg = compare_config.make_config(preset)
+        assert 1 <= len(claims.primary_keys(cfg.primary)) <= claims.MAX_PRIMARY
+    with pytest.raises(compare_config.ConfigError, match="primary"):
+        compare_config.make_config("default", ["primary=vpo-foo:best"])
+    text = compare_report.design_text(compare_config.make_config("default"))
+    assert "cannot decide" in text and "at least 7 paired seeds" in text
+
+
+def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():
+    head = {"sft (m=1)": {"m": 1, "seeds": [0, 1, 2], "values": {}},
+            "grpo": {"m": 1, "seeds": [0, 1, 2], "values": {"search solved": [0.0, 1.0, 0.5]}}}
+    searches = {"seeds": 2, "rows": {"sft (m=1)": [{"seed": s, "solved_SP": [[1, 0], [1, 1]]}
+                                                   for s in (0, 1, 2)]}}
+    c = next(c for c in compare_report.against_warm_start(head, 6, searches)
+             if "search" in c["claim"])
+    assert c["n"] == 3 and "over 3 paired seeds" in c["evidence"]
+    assert c["diff"] == pytest.approx(0.5 - 1.5)
+
+
+def test_the_report_is_what_its_summary_json_renders_to(tmp_path):
+    cfg = compare_config.make_config("smoke")
+    rows = {"sft (m=1)": (1, 0.3), "sft (m=3)": (3, 0.3), "grpo": (1, 0.4), "vpo": (3, 0.6)}
+    evals = {"ks": KS, "rows": {n: [_eval_row(s, m, lv) for s in SEEDS]
+                                for n, (m, lv) in rows.items()}}
+    compare_report.write_report(str(tmp_path), cfg, command="vpo compare", wall={"total": 1.0},
+                                runs={}, evals=evals)
+    with open(os.path.join(tmp_path, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(tmp_path, "report.md")) as f:
+        text = f.read()
+    assert compare_report.render(summary) == text
+    assert text.splitlines()[4] == "## Design" and "**Primary claims** (3" in text
+    assert "pre-registration" not in text  # its config names its primary claims
+    primary = {c["key"] for c in summary["primary"]}
+    assert primary == set(claims.primary_keys(cfg.primary))
+    # a primary claim is not repeated among the exploratory ones
+    assert not {c["claim"] for c in summary["primary"]} & {c["claim"] for c in summary["claims"]}
+    verdicts = [line for line in text.splitlines()
+                if line.startswith(("- **reproduced**", "- **refuted**", "- **inconclusive**"))]
+    assert sum("(primary" in line for line in verdicts) == 3
+    assert all("(exploratory" in line for line in verdicts if "(primary" not in line)

@@ -15,6 +15,7 @@ from vpo.config import (
     TrainConfig,
     apply_overrides,
 )
+from vpo.eval import claims
 
 
 class Arm(NamedTuple):
@@ -76,6 +77,10 @@ class CompareConfig:
     search_best_of_n: bool = False  # also best-of-N with each policy at the search's budget
     probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
+    # the pre-registered primary claims (<= 3, `vpo.eval.claims.PRIMARY_KEYS`, A-B:metric: arm
+    # A's metric@eval_budget above B's or, B = warm, above A's warm start), Holm as one family;
+    # every preset keeps this default: VPO vs GRPO at best@N and pass@N, VPO vs its warm start
+    primary: str = "vpo-grpo:best,vpo-grpo:pass,vpo-warm:pass"
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=200, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
@@ -99,6 +104,10 @@ class CompareConfig:
                 dataclasses.replace(self.train, **ARMS[a].train)
             except ConfigError as e:
                 raise ConfigError(f"arms: arm {a!r} does not configure: {e}") from None
+        try:
+            claims.primary_keys(self.primary)
+        except ValueError as e:
+            raise ConfigError(f"primary: {e}") from None
         if self.task not in TASKS:
             raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
         if self.devices == 0 or self.devices < -1:

@@ -2,10 +2,16 @@
 beside partial credit, best@k), the papers' claims with three-way verdicts on paired differences
 (`vpo.eval.claims`), RL against its warm start, the search stage (per-problem solve matrix,
 solved-vs-budget curves with intervals, search against best-of-N, the mutation-operator probe),
-the entropy law on held-out score, PNGs and report.md / summary.json. Every family of verdicts
-it prints is Holm-corrected as a family (`verdict_families`) and says so.
+trends over training, the entropy law on held-out score, PNGs and report.md / summary.json.
+Its first lines state the design: the pre-registered primary claims (the config's `primary`),
+the unit, the test and what the seed count can decide (`design_text`, also printed before a run
+starts); every other family is labelled exploratory. Every family of verdicts it prints is
+Holm-corrected as a family in both directions (`verdict_families`) and says so.
 
-Reads what the stages in `vpo.compare.driver` produced; computes nothing new about the policies.
+report.md is a pure function of summary.json (`render`): `write_report` stores the summary and
+renders the report from it, so a committed report can be re-rendered and compared
+(tests/test_committed_reports.py). Reads what the stages in `vpo.compare.driver` produced;
+computes nothing new about the policies.
 """
 
 # size: one job, the report: each table and figure of report.md is one short function here.
@@ -24,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vpo.compare.config import ARMS, CompareConfig
+from vpo.config import from_dict
 from vpo.eval import claims, entropy_law, plots
 from vpo.eval import policies as policy_eval
 
@@ -35,6 +42,24 @@ def mean_ci(values) -> tuple[float, float]:
     """Mean and the half-width of a 95% Student-t interval over seeds, t_{0.975, n-1}·s/√n
     (s the unbiased std); half-width NaN for a single seed."""
     return claims.t_interval(values)
+
+
+def design_text(cfg: CompareConfig) -> str:
+    """What the design can decide, before it runs (the driver prints it first; the report's
+    design lines say the same): the primary claims, unit, test, the smallest p the seed count
+    allows and whether it can decide, else how many seeds it would need (`claims.design`)."""
+    keys = claims.primary_keys(cfg.primary)
+    d = claims.design(cfg.num_seeds, len(keys))
+    missing = sorted({arm for k in keys for arm in k.split(":")[0].split("-")
+                      if arm != claims.WARM and arm not in cfg.arm_names})
+    text = (f"Primary claims ({len(keys)}, Holm over them, exact one-sided sign-flip at "
+            f"{claims.LEVEL:g}, unit the training seed): "
+            + "; ".join(claims.primary_text(k, cfg.eval_budget) for k in keys) + ". "
+            + claims.design_text(d)[0].upper() + claims.design_text(d)[1:] + ".")
+    if missing:
+        text += (f" Arms {', '.join(missing)} are not in arms={cfg.arms}: the claims naming "
+                 "them cannot be measured.")
+    return text
 
 
 def smooth(x, window: int) -> np.ndarray:
@@ -52,7 +77,9 @@ def tail_mean(rows: list[dict[str, float]], key: str) -> float:
 
 
 def fmt(values) -> str:
-    mean, hw = mean_ci(values)
+    """Mean ± 95% t half-width; the mean alone when fewer than `claims.MIN_UNITS` values back
+    it (an interval from one degree of freedom says nothing)."""
+    mean, hw = claims.interval(values)
     return f"{mean:.3f}" if math.isnan(hw) else f"{mean:.3f} ± {hw:.3f}"
 
 
@@ -108,19 +135,25 @@ def _per_search(searches, row: str) -> np.ndarray:
 
 def against_warm_start(head, N: int, searches=None) -> list[dict[str, Any]]:
     """Every arm against the warm start in its m: claim "RL improves on its warm start" per
-    metric, three-way; evaluation metrics paired by seed id (same evaluation keys), search
-    solved paired by search seed (shared search keys; the warm start is one policy, so its
-    noise is the searches'). Not yet Holm-adjusted (`verdict_families`)."""
+    metric, three-way; evaluation metrics paired by seed id (same evaluation keys); search
+    solved at the unit of training seeds: each seed's mean over the searches against the warm
+    start's mean over the same search keys (one checkpoint, so a statement conditional on its
+    searches). Not yet Holm-adjusted (`verdict_families`)."""
     out = []
     for arm, h in head.items():
         sft = f"sft (m={h['m']})"
         if arm.startswith("sft") or sft not in head:
             continue
         for metric in ("best@1", f"best@{N}", "diversity", "search solved"):
-            if metric == "search solved" and searches is not None:
-                out.append(_in_units(claims.compare_values(
-                    f"{arm} {metric} above its warm start's", _per_search(searches, arm),
-                    _per_search(searches, sft), names=(arm, sft)), "searches"))
+            if (metric == "search solved" and searches is not None
+                    and metric in h["values"]):
+                warm = float(np.mean(_per_search(searches, sft)))
+                c = claims.compare_values(
+                    f"{arm} {metric} above its warm start's", h["values"][metric],
+                    [warm] * len(h["values"][metric]), names=(arm, sft))
+                c["evidence"] += (f"; the warm start is one checkpoint: its mean over the "
+                                  f"same {searches['seeds']} search keys")
+                out.append(c)
             elif metric in h["values"] and metric in head[sft]["values"]:
                 out.append(claims.compare_values(
                     f"{arm} {metric} above its warm start's", h["values"][metric],
@@ -157,14 +190,16 @@ def remedies(head, probes) -> list[dict[str, Any]]:
     return out
 
 
-def search_vs_best_of_n(searches) -> list[dict[str, Any]]:
+def search_vs_best_of_n(searches, checkpoints: bool = False) -> list[dict[str, Any]]:
     """Per row that ran best-of-N: claim "island search solves more than best-of-N with the same
     policy, budget and keys", problems solved per unit, search and best-of-N from the same
-    record (so paired by construction): a warm start (one policy) pairs over the shared search
-    keys, an arm over its policy seeds (mean over searches). Not yet Holm-adjusted."""
+    record (so paired by construction). The arms pair over their policy seeds (mean over
+    searches); with `checkpoints`, the warm-start rows instead: one checkpoint each, paired
+    over the shared search keys, so statements about that checkpoint (their own family). Not
+    yet Holm-adjusted."""
     out = []
     for name, rows in (searches or {"rows": {}})["rows"].items():
-        if "best_of_n_SP" not in rows[0]:
+        if "best_of_n_SP" not in rows[0] or name.startswith("sft") != checkpoints:
             continue
         if name.startswith("sft"):
             a = np.sum(rows[0]["solved_SP"], -1).tolist()
@@ -181,42 +216,77 @@ def search_vs_best_of_n(searches) -> list[dict[str, Any]]:
 
 
 # Each printed family of verdicts: (summary key, section heading's words for its claims).
-FAMILIES = (("claims", "claims of this section"),
-            ("against_warm_start", "RL-against-warm-start claims"),
-            ("search_vs_best_of_n", "search-against-best-of-N claims"),
-            ("remedies", "mutation-prompt claims"))
+FAMILIES = (("claims", "exploratory claims of this section"),
+            ("against_warm_start", "exploratory RL-against-warm-start claims"),
+            ("search_vs_best_of_n", "exploratory search-against-best-of-N claims"),
+            ("remedies", "exploratory mutation-prompt claims"))
+PRIMARY = ("primary", "primary claims")
+CHECKPOINTS = ("checkpoint_search_vs_best_of_n",
+               "exploratory statements about the warm-start checkpoints")
+TRENDS = ("trends", "exploratory trend statements")
+TREND_METRICS = ("reward", "entropy", "diversity")  # per-step training metrics judged for trends
 
 
-def verdict_families(cfg: CompareConfig, head, ks, law, searches, probes
+def training_trends(train) -> list[dict[str, Any]]:
+    """Per arm and metric in TREND_METRICS, the claim "it rose over training" over every logged
+    step of every seed (`claims.trend`); [] when the summary kept no per-step metrics."""
+    out = []
+    for arm, runs in (train or {}).items():
+        for metric in TREND_METRICS:
+            if runs and all(metric in row for r in runs for row in r["metrics"]):
+                out.append(claims.trend(
+                    f"{arm}'s training {metric} rose over training",
+                    [([row["step"] for row in r["metrics"]], [row[metric] for row in r["metrics"]])
+                     for r in runs]))
+    return out
+
+
+def verdict_families(cfg: CompareConfig, head, ks, law, searches, probes, train=None
                      ) -> dict[str, list[dict[str, Any]]]:
-    """Every family of verdicts the report prints, each Holm-adjusted on its own
-    (`claims.holm`, Holm 1979: the family-wise error of each family at the one-sided
-    `claims.LEVEL`): the papers' claims, RL against its warm start, search against best-of-N
-    and the mutation-prompt remedies; keys as in `FAMILIES`."""
+    """Every family of verdicts the report prints, each Holm-adjusted on its own in both
+    directions (`claims.holm`, Holm 1979: the family-wise error of each family at the one-sided
+    `claims.LEVEL`): the pre-registered primary claims (`claims.primary_claims`), then the
+    exploratory ones: the papers' claims, RL against its warm start, search against best-of-N
+    (arms; the warm-start checkpoints apart), the mutation-prompt remedies and the trends over
+    training (with `train`, the summary's per-step metrics). A primary claim is left out of the
+    exploratory family that would repeat it. Keys as in `FAMILIES`, `PRIMARY`, `CHECKPOINTS`
+    and `TRENDS`."""
     solved = None if searches is None else claims.search_claim_inputs(
         {name: [r["solved_SP"] for r in rows] for name, rows in searches["rows"].items()},
         {name: [r["seed"] for r in rows] for name, rows in searches["rows"].items()})
-    return {"claims": claims.check(head, ks, law=law, search=solved),
-            "against_warm_start": claims.holm(against_warm_start(head, cfg.eval_budget,
-                                                                 searches)),
+    primary = claims.primary_claims(head, claims.primary_keys(cfg.primary), cfg.eval_budget)
+    texts = {c["claim"] for c in primary}
+
+    def rest(family):
+        return claims.holm([c for c in family if c["claim"] not in texts])
+
+    return {PRIMARY[0]: primary,
+            "claims": rest(claims.check(head, ks, law=law, search=solved)),
+            "against_warm_start": rest(against_warm_start(head, cfg.eval_budget, searches)),
             "search_vs_best_of_n": claims.holm(search_vs_best_of_n(searches)),
-            "remedies": claims.holm(remedies(head, probes))}
+            CHECKPOINTS[0]: claims.holm(search_vs_best_of_n(searches, checkpoints=True)),
+            "remedies": claims.holm(remedies(head, probes)),
+            TRENDS[0]: claims.holm(training_trends(train))}
 
 
 def correction_text(family: list[dict[str, Any]], what: str) -> str:
     """The sentence a printed family states its correction in: Holm over its C claims at the
-    one-sided level, which reproduced claims survive, and when the seeds cannot reach it at all
-    (smallest adjusted p C·2^-n, n the most paired units of any claim in the family)."""
+    one-sided level in both directions, which reproduced or refuted claims survive, and when
+    the seeds cannot reach it at all (smallest adjusted p C·2^-n, n the most paired units of
+    any claim in the family)."""
     C, n = len(family), max((c["n"] for c in family), default=0)
-    won = [c for c in family if c["verdict"] == claims.REPRODUCED]
+    won = [c for c in family if c["verdict"] in (claims.REPRODUCED, claims.REFUTED)]
     lost = [c["claim"] for c in won if not c["survives_holm"]]
     text = (f"Multiplicity: Holm's step-down correction (Holm 1979) over the {C} {what}, one "
-            f"family, at the one-sided {100 * claims.LEVEL:g}% level of each verdict: ")
+            f"family, in both directions (each claim's p on the side its data lean to), at the "
+            f"one-sided {100 * claims.LEVEL:g}% level of each verdict; the bold verdict is the "
+            "corrected one: ")
     if not won:
-        text += "no claim is reproduced."
+        text += "no claim is reproduced or refuted."
     else:
-        text += (f"{len(won) - len(lost)} of the {len(won)} reproduced claims survive it"
-                 + (": all do." if not lost else "; these do not: " + "; ".join(lost) + "."))
+        text += (f"{len(won) - len(lost)} of the {len(won)} reproduced or refuted claims survive "
+                 "it" + (": all do." if not lost else
+                         "; these do not: " + "; ".join(lost) + "."))
     floor = C * claims.smallest_p(n)
     if C and floor >= claims.LEVEL:
         text += (f" With at most {n} paired units per claim none can: the smallest possible "
@@ -262,12 +332,15 @@ def _search_curves(searches) -> dict[str, tuple]:
 
 def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[str, float],
                  runs, evals, searches=None, probes=None, load: str = "") -> dict[str, Any]:
-    """report.md, summary.json and the PNGs (best@k, pass@k, training curves, search, entropy
-    law, and all in report.png) in out_dir; returns the summary."""
+    """summary.json, the PNGs (best@k, pass@k, training curves, search, entropy law, and all
+    in report.png) and report.md, rendered from the summary as written (`render`), in out_dir;
+    returns the summary."""
     head = headline(cfg, runs, evals, searches)
     ks, N = evals["ks"], cfg.eval_budget
     law = law_trajectories(runs)
-    families = verdict_families(cfg, head, ks, law, searches, probes)
+    train = {arm: [{"seed": r.seed, "dir": os.path.relpath(r.out_dir, out_dir),
+                    "metrics": r.metrics} for r in rs] for arm, rs in runs.items()}
+    families = verdict_families(cfg, head, ks, law, searches, probes, train)
     laws = law_table(law)
     means = {}
     for name, h in head.items():
@@ -311,19 +384,39 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
                "load": load, "headline": head, **families,
-               "corrections": {k: f"Holm 1979 over {len(families[k])} claims, one-sided "
-                                  f"{claims.LEVEL:g}" for k in families},
+               "corrections": {k: f"Holm 1979 over {len(families[k])} claims, both directions, "
+                                  f"one-sided {claims.LEVEL:g}" for k in families},
+               "design": claims.design(cfg.num_seeds, len(families[PRIMARY[0]])),
+               "static": static_arms(runs),
                "entropy_law": {a: {k: v for k, v in t.items() if k != "fits"} | {
                    "trajectories": law[a]} for a, t in laws.items()},
-               "eval": evals, "search": searches, "probe": probes,
-               "train": {arm: [{"seed": r.seed, "dir": os.path.relpath(r.out_dir, out_dir),
-                                "metrics": r.metrics} for r in rs] for arm, rs in runs.items()}}
+               "eval": evals, "search": searches, "probe": probes, "train": train}
+    text = json.dumps(summary, indent=1, default=float)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=float)
+        f.write(text)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(report_text(cfg, command, wall, head, families, laws, searches, probes, load,
-                            static=static_arms(runs)))
+        f.write(render(json.loads(text)))  # the report is what summary.json renders to
     return summary
+
+
+def render(summary: dict[str, Any]) -> str:
+    """report.md from a summary.json (as `write_report` stores it, or an older one): a pure
+    function of the summary, every verdict recomputed with this code from the per-seed values it
+    holds (headline, search, probe, entropy-law trajectories, per-step training metrics when
+    kept). A summary without a `primary` in its config predates pre-registration: its primary
+    claims are the current default's and the design lines say so."""
+    cfg = from_dict(CompareConfig, summary["config"])
+    head, searches, probes = summary["headline"], summary.get("search"), summary.get("probe")
+    law = {a: t["trajectories"] for a, t in (summary.get("entropy_law") or {}).items()}
+    train = summary.get("train")
+    families = verdict_families(cfg, head, summary["eval"]["ks"], law, searches, probes, train)
+    static = summary.get("static")
+    if static is None:
+        static = [arm for arm, rs in (train or {}).items()
+                  if all(row.get("grad_norm", 1.0) == 0.0 for r in rs for row in r["metrics"])]
+    return report_text(cfg, summary["command"], summary["wall_s"], head, families,
+                       law_table(law), searches, probes, summary.get("load", ""), static=static,
+                       preregistered="primary" in summary["config"])
 
 
 def static_arms(runs) -> list[str]:
@@ -333,23 +426,51 @@ def static_arms(runs) -> list[str]:
             if all(row.get("grad_norm", 1.0) == 0.0 for r in rs for row in r.metrics)]
 
 
-def _verdict_line(c: dict[str, Any]) -> str:
-    note = f" ({c['note']})" if c.get("note") else ""
+def _verdict_line(c: dict[str, Any], label: str = "exploratory") -> str:
+    """One claim: its family-wise verdict in bold (the per-claim verdict when it has no family),
+    then the label, the note, the claim, its evidence and the Holm outcome."""
+    shown = c.get("family_verdict", c["verdict"])
+    note = "; ".join(x for x in (label, c.get("note", "")) if x)
+    note = f" ({note})" if note else ""
+    decided = c["verdict"] in (claims.REPRODUCED, claims.REFUTED)
     holm = "" if "holm_p" not in c else (
         f" Holm-adjusted p = {c['holm_p']:.3g} over {c['family_size']} claims"
         + ("; survives." if c["survives_holm"] else
-           "; does not survive." if c["verdict"] == claims.REPRODUCED else "."))
-    return f"- **{c['verdict']}**{note}: {c['claim']}. {c['evidence']}.{holm}"
+           f"; {c['verdict']} alone, it does not survive." if decided else "."))
+    return f"- **{shown}**{note}: {c['claim']}. {c['evidence']}.{holm}"
 
 
-def _family_lines(family: list[dict[str, Any]], what: str) -> list[str]:
+def _family_lines(family: list[dict[str, Any]], what: str, label: str = "exploratory"
+                  ) -> list[str]:
     """A family's verdict lines and the paragraph stating its correction."""
-    return [_verdict_line(c) for c in family] + ["", correction_text(family, what)]
+    return [_verdict_line(c, label) for c in family] + ["", correction_text(family, what)]
+
+
+def _design_lines(cfg, primary: list[dict[str, Any]], preregistered: bool) -> list[str]:
+    """The report's first lines: primary claims, unit, test, what the seeds can decide."""
+    d = claims.design(cfg.num_seeds, len(primary))
+    text = claims.design_text(d)
+    lines = ["## Design", "",
+             f"- **Primary claims** ({len(primary)}, from the config's `primary`"
+             + ("" if preregistered else
+                "; this run predates pre-registration, so they are the current default's, "
+                "named after the run") + "): "
+             + "; ".join(f"`{c['key']}`: {c['claim']}" for c in primary) + ".",
+             f"- **Unit**: the training seed ({cfg.num_seeds} paired seeds, {cfg.seeds}; rows "
+             "matched by seed id).",
+             f"- **Test**: exact one-sided sign-flip randomization test at {claims.LEVEL:g} (p the "
+             "larger of it and the paired t-test's), Holm over the primary family in both "
+             "directions.",
+             f"- **What the seeds can decide**: {text}.",
+             "- Every other comparison in this report is **exploratory**: its own Holm family, "
+             "labelled so, not a test of the design.", ""]
+    return lines
 
 
 def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
-                static: list[str] | None = None) -> str:
-    """report.md: `families` as from `verdict_families` (each printed with its correction)."""
+                static: list[str] | None = None, preregistered: bool = True) -> str:
+    """report.md: `families` as from `verdict_families` (each printed with its correction),
+    the design lines first."""
     N = cfg.eval_budget
     metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", "diversity", "distinct",
                "valid_fraction", "entropy", "train entropy", "train diversity", "search solved"]
@@ -362,6 +483,7 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
     lora = f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else ""
     lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
              f"`{command}`", ""]
+    lines += _design_lines(cfg, families[PRIMARY[0]], preregistered)
     if static:
         lines += [f"**No learning signal in {', '.join(static)}**: the gradient was zero at "
                   "every step of every seed (each group's rewards were equal), so "
@@ -382,8 +504,10 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
              "for every policy (repeats inside a generation are not zeroed). Seed i of every "
              "row (the warm-start rows too) is evaluated with the same key, so rows pair by "
              "seed. Cells: mean "
-             + ("± half-width of a 95% Student-t interval over seeds." if seeds > 1 else
-                "(one seed)."), "",
+             + ("± half-width of a 95% Student-t interval over seeds" if seeds > 1 else
+                "(one seed)")
+             + f"; a cell backed by fewer than {claims.MIN_UNITS} independent units shows the "
+             "mean alone.", "",
              "| policy | m | seeds | " + " | ".join(metrics) + " |",
              "|---|---|---|" + "---|" * len(metrics)]
     for name, h in head.items():
@@ -410,25 +534,39 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
               "seeds (Fisher 1935), so p is never below 2^-n with n seeds: **reproduced** "
               f"when p < {level} in the claimed direction, **refuted** when p < {level} the "
               "other way, **inconclusive** otherwise (ties, saturated values, and fewer than "
-              f"{claims.min_seeds()} seeds, where even 2^-n is not below {level}). "
-              "Token-entropy and training-diversity claims compare arms with the same m only.",
-              ""]
+              f"{claims.min_seeds()} seeds, where even 2^-n is not below {level}). Each family "
+              "is then Holm-corrected in both directions and the bold verdict is the corrected "
+              "one. Token-entropy and training-diversity claims compare arms with the same m "
+              "only.", "",
+              "### Primary claims", ""]
+    lines += _family_lines(families[PRIMARY[0]], PRIMARY[1], label="primary")
+    lines += ["", "### The papers' claims (exploratory)", ""]
     checked, warm = families["claims"], families["against_warm_start"]
     if checked:
         lines += _family_lines(checked, FAMILIES[0][1])
     else:
         lines += ["(no claim applies to these arms)"]
     if warm:
-        lines += ["", "## RL against its warm start", "",
-                  "Same m, paired by seed id (the warm start evaluated with each seed's key).",
-                  ""]
+        lines += ["", "## RL against its warm start (exploratory)", "",
+                  "Same m, paired by seed id (the warm start evaluated with each seed's key); "
+                  "search solved per training seed against the warm start's mean over the same "
+                  "search keys.", ""]
         lines += _family_lines(warm, FAMILIES[1][1])
     if searches is not None:
-        lines += _search_text(cfg, searches, head, families["search_vs_best_of_n"])
+        lines += _search_text(cfg, searches, head, families["search_vs_best_of_n"],
+                              families.get(CHECKPOINTS[0], []))
     if probes:
         lines += _probe_text(cfg, head, probes, families["remedies"])
+    if families.get(TRENDS[0]):
+        lines += ["", "## Trends over training (exploratory)", "",
+                  "Does a per-step training metric (reward: w*ᵀr summed over the m answers; "
+                  "token entropy; reward-space diversity of the group) rise over training? Per "
+                  "run, Kendall's τ against the step over every logged step; across the seeds, "
+                  "the exact sign test of the τ's signs (the runs are the units, so it cannot "
+                  "go below 2^-n with n seeds). **reproduced**: rose; **refuted**: fell.", ""]
+        lines += _family_lines(families[TRENDS[0]], TRENDS[1])
     if laws:
-        lines += ["", "## Entropy law on held-out score", "",
+        lines += ["", "## Entropy law on held-out score (exploratory)", "",
                   f"Per run, R = held-out score (best@1 on {cfg.law_problems} problems of seed "
                   f"{cfg.eval_seed + 1}, {cfg.law_budget} candidates each, T = "
                   f"{cfg.eval_temperature:g}, same key at every point) at step 0 and at "
@@ -456,7 +594,8 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
     return "\n".join(lines)
 
 
-def _search_text(cfg, searches, head, bon: list[dict[str, Any]]) -> list[str]:
+def _search_text(cfg, searches, head, bon: list[dict[str, Any]],
+                 checkpoints: list[dict[str, Any]] = ()) -> list[str]:
     P, S = len(searches["problems"]), searches["seeds"]
     lines = ["", "## Search", "",
              f"The {P} problems of split {searches['split_seed']} (of {searches['pool']}, which "
@@ -489,8 +628,14 @@ def _search_text(cfg, searches, head, bon: list[dict[str, Any]]) -> list[str]:
     if bon:
         lines += ["", "Island search against best-of-N (independent samples from the plain "
                   "prompt) with the same policy, budget and keys: problems solved, mean over "
-                  "searches, paired by seed (does the search add anything to sampling?).", ""]
+                  "searches, paired by training seed (does the search add anything to "
+                  "sampling?).", ""]
         lines += _family_lines(bon, FAMILIES[2][1])
+    if checkpoints:
+        lines += ["", "The same for the warm start: one checkpoint per m, so these pair over its "
+                  "searches (the shared search keys) and are statements about that checkpoint, "
+                  "not about training; a family of their own.", ""]
+        lines += _family_lines(checkpoints, CHECKPOINTS[1])
     return lines
 
 

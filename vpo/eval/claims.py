@@ -35,11 +35,21 @@ under the randomization null alone, since P(max(p_t, p_exact) <= a) <= P(p_exact
 With 3 to 5 seeds the t-test alone rests on normality nobody can check and gives p = 0 to a
 difference with zero spread (`[1, 1]` vs `[0, 0]`); the exact floor keeps such a claim at 0.25.
 
-`holm` adjusts a family of claims for multiplicity (Holm 1979, step-down): the report judges
-each family it prints (the papers' claims, RL against its warm start, search against
-best-of-N, the mutation-prompt remedies) at LEVEL each, and says which reproduced claims
-survive the family-wise correction at the same level. Over C claims and n seeds the smallest
-adjusted p is C · 2^-n (26 claims need 11 seeds).
+`holm` adjusts a family of claims for multiplicity (Holm 1979, step-down) in both directions:
+each claim enters with the one-sided p of the side its data lean to, min(p, p_other), so a
+"refuted" verdict is corrected exactly as a "reproduced" one is; a verdict survives when that
+adjusted p is below LEVEL and its family verdict ("family_verdict") is inconclusive otherwise.
+Over C claims and n seeds the smallest adjusted p is C · 2^-n (26 claims need 11 seeds).
+
+`design` states what a design can decide before it runs: with n paired training seeds and a
+primary family of C claims, the smallest Holm-adjusted p is C · 2^-n, so it can decide at
+LEVEL iff C · 2^-n < LEVEL: 6 seeds for one claim, 7 for two or three (3 · 2^-7 = 0.023), 8
+for three with one seed allowed to point the other way (`seeds_needed`). `PRIMARY_CLAIMS` are
+the claims a config may pre-register as its primary family (`primary_claims` judges them).
+
+`trend` judges a statement such as "training reward rose" over every logged step: per run,
+Kendall's τ of the metric against the step and its one-sided p; across runs, the exact sign
+test of the τ's signs (the runs are the units), so it never rests on two endpoints.
 
 Everything here is pure (lists of floats in, dicts out) so the verdict logic is tested on
 synthetic summaries (tests/test_claims*.py) without training anything. `check` turns a
@@ -57,11 +67,13 @@ import numpy as np
 from vpo.eval import entropy_law
 
 TIE = 5e-4  # differences below the report's precision are ties
+MIN_UNITS = 3  # fewer independent units: a value is shown without an interval (1 df is no interval)
 LEVEL = 0.025  # one-sided level of each side of a verdict (a tail of the 95% interval)
 MAX_EXACT = 16  # sign flips enumerated up to 2^16 patterns; Monte Carlo beyond
 MC_DRAWS = 20_000
 MC_SEED = 0
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
+ROSE, FELL, NO_TREND = "rose", "fell", "no trend shown"
 # single-answer scalar-reward baselines and Multi-RLVR, in report order
 BASELINES = ("grpo", "maxk", "rw_grpo", "passk", "multi_rlvr")
 ENTROPY_CONTROLS = ("clip_cov", "kl_cov", "entropy_mask")
@@ -88,6 +100,46 @@ def smallest_p(n: int) -> float:
 def min_seeds(level: float = LEVEL) -> int:
     """The fewest paired seeds whose sign-flip test can reach `level`: min n with 2^-n < level."""
     return math.floor(math.log2(1.0 / level)) + 1
+
+
+def seeds_needed(family_size: int = 1, level: float = LEVEL, discordant: int = 0) -> int:
+    """The fewest paired seeds n at which a family of `family_size` claims can be decided under
+    Holm at `level`: min n with C · 2^(discordant - n) < level, where `discordant` seeds may
+    point the other way (the smallest |d_i|: the exact p is then at best 2^discordant / 2^n).
+    6 for one claim, 7 for three, 8 for three with one discordant seed."""
+    C = max(1, family_size)
+    return max(1, math.floor(math.log2(C / level)) + 1 + discordant)
+
+
+def design(num_seeds: int, family_size: int, level: float = LEVEL) -> dict[str, Any]:
+    """What a design of `num_seeds` paired training seeds can decide about a primary family of
+    `family_size` claims judged by the exact one-sided sign-flip test at `level` under Holm:
+    {"seeds", "family_size", "level", "smallest_p" (2^-n), "smallest_holm_p" (C · 2^-n, the
+    most significant claim's adjusted p when every seed agrees; capped at 1), "can_decide"
+    (smallest_holm_p < level), "seeds_needed" (`seeds_needed`), "seeds_needed_one_discordant"
+    (the same with one seed pointing the other way)}."""
+    C = max(1, family_size)
+    floor = min(1.0, C * smallest_p(num_seeds))
+    return {"seeds": num_seeds, "family_size": family_size, "level": level,
+            "smallest_p": smallest_p(num_seeds), "smallest_holm_p": floor,
+            "can_decide": floor < level, "seeds_needed": seeds_needed(C, level),
+            "seeds_needed_one_discordant": seeds_needed(C, level, discordant=1)}
+
+
+def design_text(d: Mapping[str, Any]) -> str:
+    """One sentence on a `design`: the smallest p and Holm-adjusted p its seeds allow and whether
+    it can decide, or how many seeds it would need."""
+    n, C = d["seeds"], d["family_size"]
+    text = (f"with {n} paired seeds the smallest exact one-sided p is 2^-{n} = "
+            f"{d['smallest_p']:.3g} and the smallest Holm-adjusted p over the {C} primary "
+            f"claim{'s' if C != 1 else ''} is {C} × 2^-{n} = {d['smallest_holm_p']:.3g}")
+    if d["can_decide"]:
+        return (text + f" < {d['level']:g}: the design can decide its primary claims (if every "
+                "seed agrees in direction: "
+                f"{d['seeds_needed_one_discordant']} seeds allow one seed the other way)")
+    return (text + f" >= {d['level']:g}: the design cannot decide its primary claims whatever "
+            f"the effect; it needs at least {d['seeds_needed']} paired seeds "
+            f"({d['seeds_needed_one_discordant']} to allow one seed the other way)")
 
 
 def too_few_seeds(n: int, level: float = LEVEL) -> str:
@@ -166,19 +218,33 @@ def verdict(diffs: Sequence[float], *, higher: bool = True, tie: float = TIE,
     return INCONCLUSIVE
 
 
+def _leaning_p(c: Mapping[str, Any]) -> float:
+    """The one-sided p of the side a claim's data lean to: min(p, p_other) (p_other 1 when the
+    claim has none)."""
+    return min(c["p"], c.get("p_other", 1.0))
+
+
 def holm(claims: Sequence[dict[str, Any]], *, level: float = LEVEL) -> list[dict[str, Any]]:
     """The claims with "holm_p" (Holm 1979, step-down adjusted p over the whole list, one
-    family: the i-th smallest p times (C - i), made monotone, capped at 1), "survives_holm"
-    (reproduced and holm_p < level, `level` the one-sided level of each verdict) and
-    "family_size" C."""
-    order = sorted(range(len(claims)), key=lambda i: claims[i]["p"])
+    family, in both directions: each claim's p is that of the side its data lean to,
+    min(p, p_other); the i-th smallest times (C - i), made monotone, capped at 1),
+    "survives_holm" (reproduced or refuted, and holm_p < level, `level` the one-sided level of
+    each verdict), "family_verdict" (the verdict when it survives, else inconclusive) and
+    "family_size" C. Each claim is one directional decision at one-sided `level`, so this is
+    Holm's procedure on two-sided p = 2·min(p, p_other) at 2·level with the sign deciding the
+    direction."""
+    order = sorted(range(len(claims)), key=lambda i: _leaning_p(claims[i]))
     adjusted, running = [0.0] * len(claims), 0.0
     for rank, i in enumerate(order):
-        running = max(running, min(1.0, claims[i]["p"] * (len(claims) - rank)))
+        running = max(running, min(1.0, _leaning_p(claims[i]) * (len(claims) - rank)))
         adjusted[i] = running
-    return [{**c, "holm_p": q, "survives_holm": c["verdict"] == REPRODUCED and q < level,
-             "family_size": len(claims)}
-            for c, q in zip(claims, adjusted, strict=True)]
+    out = []
+    for c, q in zip(claims, adjusted, strict=True):
+        survives = c["verdict"] in (REPRODUCED, REFUTED) and q < level
+        out.append({**c, "holm_p": q, "survives_holm": survives,
+                    "family_verdict": c["verdict"] if survives else INCONCLUSIVE,
+                    "family_size": len(claims)})
+    return out
 
 
 def matched_seeds(seeds_a: Sequence[int], seeds_b: Sequence[int], *, names=("A", "B"),
@@ -216,18 +282,30 @@ def pair_by_seed(seeds_a: Sequence[int], a: Sequence[float], seeds_b: Sequence[i
             at_seeds(seeds_b, b, seeds, name=names[1]))
 
 
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """`t_interval`, with a NaN half-width when fewer than MIN_UNITS values back it (an interval
+    from one or no degree of freedom, e.g. 2.000 ± 12.706, is not shown)."""
+    mean, half = t_interval(values)
+    return mean, (half if len(values) >= MIN_UNITS else float("nan"))
+
+
 def _fmt(diffs: Sequence[float]) -> str:
-    mean, half = t_interval(diffs)
+    mean, half = interval(diffs)
     return f"{mean:+.3f}" if math.isnan(half) else f"{mean:+.3f} ± {half:.3f}"
 
 
-def _claim(text: str, result: str, diffs: Sequence[float], evidence: str, p: float
-           ) -> dict[str, Any]:
-    mean, half = t_interval(diffs)
+def _p_text(p: float, p_other: float) -> str:
+    """"p = x" in the claimed direction, and the other side's p when the data lean that way."""
+    return f"p = {p:.3g}" + (f" (the other way: p = {p_other:.3g})" if p_other < p else "")
+
+
+def _claim(text: str, result: str, diffs: Sequence[float], evidence: str, p: float,
+           p_other: float = 1.0) -> dict[str, Any]:
+    mean, half = interval(diffs)
     n = len(diffs)
     return {"claim": text, "verdict": result, "holds": result == REPRODUCED,
-            "diff": mean, "half_width": half, "n": n, "p": p, "evidence": evidence,
-            "note": too_few_seeds(n)}
+            "diff": mean, "half_width": half, "n": n, "p": p, "p_other": p_other,
+            "evidence": evidence, "note": too_few_seeds(n)}
 
 
 def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=("A", "B"),
@@ -243,30 +321,33 @@ def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=(
     if a.shape != b.shape:
         raise ValueError(f"{text}: seeds are not paired ({a.size} vs {b.size} values)")
     d, p = a - b, p_value(a - b, higher=higher)
+    p_other = p_value(d, higher=not higher)
     ev = (f"{names[0]} - {names[1]} = {_fmt(d)} over {d.size} paired seeds "
-          f"({np.mean(a):.3f} vs {np.mean(b):.3f}), p = {p:.3g}")
-    return _claim(text, verdict(d, higher=higher), d.tolist(), ev, p)
+          f"({np.mean(a):.3f} vs {np.mean(b):.3f}), {_p_text(p, p_other)}")
+    return _claim(text, verdict(d, higher=higher), d.tolist(), ev, p, p_other)
 
 
 def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
               ) -> dict[str, Any]:
     """Claim "the gap a - b grows with k and is positive at the largest k": reproduced iff the
-    growth gap(k_max) - gap(k_1) and the gap at k_max are both reproduced (> 0); refuted iff
-    either is refuted; inconclusive otherwise. a_SK, b_SK: [seed, k], rows already paired by
-    seed. Its p-value is the larger of the two (an intersection-union test: both must hold)."""
+    growth gap(k_max) - gap(k_1) and the gap at k_max are both reproduced (> 0): its p is the
+    larger of the two (an intersection-union test: both must hold); refuted iff either is
+    shown < 0 with Bonferroni over the two: p_other = 2 · min of their other-side p's (one
+    failing part suffices, so the two chances are corrected); inconclusive otherwise. a_SK,
+    b_SK: [seed, k], rows already paired by seed."""
     gap = np.asarray(a_SK, float) - np.asarray(b_SK, float)
     if gap.ndim != 2 or gap.shape[1] != len(ks):
         raise ValueError(f"{text}: want [seed, k] arrays with {len(ks)} k values; got "
                          f"{gap.shape}")
     growth, last = gap[:, -1] - gap[:, 0], gap[:, -1]
     both = (verdict(growth), verdict(last))
-    result = (REPRODUCED if both == (REPRODUCED, REPRODUCED)
-              else REFUTED if REFUTED in both else INCONCLUSIVE)
-    curve = ", ".join(f"k={k}: {g:+.3f}" for k, g in zip(ks, gap.mean(0), strict=True))
     p = max(p_value(growth), p_value(last))
+    p_other = min(1.0, 2 * min(p_value(growth, higher=False), p_value(last, higher=False)))
+    result = REPRODUCED if p < LEVEL else REFUTED if p_other < LEVEL else INCONCLUSIVE
+    curve = ", ".join(f"k={k}: {g:+.3f}" for k, g in zip(ks, gap.mean(0), strict=True))
     ev = (f"{names[0]} - {names[1]} by k: {curve}; growth k={ks[0]}->{ks[-1]} {_fmt(growth)} "
-          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]}), p = {p:.3g}")
-    return _claim(text, result, growth.tolist(), ev, p)
+          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]}), {_p_text(p, p_other)}")
+    return _claim(text, result, growth.tolist(), ev, p, p_other)
 
 
 def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[float]]],
@@ -287,14 +368,15 @@ def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[fl
     bias_mean, bias_half = t_interval(bias)
     unbiased = abs(bias_mean) <= TIE or not abs(bias_mean) > bias_half
     result, p = verdict(d, higher=False), p_value(d, higher=False)
+    p_other = p_value(d, higher=True)
     if result == REPRODUCED and not (unbiased and all(f["a"] > 0 for f in fits)):
         result, p = INCONCLUSIVE, 1.0  # the side conditions fail: not a finding at any level
     mean = {k: float(np.mean([f["rmse"][k] for f in fits])) for k in entropy_law.MODELS}
     ev = (f"held-out RMSE law {mean['law']:.4f}, linear in H {mean['linear_h']:.4f}, trend in "
           f"steps {mean['trend']:.4f}, constant {mean['constant']:.4f} (mean of {len(fits)} "
-          f"seeds); law - best alternative {_fmt(d)}, p = {p:.3g}; law's held-out bias "
-          f"{_fmt(bias)}; a = " + ", ".join(f"{f['a']:.3f}" for f in fits))
-    return _claim(text, result, d, ev, p)
+          f"seeds); law - best alternative {_fmt(d)}, {_p_text(p, p_other)}; law's held-out "
+          f"bias {_fmt(bias)}; a = " + ", ".join(f"{f['a']:.3f}" for f in fits))
+    return _claim(text, result, d, ev, p, p_other)
 
 
 def _series(rows: Mapping[str, Any], row: str, metric: str | None = None
@@ -402,3 +484,119 @@ def search_claim_inputs(solved_RSX: Mapping[str, Any], seeds: Mapping[str, Seque
                              f"{list(seeds[row])}")
         out[row] = {"seeds": list(seeds[row]), "values": values}
     return out
+
+
+# -- pre-registered primary claims ---------------------------------------------------------------
+
+PRIMARY_ARMS = ("vpo", *BASELINES)  # the arms a primary claim may name
+PRIMARY_METRICS = ("best", "pass")  # best@N (partial credit) and pass@N (solving), N the budget
+WARM = "warm"  # "A-warm:metric": arm A against its own warm start (same m)
+PRIMARY_KEYS = tuple(f"{a}-{b}:{m}" for a in PRIMARY_ARMS
+                     for b in (*PRIMARY_ARMS, WARM) if b != a for m in PRIMARY_METRICS)
+MAX_PRIMARY = 3
+
+
+def primary_keys(text: str) -> list[str]:
+    """The comma-separated primary claim keys of a config, checked: each "A-B:metric" (claim: arm
+    A's metric@N above B's, B an arm or "warm" for A's warm start, metric best or pass) from
+    `PRIMARY_KEYS`, none twice, at most MAX_PRIMARY; a ValueError naming the problem."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in PRIMARY_KEYS]
+    if unknown:
+        raise ValueError(f"unknown primary claim(s) {', '.join(unknown)}: write A-B:metric with "
+                         f"A one of {', '.join(PRIMARY_ARMS)}, B another or {WARM!r} (A's warm "
+                         f"start), metric one of {', '.join(PRIMARY_METRICS)}, e.g. vpo-grpo:best")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{text!r} names a primary claim twice")
+    if len(keys) > MAX_PRIMARY:
+        raise ValueError(f"{len(keys)} primary claims; at most {MAX_PRIMARY} (each one more "
+                         "raises the seeds Holm needs)")
+    return keys
+
+
+def primary_text(key: str, N: int) -> str:
+    """The claim a primary key states (the same words as the exploratory claim it replaces)."""
+    ab, metric = key.split(":")
+    a, b = ab.split("-")
+    if b == WARM:
+        return f"{a} {metric}@{N} above its warm start's"
+    return f"{'VPO' if a == 'vpo' else a} {metric}@{N} > {b} {metric}@{N} (equal candidate budget)"
+
+
+def primary_rows(key: str, head: Mapping[str, Any]) -> tuple[str, str]:
+    """The two headline rows a primary key compares (the warm start in A's m for "warm")."""
+    a, b = key.split(":")[0].split("-")
+    if b == WARM:
+        return a, f"sft (m={head[a]['m']})" if a in head else "sft"
+    return a, b
+
+
+def primary_claims(head: Mapping[str, Any], keys: Sequence[str], N: int
+                   ) -> list[dict[str, Any]]:
+    """The primary family: each key's claim on the headline (`primary_rows`, paired by seed id,
+    one-sided at LEVEL), Holm-adjusted over the family; a key whose rows or metric are absent
+    from the headline is a claim "not measured" (inconclusive, p 1) so the family keeps its
+    pre-registered size."""
+    out = []
+    for key in keys:
+        metric = f"{key.split(':')[1]}@{N}"
+        a, b = primary_rows(key, head)
+        sa, sb = _series(head, a, metric), _series(head, b, metric)
+        if sa is None or sb is None:
+            c = _claim(primary_text(key, N), INCONCLUSIVE, [], f"not measured: the headline "
+                       f"has no {metric} of {a if sa is None else b}", 1.0)
+            c["note"] = ""
+        else:
+            c = _paired(primary_text(key, N), sa, sb, (a, b))
+        out.append({**c, "key": key})
+    return holm(out)
+
+
+# -- trends over training ------------------------------------------------------------------------
+
+def kendall(steps: Sequence[float], values: Sequence[float]) -> tuple[float, float, float]:
+    """(τ, p rising, p falling): Kendall's τ of values against steps over every point and its
+    one-sided p's (scipy's exact or normal-approximation test); τ 0 and p's 1 when the values
+    are constant or fewer than 3."""
+    from scipy import stats
+
+    x, y = np.asarray(steps, float), np.asarray(values, float)
+    ok = np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if y.size < 3 or np.all(y == y[0]):
+        return 0.0, 1.0, 1.0
+    up = stats.kendalltau(x, y, alternative="greater")
+    down = stats.kendalltau(x, y, alternative="less")
+    return float(up.statistic), float(up.pvalue), float(down.pvalue)
+
+
+def sign_test_p(positive: int, negative: int) -> float:
+    """One-sided exact sign test: P(Bin(n, 1/2) >= positive), n = positive + negative (ties
+    dropped); 1 for n = 0."""
+    n = positive + negative
+    if n == 0:
+        return 1.0
+    return float(sum(math.comb(n, k) for k in range(positive, n + 1)) / 2 ** n)
+
+
+def trend(text: str, runs: Sequence[tuple[Sequence[float], Sequence[float]]]
+          ) -> dict[str, Any]:
+    """Claim "the metric rose over training" on runs [(steps, values)] (one per seed, every
+    logged step): per run Kendall's τ against the step (`kendall`); across runs the exact sign
+    test of the τ's signs (`sign_test_p`): reproduced ("rose") iff p < LEVEL, refuted ("fell")
+    iff the falling side's p < LEVEL. Never two endpoints: every step enters τ."""
+    fits = [kendall(s, v) for s, v in runs]
+    taus = [f[0] for f in fits]
+    pos, neg = sum(t > 0 for t in taus), sum(t < 0 for t in taus)
+    p, p_other = sign_test_p(pos, neg), sign_test_p(neg, pos)
+    result = REPRODUCED if p < LEVEL else REFUTED if p_other < LEVEL else INCONCLUSIVE
+    up = sum(f[1] < LEVEL for f in fits)
+    down = sum(f[2] < LEVEL for f in fits)
+    per = ", ".join(f"{t:+.2f}" for t in taus)
+    ev = (f"Kendall τ against the step over all {len(runs[0][0]) if runs else 0} logged steps "
+          f"per run: {per}; τ > 0 in {pos} of {len(runs)} runs; a rise significant within the "
+          f"run (one-sided p < {LEVEL:g}) in {up}, a fall in {down}; sign test across runs "
+          f"{_p_text(p, p_other)}")
+    c = _claim(text, result, taus, ev, p, p_other)
+    return {**c, "trend": ROSE if result == REPRODUCED else FELL if result == REFUTED
+            else NO_TREND}
