@@ -1,7 +1,7 @@
 """Write prompts.jsonl for the smollm-arith preset: additions a + b (a, b in 1..12), one row each
 with the prompt and the answer column the `correct` reward reads.
 
-    python examples/smollm_arith/make_data.py      # rewrites prompts.jsonl beside this file
+    python vpo/launch/preset_data/smollm_arith/make_data.py   # rewrites prompts.jsonl beside it
 """
 
 import json
