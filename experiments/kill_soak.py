@@ -4,18 +4,18 @@
     python experiments/kill_soak.py --out runs/kill_soak --fast     # 3 (the test's version)
     python experiments/kill_soak.py --out runs/kill_soak --short    # a few of each kind
 
-A small run (`--preset smoke`, 6 steps, a checkpoint every 2) is stopped at each kill point,
-then `vpo train --out DIR --resume` finishes it (a run killed before it wrote its config.json is
-started again instead). Kill points are of four kinds: the loop's named points
-(`VPO_KILL_AT=point:step`, `vpo.rl.loop.KILL_POINTS`: before a step, after its metrics row,
-while an asynchronous checkpoint save is in flight, after a save completed, before the policy
-export) with SIGKILL; the same points with SIGINT or SIGTERM (`VPO_KILL_SIGNAL`: the run stops
-after the step in flight, its metrics row and checkpoint written); SIGINT / SIGTERM sent from
-outside once the run has written a given metrics row (a Ctrl-C at an arbitrary moment); moments
-inside orbax's save seen from outside by polling the checkpoint folder (the temporary step
-folder appears; its `state` item is being written; the step folder is renamed into place).
-Two concurrent points start two processes on one folder (two new runs; two `--resume`): one
-must refuse at once (the run folder's lock) and the other finish it.
+A small run (`--preset smoke`, 6 steps, a checkpoint every 2) is stopped at each kill point, then
+`vpo train --out DIR --resume` finishes it (a run killed before it wrote its config.json is started
+again instead). Kill points are of four kinds: the loop's named points (`VPO_KILL_AT=point:step`,
+read by experiments/kill_at.py; `vpo.rl.loop.EVENTS`: before a step, after its metrics row, while an
+asynchronous checkpoint save is in flight, after a save completed, before the policy export) with
+SIGKILL; the same points with SIGINT or SIGTERM (`VPO_KILL_SIGNAL`: the run stops after the step in
+flight, its metrics row and checkpoint written); SIGINT / SIGTERM sent from outside once the run has
+written a given metrics row (a Ctrl-C at an arbitrary moment); moments inside orbax's save seen from
+outside by polling the checkpoint folder (the temporary step folder appears; its `state` item is
+being written; the step folder is renamed into place). Two concurrent points start two processes on
+one folder (two new runs; two `--resume`): one must refuse at once (the run folder's lock) and the
+other finish it.
 
 For each it prints the steps lost (metrics rows written before the kill that had to be computed
 again), the rows missing from the finished run's metrics.jsonl (lost for good), whether the
@@ -55,12 +55,15 @@ SHORT = [("logged", 3), ("orbax-tmp", 2), ("logged", 3, "INT"), ("save", 4, "INT
 ALL = HOOKS + PHASES + SIGNALS + CONCURRENT
 
 
+KILL_AT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill_at.py")
+
+
 def get_config() -> dict:
     return {"steps": STEPS, "checkpoint_every": EVERY, "points": ALL}
 
 
 def command(out: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "vpo.cli.main", "train", *extra, "--out", out]
+    return [sys.executable, KILL_AT, "train", *extra, "--out", out]
 
 
 def fresh_args() -> list[str]:

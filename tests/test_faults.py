@@ -31,13 +31,18 @@ RUN6 = ["train.steps=6", "train.checkpoint_every=4"]
 TIMING = ("step_time_s", "tokens_per_s", "sampling_time_s", "update_time_s", "reward_time_s")
 
 
+KILL_AT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "experiments", "kill_at.py")  # vpo with VPO_KILL_AT's fault injection
+
+
 def vpo(command: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     """`vpo COMMAND ARGS` in a fresh process (CPU, the tests' compile cache), with extra
     environment variables."""
     import jax
 
     cache = ["--compile-cache", jax.config.jax_compilation_cache_dir or ""]
-    return subprocess.run([sys.executable, "-m", "vpo.cli.main", command, *cache, *args],
+    entry = [KILL_AT] if "VPO_KILL_AT" in env else ["-m", "vpo.cli.main"]
+    return subprocess.run([sys.executable, *entry, command, *cache, *args],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", **env,
                                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})

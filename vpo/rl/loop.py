@@ -6,8 +6,8 @@ run, `resume_config` reads a run back with only the overrides that keep it the s
 --data file unchanged), and the loop stops with a named error after `train.max_skipped_updates`
 consecutive skipped updates. SIGINT / SIGTERM stop the loop after the step in flight with its
 metrics row and its checkpoint written (`RunInterrupted`); a second one quits at once.
-`VPO_KILL_AT=point:step` (the kill soak, `experiments/kill_soak.py`) sends the process
-`VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL) at a named point of the loop (`KILL_POINTS`).
+`train(on_event=...)` is told when the loop passes each of its named points (`EVENTS`); the kill
+soak (`experiments/kill_soak.py`) stops the process there.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -71,15 +72,10 @@ def shard_batch(batch, mesh):
     return jax.tree.map(put, batch)
 
 
-KILL_POINTS = ("step", "logged", "save", "saved", "exit-save", "policy")
-
-
-def kill_point(name: str, step: int) -> None:
-    """The kill soak's hook: at `name:step` when `VPO_KILL_AT` says so, send this process
-    `VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL)."""
-    if os.environ.get("VPO_KILL_AT") == f"{name}:{step}":
-        sig = os.environ.get("VPO_KILL_SIGNAL", "KILL").upper().removeprefix("SIG")
-        os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+# The loop's named points, in order within a step, as `train(on_event=)` reports them with the
+# step number: before a step, after its metrics row was handed to the logger, a checkpoint save
+# started (in flight), that save complete on disk, the save at exit, before the policy export.
+EVENTS = ("step", "logged", "save", "saved", "exit-save", "policy")
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -162,10 +158,16 @@ class SkipGuard:
                           "train.max_skipped_updates")
 
 
+def _no_events(point: str, step: int) -> None:
+    """The default `on_event`: nobody is told."""
+
+
 def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundTask,
           mesh=None, progress: bool = True, init: Decoder | None = None,
           consume_init: bool = False, stop_at: int | None = None, report_to=None,
-          bar_label: str | None = None) -> tuple[nnx.GraphDef, TrainState]:
+          bar_label: str | None = None,
+          on_event: Callable[[str, int], None] | None = None
+          ) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
 
     `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
@@ -179,6 +181,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `report_to`: the metric sinks beside metrics.jsonl (`metrics_log.parse_report_to`).
     `progress`: the step bar on stderr, with a sample line every `train.sample_every` steps;
     `bar_label` labels the bar of one run of several (a `vpo compare` arm), without sample lines.
+    `on_event(point, step)`: called at each of the loop's named points (`EVENTS`); with it, the
+    loop waits for each checkpoint save to complete before reporting "saved".
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
     a `RunFolderLockedError`. SIGINT / SIGTERM stop it after the step in flight, that step's metrics
     row and checkpoint written, with `RunInterrupted`.
@@ -187,26 +191,45 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     out_dir = os.path.abspath(out_dir)
     lock_run(out_dir)
     try:
-        return _train(config, out_dir, resume, task=task, mesh=mesh, progress=progress,
-                      init=init, consume_init=consume_init, stop_at=stop_at,
-                      report_to=report_to, bar_label=bar_label)
+        run = _prepare(config, out_dir, task=task, mesh=mesh, init=init,
+                       consume_init=consume_init)
+        start = _open_folder(run, out_dir, resume)
+        state = _run_steps(run, out_dir, start, progress=progress, stop_at=stop_at,
+                           report_to=report_to, bar_label=bar_label,
+                           on_event=on_event or _no_events)
+        (on_event or _no_events)("policy", int(jax.device_get(state.step)))
+        export_policy(os.path.join(out_dir, "policy"), config, run.graphdef, state, task)
+        return run.graphdef, state
     finally:
         release_run(out_dir)
 
 
-def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, mesh,
-           progress: bool, init: Decoder | None, consume_init: bool, stop_at: int | None,
-           report_to=None, bar_label: str | None = None) -> tuple[nnx.GraphDef, TrainState]:
-    """`train`, with out_dir locked."""
-    import tqdm
+@dataclasses.dataclass
+class _Run:
+    """What the loop works with once a run is set up: its config and task, the problem records,
+    the mesh, the model's graphdef, the train state (replaced as steps run), the optimiser, the
+    data iterator and the checkpoint manager."""
 
+    config: RunConfig
+    task: BoundTask
+    records: list
+    mesh: Any
+    graphdef: nnx.GraphDef
+    state: TrainState
+    tx: Any
+    data_it: Any
+    manager: Any
+
+
+def _prepare(config: RunConfig, out_dir: str, *, task: BoundTask, mesh, init: Decoder | None,
+             consume_init: bool) -> _Run:
+    """The run's checks (`check_run`, the skip limit, the batch over the mesh), its problems,
+    prompt tables and data iterator, its train state (fresh or from `init`) and checkpoint
+    manager. Nothing is written to out_dir but the empty checkpoint folder."""
     from vpo.io import checkpoint as ckpt_lib
-    from vpo.rl.metrics_log import MetricsLogger
-    from vpo.rl.samples_log import SampleLog, one_line, sample_rows
-    from vpo.rl.watch import RunWatch
 
     tcfg = config.train
-    limit = getattr(tcfg, "max_skipped_updates", 3)
+    limit = tcfg.max_skipped_updates
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ConfigError(f"train.max_skipped_updates: must be an integer >= 0 (0: never stop); "
                           f"got {limit!r}")
@@ -239,10 +262,17 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
     manager = ckpt_lib.CheckpointManager(os.path.join(out_dir, "checkpoints"),
                                          keep=tcfg.keep_checkpoints,
                                          base=base_spec(out_dir, config))  # LoRA: not saved
-    start = 0
-    if resume and manager.latest_step() is not None:
+    return _Run(config, task, records, mesh, graphdef, state, tx, data_it, manager)
+
+
+def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
+    """The step the loop starts at: a resumed run's newest checkpoint restored into `run` (its
+    data file checked, its config rewritten if `--resume` changed a safe field), or 0 for a new
+    run, whose tokenizer, data hash and config (last: it marks a run) are written."""
+    config, tcfg = run.config, run.config.train
+    if resume and run.manager.latest_step() is not None:
         check_data(out_dir, config)
-        state, start = manager.restore(state, data_it)
+        run.state, start = run.manager.restore(run.state, run.data_it)
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
                               f"in {out_dir}; give train.steps >= {start}")
@@ -252,19 +282,44 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
         if jax.process_index() == 0:
             if read_json(os.path.join(out_dir, CONFIG)) != config.to_json():
                 write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())
-            print(f"resuming: restored step {start} from {manager.directory}", flush=True)
-    elif jax.process_index() == 0:
-        task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
+            print(f"resuming: restored step {start} from {run.manager.directory}", flush=True)
+        return start
+    if jax.process_index() == 0:
+        run.task.tokenizer.save(out_dir)  # `vpo train --resume` reads the task through it
         record_data(out_dir, config)
         write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
-    cfg = step_config(config, task)
-    # each jit compiled ahead of its first call: the compiler's freed memory is given back first
-    if task.is_host:
-        step_fn = make_host_rl_step(graphdef, tx, task, cfg, records)
+    return 0
+
+
+def _step_functions(run: _Run):
+    """(the RL step, the sampling probe or None), each compiled ahead of its first call with
+    the compiler's freed memory given back first."""
+    cfg, tcfg = step_config(run.config, run.task), run.config.train
+    if run.task.is_host:
+        step_fn = make_host_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
         step_fn = dataclasses.replace(step_fn, sample=compiled_on_first_call(step_fn.sample),
                                       update=compiled_on_first_call(step_fn.update))
     else:
-        step_fn = compiled_on_first_call(make_rl_step(graphdef, tx, task, cfg))
+        step_fn = compiled_on_first_call(make_rl_step(run.graphdef, run.tx, run.task, cfg))
+    probe_fn = (make_sample_step(run.graphdef, cfg)
+                if (tcfg.profile_every or tcfg.sample_every) and not run.task.is_host else None)
+    return step_fn, probe_fn
+
+
+def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: int | None,
+               report_to, bar_label: str | None, on_event: Callable[[str, int], None]
+               ) -> TrainState:
+    """The steps from `start`: batches, the jitted step, metrics one step late, sample rows,
+    checkpoints, the skip guard and the stop signals → the final state (all steps saved)."""
+    import tqdm
+
+    from vpo.rl.metrics_log import MetricsLogger
+    from vpo.rl.samples_log import SampleLog, one_line, sample_rows
+    from vpo.rl.watch import RunWatch
+
+    config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
+    step_fn, probe_fn = _step_functions(run)
+    state, data_it = run.state, run.data_it
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every,
                            report_to=report_to, config=config.to_json(),
                            watch=RunWatch(config.sampler.max_new_tokens).check)
@@ -273,8 +328,6 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                     disable=not progress or jax.process_index() != 0)
     samples = SampleLog(out_dir, resume_from=start if start else None,
                         tensorboard=logger.tensorboard)
-    probe_fn = (make_sample_step(graphdef, cfg)
-                if (tcfg.profile_every or tcfg.sample_every) and not task.is_host else None)
 
     def due(every: int, step: int) -> bool:
         return every > 0 and (step + 1) % every == 0
@@ -284,7 +337,7 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                                                  and step + 1 == tcfg.steps)
 
     compiled = False  # the sampling probe's first call compiles it: done once, untimed
-    guard = SkipGuard(limit, tcfg.updates_per_step, task)
+    guard = SkipGuard(tcfg.max_skipped_updates, tcfg.updates_per_step, task)
     logged = start  # the last step handed to the logger (its row written, queued or not due)
     stop, stopped = StopSignals(), False
     with stop:
@@ -293,8 +346,8 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                 if stop.signum is not None:
                     stopped = True
                     break
-                kill_point("step", step + 1)
-                batch = shard_batch(next(data_it), mesh)
+                on_event("step", step + 1)
+                batch = shard_batch(next(data_it), run.mesh)
                 host = rollout = rewards = None
                 if due(tcfg.profile_every, step) or sample_due(step):
                     logger.flush()  # the previous step's row first: its time excludes this probe
@@ -307,12 +360,12 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                     state, metrics = step_fn(state, batch)
                 done = logger.log(step + 1, metrics, host)  # fetches the previous step's metrics
                 logged = step + 1
-                kill_point("logged", step + 1)
+                on_event("logged", step + 1)
                 guard.check(step + 1, metrics)
                 if done is not None:
                     bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
                 if rollout is not None and sample_due(step):
-                    rows = sample_rows(task, records, batch, rollout, tcfg.num_answers,
+                    rows = sample_rows(task, run.records, batch, rollout, tcfg.num_answers,
                                        rewards=rewards)
                     samples.write(step + 1, rows)
                     logger.log_samples(step + 1, rows)
@@ -321,14 +374,14 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
                 if (step + 1) % tcfg.checkpoint_every == 0:
                     logger.flush()  # the step's metrics row lands before its checkpoint can
                     manager.save(step + 1, state, data_it, config.to_json())
-                    kill_point("save", step + 1)
-                    if os.environ.get("VPO_KILL_AT") == f"saved:{step + 1}":
+                    on_event("save", step + 1)
+                    if on_event is not _no_events:
                         manager.wait()
-                        kill_point("saved", step + 1)
+                        on_event("saved", step + 1)
             bar.close()
             guard.check()
             logger.flush()  # the last step's row before its checkpoint
-            _save_at_exit(manager, state, data_it, config, start)
+            _save_at_exit(manager, state, data_it, config, start, on_event)
         except KeyboardInterrupt:  # no handler (another thread, several processes)
             _save_consistent(manager, logger, state, data_it, config, start, logged)
             raise
@@ -341,9 +394,7 @@ def _train(config: RunConfig, out_dir: str, resume: bool, *, task: BoundTask, me
         if stopped:
             raise RunInterrupted(stop.signum, int(jax.device_get(state.step)), out_dir)
         manager.close()  # all steps taken: a signal from here on lets the export finish
-        kill_point("policy", int(jax.device_get(state.step)))
-        export_policy(os.path.join(out_dir, "policy"), config, graphdef, state, task)
-    return graphdef, state
+    return state
 
 
 def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState,
@@ -406,12 +457,13 @@ def profile_step(step_fn, sample_fn, state, batch):
                             "update_time_s": max(t2 - t1 - (t1 - t0), 0.0)}, rollout, None
 
 
-def _save_at_exit(manager, state, data_it, config: RunConfig, start: int) -> None:
+def _save_at_exit(manager, state, data_it, config: RunConfig, start: int,
+                  on_event: Callable[[str, int], None] = _no_events) -> None:
     """Save the final state unless that step is saved already; wait for the saves."""
     final = int(jax.device_get(state.step))
     if final > start and manager.latest_step() != final:
         manager.save(final, state, data_it, config.to_json())
-        kill_point("exit-save", final)
+        on_event("exit-save", final)
     manager.wait()
 
 
