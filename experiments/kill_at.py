@@ -2,7 +2,7 @@
 `VPO_KILL_AT=point:step` names one of the training loop's points (`vpo.rl.loop.EVENTS`), send
 this process `VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL) as the loop passes it.
 
-    VPO_KILL_AT=logged:2 VPO_KILL_SIGNAL=INT python experiments/kill_at.py train --preset smoke --out DIR
+    VPO_KILL_AT=logged:2 VPO_KILL_SIGNAL=INT python experiments/kill_at.py train --out D
 
 The library loop only reports its points (`train(on_event=...)`); the kill lives here.
 """
