@@ -244,7 +244,7 @@ def test_evaluate_policy_samples_a_real_policy(tmp_path):
     assert a == b  # same key, same metrics
     assert {"best@1", "pass@4", "diversity", "emax", "distinct", "entropy"} <= set(a)
     assert 0.0 <= a["valid_fraction"] <= 1.0 and a["entropy"] > 0
-    table = policy_eval.write_report(str(tmp_path), {"tiny": a}, [1, 2, 4], title="bandit")
+    table = policy_eval.write_eval_table(str(tmp_path), {"tiny": a}, [1, 2, 4], title="bandit")
     assert "| tiny |" in table and (tmp_path / "best_at_k.png").exists()
     with pytest.raises(ValueError, match="multiple of num_answers"):
         policy_eval.sample_pool(model, task, records, num_answers=3, budget=4,

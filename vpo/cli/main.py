@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from vpo.cli.checks import add_data_args, check_args, check_fit, dataset_kwargs
+from vpo.cli.arguments import add_data_args, check_args, check_fit, dataset_kwargs
 from vpo.cli.policy import (
     add_eval_args,
     add_sample_args,

@@ -275,9 +275,9 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         label = name if name.startswith("sft") else f"{name} (m={h['m']})"
         means[label] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]
                         if isinstance(rows[0][k], float)}
-    policy_eval.write_report(out_dir, means, ks, title=f"{cfg.task}: {cfg.eval_problems} "
-                             f"problems, {N} candidates each, T = {cfg.eval_temperature:g} "
-                             "(mean over seeds)")
+    policy_eval.write_eval_table(out_dir, means, ks, title=f"{cfg.task}: {cfg.eval_problems} "
+                                 f"problems, {N} candidates each, T = {cfg.eval_temperature:g} "
+                                 "(mean over seeds)")
     window = max(1, cfg.train.steps // 15)
     panels: dict[str, dict] = {"entropy": {}, "diversity": {}, "reward per answer slot": {}}
     for arm, seed_runs in runs.items():
