@@ -1,9 +1,9 @@
 """Evaluate policies on a task's problems at an equal candidate budget and write a report.
 
-Budget-fair (VPO paper protocol, algorithms.md §1.3/§1.7): a policy answering m answers per
-generation gets budget/m generations per problem, a single-answer policy budget generations, so
-every arm has the same N candidates per problem. Metrics per arm: best@k and pass@k for each k,
-reward-space diversity, Pareto fraction, E_w[max], distinct solutions, token entropy.
+Budget-fair (the VPO paper's protocol, Bahlous-Boldi et al., arXiv 2605.22817): a policy answering m
+answers per generation gets budget/m generations per problem, a single-answer policy budget
+generations, so every arm has the same N candidates per problem. Metrics per arm: best@k and pass@k
+for each k, reward-space diversity, Pareto fraction, E_w[max], distinct solutions, token entropy.
 
 Every parsed answer is scored the same way for every arm: a repeat of an earlier answer in the
 same generation is scored like any other answer (`score_all_answers`), exactly as a single-answer

@@ -1,15 +1,15 @@
 """In-graph evolutionary search with the policy as mutation operator (islands on the mesh).
 
-Mind Evolution (Lee et al., arXiv 2501.09891; digest §5) and the AlphaEvolve-style test-time
-search of VPO (digest §1.9): I islands of Q members. One generation, per island: select parents
-(tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with `task.mutation_prompt`
-(or, with probability `fresh_rate`, the plain task prompt), sample children with the policy (m
-answers per call, each one candidate, read from the generated text as symbol ids), score them
-with the task's in-graph reward, drop duplicates, keep the
-best Q of members ∪ children; every `migration_interval` generations the best
-`migration_count` of island i replace the worst of island i+1 (ring); optionally the weakest
-islands are re-seeded from the global elites. `lax.scan` over generations inside one jit, vmapped
-over problems, with the island axis sharded over the mesh's data axes.
+Mind Evolution (Lee et al., arXiv 2501.09891) and the AlphaEvolve-style test-time search of VPO
+(Bahlous-Boldi et al., arXiv 2605.22817): I islands of Q members. One generation, per island: select
+parents (tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with
+`task.mutation_prompt` (or, with probability `fresh_rate`, the plain task prompt), sample children
+with the policy (m answers per call, each one candidate, read from the generated text as symbol
+ids), score them with the task's in-graph reward, drop duplicates, keep the best Q of members ∪
+children; every `migration_interval` generations the best `migration_count` of island i replace the
+worst of island i+1 (ring); optionally the weakest islands are re-seeded from the global elites.
+`lax.scan` over generations inside one jit, vmapped over problems, with the island axis sharded over
+the mesh's data axes.
 
 One shape, as evosax: `make_search(task, cfg, propose, mesh) -> (init, step)` with
 `init(key, problem)` and `step(key, state)`, pure and traceable. The children come from
