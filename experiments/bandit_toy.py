@@ -9,8 +9,9 @@ with REINFORCE (G rollouts per step, plain gradient ascent, lr 0.1, 300 steps):
 - VPO: reward = E_{w~Dir(1)}[max_j w . r_j] over the rollout's m answers, group z-score. A set that
   holds both corners scores 0.75 (0.76 with the compromise too), so slots specialise.
 
-algorithms.md §1.10 / §8 (the authors' notebooks/01). The whole training loop is one jitted
-`lax.scan`; the final E_w[max] is exact (all 3^m slot combinations, midpoint quadrature over w).
+VPO's bandit toy (Bahlous-Boldi et al., arXiv 2605.22817; the authors' notebooks/01). The whole
+training loop is one jitted `lax.scan`; the final E_w[max] is exact (all 3^m slot combinations,
+midpoint quadrature over w).
 
 Run:  .venv/bin/python experiments/bandit_toy.py
 """

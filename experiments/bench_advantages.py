@@ -35,7 +35,8 @@ def get_config() -> dict:
 
 
 def numpy_loop(rewards_BGMR: np.ndarray, mask_BGM: np.ndarray, K: int, rng, eps=1e-6) -> np.ndarray:
-    """Per-group Python loop with NumPy inside (the baseline; semantics of algorithms.md §1.2)."""
+    """Per-group Python loop with NumPy inside (the baseline; VPO's advantages,
+    arXiv 2605.22817)."""
     B, G, _, R = rewards_BGMR.shape
     adv_BG = np.zeros((B, G))
     for b in range(B):

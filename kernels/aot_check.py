@@ -107,7 +107,7 @@ def compile_cell(devices, kernel: str, pass_: str, shape, dtype, n_devices: int 
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
-    from vpo.kernels.targets import platform_of
+    from vpo.kernels.hardware import platform_of
 
     mesh = jax.sharding.Mesh(np.array(devices[:n_devices]), ("x",))
     platform = platform_of(mesh)

@@ -47,7 +47,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from vpo.kernels import targets
+from vpo.kernels import hardware
 from vpo.kernels.precision import einsum_f32
 
 _NEG = -1e30  # finite: a block with no valid key leaves no NaN; a later real key wipes it out
@@ -77,24 +77,24 @@ def block_sizes_for(platform: str | None, shape: tuple[int, ...], dtype=jnp.bflo
       operands · block_k · E · itemsize ≤ `GPU_SMEM_BUDGET_BYTES`.
     """
     _, G, _, Hn, E, P, C = (int(x) for x in shape)
-    name = targets.resolve_platform(platform)
+    name = hardware.resolve_platform(platform)
     itemsize = jnp.dtype(dtype).itemsize
     if name == "gpu":
         bk = 128
-        while bk > 16 and 2 * 2 * bk * E * itemsize > targets.GPU_SMEM_BUDGET_BYTES:
+        while bk > 16 and 2 * 2 * bk * E * itemsize > hardware.GPU_SMEM_BUDGET_BYTES:
             bk //= 2
-        return BlockSizes(block_k=min(bk, max(16, targets.pow2_ceil(max(P, C)))), block_rows=16)
-    rows = targets.round_up(G * Hn, 16)
-    bk = min(1024, targets.round_up(max(P, C), 128))
-    while bk > 128 and (4 * bk * E * itemsize + 12 * rows * bk) > targets.TPU_VMEM_BUDGET_BYTES:
+        return BlockSizes(block_k=min(bk, max(16, hardware.pow2_ceil(max(P, C)))), block_rows=16)
+    rows = hardware.round_up(G * Hn, 16)
+    bk = min(1024, hardware.round_up(max(P, C), 128))
+    while bk > 128 and (4 * bk * E * itemsize + 12 * rows * bk) > hardware.TPU_VMEM_BUDGET_BYTES:
         bk -= 128
     return BlockSizes(block_k=bk, block_rows=8 * max(1, 4 // itemsize))
 
 
 def supported(platform: str | None = None) -> bool:
-    """Whether `decode_attention` compiles for `platform` (see `targets.pallas_supported`);
+    """Whether `decode_attention` compiles for `platform` (see `hardware.pallas_supported`);
     where False, use the XLA path."""
-    return targets.pallas_supported(platform)
+    return hardware.pallas_supported(platform)
 
 
 def _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE):
@@ -213,7 +213,7 @@ def _tpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, len
     C = k_BGNCE.shape[3]
     f32 = jnp.float32
     dot_platform = "cpu" if interpret else platform
-    params = functools.partial(targets.compiler_params, platform)
+    params = functools.partial(hardware.compiler_params, platform)
 
     def scratch(R):
         return [pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, E), f32)]
@@ -310,7 +310,7 @@ def _gpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, len
     C = k_BGNCE.shape[3]
     f32 = jnp.float32
     dot_platform = "cpu" if interpret else platform
-    params = None if interpret else targets.compiler_params(platform, num_warps=4,
+    params = None if interpret else hardware.compiler_params(platform, num_warps=4,
                                                               num_stages=2)
     kernel = functools.partial(_gpu_kernel, block_k=bk, scale=scale, dot_platform=dot_platform)
     scalar = pl.BlockSpec((1,), lambda *_: (0,))
@@ -363,14 +363,14 @@ def _decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE,
     gpu = platform == "gpu"
 
     def rows_for(r):  # GPU: a power of two (Triton); else a multiple of the sublane tile
-        return max(br, targets.pow2_ceil(r)) if gpu else targets.round_up(r, br)
+        return max(br, hardware.pow2_ceil(r)) if gpu else hardware.round_up(r, br)
 
     # pass 1 (prefix): rows g·H + h of KV head n, all G samples together
     R = G * H
     q_BNRE = _pad_axis(q_BGNHE.transpose(0, 2, 1, 3, 4).reshape(B, N, R, E), 2, rows_for(R))
     P = k_BNPE.shape[2]
     bias_B1P = _pad_axis(jnp.where(prefix_mask_BP, 0.0, _NEG).astype(jnp.float32), 1,
-                         targets.round_up(P, bk), _NEG)[:, None]
+                         hardware.round_up(P, bk), _NEG)[:, None]
     Hp = rows_for(H)
 
     def per_sample(x_BNRX):  # [B, N, Rp, X] -> [B, G, N, Hp, X]
@@ -395,7 +395,7 @@ def decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE, 
     platform="gpu"); the library uses the XLA path there.
     """
     _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE)
-    name = targets.resolve_platform(platform)
+    name = hardware.resolve_platform(platform)
     if name == "cpu" and not interpret:
         raise ValueError("decode_attention compiles for TPU / GPU only: on CPU use "
                          "interpret=True or the XLA path")

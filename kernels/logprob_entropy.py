@@ -44,7 +44,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from vpo.kernels import targets
+from vpo.kernels import hardware
 from vpo.kernels.precision import dot_f32, einsum_f32
 
 _NEG = -1e30
@@ -84,11 +84,11 @@ def block_sizes_for(platform: str | None, shape: tuple[int, int, int],
     CPU (interpret mode): the TPU rule.
     """
     N, D, V = (int(x) for x in shape)
-    name = targets.resolve_platform(platform)
+    name = hardware.resolve_platform(platform)
     itemsize = jnp.dtype(dtype).itemsize
     if name == "gpu":
-        block_n = max(16, min(64, targets.pow2_ceil(N)))
-        block_d = max(16, min(64, targets.pow2_factor(D)))
+        block_n = max(16, min(64, hardware.pow2_ceil(N)))
+        block_d = max(16, min(64, hardware.pow2_factor(D)))
         block_v = 128
         tiles = -(-V // block_v)
         rows = -(-N // block_n)
@@ -96,8 +96,8 @@ def block_sizes_for(platform: str | None, shape: tuple[int, int, int],
         return BlockSizes(block_n=block_n, block_v=block_v, block_d=block_d,
                           num_splits=-(-tiles // per_split))
     sublanes = 8 * max(1, 4 // itemsize)
-    v_cap = targets.round_up(V, 128)
-    n_cap = targets.round_up(N, sublanes)
+    v_cap = hardware.round_up(V, 128)
+    n_cap = hardware.round_up(N, sublanes)
 
     def vmem(bn, bv):
         return 2 * itemsize * D * (bn + bv) + 5 * 4 * bn * bv
@@ -109,16 +109,16 @@ def block_sizes_for(platform: str | None, shape: tuple[int, int, int],
                 continue
             for bv in (2048, 1024, 512, 256, 128):
                 bv = min(bv, v_cap)
-                if bv >= v_floor and vmem(bn, bv) <= targets.TPU_VMEM_BUDGET_BYTES:
+                if bv >= v_floor and vmem(bn, bv) <= hardware.TPU_VMEM_BUDGET_BYTES:
                     return BlockSizes(block_n=bn, block_v=bv)
-    raise ValueError(f"no logprob_entropy tiles fit {targets.TPU_VMEM_BUDGET_BYTES} bytes of "
+    raise ValueError(f"no logprob_entropy tiles fit {hardware.TPU_VMEM_BUDGET_BYTES} bytes of "
                      f"VMEM at D={D}, {jnp.dtype(dtype).name}: use logprob_entropy_chunked")
 
 
 def supported(platform: str | None = None) -> bool:
-    """Whether `logprob_entropy` compiles for `platform` (see `targets.pallas_supported`);
+    """Whether `logprob_entropy` compiles for `platform` (see `hardware.pallas_supported`);
     where False, use `logprob_entropy_chunked`."""
-    return targets.pallas_supported(platform)
+    return hardware.pallas_supported(platform)
 
 
 def _validate(hidden_ND, w_DV, targets_N):
@@ -229,7 +229,7 @@ def _forward_grid(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: st
                   pl.BlockSpec((D, bv), lambda i, j: (0, j)),
                   row],
         out_specs=(row, row, row, row),
-        compiler_params=None if interpret else targets.compiler_params(
+        compiler_params=None if interpret else hardware.compiler_params(
             platform, dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
     )(h_PD, w_DV, t_P[:, None])
@@ -270,7 +270,7 @@ def _forward_split(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: s
     P, D = h_PD.shape
     V = w_DV.shape[1]
     bn, bv = bs.block_n, bs.block_v
-    bd = bs.block_d or max(16, min(64, targets.pow2_factor(D)))
+    bd = bs.block_d or max(16, min(64, hardware.pow2_factor(D)))
     if D % bd:  # D with a power-of-two factor below 16: pad D (copies the table)
         h_PD = jnp.pad(h_PD, ((0, 0), (0, -D % bd)))
         w_DV = jnp.pad(w_DV, ((0, -D % bd), (0, 0)))
@@ -289,7 +289,7 @@ def _forward_split(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: s
                   pl.BlockSpec((D, per_split * bv), lambda i, s: (0, s)),
                   pl.BlockSpec((bn,), lambda i, s: (i,))],
         out_specs=(row, row, row, row),
-        compiler_params=None if interpret else targets.compiler_params(platform),
+        compiler_params=None if interpret else hardware.compiler_params(platform),
         interpret=interpret,
     )(h_PD, w_DV, t_P)
     m_P = jnp.max(m, axis=0)
@@ -343,7 +343,7 @@ def logprob_entropy(hidden_ND, w_DV, targets_N, *, block_sizes: BlockSizes | Non
     platform="gpu"); the library calls `logprob_entropy_chunked` there instead.
     """
     _validate(hidden_ND, w_DV, targets_N)
-    name = targets.resolve_platform(platform)
+    name = hardware.resolve_platform(platform)
     if name == "cpu" and not interpret:
         raise ValueError("logprob_entropy compiles for TPU / GPU only: on CPU use "
                          "interpret=True or logprob_entropy_chunked")

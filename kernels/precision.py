@@ -9,13 +9,13 @@ in their dtype and the accelerator's mixed-precision unit accumulates in float32
 
 The platform is the one the program is built for: `platform="tpu"` / `"gpu"` / `"cpu"`, or
 None for the process's default backend (`jax.default_backend()`). A program compiled ahead of
-time for a TPU or GPU from a CPU host must pass it (see `vpo.kernels.targets.platform_of`).
+time for a TPU or GPU from a CPU host must pass it (see `vpo.kernels.hardware.platform_of`).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from vpo.kernels.targets import resolve_platform
+from vpo.kernels.hardware import resolve_platform
 
 
 def _upcast_on_cpu(*xs, platform: str | None = None):

@@ -31,12 +31,12 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from vpo.accel import targets
     targets.set_up_env()
-    from vpo.accel import report
+    from vpo.accel import program_report
     from vpo.launch.assemble import assemble_run
 
     for cell in json.loads(sys.argv[1]):
         a = assemble_run(None, None, cell["overrides"])
-        for r in report.plan(a.run, a.task, cell["target"], cell["programs"]):
+        for r in program_report.plan(a.run, a.task, cell["target"], cell["programs"]):
             print(json.dumps({"cell": cell["name"], **r.to_json()}), flush=True)
 """)
 

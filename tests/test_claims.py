@@ -7,6 +7,7 @@ tests/test_claims_small_n.py's subject."""
 import numpy as np
 import pytest
 
+from vpo.compare import verdicts
 from vpo.eval import claims, entropy_law
 from vpo.eval import metrics as evaluation
 
@@ -50,8 +51,8 @@ def test_saturated_scores_are_inconclusive_never_reproduced():
     for pools in (ones, zeros):
         head = {"vpo": _row(3, pools, diversity=[0.0] * 3),
                 "grpo": _row(1, pools, diversity=[0.0] * 3)}
-        verdicts = set(_by_claim(claims.check(head, KS)).values())
-        assert verdicts == {claims.INCONCLUSIVE}
+        found = set(_by_claim(verdicts.check(head, KS)).values())
+        assert found == {claims.INCONCLUSIVE}
 
 
 def test_a_third_of_the_slots_wasted_is_not_a_vpo_win():
@@ -66,9 +67,9 @@ def test_a_third_of_the_slots_wasted_is_not_a_vpo_win():
         vpo.append(v)
     div = lambda: list(rng.normal(1.0, 0.05, 6))  # noqa: E731  same diversity distribution
     head = {"vpo": _row(3, vpo, diversity=div()), "grpo": _row(1, grpo, diversity=div())}
-    got = _by_claim(claims.check(head, KS))
+    got = _by_claim(verdicts.check(head, KS))
     assert got and set(got.values()) <= NOT_REPRODUCED, got
-    gap = next(c for c in claims.check(head, KS) if "grows" in c["claim"])
+    gap = next(c for c in verdicts.check(head, KS) if "grows" in c["claim"])
     assert gap["diff"] > 0  # the gap does grow with k: only its sign at k = 30 stops the claim
     assert got[next(k for k in got if "best@30 >" in k)] == claims.REFUTED
 
@@ -81,7 +82,7 @@ def test_a_real_spread_advantage_is_reproduced():
     vpo = [rng.uniform(0.0, 0.95, (64, 30)) for _ in range(6)]
     head = {"vpo": _row(3, vpo, diversity=[1.3, 1.25, 1.35, 1.3, 1.28, 1.33]),
             "grpo": _row(1, grpo, diversity=[0.2, 0.3, 0.25, 0.2, 0.22, 0.27])}
-    checked = claims.check(head, KS)
+    checked = verdicts.check(head, KS)
     assert {c["verdict"] for c in checked} == {claims.REPRODUCED}, _by_claim(checked)
     assert np.mean(head["vpo"]["values"]["best@1"]) < np.mean(head["grpo"]["values"]["best@1"])
 
@@ -92,7 +93,7 @@ def test_token_entropy_claims_only_compare_arms_with_the_same_m():
     head = {"vpo": _row(3, pools, **extra, **{"train entropy": [0.5, 0.6, 0.55] * 2}),
             "grpo": _row(1, pools, **extra, **{"train entropy": [0.1, 0.1, 0.12] * 2}),
             "multi_rlvr": _row(3, pools, **extra, **{"train entropy": [0.2, 0.25, 0.2] * 2})}
-    entropy = [c for c in claims.check(head, KS) if "token entropy" in c["claim"]]
+    entropy = [c for c in verdicts.check(head, KS) if "token entropy" in c["claim"]]
     assert [c["claim"] for c in entropy] == [
         "VPO keeps higher token entropy of training rollouts (last 20% of steps) than "
         "multi_rlvr (both m=3)"]
@@ -145,14 +146,14 @@ def test_search_claim_is_paired_over_policy_seeds():
     rng = np.random.default_rng(3)
     same = rng.random((6, 5, 8)) < 0.3  # [policy seed, search seed, problem]
     seeds = {row: list(range(6)) for row in ("vpo", "grpo", "multi_rlvr")}
-    solved = claims.search_claim_inputs({"vpo": same, "grpo": same,
+    solved = verdicts.search_claim_inputs({"vpo": same, "grpo": same,
                                          "multi_rlvr": rng.random((6, 5, 8)) < 0.05}, seeds)
     assert solved["vpo"]["values"] == pytest.approx(same.sum(-1).mean(-1))
     assert solved["vpo"]["seeds"] == list(range(6))
     pools = [np.full((4, 30), 0.5)] * 6
     head = {a: _row(m, pools, diversity=[1.0] * 6) for a, m in
             (("vpo", 3), ("grpo", 1), ("multi_rlvr", 3))}
-    got = {c["claim"]: c["verdict"] for c in claims.check(head, KS, search=solved)
+    got = {c["claim"]: c["verdict"] for c in verdicts.check(head, KS, search=solved)
            if "search" in c["claim"]}
     assert got == {
         "in search at equal budget, VPO's policy solves more of the hard problems than grpo's":

@@ -11,6 +11,7 @@ import pytest
 
 from vpo.compare import config as compare_config
 from vpo.compare import report as compare_report
+from vpo.compare import verdicts
 from vpo.eval import claims
 
 
@@ -71,7 +72,7 @@ def test_mismatched_seed_lists_are_refused_naming_both_arms():
     row = {"m": 1, "values": {"best@1": [0.5] * 3, "diversity": [1.0] * 3}}
     head = {"vpo": {**row, "m": 3, "seeds": [0, 1, 2]}, "grpo": {**row, "seeds": [0, 1, 3]}}
     with pytest.raises(ValueError, match=r"vpo has seeds \[0, 1, 2\], grpo has seeds \[0, 1, 3\]"):
-        claims.check(head, [1])
+        verdicts.check(head, [1])
 
 
 def test_rows_pair_by_seed_id_not_by_position():
@@ -83,7 +84,7 @@ def test_rows_pair_by_seed_id_not_by_position():
     head = {"vpo": {"m": 3, "seeds": list(range(6)), "values": {"best@1": a, "diversity": div}},
             "grpo": {"m": 1, "seeds": order, "values": {"best@1": [b[i] for i in order],
                                                         "diversity": div}}}
-    got = claims.check(head, ks)[0]
+    got = verdicts.check(head, ks)[0]
     assert got["claim"].startswith("VPO best@1 >") and got["verdict"] == claims.REPRODUCED
     assert got["diff"] == pytest.approx(0.1) and got["p"] == 2.0 ** -6
 
@@ -194,15 +195,15 @@ def test_a_value_from_fewer_than_three_units_has_no_interval():
 
 
 def test_primary_keys_are_checked_and_the_config_names_them():
-    assert claims.primary_keys("vpo-grpo:best, vpo-warm:pass") == ["vpo-grpo:best",
+    assert verdicts.primary_keys("vpo-grpo:best, vpo-warm:pass") == ["vpo-grpo:best",
                                                                     "vpo-warm:pass"]
     for bad in ("vpo-vpo:best", "vpo-grpo:mean", "vpo-grpo:best,vpo-grpo:best",
                 "vpo-grpo:best,vpo-grpo:pass,vpo-warm:pass,vpo-multi_rlvr:best"):
         with pytest.raises(ValueError):
-            claims.primary_keys(bad)
+            verdicts.primary_keys(bad)
     for preset in compare_config.PRESETS:
         cfg = compare_config.make_config(preset)
-        assert 1 <= len(claims.primary_keys(cfg.primary)) <= claims.MAX_PRIMARY
+        assert 1 <= len(verdicts.primary_keys(cfg.primary)) <= verdicts.MAX_PRIMARY
     with pytest.raises(compare_config.ConfigError, match="primary"):
         compare_config.make_config("default", ["primary=vpo-foo:best"])
     text = compare_report.design_text(compare_config.make_config("default"))
@@ -235,10 +236,10 @@ def test_the_report_is_what_its_summary_json_renders_to(tmp_path):
     assert text.splitlines()[4] == "## Design" and "**Primary claims** (3" in text
     assert "pre-registration" not in text  # its config names its primary claims
     primary = {c["key"] for c in summary["primary"]}
-    assert primary == set(claims.primary_keys(cfg.primary))
+    assert primary == set(verdicts.primary_keys(cfg.primary))
     # a primary claim is not repeated among the exploratory ones
     assert not {c["claim"] for c in summary["primary"]} & {c["claim"] for c in summary["claims"]}
-    verdicts = [line for line in text.splitlines()
-                if line.startswith(("- **reproduced**", "- **refuted**", "- **inconclusive**"))]
-    assert sum("(primary" in line for line in verdicts) == 3
-    assert all("(exploratory" in line for line in verdicts if "(primary" not in line)
+    lines = [line for line in text.splitlines()
+             if line.startswith(("- **reproduced**", "- **refuted**", "- **inconclusive**"))]
+    assert sum("(primary" in line for line in lines) == 3
+    assert all("(exploratory" in line for line in lines if "(primary" not in line)

@@ -73,7 +73,7 @@ def finished(tmp_path_factory):
 
 def hold_lock(folder: str) -> subprocess.Popen:
     """Another process holding `folder`'s run lock (until killed)."""
-    code = ("import sys, time; from vpo.rl import loop; loop.lock_run(sys.argv[1]); "
+    code = ("import sys, time; from vpo.rl import run_folder; run_folder.lock_run(sys.argv[1]); "
             "print('locked', flush=True); time.sleep(300)")
     p = subprocess.Popen([sys.executable, "-c", code, folder], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -103,7 +103,7 @@ def test_a_run_folder_is_held_by_one_process_and_a_killed_holder_lets_go(tmp_pat
     run_folder.check_new_run(out)  # the killed holder's lock is free: taken over
     with open(os.path.join(out, run_folder.LOCK_FILE)) as f:
         assert json.load(f)["pid"] == os.getpid()
-    loop.release_run(out)
+    run_folder.release_run(out)
     assert os.listdir(out) == []
 
 
@@ -114,7 +114,7 @@ def test_a_refused_check_leaves_no_trace(finished, tmp_path):
         run_folder.check_new_run(finished)
     assert sorted(os.listdir(finished)) == before
     new = str(tmp_path / "new")
-    assert loop.lock_run(new) and not loop.lock_run(new)  # held: taken once per process
+    assert run_folder.lock_run(new) and not run_folder.lock_run(new)  # held: taken once per process
     run_folder.release_locks()
     assert not os.path.exists(new)
 
@@ -149,7 +149,7 @@ def test_a_signal_stops_the_run_with_its_last_row_checkpointed(finished, tmp_pat
 
 
 def test_a_second_signal_quits_at_once_without_tracebacks():
-    code = ("import os, signal, time\nfrom vpo.rl.loop import StopSignals\n"
+    code = ("import os, signal, time\nfrom vpo.rl.stopping import StopSignals\n"
             "with StopSignals() as stop:\n"
             "    os.kill(os.getpid(), signal.SIGINT)\n"
             "    assert stop.signum == signal.SIGINT\n"
@@ -170,11 +170,11 @@ def test_an_unfinished_policy_export_is_not_taken_for_finished(finished, tmp_pat
     policy = os.path.join(out, "policy")
     for name in ("tokenizer_config.json", "generation_config.json"):
         os.remove(os.path.join(policy, name))
-    assert not loop.policy_complete(policy)
+    assert not run_folder.policy_complete(policy)
     assert cli.main(["train", "--out", out, "--resume"]) == 0
     text = capsys.readouterr()
     assert "restored step 6" in text.out and "already finished" not in text.err
-    assert loop.policy_complete(policy)
+    assert run_folder.policy_complete(policy)
     assert cli.main(["train", "--out", out, "--resume"]) == 2
     assert "already finished all 6 steps" in capsys.readouterr().err
 
@@ -195,11 +195,11 @@ def test_a_policy_export_killed_midway_leaves_no_policy(finished, tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         ckpt_lib.save_policy(target, model.cfg, nnx.state(model, nnx.Param), {"steps": 6},
                              tokenizer=tok)
-    assert not os.path.exists(target) and not loop.policy_complete(target)
+    assert not os.path.exists(target) and not run_folder.policy_complete(target)
     monkeypatch.undo()
     ckpt_lib.save_policy(target, model.cfg, nnx.state(model, nnx.Param), {"steps": 6},
                          tokenizer=tok)  # a new export replaces the leftovers
-    assert loop.policy_complete(target) and not os.path.exists(ckpt_lib.partial_dir(target))
+    assert run_folder.policy_complete(target) and not os.path.exists(ckpt_lib.partial_dir(target))
 
 
 # -- 4. damaged files -------------------------------------------------------------------------

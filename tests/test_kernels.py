@@ -161,7 +161,7 @@ def test_gpu_decode_kernel_interpret_matches_reference(decode_inputs):
 
 
 def test_logprob_block_sizes_fit_each_target():
-    from vpo.kernels import targets
+    from vpo.kernels import hardware
     from vpo.kernels.logprob_entropy import block_sizes_for
 
     for N, D, V, dtype in [(72, 896, 151936, jnp.bfloat16), (4096, 4096, 151936, jnp.float32),
@@ -170,11 +170,11 @@ def test_logprob_block_sizes_fit_each_target():
         size = jnp.dtype(dtype).itemsize
         assert tpu.block_v % 128 == 0 and tpu.block_n % (8 * max(1, 4 // size)) == 0
         assert (2 * size * D * (tpu.block_n + tpu.block_v) + 20 * tpu.block_n * tpu.block_v
-                <= targets.TPU_VMEM_BUDGET_BYTES)
+                <= hardware.TPU_VMEM_BUDGET_BYTES)
         gpu = block_sizes_for("gpu", (N, D, V), dtype)
         for b in (gpu.block_n, gpu.block_v, gpu.block_d):
             assert b >= 16 and b & (b - 1) == 0
-        assert D % gpu.block_d == 0 and gpu.block_n * gpu.block_v <= targets.TRITON_MAX_ELEMENTS
+        assert D % gpu.block_d == 0 and gpu.block_n * gpu.block_v <= hardware.TRITON_MAX_ELEMENTS
         tiles = -(-V // gpu.block_v)
         per_split = -(-tiles // gpu.num_splits)
         assert (gpu.num_splits - 1) * per_split * gpu.block_v < V  # every range holds columns
@@ -182,29 +182,29 @@ def test_logprob_block_sizes_fit_each_target():
 
 
 def test_decode_block_sizes_fit_each_target():
-    from vpo.kernels import targets
+    from vpo.kernels import hardware
     from vpo.kernels.decode_attention import block_sizes_for
 
     for shape in [(1, 8, 8, 2, 128, 512, 32768), (2, 8, 2, 7, 64, 333, 4096),
                   (DB, DG, DN, DH, DE, DP, DC)]:
         tpu = block_sizes_for("tpu", shape, jnp.bfloat16)
         assert tpu.block_k % 128 == 0 and tpu.block_rows == 16
-        assert 4 * tpu.block_k * shape[4] * 2 <= targets.TPU_VMEM_BUDGET_BYTES
+        assert 4 * tpu.block_k * shape[4] * 2 <= hardware.TPU_VMEM_BUDGET_BYTES
         gpu = block_sizes_for("gpu", shape, jnp.bfloat16)
         assert gpu.block_k >= 16 and gpu.block_k & (gpu.block_k - 1) == 0
-        assert 4 * gpu.block_k * shape[4] * 2 <= targets.GPU_SMEM_BUDGET_BYTES
+        assert 4 * gpu.block_k * shape[4] * 2 <= hardware.GPU_SMEM_BUDGET_BYTES
 
 
 def test_platform_comes_from_the_argument_or_the_devices():
-    from vpo.kernels import targets
+    from vpo.kernels import hardware
 
-    assert targets.resolve_platform(None) == jax.default_backend() == "cpu"
-    assert targets.resolve_platform("cuda") == "gpu" and targets.resolve_platform("TPU") == "tpu"
+    assert hardware.resolve_platform(None) == jax.default_backend() == "cpu"
+    assert hardware.resolve_platform("cuda") == "gpu" and hardware.resolve_platform("TPU") == "tpu"
     with pytest.raises(ValueError, match="unknown platform"):
-        targets.resolve_platform("metal")
+        hardware.resolve_platform("metal")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
-    assert targets.platform_of(mesh) == targets.platform_of(jax.devices()) == "cpu"
-    assert targets.pallas_supported("tpu") and not targets.pallas_supported("cpu")
+    assert hardware.platform_of(mesh) == hardware.platform_of(jax.devices()) == "cpu"
+    assert hardware.pallas_supported("tpu") and not hardware.pallas_supported("cpu")
     # built for a TPU, bfloat16 operands stay bfloat16 (on CPU they are upcast: see below)
     a = jnp.ones((4, 8), jnp.bfloat16)
     dot = jax.make_jaxpr(lambda x: dot_f32(x, x.T, platform="tpu"))(a)

@@ -21,7 +21,7 @@ BUILD = textwrap.dedent("""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from vpo.config import model_preset
-    from vpo.kernels.targets import platform_of
+    from vpo.kernels.hardware import platform_of
     from vpo.model.decoder import Decoder, decode_attention_impl
     from vpo.rl.step import completion_logp
 

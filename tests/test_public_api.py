@@ -7,8 +7,13 @@ import vpo
 
 
 def test_every_exported_name_resolves():
+    """Each name in `vpo.__all__` is the very object of the module its export table names."""
+    import importlib
+
     for name in vpo.__all__:
-        assert getattr(vpo, name) is not None, name
+        where = vpo._EXPORTS[name]
+        module, attr = where if isinstance(where, tuple) else (where, name)
+        assert getattr(vpo, name) is getattr(importlib.import_module(module), attr), name
     assert set(vpo.__all__) <= set(dir(vpo))
 
 

@@ -1,5 +1,5 @@
-"""Bandit toy (digest §1.10): arm rewards, the in-graph twin, and the VPO unit numbers on its
-answer sets."""
+"""Bandit toy (VPO, arXiv 2605.22817): arm rewards, the in-graph twin, and the VPO unit numbers
+on its answer sets."""
 
 import json
 
@@ -55,7 +55,7 @@ def test_demonstrations_cover_the_arms():
     assert valid.all()
 
 
-def test_expected_max_of_answer_sets_matches_the_digest():
+def test_expected_max_of_answer_sets_matches_the_vpo_toy():
     task = bandit.make_bandit_task()
     weights_1KR = objectives.dirichlet_weights(jax.random.key(0), 1, 20000, 2)
     for answers, want in [(["A", "B"], 0.75), (["C", "C"], 0.60), (["A", "B", "C"], 0.76),

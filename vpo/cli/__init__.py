@@ -1,2 +1,2 @@
 """The `vpo` command: parser and training commands (`main`), the commands that read a policy
-(`policy`), argument checks (`checks`)."""
+(`policy`), argument checks (`arguments`)."""

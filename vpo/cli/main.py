@@ -17,7 +17,7 @@ import errno
 import os
 import sys
 
-from vpo.cli.checks import add_data_args, check_args, check_fit, dataset_kwargs
+from vpo.cli.arguments import add_data_args, check_args, check_fit, dataset_kwargs
 from vpo.cli.export import add_export_args, cmd_export
 from vpo.cli.plan import add_plan_args, cmd_plan
 from vpo.cli.policy import (
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         if debug:
             raise
-        signum = getattr(e, "signum", None)  # vpo.rl.loop.RunInterrupted: a clean stop
+        signum = getattr(e, "signum", None)  # vpo.rl.stopping.RunInterrupted: a clean stop
         print(f"vpo {args.command}: {e if signum else 'interrupted'}", file=sys.stderr)
         return 128 + signum if signum else 130
     except Exception as e:

@@ -35,24 +35,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # once a caller's own jax use has started the backends)
     with contextlib.suppress(RuntimeError):
         jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
-    from vpo.accel import report
+    from vpo.accel import program_report
     from vpo.launch.assemble import assemble_run
 
     assembled = assemble_run(args.preset, args.config, args.overrides)
     run, task = assembled.run, assembled.task
     m = run.model
     print(f"vpo plan: {target.name} ({target.n_devices} x {target.chip.name}, "
-          f"{report.gib(target.chip.hbm_bytes)} each); mesh data={run.mesh_data} "
+          f"{program_report.gib(target.chip.hbm_bytes)} each); mesh data={run.mesh_data} "
           f"fsdp={run.mesh_fsdp} tensor={run.mesh_tensor}; model {m.num_params / 1e6:.0f}M "
           f"parameters ({m.param_dtype}), "
           + (f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tune")
           + f"; task {run.task}, batch {run.train.batch_size} x {run.sampler.num_samples} "
           f"samples x {run.sampler.max_new_tokens} tokens", flush=True)
-    header = report.render([]).splitlines()[0]
+    header = program_report.render([]).splitlines()[0]
     print(header, flush=True)
-    reports = report.plan(run, task, target, programs,
-                          progress=lambda r: print(report.render([r]).split("\n", 1)[1],
-                                                   flush=True))
+    reports = program_report.plan(
+        run, task, target, programs,
+        progress=lambda r: print(program_report.render([r]).split("\n", 1)[1], flush=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.to_json() for r in reports], f, indent=1)

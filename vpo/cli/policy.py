@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from vpo.cli.checks import add_data_args, check_args, check_fit, check_out, dataset_kwargs
+from vpo.cli.arguments import add_data_args, check_args, check_fit, check_out, dataset_kwargs
 from vpo.tasks import TASK_NAMES as TASKS
 
 BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmetic); default: "
@@ -193,7 +193,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     (eval.md), eval.json and best@k / pass@k plots to --out."""
     import jax
 
-    from vpo.eval.policies import default_ks, evaluate_policy, write_report
+    from vpo.eval.policies import default_ks, evaluate_policy, write_eval_table
 
     results, tasks = {}, []
     from vpo.config import ConfigError
@@ -233,8 +233,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             model, task, problems, num_answers=m, budget=args.budget,
             ks=default_ks(args.budget), key=jax.random.key(args.seed),
             temperature=args.temperature, max_new_tokens=T, progress=True, desc=name)
-    table = write_report(args.out, results, default_ks(args.budget),
-                         title=f"{task.name}: {len(problems)} problems, {args.budget} candidates")
+    table = write_eval_table(
+        args.out, results, default_ks(args.budget),
+        title=f"{task.name}: {len(problems)} problems, {args.budget} candidates")
     print(table)
     print(f"written to {args.out}")
     return 0
@@ -294,7 +295,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     from vpo.config import ConfigError
     from vpo.model import sharding
-    from vpo.search import ingraph as search
+    from vpo.search import ingraph
     from vpo.search.methods import run_all_methods
 
     check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
@@ -312,10 +313,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                           "(--data, arithmetic). Drop it")
     parents = {} if args.parents is None else {"parents": args.parents}
     try:
-        cfg = search.SearchConfig(islands=args.islands, members=args.members,
-                                  children=args.children, generations=args.generations,
-                                  num_answers=args.answers or int(info.get("num_answers", 1)),
-                                  temperature=args.temperature, **parents)
+        cfg = ingraph.SearchConfig(islands=args.islands, members=args.members,
+                                   children=args.children, generations=args.generations,
+                                   num_answers=args.answers or int(info.get("num_answers", 1)),
+                                   temperature=args.temperature, **parents)
     except ConfigError as e:  # name the flags the user typed beside the config keys
         message = str(e)
         for flag in ("islands", "members", "children", "generations", "parents", "temperature",
@@ -334,7 +335,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                               mesh=sharding.make_mesh(),
                               max_new_tokens=T if task.is_host else None, progress=True)
     traces = {method: r.trace for method, r in results.items()}
-    search.write_report(args.out, traces, title=f"{task.name}, {len(records)} problems")
+    ingraph.write_search_traces(args.out, traces, title=f"{task.name}, {len(records)} problems")
     best = {method: r.best for method, r in results.items() if r.best is not None}
     if best:  # host-scored tasks: what each method found, readable
         with open(os.path.join(args.out, "best_answers.jsonl"), "w", encoding="utf-8") as f:
@@ -347,7 +348,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                                         "answer": None if b is None else b["answer"],
                                         "fitness": None if b is None else b["fitness"],
                                         "rewards": rewards}, ensure_ascii=False) + "\n")
-    for name, s in search.summarize(traces).items():
+    for name, s in ingraph.summarize(traces).items():
         print(f"{name:>10}: solved {s['solved_count'][-1]}/{len(records)}, mean best fitness "
               f"{s['mean_best_fitness'][-1]:.3f}")
     if dataset is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from vpo.compare import verdicts
 from vpo.config import (
     ConfigError,
     ObjectiveConfig,
@@ -15,7 +16,6 @@ from vpo.config import (
     TrainConfig,
     apply_overrides,
 )
-from vpo.eval import claims
 
 
 class Arm(NamedTuple):
@@ -77,7 +77,7 @@ class CompareConfig:
     search_best_of_n: bool = False  # also best-of-N with each policy at the search's budget
     probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
-    # the pre-registered primary claims (<= 3, `vpo.eval.claims.PRIMARY_KEYS`, A-B:metric: arm
+    # the pre-registered primary claims (<= 3, `vpo.eval.verdicts.PRIMARY_KEYS`, A-B:metric: arm
     # A's metric@eval_budget above B's or, B = warm, above A's warm start), Holm as one family;
     # every preset keeps this default: VPO vs GRPO at best@N and pass@N, VPO vs its warm start
     primary: str = "vpo-grpo:best,vpo-grpo:pass,vpo-warm:pass"
@@ -105,7 +105,7 @@ class CompareConfig:
             except ConfigError as e:
                 raise ConfigError(f"arms: arm {a!r} does not configure: {e}") from None
         try:
-            claims.primary_keys(self.primary)
+            verdicts.primary_keys(self.primary)
         except ValueError as e:
             raise ConfigError(f"primary: {e}") from None
         if self.task not in TASKS:

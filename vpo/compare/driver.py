@@ -60,8 +60,9 @@ from vpo.launch.assemble import assemble_config, load_init
 from vpo.launch.rules import context_of, fit_seq_len, load_task
 from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
 from vpo.model import sharding
-from vpo.rl.loop import policy_complete, train, write_json_atomic
+from vpo.rl.loop import train
 from vpo.rl.metrics_log import JSONL
+from vpo.rl.run_folder import policy_complete, write_json_atomic
 from vpo.rl.step import model_of
 from vpo.search import ingraph
 from vpo.search.host import run_host_method

@@ -29,6 +29,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from vpo.compare import verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import from_dict
 from vpo.eval import claims, entropy_law, plots
@@ -48,13 +49,13 @@ def design_text(cfg: CompareConfig) -> str:
     """What the design can decide, before it runs (the driver prints it first; the report's
     design lines say the same): the primary claims, unit, test, the smallest p the seed count
     allows and whether it can decide, else how many seeds it would need (`claims.design`)."""
-    keys = claims.primary_keys(cfg.primary)
+    keys = verdicts.primary_keys(cfg.primary)
     d = claims.design(cfg.num_seeds, len(keys))
     missing = sorted({arm for k in keys for arm in k.split(":")[0].split("-")
-                      if arm != claims.WARM and arm not in cfg.arm_names})
+                      if arm != verdicts.WARM and arm not in cfg.arm_names})
     text = (f"Primary claims ({len(keys)}, Holm over them, exact one-sided sign-flip at "
             f"{claims.LEVEL:g}, unit the training seed): "
-            + "; ".join(claims.primary_text(k, cfg.eval_budget) for k in keys) + ". "
+            + "; ".join(verdicts.primary_text(k, cfg.eval_budget) for k in keys) + ". "
             + claims.design_text(d)[0].upper() + claims.design_text(d)[1:] + ".")
     if missing:
         text += (f" Arms {', '.join(missing)} are not in arms={cfg.arms}: the claims naming "
@@ -245,23 +246,23 @@ def verdict_families(cfg: CompareConfig, head, ks, law, searches, probes, train=
                      ) -> dict[str, list[dict[str, Any]]]:
     """Every family of verdicts the report prints, each Holm-adjusted on its own in both
     directions (`claims.holm`, Holm 1979: the family-wise error of each family at the one-sided
-    `claims.LEVEL`): the pre-registered primary claims (`claims.primary_claims`), then the
+    `claims.LEVEL`): the pre-registered primary claims (`verdicts.primary_claims`), then the
     exploratory ones: the papers' claims, RL against its warm start, search against best-of-N
     (arms; the warm-start checkpoints apart), the mutation-prompt remedies and the trends over
     training (with `train`, the summary's per-step metrics). A primary claim is left out of the
     exploratory family that would repeat it. Keys as in `FAMILIES`, `PRIMARY`, `CHECKPOINTS`
     and `TRENDS`."""
-    solved = None if searches is None else claims.search_claim_inputs(
+    solved = None if searches is None else verdicts.search_claim_inputs(
         {name: [r["solved_SP"] for r in rows] for name, rows in searches["rows"].items()},
         {name: [r["seed"] for r in rows] for name, rows in searches["rows"].items()})
-    primary = claims.primary_claims(head, claims.primary_keys(cfg.primary), cfg.eval_budget)
+    primary = verdicts.primary_claims(head, verdicts.primary_keys(cfg.primary), cfg.eval_budget)
     texts = {c["claim"] for c in primary}
 
     def rest(family):
         return claims.holm([c for c in family if c["claim"] not in texts])
 
     return {PRIMARY[0]: primary,
-            "claims": rest(claims.check(head, ks, law=law, search=solved)),
+            "claims": rest(verdicts.check(head, ks, law=law, search=solved)),
             "against_warm_start": rest(against_warm_start(head, cfg.eval_budget, searches)),
             "search_vs_best_of_n": claims.holm(search_vs_best_of_n(searches)),
             CHECKPOINTS[0]: claims.holm(search_vs_best_of_n(searches, checkpoints=True)),
@@ -348,9 +349,9 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         label = name if name.startswith("sft") else f"{name} (m={h['m']})"
         means[label] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]
                         if isinstance(rows[0][k], float)}
-    policy_eval.write_report(out_dir, means, ks, title=f"{cfg.task}: {cfg.eval_problems} "
-                             f"problems, {N} candidates each, T = {cfg.eval_temperature:g} "
-                             "(mean over seeds)")
+    policy_eval.write_eval_table(out_dir, means, ks, title=f"{cfg.task}: {cfg.eval_problems} "
+                                 f"problems, {N} candidates each, T = {cfg.eval_temperature:g} "
+                                 "(mean over seeds)")
     window = max(1, cfg.train.steps // 15)
     panels: dict[str, dict] = {"entropy": {}, "diversity": {}, "reward per answer slot": {}}
     for arm, seed_runs in runs.items():

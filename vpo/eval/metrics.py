@@ -4,13 +4,13 @@ Shapes: P problems, N candidates per problem, R reward components, A answer toke
 per problem, M answers per generation. All metric functions are pure jnp (jittable; `k`,
 quantiles and other Python ints are static) and return one value per problem unless noted.
 
-Budget-fair accounting (digest §1.3, §1.12 "fair budgets at eval"): k counts CANDIDATE SOLUTIONS,
-not generations. `pool_candidates` turns per-generation results [P, G, M, ...] into per-candidate
-pools [P, G*M, ...], so one m-answer generation is m candidates and is compared with m
-single-answer samples (an M = 1 arm with G*M generations has the same pool size). Invalid slots
-(missing, truncated, malformed or duplicate answers) stay in the pool as candidates that score 0
-and are never correct: they consumed budget. Pool-shape metrics (diversity, Pareto fraction,
-distinct solutions, E_w[max]) use only the valid candidates.
+Budget-fair accounting (the VPO paper's evaluation, Bahlous-Boldi et al., arXiv 2605.22817): k
+counts CANDIDATE SOLUTIONS, not generations. `pool_candidates` turns per-generation results
+[P, G, M, ...] into per-candidate pools [P, G*M, ...], so one m-answer generation is m candidates
+and is compared with m single-answer samples (an M = 1 arm with G*M generations has the same pool
+size). Invalid slots (missing, truncated, malformed or duplicate answers) stay in the pool as
+candidates that score 0 and are never correct: they consumed budget. Pool-shape metrics (diversity,
+Pareto fraction, distinct solutions, E_w[max]) use only the valid candidates.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def best_at_k(scores_PN: jax.Array, k: int) -> jax.Array:
 
         best@k = sum_{i=k..n} C(i-1, k-1) / C(n, k) * s_(i),   s_(1) <= ... <= s_(n)
 
-    (digest §6.2; the combinatorics of verl's max@k advantage). Ties need no special handling.
-    Use scores = w*ᵀ r with 0 for invalid candidates (`pool_candidates`).
+    (the combinatorics of Max@k, arXiv 2510.23393, as verl computes it). Ties need no special
+    handling. Use scores = w*ᵀ r with 0 for invalid candidates (`pool_candidates`).
 
     Returns:
       best_P, float32.
@@ -103,7 +103,8 @@ def best_at_k(scores_PN: jax.Array, k: int) -> jax.Array:
 def expected_max_pool(rewards_PNR: jax.Array, valid_PN: jax.Array, key: jax.Array, *,
                       num_weights: int = 100, alpha: float = 1.0, sampler: str = "iid"
                       ) -> jax.Array:
-    """E_{w~Dir(alpha)}[max_{valid j} wᵀ r_j] of each problem's whole pool (digest §6.2).
+    """E_{w~Dir(alpha)}[max_{valid j} wᵀ r_j] of each problem's whole pool (VPO's objective,
+    arXiv 2605.22817).
 
     Monte Carlo with K = num_weights draws per problem: `objectives.dirichlet_weights` and
     `objectives.expected_max` with G = 1 and M = N. A pool with no valid candidate scores 0.
@@ -127,8 +128,9 @@ def _pair_mask(valid_PN: jax.Array) -> jax.Array:
 
 @jax.jit
 def reward_diversity(rewards_PNR: jax.Array, valid_PN: jax.Array) -> jax.Array:
-    """Mean pairwise L1 distance sum_r |r_ir - r_jr| over pairs of valid candidates (digest §1.7;
-    the authors' `eval_metrics.diversity`). 0 when fewer than two candidates are valid.
+    """Mean pairwise L1 distance sum_r |r_ir - r_jr| over pairs of valid candidates (VPO,
+    arXiv 2605.22817; the authors' `eval_metrics.diversity`). 0 when fewer than two candidates
+    are valid.
 
     Returns:
       diversity_P, float32.

@@ -1,9 +1,9 @@
 """Evaluate policies on a task's problems at an equal candidate budget and write a report.
 
-Budget-fair (VPO paper protocol, algorithms.md §1.3/§1.7): a policy answering m answers per
-generation gets budget/m generations per problem, a single-answer policy budget generations, so
-every arm has the same N candidates per problem. Metrics per arm: best@k and pass@k for each k,
-reward-space diversity, Pareto fraction, E_w[max], distinct solutions, token entropy.
+Budget-fair (the VPO paper's protocol, Bahlous-Boldi et al., arXiv 2605.22817): a policy answering m
+answers per generation gets budget/m generations per problem, a single-answer policy budget
+generations, so every arm has the same N candidates per problem. Metrics per arm: best@k and pass@k
+for each k, reward-space diversity, Pareto fraction, E_w[max], distinct solutions, token entropy.
 
 Every parsed answer is scored the same way for every arm: a repeat of an earlier answer in the
 same generation is scored like any other answer (`score_all_answers`), exactly as a single-answer
@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import ConfigError, SamplerConfig
-from vpo.eval import metrics as evaluation
-from vpo.eval import plots
+from vpo.eval import metrics, plots
 from vpo.model.decoder import Decoder
 from vpo.rollout.rewards import in_graph_rewards
 from vpo.rollout.sampler import sample
@@ -129,11 +128,11 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
         outs.append((np.asarray(rewards), np.asarray(smask), np.asarray(answers),
                      np.asarray(amask), ent))
     cat = lambda j: np.concatenate([o[j] for o in outs])  # noqa: E731
-    pool = evaluation.pool_candidates(cat(0), cat(1), task.eval_weights_R, task.solved)
+    pool = metrics.pool_candidates(cat(0), cat(1), task.eval_weights_R, task.solved)
     answers_PNA = amask_PNA = None
     if not task.is_host:
-        answers_PNA = evaluation.flatten_generations(jnp.asarray(cat(2)))
-        amask_PNA = evaluation.flatten_generations(jnp.asarray(cat(3)).astype(bool))
+        answers_PNA = metrics.flatten_generations(jnp.asarray(cat(2)))
+        amask_PNA = metrics.flatten_generations(jnp.asarray(cat(3)).astype(bool))
     entropy = sum(o[4][0] for o in outs) / max(sum(o[4][1] for o in outs), 1.0)
     return pool, answers_PNA, amask_PNA, entropy
 
@@ -142,7 +141,7 @@ def evaluate_policy(model: Decoder, task: BoundTask, records, *, num_answers: in
                     ks: Sequence[int], key, temperature: float = 1.0,
                     max_new_tokens: int | None = None, progress: bool = False,
                     desc: str = "eval") -> dict[str, float]:
-    """Problem-averaged metrics of one policy (see `evaluation.summarize_pool`) + entropy;
+    """Problem-averaged metrics of one policy (see `metrics.summarize_pool`) + entropy;
     `max_new_tokens`, `progress`, `desc` as in `sample_pool`."""
     return evaluate_policy_per_problem(model, task, records, num_answers=num_answers,
                                        budget=budget, ks=ks, key=key, temperature=temperature,
@@ -161,7 +160,7 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
                                                 budget=budget, key=key, temperature=temperature,
                                                 max_new_tokens=max_new_tokens,
                                                 progress=progress, desc=desc)
-    out = evaluation.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
+    out = metrics.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
                                     answer_mask_PNA=amask)
     out["entropy"] = entropy
     per_problem = {"best_P": np.asarray(jnp.max(pool.scores_PN, axis=-1)),
@@ -181,8 +180,8 @@ mean token entropy of the samples.
 """
 
 
-def write_report(out_dir: str, results: Mapping[str, Mapping[str, float]], ks: Sequence[int],
-                 *, title: str = "") -> str:
+def write_eval_table(out_dir: str, results: Mapping[str, Mapping[str, float]],
+                     ks: Sequence[int], *, title: str = "") -> str:
     """eval.json, eval.md (a table) and best_at_k.png / pass_at_k.png; returns the table text."""
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "eval.json"), "w") as f:
@@ -242,7 +241,7 @@ def _probe_scorer(task: BoundTask, num_answers: int):
         copy_BGM = valid_BGM & jnp.any(same_BGMK & present_BK[:, None, None, :], -1)
         B, G = valid_BGM.shape[:2]
         flat = lambda x: x.reshape((B, G * M) + x.shape[3:])  # noqa: E731
-        distinct_B = evaluation.distinct_solutions(flat(sym_BGMA), flat(smask_BGMA),
+        distinct_B = metrics.distinct_solutions(flat(sym_BGMA), flat(smask_BGMA),
                                                    flat(valid_BGM))
         solved_BGM = valid_BGM & jax.vmap(jax.vmap(jax.vmap(task.solved)))(rewards_BGMR)
         return valid_BGM, fit_BGM, copy_BGM, distinct_B, solved_BGM

@@ -24,7 +24,7 @@ Products that accumulate in float32 go through `vpo.kernels.precision`, so bfloa
 also run on CPU (whose runtime lacks a bf16 × bf16 → f32 dot).
 
 `Decoder.platform` ("tpu" / "gpu" / "cpu", or None for the default backend) is the platform
-the model's programs are built for (`vpo.kernels.targets.platform_of` of its mesh): it picks
+the model's programs are built for (`vpo.kernels.hardware.platform_of` of its mesh): it picks
 the kernels and the float32 products, so a program compiled ahead of time for a TPU mesh on a
 CPU host takes the TPU branches.
 
@@ -48,7 +48,7 @@ from flax import nnx
 
 from vpo.config import ModelConfig
 from vpo.kernels import decode_attention as decode_lib
-from vpo.kernels import targets
+from vpo.kernels import hardware
 from vpo.kernels.precision import einsum_f32 as _einsum_f32
 from vpo.model.adapter import add_adapters, plus_lora
 
@@ -80,7 +80,7 @@ def decode_attention_impl(devices=None, *, platform: str | None = None) -> str:
         devices = [devices]
     devices = list(devices)
     one = len(devices) == 1
-    platform = platform or targets.platform_of(devices)
+    platform = platform or hardware.platform_of(devices)
     return "pallas" if one and decode_lib.supported(platform) else "xla"
 
 
@@ -348,7 +348,7 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
         self.cfg = cfg
-        self.platform = None if platform is None else targets.resolve_platform(platform)
+        self.platform = None if platform is None else hardware.resolve_platform(platform)
         pd = jnp.dtype(cfg.param_dtype)
         self.dtype = jnp.dtype(cfg.dtype)
         self.embed = _param(nnx.initializers.normal(0.02), rngs.params(),

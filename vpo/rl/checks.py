@@ -9,8 +9,8 @@ import os
 import jax
 
 from vpo.config import ConfigError, RunConfig, check_memory
+from vpo.kernels import hardware
 from vpo.kernels import logprob_entropy as logprob_lib
-from vpo.kernels import targets
 from vpo.tasks.bound import BoundTask
 
 
@@ -30,7 +30,7 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
     prompts included, has `prompt_len` tokens) and the devices (`mesh`, else this process's),
     with the fix in the message; then the size check: a run whose lower-bound memory
     (`RunConfig.memory_bytes`) exceeds the devices' is rejected before anything is allocated."""
-    platform = targets.platform_of(jax.devices()[:1] if mesh is None else mesh)
+    platform = hardware.platform_of(jax.devices()[:1] if mesh is None else mesh)
     if run.train.logprob_impl == "pallas" and not logprob_lib.supported(platform):
         raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
                           f"{platform}; use 'chunked'")

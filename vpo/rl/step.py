@@ -38,9 +38,9 @@ from vpo.config import (
     StepConfig,
     TrainConfig,
 )
-from vpo.eval import metrics as evaluation
+from vpo.eval.metrics import reward_diversity
+from vpo.kernels import hardware
 from vpo.kernels import logprob_entropy as logprob_lib
-from vpo.kernels import targets
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
@@ -124,7 +124,7 @@ def init_state(model_cfg: ModelConfig, tx, mesh, *, seed: int = 0, with_ref: boo
 
     Returns (graphdef, state, shardings of state).
     """
-    platform = targets.platform_of(mesh)
+    platform = hardware.platform_of(mesh)
 
     def create():
         _, params, frozen = lora_lib.split(Decoder(model_cfg, rngs=nnx.Rngs(seed)))
@@ -147,7 +147,7 @@ def state_from_model(model: Decoder, tx, mesh, *, seed: int = 0, with_ref: bool 
     device memory in f32), and `model` must not be used afterwards (its arrays are deleted).
     The model is set to target the mesh's platform (`Decoder.platform`).
     """
-    model.platform = targets.platform_of(mesh)
+    model.platform = hardware.platform_of(mesh)
     graphdef, params, frozen = lora_lib.split(model)
     new = functools.partial(_new_state, tx=tx, seed=seed, with_ref=with_ref)
     shardings = state_shardings(tx, jax.eval_shape(new, params, frozen=frozen), mesh)
@@ -381,7 +381,7 @@ def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_ma
         "truncation_rate": jnp.mean((~rollout.finished_BG).astype(jnp.float32)),
         "answers_per_rollout": jnp.mean(jnp.sum(solution_mask_BGM, -1).astype(jnp.float32)),
         "solved_rate": jnp.mean(solved_BG.astype(jnp.float32)),
-        "diversity": jnp.mean(evaluation.reward_diversity(
+        "diversity": jnp.mean(reward_diversity(
             rewards_BGMR.reshape(B, G * M, R), solution_mask_BGM.reshape(B, G * M))),
     }
     for r, name in enumerate(task.reward_names):

@@ -13,7 +13,7 @@ and small jitted population updates. Baselines at the same candidate budget: bes
 prompts only) and sequential revision (one lineage's best as the single parent).
 
 Returns the same `SearchResult` as the in-graph search (`vpo.search.ingraph.run_method`), so
-`summarize` and `write_report` serve both; `vpo.search.methods.run_all_methods` dispatches.
+`summarize` and `write_search_traces` serve both; `vpo.search.methods.run_all_methods` dispatches.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from vpo.config import SamplerConfig
 from vpo.errors import ConfigError
-from vpo.eval import metrics as evaluation
+from vpo.eval import metrics
 from vpo.rollout.sampler import sample_with_keys
 from vpo.search import population as ops
 from vpo.search.ingraph import SearchConfig, SearchResult, SearchTrace, check_method
@@ -190,7 +190,7 @@ class _Tracker:
 
 
 def _island_diversity(pop_NIQ: Population):
-    return np.asarray(jnp.mean(jax.vmap(evaluation.reward_diversity)(
+    return np.asarray(jnp.mean(jax.vmap(metrics.reward_diversity)(
         pop_NIQ.rewards_XR, pop_NIQ.valid_X), axis=-1))
 
 
@@ -255,7 +255,7 @@ def _search(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Tracke
 
 
 def _pool_diversity(rew_NXR, val_NX):
-    return np.asarray(evaluation.reward_diversity(jnp.asarray(rew_NXR), jnp.asarray(val_NX)))
+    return np.asarray(metrics.reward_diversity(jnp.asarray(rew_NXR), jnp.asarray(val_NX)))
 
 
 def _best_of_n(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Tracker):

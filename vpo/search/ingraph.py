@@ -1,15 +1,15 @@
 """In-graph evolutionary search with the policy as mutation operator (islands on the mesh).
 
-Mind Evolution (Lee et al., arXiv 2501.09891; digest §5) and the AlphaEvolve-style test-time
-search of VPO (digest §1.9): I islands of Q members. One generation, per island: select parents
-(tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with `task.mutation_prompt`
-(or, with probability `fresh_rate`, the plain task prompt), sample children with the policy (m
-answers per call, each one candidate, read from the generated text as symbol ids), score them
-with the task's in-graph reward, drop duplicates, keep the
-best Q of members ∪ children; every `migration_interval` generations the best
-`migration_count` of island i replace the worst of island i+1 (ring); optionally the weakest
-islands are re-seeded from the global elites. `lax.scan` over generations inside one jit, vmapped
-over problems, with the island axis sharded over the mesh's data axes.
+Mind Evolution (Lee et al., arXiv 2501.09891) and the AlphaEvolve-style test-time search of VPO
+(Bahlous-Boldi et al., arXiv 2605.22817): I islands of Q members. One generation, per island: select
+parents (tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with
+`task.mutation_prompt` (or, with probability `fresh_rate`, the plain task prompt), sample children
+with the policy (m answers per call, each one candidate, read from the generated text as symbol
+ids), score them with the task's in-graph reward, drop duplicates, keep the best Q of members ∪
+children; every `migration_interval` generations the best `migration_count` of island i replace the
+worst of island i+1 (ring); optionally the weakest islands are re-seeded from the global elites.
+`lax.scan` over generations inside one jit, vmapped over problems, with the island axis sharded over
+the mesh's data axes.
 
 One shape, as evosax: `make_search(task, cfg, propose, mesh) -> (init, step)` with
 `init(key, problem)` and `step(key, state)`, pure and traceable. The children come from
@@ -36,8 +36,7 @@ import numpy as np
 from flax import nnx
 
 from vpo.config import ConfigError, SearchConfig
-from vpo.eval import metrics as evaluation
-from vpo.eval import plots
+from vpo.eval import metrics, plots
 from vpo.model import sharding
 from vpo.rollout.sampler import generate
 from vpo.search import population as ops
@@ -197,7 +196,7 @@ def trace_point(state: SearchState, diversity=None) -> SearchTrace:
     """One point of the curves (diversity: default, the mean pairwise reward distance inside
     the islands)."""
     if diversity is None:
-        diversity = jnp.mean(evaluation.reward_diversity(state.population.rewards_XR,
+        diversity = jnp.mean(metrics.reward_diversity(state.population.rewards_XR,
                                                          state.population.valid_X))
     return SearchTrace(state.best_fitness, state.solved, diversity, state.evaluated)
 
@@ -302,7 +301,7 @@ def _search(model, task, cfg, propose, mesh, problem, key):
 
 def _pool_state(task, state, kids_N):
     """Best-of-N step: count and record a pool of fresh candidates."""
-    return _record(task, state, kids_N), evaluation.reward_diversity(
+    return _record(task, state, kids_N), metrics.reward_diversity(
         kids_N.rewards_XR[None], kids_N.valid_X[None])[0]
 
 
@@ -358,10 +357,10 @@ def _revision(model, task, cfg, propose, mesh, problem, key):
         better_H = jnp.max(cand_HN, axis=-1) > lines.fitness_X
         lines = jax.tree.map(lambda old, new: jnp.where(
             better_H.reshape((H,) + (1,) * (old.ndim - 1)), new[j_H], old), lines, kids)
-        div = evaluation.reward_diversity(lines.rewards_XR[None], lines.valid_X[None])[0]
+        div = metrics.reward_diversity(lines.rewards_XR[None], lines.valid_X[None])[0]
         return (state, lines), trace_point(state, div)
 
-    first = trace_point(state, evaluation.reward_diversity(best_H.rewards_XR[None],
+    first = trace_point(state, metrics.reward_diversity(best_H.rewards_XR[None],
                                                       best_H.valid_X[None])[0])
     (final, _), trace = jax.lax.scan(step, (state, best_H),
                                      (jnp.arange(cfg.generations),
@@ -430,8 +429,8 @@ def summarize(traces: dict[str, SearchTrace]) -> dict:
     return out
 
 
-def write_report(out_dir: str, traces: dict[str, SearchTrace], *, title: str | None = None
-                 ) -> tuple[str, str]:
+def write_search_traces(out_dir: str, traces: dict[str, SearchTrace], *,
+                        title: str | None = None) -> tuple[str, str]:
     """`search_traces.json` and `search_solved.png` (solved problems vs candidates evaluated)."""
     summary = summarize(traces)
     os.makedirs(out_dir, exist_ok=True)

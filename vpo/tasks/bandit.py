@@ -1,10 +1,11 @@
-"""The three-armed vector bandit of the VPO toy (digest §1.10, `notebooks/01_vpo_from_scratch`).
+"""The three-armed vector bandit of the VPO toy (Bahlous-Boldi et al., arXiv 2605.22817; the
+authors' `notebooks/01_vpo_from_scratch`).
 
 Every problem is the same fixed statement; each answer is one arm, A, B or C, with reward
 vectors (1, 0), (0, 1) and (0.6, 0.6) (R = 2, w* = (0.5, 0.5)). Under w* the compromise C is best
 (0.6 > 0.5), so scalar GRPO collapses every slot onto C; the Dirichlet expected max
 E_w[max_j wᵀr_j] is 0.75 for {A, B} but 0.60 for {C, C}, so VPO spreads its slots over the corners
-(digest §8 unit checks). Repeated arms inside one generation are duplicates (masked).
+(the authors' notebook's unit checks). Repeated arms inside one generation are duplicates (masked).
 
 Record: {"index": i} (the index only counts problems). Solved (pass@k): w*ᵀr >= 0.6, i.e. the
 w*-optimal arm C; the corners are what E_w[max] and reward-space diversity measure.

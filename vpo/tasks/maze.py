@@ -1,4 +1,5 @@
-"""The designed-conflict maze over text (VPO arXiv 2605.22817, digest §1.4 Maze row).
+"""The designed-conflict maze over text (the maze task of VPO, Bahlous-Boldi et al., arXiv
+2605.22817).
 
 World, generator and rules (the authors' `vpo_tasks/maze.py`): `vpo.tasks.maze_world`. Here: the
 record and text formats, the jnp reward and the `Task` factory.
@@ -18,13 +19,13 @@ is move i in that order).
 
 Reward, R = 4 (`maze_world.route_reward`): completion * (1, gold, diamond, avoid_lava) with the
 fractions collected / total (avoid_lava = 1 - lava stepped / lava total) taken as they are
-(`scoring="linear"`, the shape PAPER_REPRO.md describes) or, the default and the authors'
-generated data, `scoring="convex_bonus"`: each fraction squared, x1.5 once the centre bonus tile
-is visited, clamped to 1 (digest §1.11 item 3). completion = 1 iff the route reaches E within the
-budget; items, lava and the bonus count only on tiles entered before E. Wall bumps stay in place
-and cost a step. A route with a word that is not a move is invalid (zero row; the authors skip
-such words), and so is an exact duplicate of an earlier route in the same generation.
-w* = the mean of the four components.
+(`scoring="linear"`, the shape the authors' ryanboldi/vpo PAPER_REPRO.md describes) or, the default
+and the authors' generated data, `scoring="convex_bonus"`: each fraction squared, x1.5 once the
+centre bonus tile is visited, clamped to 1 (the VPO paper's maze scoring). completion = 1 iff the
+route reaches E within the budget; items, lava and the bonus count only on tiles entered before E.
+Wall bumps stay in place and cost a step. A route with a word that is not a move is invalid (zero
+row; the authors skip such words), and so is an exact duplicate of an earlier route in the same
+generation. w* = the mean of the four components.
 
 Solved (pass@k): w*ᵀr >= 3/4, the value of a lava-free route that collects a whole zone, i.e.
 the best a single-objective route can do given the designed conflict. Under convex_bonus a route

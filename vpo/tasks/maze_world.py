@@ -1,6 +1,6 @@
 """Host-side maze world: procedural generation, shortest routes, and a plain-Python reward.
 
-The designed-conflict maze of VPO (arXiv 2605.22817; digest §1.4 Maze row), with the rules of
+The designed-conflict maze of VPO (Bahlous-Boldi et al., arXiv 2605.22817), with the rules of
 the authors' generator and scorer (ryanboldi/vpo `vpo_tasks/maze.py`, `_build_maze` and
 `score_trajectory`):
 

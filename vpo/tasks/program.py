@@ -2,12 +2,12 @@
 
 Each problem hides a random target program (`program_lang`) and shows R input/output examples;
 an answer is a program; the reward vector is the per-test pass indicator (R components, as the
-LiveCodeBench case study of VPO, arXiv 2605.22817 §1.4 of the digest):
+LiveCodeBench case study of VPO, Bahlous-Boldi et al., arXiv 2605.22817):
 
     r_i = [run(answer, x_i) == y_i],  i = 1..R;   w* = (1/R, ..., 1/R);   solved = all r_i = 1
 
-This is the main target of the in-graph evolutionary search (digest §1.9: fitness = pass
-fraction, the policy is the mutation operator).
+This is the main target of the in-graph evolutionary search (as in VPO's test-time search,
+arXiv 2605.22817: fitness = pass fraction, the policy is the mutation operator).
 
 Record: {"inputs": [x_1..x_R], "outputs": [y_1..y_R], "target": "x 3 + dup *"}.
 Statement: the language in one sentence, then `Examples: x_1 -> y_1 ; ... ; x_R -> y_R`.

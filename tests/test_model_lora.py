@@ -45,7 +45,7 @@ M, RANK, STEPS = 2, 4, 2
 
 
 def compact_bandit():
-    """The bandit on a 12-token vocabulary (as in test_train: a random policy fills slots)."""
+    """The bandit on a 12-token vocabulary (as in test_rl_step: a random policy fills slots)."""
     task = make_task("bandit", max_answers=4)
     slots = [answers_lib.open_tag(k) for k in (1, 2)]
     slots += [f"{arm} {answers_lib.close_tag(k)}" for k in (1, 2) for arm in ARMS]

@@ -380,7 +380,7 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
         host, ok = task.task.score([records[0]], [[task.symbols_text(tok[i, q], msk[i, q])]])
         assert ok[0, 0]
         np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_XR[i, q]))
-    json_path, png = search.write_report(str(tmp_path), traces)
+    json_path, png = search.write_search_traces(str(tmp_path), traces)
     with open(json_path) as fh:
         summary = json.load(fh)
     assert summary["search"]["evaluated"] == [4, 8, 12]

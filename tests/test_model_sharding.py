@@ -5,6 +5,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vpo.config import model_preset
@@ -35,13 +36,21 @@ def test_logical_spec(axes, shape, mesh_kw, want):
 
 
 def test_shard_model_places_every_parameter_by_its_rule():
+    """Each parameter's placement is the spec its own `logical_axes` give under `RULES`
+    (replicated where it has none), and the tensor axis is used."""
     mesh = sharding.make_mesh(data=2, tensor=4)
     model = sharding.shard_model(Decoder(model_preset("tiny"), rngs=nnx.Rngs(0)), mesh)
-    state = nnx.state(model, nnx.Param)
-    sharded = [x for x in jax.tree.leaves(state) if not x.sharding.is_fully_replicated]
-    assert sharded, "no parameter was sharded over the tensor axis"
-    for x in jax.tree.leaves(state):
-        assert x.sharding.mesh.shape == mesh.shape
+    variables = jax.tree.leaves(nnx.state(model, nnx.Param),
+                                is_leaf=lambda x: isinstance(x, nnx.Variable))
+    specs = []
+    for v in variables:
+        value = v.get_value()
+        axes = v.get_metadata("logical_axes") if v.has_metadata("logical_axes") else None
+        want = P() if axes is None else sharding.logical_spec(axes, value.shape, mesh)
+        assert value.sharding.is_equivalent_to(NamedSharding(mesh, want), value.ndim), (
+            axes, value.shape, value.sharding.spec, want)
+        specs.append(want)
+    assert len(variables) > 5 and any("tensor" in spec for spec in specs)
 
 
 def test_batch_sharding_and_host_rows():

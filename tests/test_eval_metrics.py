@@ -36,7 +36,7 @@ def test_pass_at_k_equals_enumeration_over_all_k_subsets():
 
 def test_pass_at_k_reference_values():
     correct = np.zeros((3, 10), bool)
-    correct[0, :3] = True  # n = 10, c = 3, k = 4: 1 - C(7,4)/C(10,4) = 0.8333 (digest §8)
+    correct[0, :3] = True  # n = 10, c = 3, k = 4: 1 - C(7,4)/C(10,4) = 0.8333 (Chen et al. 2021)
     correct[1, :7] = True  # n - c = 3 < k: certain
     got = evaluation.pass_at_k(correct, 4)
     np.testing.assert_allclose(got, [1 - 35 / 210, 1.0, 0.0], atol=1e-6)
@@ -244,7 +244,7 @@ def test_evaluate_policy_samples_a_real_policy(tmp_path):
     assert a == b  # same key, same metrics
     assert {"best@1", "pass@4", "diversity", "emax", "distinct", "entropy"} <= set(a)
     assert 0.0 <= a["valid_fraction"] <= 1.0 and a["entropy"] > 0
-    table = policy_eval.write_report(str(tmp_path), {"tiny": a}, [1, 2, 4], title="bandit")
+    table = policy_eval.write_eval_table(str(tmp_path), {"tiny": a}, [1, 2, 4], title="bandit")
     assert "| tiny |" in table and (tmp_path / "best_at_k.png").exists()
     with pytest.raises(ValueError, match="multiple of num_answers"):
         policy_eval.sample_pool(model, task, records, num_answers=3, budget=4,

@@ -334,9 +334,9 @@ def test_unbounded_trl_rewards_are_named_with_how_to_fix(files):
 def test_trl_rewards_on_their_own_scale_run_with_a_declared_range(files):
     """TRL's quickstart reward (-abs(20 - len)) and a raw length run unchanged once their
     range is declared: v → (v - lo) / (hi - lo), clipped to [0, 1] with one warning."""
-    from vpo.cli import checks
+    from vpo.cli import arguments
 
-    ranges = checks.parse_reward_ranges(["reward_len=-20:0", "char_length_reward=0:20"])
+    ranges = arguments.parse_reward_ranges(["reward_len=-20:0", "char_length_reward=0:20"])
     assert ranges == {"reward_len": [-20.0, 0.0], "char_length_reward": [0.0, 20.0]}
     task = task_of(files, "standard", "reward_len", "char_length_reward",
                    reward_ranges=ranges)
@@ -353,7 +353,7 @@ def test_trl_rewards_on_their_own_scale_run_with_a_declared_range(files):
     with pytest.raises(ConfigError, match="give LO < HI"):
         task_of(files, "standard", "reward_len", reward_ranges={"reward_len": (0, -50)})
     with pytest.raises(ConfigError, match="expected NAME=LO:HI"):
-        checks.parse_reward_ranges(["reward_len=-50"])
+        arguments.parse_reward_ranges(["reward_len=-50"])
 
 
 @pytest.mark.parametrize("name, signature, missing", [

@@ -1,5 +1,7 @@
-"""RL / SFT trainer: smoke run, learning on the bandit, non-finite guard, host path, mesh, SFT,
-and SFT then RL through a byte-level BPE checkpoint.
+"""The RL step (`vpo.rl.step`): learning on the bandit, non-finite guard, host path, mesh,
+remat, config errors, state from a model, chunked log-probs, DAPO dynamic sampling and overlong
+penalty, Clip-Cov / KL-Cov selection. The loop that drives it is in test_rl_loop.py, SFT in
+test_rl_sft.py; both import this file's helpers.
 
 All RL tests share one tiny shape (bandit on a 12-token vocabulary, B=4 prompts, G=8, M=2
 answers, T=9, tiny model, 2 minibatches × 2 micro-batches) so the compiles are reused (and hit
@@ -12,7 +14,6 @@ import dataclasses
 import functools
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,12 +28,11 @@ from vpo.config import (
     TrainConfig,
     model_preset,
 )
-from vpo.io.tokenizer import load_tokenizer, word_tokenizer
+from vpo.io.tokenizer import word_tokenizer
 from vpo.model import sharding
 from vpo.rl import checks as rl_checks
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
-from vpo.rl import sft as sft_lib
 from vpo.rl import step as train_lib
 from vpo.rollout import rewards as rewards_lib
 from vpo.tasks import answers as answers_lib
@@ -139,44 +139,6 @@ def test_compact_bandit_reads_two_token_slots(task):
     r, ok = jax.jit(functools.partial(task.reward, num_answers=M))(problem, tokens[0], mask[0])
     np.testing.assert_allclose(r, want_r[0])
     np.testing.assert_array_equal(ok, want_ok[0])
-
-
-def test_smoke_train_writes_metrics(task, tmp_path):
-    # an entropy bonus gives every step a gradient, whatever the rewards
-    run = dataclasses.replace(run_config(task, steps=3, profile_every=2),
-                              objective=ObjectiveConfig(entropy_coef=0.01))
-    graphdef, state = loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(),
-                                      progress=False)
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for r in rows:
-        for key in ("loss", "reward", "entropy", "skipped_updates", "adv_std", "diversity",
-                    "truncation_rate", "answers_per_rollout", "reward/first", "clip_frac_high",
-                    "high_entropy_frac", "kl_cov_frac", "zero_variance_frac", "step_time_s",
-                    "solved_rate", "cov_logp_adv"):
-            assert np.isfinite(r[key]), key
-        assert r["generated_tokens"] == round(r["response_length"] * 4 * 8)  # B·G rollouts
-        np.testing.assert_allclose(r["tokens_per_s"], r["generated_tokens"] / r["step_time_s"])
-    # step 2 (profile_every=2) is timed in parts: sampling alone, then the step; so is the last
-    # step, which logs a sample (sample_every=10 > 3 steps: a short run still shows one)
-    for split in (rows[1], rows[2]):
-        assert split["sampling_time_s"] > 0 and split["update_time_s"] >= 0
-    assert "sampling_time_s" not in rows[0]
-    assert {r["step"] for r in read_jsonl(tmp_path / "samples.jsonl")} == {3}
-    assert int(state.step) == 3
-    _, fresh, _ = train_lib.init_state(run.model, train_lib.make_optimizer(run.train),
-                                       one_device(), seed=run.train.seed)
-    moved = [np.abs(a - b).max() for a, b in zip(params_of(state), params_of(fresh), strict=True)]
-    assert max(moved) > 0
-    assert os.listdir(tmp_path / "tb")
-    assert json.loads((tmp_path / "config.json").read_text())["objective"]["advantage"] == "grpo"
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]
-    # the tokenizer the run read its task through, beside the run and beside the policy
-    for folder in (tmp_path, tmp_path / "policy"):
-        tok = load_tokenizer(folder)
-        assert tok.backend.get_vocab() == task.tokenizer.backend.get_vocab()
-        assert (tok.stop_ids, tok.pad_id) == (task.tokenizer.stop_ids, task.tokenizer.pad_id)
-    assert json.loads((tmp_path / "policy" / "policy.json").read_text())["steps"] == 3
 
 
 @pytest.mark.parametrize("advantage", ["grpo", "vpo"])
@@ -287,63 +249,6 @@ def test_config_errors_name_the_field(task):
     huge = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler, num_samples=10**8))
     with pytest.raises(ConfigError, match=r"sampler\.num_samples: 100000000 .* need at least"):
         rl_checks.check_run(huge, task, P)
-
-
-def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
-    maze = bound("maze")
-    records = maze.make_problems(0, 64)
-    T = maze.completion_len(M)
-    P = data_lib.prompt_tables(maze, records, M).prompt_len
-    P2 = data_lib.prompt_tables(maze, records, M, mutation_fraction=0.25).prompt_len
-    run = RunConfig(model=model_preset("tiny", vocab_size=maze.tokenizer.size,
-                                       max_seq_len=P + T),
-                    sampler=SamplerConfig(max_new_tokens=T),
-                    train=TrainConfig(num_answers=M, num_problems=64, mutation_fraction=0.25))
-    assert P2 > P
-    with pytest.raises(ConfigError, match=f"prompt {P2}"):
-        rl_checks.check_run(run, maze, P2)
-    rl_checks.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze, P)
-    # the loop sizes the sequence for the mutation prompts it mixes in (before any compile)
-    with pytest.raises(ConfigError, match=f"prompt {P2}"):
-        loop_lib.train(run, str(tmp_path / "run"), task=maze, mesh=one_device(), progress=False)
-    assert not os.path.exists(tmp_path / "run")
-    arith = bound("arithmetic")
-    host = dataclasses.replace(run, model=model_preset("tiny", vocab_size=arith.tokenizer.size,
-                                                       max_seq_len=4096),
-                               sampler=SamplerConfig(max_new_tokens=arith.completion_len(M)))
-    with pytest.raises(ConfigError, match="no in-graph mutation prompts"):
-        rl_checks.check_run(host, arith, prompt_len(arith))
-
-
-def solved_fraction(model, task, records, num_answers, num_samples, key) -> float:
-    """Share of sampled generations (`num_samples` per problem) with a solving answer."""
-    from vpo.rollout import sampler
-
-    prompts, mask = task.prompt_arrays(records, num_answers)
-    tok = task.tokenizer
-    rollout = sampler.sample(model, prompts, mask, key,
-                             SamplerConfig(task.completion_len(num_answers), num_samples),
-                             stop_ids=tok.stop_ids, pad_id=tok.pad_id)
-
-    @jax.jit
-    def solved(problems, tokens_BGT, mask_BGT):
-        r, ok = rewards_lib.in_graph_rewards(task, problems, tokens_BGT, mask_BGT, num_answers)
-        return jnp.mean(jnp.any(jax.vmap(jax.vmap(jax.vmap(task.solved)))(r) & ok, axis=-1))
-
-    return float(solved(task.problem_arrays(records), rollout.tokens_BGT, rollout.mask_BGT))
-
-
-def test_sft_learns_maze_demonstrations():
-    maze = bound("maze")
-    T = maze.completion_len(1)
-    cfg = model_preset("tiny", vocab_size=maze.tokenizer.size, max_seq_len=prompt_len(maze, 1) + T)
-    graphdef, state, losses = sft_lib.run_sft(maze, cfg, 150, batch_size=32,
-                                                learning_rate=5e-3, num_demos=256,
-                                                mutation_fraction=0.0)
-    assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:5])
-    model = train_lib.model_of(graphdef, state)
-    assert solved_fraction(model, maze, maze.make_problems(123, 64), 1, 4,
-                           jax.random.key(0)) > 0.05
 
 
 def test_state_from_model_with_kl_reference(task):
@@ -572,42 +477,3 @@ def test_dapo_config_errors():
     with pytest.raises(ConfigError, match="objective.overlong_cache_len"):
         ObjectiveConfig(overlong_cache_len=5, overlong_max_len=4)
 
-
-@pytest.mark.skipif(not os.path.isdir(BPE_FIXTURE),
-                    reason="no tests/fixtures/hf/qwen2_bpe/; write it with "
-                           ".venv/bin/python tests/fixtures/make_bpe_fixture.py")
-def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
-    """A random tiny Qwen2 with a real byte-level BPE tokenizer (tags and moves split over several
-    tokens, a chat template, pad = `<|endoftext|>` at the END of the vocabulary, two stop ids):
-    SFT on maze demonstrations, then RL steps through `vpo.rl.loop.train` from the SFT policy; the
-    RL rollouts solve mazes, and the policy folder carries the checkpoint's tokenizer."""
-    from vpo.io import checkpoint
-
-    model, tok, _ = checkpoint.load_model("hf:" + BPE_FIXTURE)
-    assert len(tok.stop_ids) == 2 and tok.pad_id == tok.size - 3
-    maze = bind(make_task("maze"), tok)
-    t0 = time.perf_counter()
-    graphdef, state, losses = sft_lib.run_sft(maze, model.cfg, 100, batch_size=16,
-                                                learning_rate=3e-3, num_demos=256,
-                                                mutation_fraction=0.0, init=model)
-    t_sft = time.perf_counter() - t0
-    assert np.mean(losses[-10:]) < 0.25 * np.mean(losses[:5]), losses
-    run = RunConfig(model=model.cfg,
-                    sampler=SamplerConfig(max_new_tokens=maze.completion_len(1), num_samples=8),
-                    objective=ObjectiveConfig(advantage="vpo"),
-                    train=TrainConfig(batch_size=4, num_answers=1, num_problems=64, steps=3,
-                                      learning_rate=1e-4, profile_every=0,
-                                      checkpoint_every=1000),
-                    task="maze")
-    t0 = time.perf_counter()
-    loop_lib.train(run, str(tmp_path), task=maze, mesh=one_device(), progress=False,
-                   init=train_lib.model_of(graphdef, state))
-    t_rl = time.perf_counter() - t0
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert max(r["solved_rate"] for r in rows) > 0, rows
-    assert all(r["answers_per_rollout"] > 0 and r["skipped_updates"] == 0 for r in rows)
-    saved = load_tokenizer(tmp_path / "policy")
-    assert (saved.stop_ids, saved.pad_id) == (tok.stop_ids, tok.pad_id)
-    assert saved.chat_template == tok.chat_template
-    print(f"bpe maze: sft {t_sft:.1f}s, rl {t_rl:.1f}s")

@@ -5,7 +5,7 @@ The fixtures in tests/fixtures/hf/ are tiny random checkpoints written by transf
 logits, generations and tokenizations transformers produced on them (see make_hf_fixtures.py), so
 these tests need neither torch nor transformers. The `live` tests at the end run only where both
 are importable. The tokenizer itself (chat templates, encode/decode, special ids against
-transformers) is tested in test_tokenizer.py.
+transformers) is tested in test_io_tokenizer.py.
 """
 
 import json

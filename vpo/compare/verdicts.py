@@ -1,0 +1,199 @@
+"""The claims a `vpo compare` headline is judged on: those of the VPO and entropy papers
+(`check`, exploratory) and the comparison's pre-registered primary claims (`primary_claims`,
+at most `MAX_PRIMARY`, Holm over their own family), each a paired claim over training seeds
+built from `vpo.eval.claims`' tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vpo.eval.claims import (
+    INCONCLUSIVE,
+    at_seeds,
+    compare_values,
+    entropy_law_claim,
+    gap_grows,
+    holm,
+    make_claim,
+    matched_seeds,
+)
+
+BASELINES = ("grpo", "maxk", "rw_grpo", "passk", "multi_rlvr")
+ENTROPY_CONTROLS = ("clip_cov", "kl_cov", "entropy_mask")
+
+
+def _series(rows: Mapping[str, Any], row: str, metric: str | None = None
+            ) -> tuple[list[int], list[float]] | None:
+    """(seed ids, values) of one row's metric ({"seeds", "values": {metric: [...]}}, or
+    {"seeds", "values": [...]} with metric None); None when the row or metric is absent."""
+    r = rows.get(row)
+    v = None if r is None else (r["values"] if metric is None else r["values"].get(metric))
+    return None if v is None else (_seeds(rows, row), list(v))
+
+
+def _seeds(rows: Mapping[str, Any], row: str) -> list[int]:
+    if "seeds" not in rows[row]:
+        raise ValueError(f"row {row!r} has no seed ids: claims pair rows by seed id")
+    return list(rows[row]["seeds"])
+
+
+def _paired(text: str, a, b, names, **kw) -> dict[str, Any]:
+    """compare_values on two `_series`, matched by seed id."""
+    return compare_values(text, a[1], b[1], names=names, seeds=(a[0], b[0]), **kw)
+
+
+def _solving(head, a: str, b: str, metric: str) -> str:
+    """The pass@k (solving) means beside a best@k claim, so a partial-credit gain is not read
+    as solving; "" when the headline has no pass@k."""
+    pa, pb = _series(head, a, metric), _series(head, b, metric)
+    if pa is None or pb is None:
+        return ""
+    return f"; solving, {metric}: {np.mean(pa[1]):.3f} vs {np.mean(pb[1]):.3f}"
+
+
+def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
+          ) -> list[dict[str, Any]]:
+    """The claims of the VPO and entropy papers on a `vpo compare` headline.
+
+    head: {row: {"m": answers per generation, "seeds": [seed id], "values": {metric: [value per
+      seed]}}} with metrics "best@k" for every k in `ks`, "diversity" (eval candidates), "train
+      entropy", "train diversity" and optionally "pass@k"; rows are paired by seed id
+      (`pair_by_seed`: different seed lists are a ValueError).
+    law: {arm: [{"step", "entropy", "score"} per seed]} (held-out evaluation score over
+      training); search: the output of `search_claim_inputs` ({row: {"seeds", "values"}}, per
+      seed solved counts).
+    Token-entropy and training-diversity claims compare arms with the same m only (token counts
+    and group pool sizes differ with m). Claims whose arms did not run are left out. The list
+    is Holm-adjusted as one family (`holm`).
+    """
+    N = ks[-1]
+    out: list[dict[str, Any]] = []
+    if "vpo" in head:
+        mv = head["vpo"]["m"]
+        for base in (b for b in BASELINES if b in head):
+            names = ("vpo", base)
+            c = _paired(f"VPO best@{N} > {base} best@{N} (equal candidate budget)",
+                        _series(head, "vpo", f"best@{N}"), _series(head, base, f"best@{N}"),
+                        names)
+            c["evidence"] += _solving(head, "vpo", base, f"pass@{N}")
+            out.append(c)
+            seeds = matched_seeds(_seeds(head, "vpo"), _seeds(head, base), names=names,
+                                  text=f"the best@k gap VPO - {base}")
+            a_SK = np.transpose([at_seeds(*_series(head, "vpo", f"best@{k}"), seeds,
+                                          name="vpo") for k in ks])
+            b_SK = np.transpose([at_seeds(*_series(head, base, f"best@{k}"), seeds, name=base)
+                                 for k in ks])
+            out.append(gap_grows(f"the best@k gap VPO - {base} grows with k and is positive at "
+                                 f"k={N}", a_SK, b_SK, ks, names=names))
+            out.append(_paired(f"VPO's eval candidates have higher reward-space diversity "
+                               f"than {base}'s", _series(head, "vpo", "diversity"),
+                               _series(head, base, "diversity"), names))
+            if head[base]["m"] == mv:
+                for metric, what in (("train entropy", "token entropy"),
+                                     ("train diversity", "reward-space diversity")):
+                    a, b = _series(head, "vpo", metric), _series(head, base, metric)
+                    if a is not None and b is not None:
+                        out.append(_paired(
+                            f"VPO keeps higher {what} of training rollouts (last 20% of steps) "
+                            f"than {base} (both m={mv})", a, b, names))
+            if search is not None and "vpo" in search and base in search:
+                out.append(_paired(
+                    f"in search at equal budget, VPO's policy solves more of the hard problems "
+                    f"than {base}'s", _series(search, "vpo"), _series(search, base), names))
+    for arm in (a for a in ENTROPY_CONTROLS if a in head):
+        if "grpo" in head and head["grpo"]["m"] == head[arm]["m"]:
+            a, b = _series(head, arm, "train entropy"), _series(head, "grpo", "train entropy")
+            if a is not None and b is not None:
+                out.append(_paired(f"{arm} keeps token entropy of training rollouts above "
+                                   "plain GRPO (last 20% of steps)", a, b, (arm, "grpo")))
+    if law and "grpo" in law:
+        out.append(entropy_law_claim(
+            "the entropy law R = -a·exp(H) + b predicts GRPO's held-out evaluation score from "
+            "training entropy better than a linear-in-H fit, a trend in steps and a constant "
+            "(fit on the early half, judged on the later half)", law["grpo"]))
+    return holm(out)
+
+
+def search_claim_inputs(solved_RSX: Mapping[str, Any], seeds: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, list]]:
+    """Per row, the seed ids and the number of hard problems solved per training seed, averaged
+    over search seeds: solved_RSX[row] is bool [training seed, search seed, problem] with
+    training seed r = seeds[row][r] → {row: {"seeds": [...], "values": [per seed]}}."""
+    out = {}
+    for row, x in solved_RSX.items():
+        values = np.asarray(x, float).sum(-1).mean(-1).tolist()
+        if len(seeds[row]) != len(values):
+            raise ValueError(f"search rows of {row}: {len(values)} training seeds, seed ids "
+                             f"{list(seeds[row])}")
+        out[row] = {"seeds": list(seeds[row]), "values": values}
+    return out
+
+
+# -- pre-registered primary claims ---------------------------------------------------------------
+
+PRIMARY_ARMS = ("vpo", *BASELINES)  # the arms a primary claim may name
+PRIMARY_METRICS = ("best", "pass")  # best@N (partial credit) and pass@N (solving), N the budget
+WARM = "warm"  # "A-warm:metric": arm A against its own warm start (same m)
+PRIMARY_KEYS = tuple(f"{a}-{b}:{m}" for a in PRIMARY_ARMS
+                     for b in (*PRIMARY_ARMS, WARM) if b != a for m in PRIMARY_METRICS)
+MAX_PRIMARY = 3
+
+
+def primary_keys(text: str) -> list[str]:
+    """The comma-separated primary claim keys of a config, checked: each "A-B:metric" (claim: arm
+    A's metric@N above B's, B an arm or "warm" for A's warm start, metric best or pass) from
+    `PRIMARY_KEYS`, none twice, at most MAX_PRIMARY; a ValueError naming the problem."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in PRIMARY_KEYS]
+    if unknown:
+        raise ValueError(f"unknown primary claim(s) {', '.join(unknown)}: write A-B:metric with "
+                         f"A one of {', '.join(PRIMARY_ARMS)}, B another or {WARM!r} (A's warm "
+                         f"start), metric one of {', '.join(PRIMARY_METRICS)}, e.g. vpo-grpo:best")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{text!r} names a primary claim twice")
+    if len(keys) > MAX_PRIMARY:
+        raise ValueError(f"{len(keys)} primary claims; at most {MAX_PRIMARY} (each one more "
+                         "raises the seeds Holm needs)")
+    return keys
+
+
+def primary_text(key: str, N: int) -> str:
+    """The claim a primary key states (the same words as the exploratory claim it replaces)."""
+    ab, metric = key.split(":")
+    a, b = ab.split("-")
+    if b == WARM:
+        return f"{a} {metric}@{N} above its warm start's"
+    return f"{'VPO' if a == 'vpo' else a} {metric}@{N} > {b} {metric}@{N} (equal candidate budget)"
+
+
+def primary_rows(key: str, head: Mapping[str, Any]) -> tuple[str, str]:
+    """The two headline rows a primary key compares (the warm start in A's m for "warm")."""
+    a, b = key.split(":")[0].split("-")
+    if b == WARM:
+        return a, f"sft (m={head[a]['m']})" if a in head else "sft"
+    return a, b
+
+
+def primary_claims(head: Mapping[str, Any], keys: Sequence[str], N: int
+                   ) -> list[dict[str, Any]]:
+    """The primary family: each key's claim on the headline (`primary_rows`, paired by seed id,
+    one-sided at LEVEL), Holm-adjusted over the family; a key whose rows or metric are absent
+    from the headline is a claim "not measured" (inconclusive, p 1) so the family keeps its
+    pre-registered size."""
+    out = []
+    for key in keys:
+        metric = f"{key.split(':')[1]}@{N}"
+        a, b = primary_rows(key, head)
+        sa, sb = _series(head, a, metric), _series(head, b, metric)
+        if sa is None or sb is None:
+            c = make_claim(primary_text(key, N), INCONCLUSIVE, [], f"not measured: the headline "
+                       f"has no {metric} of {a if sa is None else b}", 1.0)
+            c["note"] = ""
+        else:
+            c = _paired(primary_text(key, N), sa, sb, (a, b))
+        out.append({**c, "key": key})
+    return holm(out)
