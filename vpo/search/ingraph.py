@@ -1,7 +1,8 @@
 """In-graph evolutionary search with the policy as mutation operator (islands on the mesh).
 
-Mind Evolution (Lee et al., arXiv 2501.09891; digest §5) and the AlphaEvolve-style test-time
-search of VPO (digest §1.9): I islands of Q members. One generation, per island: select parents
+Mind Evolution (Lee et al., arXiv 2501.09891) and the AlphaEvolve-style test-time
+search of VPO (Bahlous-Boldi et al., arXiv 2605.22817): I islands of Q members. One
+generation, per island: select parents
 (tournament / Boltzmann on fitness = w*ᵀr), build mutation prompts with `task.mutation_prompt`
 (or, with probability `fresh_rate`, the plain task prompt), sample children with the policy (m
 answers per call, each one candidate, read from the generated text as symbol ids), score them
@@ -267,6 +268,44 @@ def make_search(task: BoundTask, cfg: SearchConfig, propose: Propose, mesh=None
     (answers_BMA, answer_mask_BMA)` is the mutation operator with the policy closed over, e.g.
     `functools.partial(lm_propose, model, task=task, cfg=cfg)`. `problem` is one row of
     `search_problems` (no N axis); the state carries it. `mesh` shards the island axis.
+    Shapes: B proposals per island, K parents, M = cfg.num_answers answers per proposal, A =
+    the task's answer_len symbol ids (of its `symbols`), R reward components; `fresh_B` is
+    True where a proposal starts from the plain prompt (no parents). A `propose` of your own,
+    here random point edits instead of a policy:
+
+    ```python
+    import jax, jax.numpy as jnp
+    from vpo.config import SearchConfig
+    from vpo.search.ingraph import make_search, search_problems
+    from vpo.tasks import make_task
+    from vpo.tasks.bound import bind
+    from vpo.tasks.words import task_word_tokenizer
+
+    maze = make_task("maze")
+    task = bind(maze, task_word_tokenizer(maze))
+    cfg = SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
+                       num_answers=2)
+
+    def propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B):
+        B, K, A = parents_BKA.shape
+        M, S = cfg.num_answers, len(maze.symbols)
+        k_sym, k_par, k_pos = jax.random.split(key, 3)
+        random_BMA = jax.random.randint(k_sym, (B, M, A), 0, S)
+        pick_BM = jax.random.randint(k_par, (B, M), 0, K)
+        parent_BMA = jnp.take_along_axis(parents_BKA, pick_BM[..., None], axis=1)
+        edit_BMA = jnp.arange(A) == jax.random.randint(k_pos, (B, M, 1), 0, A)
+        out_BMA = jnp.where(fresh_B[:, None, None] | edit_BMA, random_BMA, parent_BMA)
+        return out_BMA.astype(jnp.int32), jnp.ones((B, M, A), bool)
+
+    init, step = make_search(task, cfg, propose)
+    problem = jax.tree.map(lambda x: jnp.asarray(x)[0],
+                           search_problems(task, task.make_problems(0, 1), cfg.num_answers))
+    state = jax.jit(init)(jax.random.key(0), problem)
+    step = jax.jit(step)
+    for k in jax.random.split(jax.random.key(1), cfg.generations):
+        state = step(k, state)
+    print(state.best_fitness, state.best_rewards_R)
+    ```
     """
     I, K = cfg.islands, cfg.parents
 
