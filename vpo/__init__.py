@@ -16,7 +16,7 @@ The names most users need, importable from the package (each is loaded on first 
     errors       ConfigError, CheckpointError, RewardError
 
 An exported name never shadows a submodule: `from vpo import rl` is the subpackage `vpo.rl`, and
-the training loop is exported as `run_training` (there is no `vpo.train`).
+the training loop is exported as `run_training` (`from vpo import train` is an ImportError).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def main():
     for _ in range(3):
         params, loss, adv_N, metrics = train_step(params, tokens_NT, old_logp_NT, mask_NT,
                                                   rewards_N)
-    print(f"loss {float(loss):.4f}  adv_N {adv_N.shape}  "
+    print(f"devices {jax.device_count()}  loss {float(loss):.4f}  adv_N {adv_N.shape}  "
           f"nonfinite rewards {int(metrics['adv/nonfinite_rewards'])}")
     assert adv_N.shape == (N,) and bool(jnp.isfinite(loss))
     return adv_N

@@ -11,6 +11,7 @@ est.sees, est.options                            # "scalar", {"scale": "group", 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -96,7 +97,8 @@ def _defaults(spec: _Spec) -> dict:
     return {name: params[name].default for name in spec.options}
 
 
-class BoundEstimator(NamedTuple):
+@dataclasses.dataclass(frozen=True, eq=False)
+class BoundEstimator:
     """An estimator with its options bound: `est(key, rewards, solution_mask_BGM=None, *,
     mask_BG=None) -> (adv_BG, metrics)`, a pure jittable function.
 
@@ -104,7 +106,7 @@ class BoundEstimator(NamedTuple):
     rewards_BGR, "vectors" rewards_BGMR with `solution_mask_BGM` (default: every answer valid),
     "correct" correct_BG). options: every option with its value (the function's default unless
     given). key: a PRNG key; vpo and rw_grpo draw Dirichlet weights with it, the others ignore it
-    (None is fine there).
+    (None is fine there). Hashable by identity, so `jax.jit(est)` works.
     """
 
     name: str
