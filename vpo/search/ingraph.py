@@ -22,6 +22,8 @@ candidate budget, and every method returns the same `SearchTrace`. Budget: `eval
 every candidate slot the proposer returns (m per call), valid or not; it is exact: I·Q + g·I·C
 after generation g. Host-scored tasks search through `vpo.search.host` (same operators).
 """
+# size: one job, the island search as init / step; about 40 of its lines are the runnable
+# example of a `propose` of your own in `make_search`'s docstring (tested).
 
 from __future__ import annotations
 
