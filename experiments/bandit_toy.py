@@ -52,11 +52,11 @@ def train(method: str, cfg: dict, key: jax.Array) -> jax.Array:
 
     def advantages(r_GMR, key):
         if method == "grpo":
-            return objectives.grpo_advantages(r_GMR.mean((1, 2))[None])[0]
+            return objectives.grpo_advantages(r_GMR.mean((1, 2))[None])[0][0]
         adv_1G, _ = objectives.vpo_advantages(
+            key,
             r_GMR[None],
             solution_mask_1GM,
-            key=key,
             num_weights=cfg["num_weights"],
             alpha=cfg["alpha"],
         )

@@ -66,7 +66,7 @@ def main(cfg: dict | None = None) -> dict:
     for sampler in ("iid", "lattice"):
         fn = jax.jit(
             lambda r, m, k, s=sampler: objectives.vpo_advantages(
-                r, m, key=k, num_weights=K, sampler=s
+                k, r, m, num_weights=K, sampler=s
             )
         )
         t0 = time.perf_counter()

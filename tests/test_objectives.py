@@ -66,10 +66,10 @@ def np_zscore(x, eps=1e-6, ddof=0):
 
 
 # Jitted entry points shared by several tests (one compile each).
-_vpo_jit = jax.jit(lambda r, m, k: obj.vpo_advantages(r, m, key=k, num_weights=64))
+_vpo_jit = jax.jit(lambda r, m, k: obj.vpo_advantages(k, r, m, num_weights=64))
 _vpo_w_jit = jax.jit(lambda r, m, w, mask: obj.vpo_advantages(r, m, weights_BKR=w, mask_BG=mask))
 _vpo_k_jit = jax.jit(
-    lambda r, m, k, K: obj.vpo_advantages(r, m, key=k, num_weights=K), static_argnums=3
+    lambda r, m, k, K: obj.vpo_advantages(k, r, m, num_weights=K), static_argnums=3
 )
 _weights_jit = jax.jit(obj.dirichlet_weights, static_argnums=(1, 2, 3, 4, 5))
 
@@ -197,7 +197,7 @@ def test_vpo_constant_and_empty_groups_get_zero_advantage():
 def test_vpo_m1_approaches_grpo_on_component_mean():
     r, _ = random_rollouts(0)
     m = jnp.zeros((B, G, M), bool).at[..., 0].set(True)  # one answer per rollout
-    target = obj.grpo_advantages(r[:, :, 0].mean(-1), std="population")
+    target = obj.grpo_advantages(r[:, :, 0].mean(-1), std="population")[0]
     err = {}
     for K in (8, 4096):
         adv, _ = _vpo_k_jit(r, m, jax.random.key(1), K)
@@ -219,7 +219,7 @@ def test_vpo_rollout_mask_drops_padding_from_group_stats():
 def test_vpo_needs_exactly_one_weight_source():
     r, m = random_rollouts(0)
     with pytest.raises(ValueError, match="key"):
-        obj.vpo_advantages(r, m)
+        obj.vpo_advantages(None, r, m)
     with pytest.raises(ValueError, match="solution_mask_BGM"):
         obj.expected_max(r, m[..., :1], obj.dirichlet_weights(jax.random.key(0), B, 4, R))
 
@@ -261,31 +261,31 @@ def test_grpo_hand_computed():
     c = np.array([-1.5, -0.5, 0.5, 1.5])
     pop, unb = np.sqrt(1.25), np.sqrt(5 / 3)
     np.testing.assert_allclose(
-        obj.grpo_advantages(r, std="population")[0], c / (pop + 1e-6), rtol=1e-5
+        obj.grpo_advantages(r, std="population")[0][0], c / (pop + 1e-6), rtol=1e-5
     )
-    np.testing.assert_allclose(obj.grpo_advantages(r)[0], c / (unb + 1e-6), rtol=1e-5)
-    np.testing.assert_allclose(obj.grpo_advantages(r, scale="none")[0], c)
-    np.testing.assert_array_equal(obj.grpo_advantages(r)[1], 0.0)
+    np.testing.assert_allclose(obj.grpo_advantages(r)[0][0], c / (unb + 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(obj.grpo_advantages(r, scale="none")[0][0], c)
+    np.testing.assert_array_equal(obj.grpo_advantages(r)[0][1], 0.0)
     batch_sd = np.std([1, 2, 3, 4, 5, 5, 5, 5], ddof=1)
     np.testing.assert_allclose(
-        obj.grpo_advantages(r, scale="batch")[0], c / (batch_sd + 1e-6), rtol=1e-5
+        obj.grpo_advantages(r, scale="batch")[0][0], c / (batch_sd + 1e-6), rtol=1e-5
     )
 
 
 def test_grpo_mask_and_lone_rollouts():
     r = jnp.asarray([[1.0, 3.0, 100.0, -7.0], [2.0, 9.0, 9.0, 9.0]])
     mask = jnp.asarray([[True, True, False, False], [True, False, False, False]])
-    adv = obj.grpo_advantages(r, mask, scale="none")
+    adv = obj.grpo_advantages(r, mask, scale="none")[0]
     np.testing.assert_allclose(adv, [[-1, 1, 0, 0], [0, 0, 0, 0]])
 
 
 def test_bad_mode_strings_name_the_argument():
     with pytest.raises(ValueError, match="scale"):
-        obj.grpo_advantages(jnp.ones((2, 2)), scale="global")
+        obj.grpo_advantages(jnp.ones((2, 2)), scale="global")[0]
     with pytest.raises(ValueError, match="std"):
-        obj.grpo_advantages(jnp.ones((2, 2)), std="sample")
+        obj.grpo_advantages(jnp.ones((2, 2)), std="sample")[0]
     with pytest.raises(ValueError, match="rewards_BG"):
-        obj.grpo_advantages(jnp.ones((2, 2, 2)))
+        obj.grpo_advantages(jnp.ones((2, 2, 2)))[0]
 
 
 def test_clip_ranges_outside_the_ratio_bounds_are_refused():
@@ -300,10 +300,10 @@ def test_clip_ranges_outside_the_ratio_bounds_are_refused():
 def test_rloo_and_maxrl_hand_computed():
     r = jnp.asarray([[1, 2, 3, 4], [0, 1, 1, 2]])
     np.testing.assert_allclose(
-        obj.rloo_advantages(r)[0], [1 - 3, 2 - 8 / 3, 3 - 7 / 3, 4 - 2], rtol=1e-5
+        obj.rloo_advantages(r)[0][0], [1 - 3, 2 - 8 / 3, 3 - 7 / 3, 4 - 2], rtol=1e-5
     )
-    np.testing.assert_allclose(obj.maxrl_advantages(r)[1], [-1, 0, 0, 1], rtol=1e-5)
-    np.testing.assert_array_equal(obj.maxrl_advantages(jnp.zeros((1, 4))), 0.0)
+    np.testing.assert_allclose(obj.maxrl_advantages(r)[0][1], [-1, 0, 0, 1], rtol=1e-5)
+    np.testing.assert_array_equal(obj.maxrl_advantages(jnp.zeros((1, 4)))[0], 0.0)
 
 
 def brute_max_at_k(r, k):
@@ -321,11 +321,12 @@ def brute_max_at_k(r, k):
 def test_max_at_k_equals_brute_force_enumeration(k):
     rng = np.random.default_rng(k)
     r = rng.integers(0, 4, (B, G)).astype(np.float32)  # ties included
-    adv = obj.max_at_k_advantages(jnp.asarray(r), k)
+    adv = obj.max_at_k_advantages(jnp.asarray(r), k, std_normalize=False)[0]
     for b in range(B):
         np.testing.assert_allclose(adv[b], brute_max_at_k(r[b], k), atol=1e-5)
     mask = np.array([True, False, True, True])  # padding is excluded: n = 3
-    adv_m = obj.max_at_k_advantages(jnp.asarray(r), k, jnp.asarray(np.broadcast_to(mask, (B, G))))
+    adv_m = obj.max_at_k_advantages(jnp.asarray(r), k, jnp.asarray(np.broadcast_to(mask, (B, G))),
+                                    std_normalize=False)[0]
     for b in range(B):
         np.testing.assert_allclose(adv_m[b, mask], brute_max_at_k(r[b, mask], k), atol=1e-5)
         assert adv_m[b, 1] == 0
@@ -333,7 +334,7 @@ def test_max_at_k_equals_brute_force_enumeration(k):
 
 @jax.jit
 def _max_at_2_normalised(r):
-    return {std: obj.max_at_k_advantages(r, 2, std_normalize=True, std=std)
+    return {std: obj.max_at_k_advantages(r, 2, std_normalize=True, std=std)[0]
             for std in ("unbiased", "population")}
 
 
@@ -373,7 +374,8 @@ PASSK_MASK = np.array([True, False, True, True, False, True])
 def _pass_at_k_all(correct):
     """For k = 1..5 (static): advantages on the full groups and on 4 of the 6 rollouts."""
     mask = jnp.broadcast_to(jnp.asarray(PASSK_MASK), correct.shape)
-    return {k: (obj.pass_at_k_advantages(correct, k), obj.pass_at_k_advantages(correct, k, mask))
+    return {k: (obj.pass_at_k_advantages(correct, k)[0],
+                 obj.pass_at_k_advantages(correct, k, mask)[0])
             for k in range(1, PASSK_N)}
 
 
@@ -398,7 +400,7 @@ def test_pass_at_k_equals_brute_force_enumeration():
                                rtol=1e-5)
     # k = 1 is GRPO with the population std
     r = jnp.asarray(correct, jnp.float32)
-    np.testing.assert_allclose(out[1][0], obj.grpo_advantages(r, std="population"), rtol=1e-5,
+    np.testing.assert_allclose(out[1][0], obj.grpo_advantages(r, std="population")[0], rtol=1e-5,
                                atol=1e-6)
 
 
@@ -406,24 +408,24 @@ def test_random_weight_grpo_is_grpo_on_a_group_shared_dirichlet_scalarisation():
     rng = np.random.default_rng(12)
     r = jnp.asarray(rng.uniform(size=(B, G, R)), jnp.float32)
     w = jnp.asarray(rng.dirichlet(np.ones(R), size=B), jnp.float32)
-    adv, w_out = obj.random_weight_grpo_advantages(r, weights_BR=w, std="population")
-    np.testing.assert_array_equal(w_out, w)
+    adv, met = obj.random_weight_grpo_advantages(None, r, weights_BR=w, std="population")
+    np.testing.assert_array_equal(met["rw_grpo/weights_BR"], w)
     np.testing.assert_allclose(
-        adv, obj.grpo_advantages(jnp.einsum("bgr,br->bg", r, w), std="population"), rtol=1e-5)
-    _, w1 = obj.random_weight_grpo_advantages(r, key=jax.random.key(0))
-    _, w2 = obj.random_weight_grpo_advantages(r, key=jax.random.key(1))
+        adv, obj.grpo_advantages(jnp.einsum("bgr,br->bg", r, w), std="population")[0], rtol=1e-5)
+    w1 = obj.random_weight_grpo_advantages(jax.random.key(0), r)[1]["rw_grpo/weights_BR"]
+    w2 = obj.random_weight_grpo_advantages(jax.random.key(1), r)[1]["rw_grpo/weights_BR"]
     assert w1.shape == (B, R) and np.allclose(w1.sum(-1), 1.0) and bool(jnp.all(w1 >= 0))
     assert len({tuple(np.round(x, 6)) for x in np.asarray(w1)}) == B  # one per group
     assert not np.allclose(w1, w2)  # fresh per call (the step's key)
     with pytest.raises(ValueError, match="exactly one"):
-        obj.random_weight_grpo_advantages(r)
+        obj.random_weight_grpo_advantages(None, r)
 
 
 def test_best_of_group_hand_computed():
     r = jnp.asarray([[1.0, 3.0, 2.0, 0.0], [2.0, 2.0, 1.0, 0.0]])
-    adv = obj.best_of_group_advantages(r, std_normalize=False)
+    adv = obj.best_of_group_advantages(r, std_normalize=False)[0]
     np.testing.assert_allclose(adv, [[0, 1, 0, 0], [0, 0, 0, 0]])
-    adv_s = obj.best_of_group_advantages(r)
+    adv_s = obj.best_of_group_advantages(r)[0]
     np.testing.assert_allclose(adv_s[0, 1], 1 / (np.std([1, 3, 2, 0], ddof=1) + 1e-6), rtol=1e-5)
 
 
@@ -434,7 +436,7 @@ def test_gdpo_matches_numpy_reference():
     z = np.stack([[np_zscore(r[b, :, c], ddof=1) for c in range(R)] for b in range(B)])  # B R G
     s = np.einsum("brg,r->bg", z, w)
     ref = (s - s.mean()) / (s.std(ddof=1) + 1e-6)
-    np.testing.assert_allclose(obj.gdpo_advantages(jnp.asarray(r), weights_R=w), ref, atol=1e-4)
+    np.testing.assert_allclose(obj.gdpo_advantages(jnp.asarray(r), weights_R=w)[0], ref, atol=1e-4)
 
 
 _SCALAR_FNS = {
@@ -445,7 +447,8 @@ _SCALAR_FNS = {
     "pass_at_k": lambda r, mask_BG: obj.pass_at_k_advantages(r > 1, mask_BG=mask_BG),
     "best_of_group": obj.best_of_group_advantages,
 }
-_scalar_jit = {n: jax.jit(f) for n, f in _SCALAR_FNS.items()}
+_scalar_jit = {n: jax.jit(lambda *a, f=f, **k: f(*a, **k)[0])
+               for n, f in _SCALAR_FNS.items()}
 
 
 @PROPS
@@ -599,7 +602,7 @@ def test_microbatch_accumulation_equals_one_big_batch(ratio_level):
 
 def test_zero_advantage_gives_zero_policy_gradient():
     d = random_tokens(1)
-    adv = obj.grpo_advantages(jnp.full((B, G), 0.7))  # constant groups
+    adv = obj.grpo_advantages(jnp.full((B, G), 0.7))[0]  # constant groups
     np.testing.assert_array_equal(adv, 0.0)
     for agg in AGGS:
 
@@ -833,7 +836,7 @@ def test_jit_and_eager_agree(cov_control):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), eager, jitted)
     r, m = random_rollouts(6)
     key = jax.random.key(1)
-    eager_v = obj.vpo_advantages(r, m, key=key, num_weights=64)
+    eager_v = obj.vpo_advantages(key, r, m, num_weights=64)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
         eager_v,
@@ -848,7 +851,7 @@ def _everything(logp, old, adv, mask, ref, ent, rewards, sol_mask, key):
         f = lambda lp, cc=cc: _full_loss(lp, old, adv, mask, ref, ent, key, cov_control=cc)  # noqa: E731
         (loss, met), grad = jax.value_and_grad(f, has_aux=True)(logp)
         out[cc] = (loss, met, grad)
-    out["vpo"] = obj.vpo_advantages(rewards, sol_mask, key=key, num_weights=64, sampler="lattice")
+    out["vpo"] = obj.vpo_advantages(key, rewards, sol_mask, num_weights=64, sampler="lattice")
     return out
 
 

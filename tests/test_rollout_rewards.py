@@ -63,12 +63,12 @@ def direct(name, cfg, r, smask, penalty, solved, key):
         "rloo": lambda: obj.rloo_advantages(scalar),
         "maxrl": lambda: obj.maxrl_advantages(scalar),
         "gdpo": lambda: obj.gdpo_advantages(comps, weights_R=W_R),
-        "vpo": lambda: obj.vpo_advantages(r + penalty[..., None, None], smask, key=key,
-                                          num_weights=cfg.num_weights)[0],
+        "vpo": lambda: obj.vpo_advantages(key, r + penalty[..., None, None], smask,
+                                          num_weights=cfg.num_weights),
         "maxk": lambda: obj.max_at_k_advantages(scalar, 2, std_normalize=True, std="unbiased"),
         "passk": lambda: obj.pass_at_k_advantages(solved, 2),
-        "rw_grpo": lambda: obj.random_weight_grpo_advantages(comps, key=key)[0],
-    }[name]()
+        "rw_grpo": lambda: obj.random_weight_grpo_advantages(key, comps),
+    }[name]()[0]
 
 
 @jax.jit

@@ -3,7 +3,8 @@
 The names most users need, importable from the package (each is loaded on first use, so
 `import vpo` stays light and `from vpo import vpo_advantages` pulls in only jax and numpy):
 
-    objectives   vpo_advantages, grpo_advantages, policy_loss, ... (`vpo.objectives`)
+    objectives   vpo_advantages, grpo_advantages, get_estimator, policy_loss, LOSS_SETTINGS,
+                 to_groups, from_groups, ... (`vpo.objectives`; docs/objective.md)
     evaluation   pass_at_k, best_at_k, reward_diversity
     tasks        Task, make_task, bind
     loading      load_model (tiny preset, run folder, hf:/GGUF), from_pretrained,
@@ -12,9 +13,10 @@ The names most users need, importable from the package (each is loaded on first 
                  SearchConfig
     entry points run_training (`vpo.rl.loop.train`), run_sft, evaluate_policy, make_search,
                  run_method, run_host_method, run_compare
-
-An exported name never shadows a submodule: `from vpo import train` is the module `vpo.rl.step`.
     errors       ConfigError, CheckpointError, RewardError
+
+An exported name never shadows a submodule: `from vpo import rl` is the subpackage `vpo.rl`, and
+the training loop is exported as `run_training` (`from vpo import train` is an ImportError).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ _EXPORTS = {
     **{name: "vpo.objectives" for name in (
         "vpo_advantages", "grpo_advantages", "rloo_advantages", "gdpo_advantages",
         "maxrl_advantages", "max_at_k_advantages", "pass_at_k_advantages",
-        "random_weight_grpo_advantages", "dirichlet_weights", "policy_loss", "kl_estimate")},
+        "random_weight_grpo_advantages", "dirichlet_weights", "policy_loss", "kl_estimate",
+        "get_estimator", "LOSS_SETTINGS", "to_groups", "from_groups")},
     **{name: "vpo.eval.metrics" for name in ("pass_at_k", "best_at_k", "reward_diversity")},
     "Task": "vpo.tasks.base",
     "make_task": "vpo.tasks",

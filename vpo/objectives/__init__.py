@@ -1,16 +1,38 @@
 """The importable objective: pure, jittable advantage estimators and the policy-gradient loss.
 
-Depends only on jax, numpy and the name tables of `vpo.config` (plain tuples): no model, trainer
-or config objects. Every function takes masks,
-documents shapes with the dimension key (B prompts, G samples per prompt, M answers per sample,
-R reward components, K Dirichlet weight draws, T generated tokens) and returns `(value, metrics)`
-where it is a loss (and for `vpo_advantages`, which logs the authors' diagnostics).
+Imports only jax, numpy and the name tables of `vpo.config` (plain tuples): no model, trainer,
+optimiser or config objects (`pip install --no-deps vpo jax` is enough; docs/objective.md).
+Dimension key: B prompts, G samples per prompt, M answers per sample, R reward components,
+K Dirichlet weight draws, T generated tokens.
+
+Conventions:
+- Every advantage estimator returns `(adv_BG, metrics)`, and so does `policy_loss`
+  (`(loss, metrics)`); metrics are scalar arrays (random-weight GRPO adds its [B, R] weights).
+- Functions that always draw random numbers take the PRNG key first, as `jax.random` does:
+  `dirichlet_weights(key, ...)`, `vpo_advantages(key, ...)`,
+  `random_weight_grpo_advantages(key, ...)` and every `get_estimator(...)` function
+  `(key, rewards, ...)`. `policy_loss` draws only with `cov_control="clip_cov"` and takes the
+  key as `key=`.
+- Bad values, the same in every estimator: a non-finite reward of a valid rollout raises
+  `vpo.errors.RewardError` in an eager call; under jit / vmap / grad that group's advantages
+  are NaN and `metrics["adv/nonfinite_rewards"]` counts them. Padding (mask False) is ignored.
+  Rewards are not range-checked (VPO's and GRPO's advantages are unchanged by `r -> a r + c`,
+  a > 0). Explicit Dirichlet weights off the simplex raise ValueError eagerly and are counted
+  in `metrics["adv/bad_weights"]` under jit; a traced `alpha <= 0` gives NaN weights, hence NaN
+  advantages.
 
 ```python
+import jax, jax.numpy as jnp
 from vpo import objectives
-adv_BG, m = objectives.vpo_advantages(rewards_BGMR, solution_mask_BGM, key=key)   # VPO
-adv_BG = objectives.grpo_advantages(rewards_BG, scale="group")                     # GRPO
-loss, m = objectives.policy_loss(logp_BGT, old_logp_BGT, adv_BG, mask_BGT, clip_eps_high=0.28)
+
+key = jax.random.key(0)
+rewards_BGMR = jax.random.uniform(key, (2, 4, 1, 3))       # 2 prompts x 4 samples, 3 rewards
+solution_mask_BGM = jnp.ones((2, 4, 1), bool)
+adv_BG, m = objectives.vpo_advantages(key, rewards_BGMR, solution_mask_BGM)   # VPO
+adv_BG, m = objectives.grpo_advantages(rewards_BGMR.mean((2, 3)), scale="group")  # GRPO
+logp_BGT = jnp.zeros((2, 4, 5)); mask_BGT = jnp.ones((2, 4, 5), bool)
+loss, m = objectives.policy_loss(logp_BGT, logp_BGT, adv_BG, mask_BGT,
+                                 **objectives.LOSS_SETTINGS["dapo"])   # no ref: kl_coef 0
 ```
 Gradient accumulation: pass `loss_denominator=objectives.loss_denominator(full_mask_BGT, agg)` to
 each micro-batch call; the micro-batch losses then sum to the full-batch loss.
@@ -30,7 +52,21 @@ from vpo.objectives.advantages import (
     pass_at_k_advantages,
     rloo_advantages,
 )
-from vpo.objectives.policy_loss import AGG_MODES, kl_estimate, loss_denominator, policy_loss
+from vpo.objectives.estimators import (
+    BoundEstimator,
+    estimator_names,
+    estimator_options,
+    get_estimator,
+)
+from vpo.objectives.layout import from_groups, to_groups
+from vpo.objectives.policy_loss import (
+    AGG_MODES,
+    LOSS_SETTINGS,
+    VPO_PAPER_LOSS,
+    kl_estimate,
+    loss_denominator,
+    policy_loss,
+)
 from vpo.objectives.vpo import (
     dirichlet_weights,
     expected_max,
@@ -40,10 +76,17 @@ from vpo.objectives.vpo import (
 
 __all__ = [
     "AGG_MODES",
+    "LOSS_SETTINGS",
+    "VPO_PAPER_LOSS",
+    "BoundEstimator",
     "best_of_group_advantages",
     "dirichlet_weights",
+    "estimator_names",
+    "estimator_options",
     "expected_max",
+    "from_groups",
     "gdpo_advantages",
+    "get_estimator",
     "grpo_advantages",
     "kl_estimate",
     "loss_denominator",
@@ -53,5 +96,6 @@ __all__ = [
     "policy_loss",
     "random_weight_grpo_advantages",
     "rloo_advantages",
+    "to_groups",
     "vpo_advantages",
 ]

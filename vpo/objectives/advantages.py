@@ -3,6 +3,12 @@ best-of-group, GDPO.
 
 Private module; the public names are re-exported by `vpo.objectives`. Dimension key: B prompts,
 G samples per prompt, R reward components.
+
+Every estimator returns `(adv_BG, metrics)`; metrics always hold "adv/nonfinite_rewards" (the
+number of valid rollouts with a non-finite reward). Non-finite rewards: an eager call raises
+`vpo.errors.RewardError`; a traced call (jit, vmap, grad) returns NaN advantages for the valid
+rollouts of every group that holds one, so a training step that skips non-finite updates skips
+it. Padded rollouts (mask False) may hold anything, NaN included: they are ignored.
 """
 
 from __future__ import annotations
@@ -22,10 +28,14 @@ from vpo.objectives.common import (
     check_choice,
     check_shape,
     group_stats,
+    nan_groups,
+    nonfinite_metric,
     rollout_mask,
+    screen_rewards,
 )
 
 Array = jax.Array
+Metrics = dict[str, Array]
 
 
 def grpo_advantages(
@@ -35,7 +45,7 @@ def grpo_advantages(
     scale: str = "group",
     std: str = "unbiased",
     eps: float = 1e-6,
-) -> Array:
+) -> tuple[Array, Metrics]:
     r"""GRPO / Dr. GRPO group-relative advantage of scalar rewards.
 
     ```
@@ -51,51 +61,69 @@ def grpo_advantages(
         rewards_BG: scalar rewards. mask_BG: optional bool rollout mask (False = padding, gets 0).
 
     Returns:
-        adv_BG.
+        (adv_BG, metrics).
     """
     check_choice("scale", scale, GRPO_SCALES)
     check_choice("std", std, STD_MODES)
     rewards_BG = as_float(rewards_BG)
     check_shape("rewards_BG", rewards_BG, (None, None))
     m_BG = rollout_mask(rewards_BG, mask_BG)
+    rewards_BG, bad_BG = screen_rewards("rewards_BG", rewards_BG, m_BG)
+    return _grpo(rewards_BG, m_BG, bad_BG, scale, std, eps), nonfinite_metric(bad_BG)
+
+
+def _grpo(rewards_BG, m_BG, bad_BG, scale, std, eps) -> Array:
+    """`grpo_advantages` on screened rewards (`screen_rewards`), NaN for the flagged groups."""
     ddof = STD_DDOF[std]
     mean_B, std_B, n_B = group_stats(rewards_BG, m_BG, ddof)
     adv_BG = rewards_BG - mean_B[:, None]
     if scale == "group":
         adv_BG = adv_BG / (std_B[:, None] + eps)
     elif scale == "batch":
-        adv_BG = adv_BG / (batch_stats(rewards_BG, m_BG, ddof)[1] + eps)
-    return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+        # a non-finite reward poisons the batch std, hence every group
+        batch_std = batch_stats(rewards_BG, m_BG, ddof)[1]
+        adv_BG = adv_BG / (jnp.where(jnp.any(bad_BG), jnp.nan, batch_std) + eps)
+    adv_BG = jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+    return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG)
 
 
-def rloo_advantages(rewards_BG: Array, mask_BG: Array | None = None) -> Array:
+def rloo_advantages(rewards_BG: Array, mask_BG: Array | None = None) -> tuple[Array, Metrics]:
     r"""REINFORCE leave-one-out: `A_bg = r_bg - mean_{j != g} r_bj = n/(n-1) (r_bg - mean_g r_b)`.
 
     No std division. Groups with fewer than two valid rollouts get 0.
     References: Ahmadian et al., arXiv 2402.14740; Kool et al. 2019.
+    Returns (adv_BG, metrics).
     """
-    rewards_BG = as_float(rewards_BG)
-    check_shape("rewards_BG", rewards_BG, (None, None))
-    m_BG = rollout_mask(rewards_BG, mask_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
     mean_B, _, n_B = group_stats(rewards_BG, m_BG, 0)
     adv_BG = (n_B / jnp.maximum(n_B - 1.0, 1.0))[:, None] * (rewards_BG - mean_B[:, None])
-    return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+    adv_BG = jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+    return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG), nonfinite_metric(bad_BG)
+
+
+def _scalar_input(rewards_BG, mask_BG, name: str = "rewards_BG"):
+    """(screened rewards_BG, m_BG, bad_BG) of a scalar estimator's input."""
+    rewards_BG = as_float(rewards_BG)
+    check_shape(name, rewards_BG, (None, None))
+    m_BG = rollout_mask(rewards_BG, mask_BG)
+    rewards_BG, bad_BG = screen_rewards(name, rewards_BG, m_BG)
+    return rewards_BG, m_BG, bad_BG
 
 
 def maxrl_advantages(
     rewards_BG: Array, mask_BG: Array | None = None, *, eps: float = 1e-6
-) -> Array:
-    r"""MaxRL: `A_bg = (r_bg - mu_b) / (mu_b + eps)`, `mu_b` the group mean (rewards >= 0).
+) -> tuple[Array, Metrics]:
+    r"""MaxRL: `A_bg = (r_bg - mu_b) / (mu_b + eps)`, `mu_b` the group mean.
 
-    A group with mean 0 (all failures) gets zero update.
-    References: Tajwar & Zeng, arXiv 2602.02710.
+    Meant for rewards >= 0 (success probabilities): a group with mean 0 (all failures) gets zero
+    update; rewards of mixed sign are not checked and can make `mu_b` ~ 0 and the advantages
+    huge. References: Tajwar & Zeng, arXiv 2602.02710. Returns (adv_BG, metrics).
     """
-    rewards_BG = as_float(rewards_BG)
-    check_shape("rewards_BG", rewards_BG, (None, None))
-    m_BG = rollout_mask(rewards_BG, mask_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
     mean_B, _, n_B = group_stats(rewards_BG, m_BG, 0)
     adv_BG = (rewards_BG - mean_B[:, None]) / (mean_B[:, None] + eps)
-    return jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+    adv_BG = jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
+    return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG), nonfinite_metric(bad_BG)
 
 
 @functools.cache
@@ -119,33 +147,31 @@ def max_at_k_advantages(
     k: int | None = None,
     mask_BG: Array | None = None,
     *,
-    std_normalize: bool = False,
+    std_normalize: bool = True,
     std: str = "unbiased",
     eps: float = 1e-6,
-) -> Array:
+) -> tuple[Array, Metrics]:
     r"""Max@k: unbiased credit for the expected max of a random k-subset of the group.
 
     Sort the n valid rewards of a group ascending, `r_(1) <= ... <= r_(n)`. Rank i gets its total
     credit over the k-subsets that contain it, each subset paying its max:
     ```
     Ahat_(i) = [ C(i-1, k-1) r_(i) + sum_{j>i} C(j-2, k-2) r_(j) ] / C(n, k)
-    A = Ahat - mean_g Ahat            (then / (std_g Ahat + eps) if std_normalize)
+    A = Ahat - mean_g Ahat            (then / (std_g Ahat + eps) if std_normalize, the default)
     ```
     `k` defaults to max(2, G // 2). Groups with fewer than k valid rollouts get 0. The std is
     unbiased (ddof 1) by default, as verl's `norm_adv_by_std_in_grpo` (on by default there);
     `std="population"` for ddof 0. k = n is degenerate (every credit is the group max: A = 0).
 
     References: "The Best of N Worlds", arXiv 2510.23393 (verl
-    `compute_max_at_k_outcome_advantage`).
+    `compute_max_at_k_outcome_advantage`). Returns (adv_BG, metrics).
     """
     check_choice("std", std, STD_MODES)
-    rewards_BG = as_float(rewards_BG)
-    check_shape("rewards_BG", rewards_BG, (None, None))
+    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
     G = rewards_BG.shape[1]
     k = max(2, G // 2) if k is None else int(k)
     if not 1 <= k <= G:
         raise ValueError(f"k={k} must satisfy 1 <= k <= G={G}")
-    m_BG = rollout_mask(rewards_BG, mask_BG)
     n_int_B = m_BG.sum(-1)
     n_B = n_int_B.astype(rewards_BG.dtype)
     order_BG = jnp.argsort(jnp.where(m_BG, rewards_BG, -jnp.inf), axis=-1)  # padding sorts first
@@ -172,7 +198,8 @@ def max_at_k_advantages(
     adv_BG = credit_BG - mean_B[:, None]
     if std_normalize:
         adv_BG = adv_BG / (std_B[:, None] + eps)
-    return jnp.where(m_BG & (n_B >= k)[:, None], adv_BG, 0.0)
+    adv_BG = jnp.where(m_BG & (n_B >= k)[:, None], adv_BG, 0.0)
+    return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG), nonfinite_metric(bad_BG)
 
 
 def _falling_ratio(top_B: Array, bottom_B: Array, j: int) -> Array:
@@ -190,7 +217,7 @@ def pass_at_k_advantages(
     mask_BG: Array | None = None,
     *,
     eps: float = 1e-6,
-) -> Array:
+) -> tuple[Array, Metrics]:
     r"""Pass@k training: the analytic group advantage of the pass@k reward (binary outcomes).
 
     With n valid rollouts of a group, c of them correct, every k-subset is rewarded with its
@@ -209,10 +236,11 @@ def pass_at_k_advantages(
     Exploitation of Large Reasoning Models", arXiv 2508.10751 (analytical derivation, §3).
 
     Args:
-        correct_BG: bool (or 0/1) outcome of each rollout. mask_BG: optional rollout mask.
+        correct_BG: bool (or 0/1) outcome of each rollout; any value > 0 counts as correct.
+        mask_BG: optional rollout mask.
 
     Returns:
-        adv_BG.
+        (adv_BG, metrics).
     """
     correct_BG = jnp.asarray(correct_BG)
     check_shape("correct_BG", correct_BG, (None, None))
@@ -221,6 +249,7 @@ def pass_at_k_advantages(
     if not 1 <= k <= G:
         raise ValueError(f"k={k} must satisfy 1 <= k <= G={G}")
     m_BG = rollout_mask(correct_BG, mask_BG)
+    correct_BG, bad_BG = screen_rewards("correct_BG", as_float(correct_BG), m_BG)
     pos_BG = m_BG & (correct_BG > 0)
     n_B = m_BG.sum(-1).astype(jnp.float32)
     c_B = pos_BG.sum(-1).astype(jnp.float32)
@@ -230,7 +259,8 @@ def pass_at_k_advantages(
     a_neg_B = (1.0 - rho_B - _falling_ratio(n_B - c_B - 1.0, n_B - 1.0, k - 1)) / (sigma_B + eps)
     live_B = (n_B >= k) & (c_B > 0) & (n_B - c_B >= k)
     adv_BG = jnp.where(pos_BG, a_pos_B[:, None], a_neg_B[:, None])
-    return jnp.where(m_BG & live_B[:, None], adv_BG, 0.0)
+    adv_BG = jnp.where(m_BG & live_B[:, None], adv_BG, 0.0)
+    return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG), nonfinite_metric(bad_BG)
 
 
 def best_of_group_advantages(
@@ -239,7 +269,7 @@ def best_of_group_advantages(
     *,
     std_normalize: bool = True,
     eps: float = 1e-6,
-) -> Array:
+) -> tuple[Array, Metrics]:
     r"""Pass@k-style best-of-group: only the group's best rollout learns, with `r_max - r_second`.
 
     ```
@@ -247,13 +277,12 @@ def best_of_group_advantages(
     ```
     std is unbiased (ddof 1) as in verl `grpo_passk` (`norm_adv_by_std_in_grpo=True` by default).
     Groups with fewer than two valid rollouts get 0. References: arXiv 2503.19595.
+    Returns (adv_BG, metrics).
     """
-    rewards_BG = as_float(rewards_BG)
-    check_shape("rewards_BG", rewards_BG, (None, None))
+    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
     G = rewards_BG.shape[1]
-    m_BG = rollout_mask(rewards_BG, mask_BG)
     if G < 2:
-        return jnp.zeros_like(rewards_BG)
+        return nan_groups(jnp.zeros_like(rewards_BG), bad_BG[:, 0], m_BG), nonfinite_metric(bad_BG)
     masked_BG = jnp.where(m_BG, rewards_BG, -jnp.inf)
     top2_B2 = jax.lax.top_k(masked_BG, 2)[0]
     _, std_B, n_B = group_stats(rewards_BG, m_BG, 1)
@@ -261,7 +290,8 @@ def best_of_group_advantages(
     if std_normalize:
         gap_B = gap_B / (std_B + eps)
     best_BG = jnp.arange(G)[None, :] == jnp.argmax(masked_BG, axis=-1)[:, None]
-    return jnp.where(best_BG & m_BG, gap_B[:, None], 0.0)
+    adv_BG = jnp.where(best_BG & m_BG, gap_B[:, None], 0.0)
+    return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG), nonfinite_metric(bad_BG)
 
 
 def gdpo_advantages(
@@ -271,7 +301,7 @@ def gdpo_advantages(
     weights_R: Array | None = None,
     std: str = "unbiased",
     eps: float = 1e-6,
-) -> Array:
+) -> tuple[Array, Metrics]:
     r"""GDPO: per-component group z-score, weighted sum, then batch whitening.
 
     ```
@@ -279,8 +309,9 @@ def gdpo_advantages(
     s_bg  = sum_r weights_r z_bgr                              (weights default to 1)
     A_bg  = (s_bg - mean_batch s) / (std_batch s + eps)        over valid rollouts
     ```
-    Whitening is over rollouts (verl whitens over response tokens, weighting long responses more).
-    References: GDPO, NVlabs, arXiv 2601.05242.
+    Whitening is over rollouts (verl whitens over response tokens, weighting long responses more);
+    a non-finite reward therefore makes every group NaN (under jit). `weights_R` are any reals
+    (not a simplex). References: GDPO, NVlabs, arXiv 2601.05242. Returns (adv_BG, metrics).
     """
     check_choice("std", std, STD_MODES)
     rewards_BGR = as_float(rewards_BGR)
@@ -290,11 +321,15 @@ def gdpo_advantages(
     w_R = jnp.ones((R,), rewards_BGR.dtype) if weights_R is None else as_float(weights_R)
     check_shape("weights_R", w_R, (R,))
     m_BG = rollout_mask(rewards_BGR[..., 0], mask_BG)
+    rewards_BGR, bad_BG = screen_rewards("rewards_BGR", rewards_BGR, m_BG)
+    no_bad_BG = jnp.zeros_like(bad_BG)
 
     def zscore(r_BG):
-        return grpo_advantages(r_BG, m_BG, scale="group", std=std, eps=eps)
+        return _grpo(r_BG, m_BG, no_bad_BG, "group", std, eps)
 
     z_RBG = jax.vmap(zscore)(jnp.moveaxis(rewards_BGR, -1, 0))
     s_BG = jnp.einsum("rbg,r->bg", z_RBG, w_R)
     mean, sd = batch_stats(s_BG, m_BG, ddof)
-    return jnp.where(m_BG, (s_BG - mean) / (sd + eps), 0.0)
+    adv_BG = jnp.where(m_BG, (s_BG - mean) / (sd + eps), 0.0)
+    return nan_groups(adv_BG, jnp.broadcast_to(jnp.any(bad_BG), (B,)), m_BG), \
+        nonfinite_metric(bad_BG)

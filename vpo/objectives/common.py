@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -53,3 +54,97 @@ def group_stats(x_BG: Array, mask_BG: Array, ddof: int) -> tuple[Array, Array, A
 def batch_stats(x_BG: Array, mask_BG: Array, ddof: int) -> tuple[Array, Array]:
     mean, std, _ = group_stats(x_BG.reshape(1, -1), mask_BG.reshape(1, -1), ddof)
     return mean[0], std[0]
+
+
+def masked_mean(x, mask) -> Array:
+    """Σ x·mask / max(Σ mask, 1) over all elements: the mean of the entries `mask` keeps."""
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def is_concrete(*xs) -> bool:
+    """True when none of `xs` is a tracer (eager call: values can be checked and errors raised)."""
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def screen_rewards(name: str, x: Array, valid: Array) -> tuple[Array, Array]:
+    """The one policy for non-finite rewards, shared by every estimator.
+
+    `valid` covers the leading dims of `x` (True = a real rollout / answer); trailing dims of `x`
+    (reward components) are reduced with `any`. Called eagerly, a non-finite value at a valid
+    position raises `RewardError`; traced (inside jit / vmap / grad), it is returned as
+    `bad` (same shape as `valid`) and the caller sets the group's advantages to NaN. Values at
+    invalid positions (padding) are ignored whatever they hold. Returns (x with every non-finite
+    or invalid entry set to 0, bad).
+    """
+    finite = jnp.isfinite(x)
+    extra = tuple(range(valid.ndim, x.ndim))
+    bad = valid & ~(jnp.all(finite, axis=extra) if extra else finite)
+    if is_concrete(x, valid) and bool(jnp.any(bad)):
+        from vpo.errors import RewardError
+
+        where = tuple(int(i) for i in np.argwhere(np.asarray(bad))[0])
+        raise RewardError(
+            f"{name} holds {int(jnp.sum(bad))} non-finite value(s) at valid positions (first at "
+            f"index {where}: {np.asarray(x)[where]}). Fix or mask them (mask_BG=False); under "
+            "jit the estimator instead returns NaN advantages for the affected groups and counts "
+            "them in metrics['adv/nonfinite_rewards']")
+    keep = finite & valid.reshape(valid.shape + (1,) * len(extra))
+    return jnp.where(keep, x, 0.0), bad
+
+
+def nan_groups(adv_BG: Array, bad_B: Array, mask_BG: Array) -> Array:
+    """adv_BG with NaN on the valid rollouts of the groups flagged in bad_B."""
+    return jnp.where(bad_B[:, None] & mask_BG, jnp.nan, adv_BG)
+
+
+def off_simplex(weights_XR: Array, tol: float = 1e-3) -> Array:
+    """off_X: rows that are non-finite, have a negative entry or do not sum to 1 (within tol)."""
+    ok = (jnp.all(jnp.isfinite(weights_XR), -1) & jnp.all(weights_XR >= 0.0, -1)
+          & (jnp.abs(jnp.sum(weights_XR, -1) - 1.0) <= tol))
+    return ~ok
+
+
+def check_simplex(name: str, weights_XR: Array) -> Array:
+    """Eagerly: a ValueError naming the first row off the simplex. Traced: the per-row flags
+    (the caller counts them in metrics['adv/bad_weights'])."""
+    off = off_simplex(weights_XR)
+    if is_concrete(weights_XR) and bool(jnp.any(off)):
+        row = tuple(int(i) for i in np.argwhere(np.asarray(off))[0])
+        raise ValueError(
+            f"{name} row {row} is {np.asarray(weights_XR)[row]}: weights must be finite, >= 0 and "
+            "sum to 1 (the Dirichlet simplex); under jit such rows are only counted in "
+            "metrics['adv/bad_weights']")
+    return off
+
+
+def nonfinite_metric(bad) -> dict[str, Array]:
+    return {"adv/nonfinite_rewards": jnp.sum(bad, dtype=jnp.int32)}
+
+
+_MISSING = object()
+
+
+def key_first_args(fn: str, args: tuple, legacy: dict, n_data: int,
+                   key_optional: bool) -> tuple:
+    """(key, *data) from a key-first call `fn(key, *data)`, or from the earlier form
+    `fn(*data, key=key)` (a DeprecationWarning; removed in the next release). `legacy` holds the
+    keyword arguments the signature did not name (only `key` is accepted there)."""
+    import warnings
+
+    unknown = set(legacy) - {"key"}
+    if unknown:
+        raise TypeError(f"{fn}() got unexpected keyword argument(s) {sorted(unknown)}")
+    args = tuple(a for a in args if a is not _MISSING)
+    if len(args) == n_data + 1 and "key" not in legacy:
+        return args
+    if len(args) == n_data:
+        if "key" in legacy:
+            warnings.warn(
+                f"{fn}(..., key=key) is deprecated: pass the key first, {fn}(key, ...) (as "
+                "jax.random and vpo.objectives.dirichlet_weights do)", DeprecationWarning,
+                stacklevel=3)
+        elif not key_optional:
+            raise TypeError(f"{fn}() needs a PRNG key first: {fn}(key, ...)")
+        return (legacy.get("key"),) + args
+    raise TypeError(f"{fn}() takes the key and {n_data} array(s) positionally: {fn}(key, ...)"
+                    + ("; key= and a positional key together" if "key" in legacy else ""))

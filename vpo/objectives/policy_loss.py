@@ -11,10 +11,37 @@ import jax
 import jax.numpy as jnp
 
 from vpo.config import AGG_MODES, COV_CONTROLS, KL_ESTIMATORS, RATIO_LEVELS
-from vpo.objectives.common import as_float, check_choice, check_shape
-from vpo.tree_ops import masked_mean
+from vpo.objectives.common import as_float, check_choice, check_shape, masked_mean
 
 Array = jax.Array
+
+
+def _frozen(**kwargs):
+    from types import MappingProxyType
+
+    return MappingProxyType(kwargs)
+
+
+# Published loss settings as `policy_loss` keyword arguments: `policy_loss(..., **LOSS_SETTINGS[
+# "vpo"])`. Read-only mappings; `dict(LOSS_SETTINGS["vpo"], kl_coef=0.0)` to change one.
+# The advantage estimator is chosen separately (`get_estimator`).
+LOSS_SETTINGS = _frozen(
+    # GRPO (Shao et al., arXiv 2402.03300): PPO clip 0.2, KL to the reference with the k3
+    # estimator at beta = 0.04, each sequence's token mean (1/|o_i|) averaged over sequences.
+    grpo=_frozen(clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.04, kl_estimator="k3",
+                 agg="seq-mean-token-mean"),
+    # Dr. GRPO (Liu et al., arXiv 2503.20783): no per-sequence length normalisation (token sums
+    # over a constant N_seq * horizon), no KL term; pair it with get_estimator("dr_grpo").
+    dr_grpo=_frozen(clip_eps_low=0.2, clip_eps_high=0.2, kl_coef=0.0,
+                    agg="seq-mean-token-sum-norm"),
+    # DAPO (Yu et al., arXiv 2503.14476): clip-higher 0.2 / 0.28, token-level mean, no KL.
+    dapo=_frozen(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.0, agg="token-mean"),
+    # VPO (Bahlous-Boldi et al., arXiv 2605.22817): PPO clip 0.2 / 0.2, dual clip 3,
+    # token-level mean, k3 KL at 1e-3, no entropy bonus.
+    vpo=_frozen(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=3.0, kl_coef=1e-3,
+                kl_estimator="k3", agg="token-mean", entropy_coef=0.0),
+)
+VPO_PAPER_LOSS = LOSS_SETTINGS["vpo"]
 
 
 def loss_denominator(
@@ -51,7 +78,7 @@ def kl_estimate(logp_BGT: Array, ref_logp_BGT: Array, estimator: str = "k3") -> 
 
     With `delta = clip(log pi_ref - log pi_theta, -20, 20)`:
     `k1 = -delta`, `k2 = delta^2 / 2`, `k3 = clip(exp(delta) - 1 - delta, -10, 10)` (verl
-    `low_var_kl`; its gradient as a loss is that of the forward KL, see algorithms.md §4.7).
+    `low_var_kl`, the estimator of the GRPO paper, arXiv 2402.03300).
     """
     check_choice("kl_estimator", estimator, KL_ESTIMATORS)
     delta = jnp.clip(ref_logp_BGT - logp_BGT, -20.0, 20.0)
@@ -164,7 +191,7 @@ def policy_loss(
     - High-entropy minority (arXiv 2506.01939): `entropy_top_frac = rho` keeps the pg term only on
       tokens whose entropy is >= the (1 - rho) quantile over all valid tokens of the batch; the KL
       and entropy terms and the denominator are unchanged.
-    - Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617, algorithms.md §2.3), with
+    - Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617), with
       `cov = (A - mean A)(logp - mean logp)` over valid tokens (stop-grad):
       "clip_cov": among valid tokens not clipped by PPO with `lb < cov < ub`, pick
       `n = max(floor(clip_cov_ratio * N_valid), cov_min_tokens)` uniformly at random (needs

@@ -14,9 +14,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo import prng as _prng
-from vpo.config import WEIGHT_SAMPLERS
-from vpo.objectives.advantages import grpo_advantages
-from vpo.objectives.common import as_float, check_choice, check_shape, group_stats, rollout_mask
+from vpo.config import GRPO_SCALES, STD_MODES, WEIGHT_SAMPLERS
+from vpo.objectives.advantages import _grpo
+from vpo.objectives.common import (
+    _MISSING,
+    as_float,
+    check_choice,
+    check_shape,
+    check_simplex,
+    group_stats,
+    key_first_args,
+    nan_groups,
+    nonfinite_metric,
+    rollout_mask,
+    screen_rewards,
+)
 
 Array = jax.Array
 
@@ -105,7 +117,8 @@ def dirichlet_weights(
     Args:
         key: PRNG key.
         num_groups: B. num_weights: K. num_rewards: R (all static ints).
-        alpha: Dirichlet concentration (> 0).
+        alpha: Dirichlet concentration (> 0): a Python number <= 0 raises ValueError; a traced
+            one <= 0 gives NaN weights (and so NaN advantages downstream).
         sampler: "iid" | "lattice".
 
     Returns:
@@ -135,8 +148,10 @@ def _draw_weights(key, num_groups, num_weights, num_rewards, alpha, sampler) -> 
             if R == 1:
                 return jnp.ones((B, 1, K), jnp.float32)
             return _spacings(_prng.uniform(key, (B, R - 1, K)))
-        g_BRK = jax.random.gamma(key, jnp.asarray(alpha, jnp.float32), (B, R, K))
-        return g_BRK / jnp.sum(g_BRK, 1, keepdims=True)
+        alpha = jnp.asarray(alpha, jnp.float32)
+        g_BRK = jax.random.gamma(key, alpha, (B, R, K))
+        w_BRK = g_BRK / jnp.sum(g_BRK, 1, keepdims=True)
+        return w_BRK if static_alpha else jnp.where(alpha > 0, w_BRK, jnp.nan)
 
     if not static_alpha:
         raise ValueError("sampler='lattice' needs a Python float alpha (it is used at trace time)")
@@ -219,16 +234,18 @@ def _mean_or_zero(best_XK: Array, nonempty_X: Array) -> Array:
 
 
 def vpo_advantages(
+    key: Array | None,
     rewards_BGMR: Array,
-    solution_mask_BGM: Array,
+    solution_mask_BGM: Array = _MISSING,
+    /,
     *,
-    key: Array | None = None,
     weights_BKR: Array | None = None,
     num_weights: int = 100,
     alpha: float = 1.0,
     eps: float = 1e-6,
     sampler: str = "iid",
     mask_BG: Array | None = None,
+    **deprecated,
 ) -> tuple[Array, dict[str, Array]]:
     r"""VPO advantage: group z-score of the expected best answer under random preferences.
 
@@ -241,10 +258,24 @@ def vpo_advantages(
     Empty answer sets still count in the group mean and std. Broadcast `A_bg` to every response
     token. With M = 1, `raw -> mean(r)` as K grows: GRPO on the component mean.
 
+    Call it as `vpo_advantages(key, rewards_BGMR, solution_mask_BGM)`, or with explicit weights as
+    `vpo_advantages(None, rewards_BGMR, solution_mask_BGM, weights_BKR=w)` (the key may then be
+    left out: `vpo_advantages(rewards_BGMR, solution_mask_BGM, weights_BKR=w)`). The earlier
+    form `vpo_advantages(rewards_BGMR, solution_mask_BGM, key=key)` still works and warns
+    (DeprecationWarning).
+
+    Bad values (the same policy as every estimator of `vpo.objectives`): a non-finite component
+    of a valid answer raises `vpo.errors.RewardError` when called eagerly; traced, that group's
+    advantages are NaN and metrics["adv/nonfinite_rewards"] counts the answers. Rewards outside
+    [0, 1] are accepted: `A` is unchanged by `r -> a r + c` (a > 0, any c), so [0, 1] is the
+    paper's convention, not a requirement. Explicit weights off the simplex (negative, non-finite
+    or not summing to 1) raise ValueError eagerly; traced, they are used as given and counted in
+    metrics["adv/bad_weights"]; a group with non-finite weights (a traced alpha <= 0) gets NaN.
+
     Args:
-        rewards_BGMR: reward vectors, components in [0, 1], higher is better.
-        solution_mask_BGM: bool mask of valid answers.
         key: PRNG key for the weights (exactly one of `key`, `weights_BKR`).
+        rewards_BGMR: reward vectors, components in [0, 1] by convention, higher is better.
+        solution_mask_BGM: bool mask of valid answers.
         weights_BKR: explicit weights (rows on the simplex; leading dim B or 1).
         num_weights: K when drawing (static). alpha: Dirichlet concentration.
         eps: z-score epsilon and zero-std threshold (authors: 1e-6).
@@ -256,27 +287,35 @@ def vpo_advantages(
     Returns:
         (adv_BG, metrics) with scalar metrics "vpo/own_pool_expected_max" (mean raw over rollouts),
         "vpo/pool_expected_best" (mean over groups of E_w[max] over the group's pooled answers),
-        "vpo/group_std_mean", "vpo/pool_size_mean" (valid answers per rollout) and
-        "vpo/zero_std_frac" (fraction of groups with zero advantage).
+        "vpo/group_std_mean", "vpo/pool_size_mean" (valid answers per rollout),
+        "vpo/zero_std_frac" (fraction of groups with zero advantage), "adv/nonfinite_rewards"
+        and "adv/bad_weights" (see above).
 
     References: Bahlous-Boldi et al., Vector Policy Optimization, arXiv 2605.22817.
     """
+    key, rewards_BGMR, solution_mask_BGM = key_first_args(
+        "vpo_advantages", (key, rewards_BGMR, solution_mask_BGM), deprecated, 2,
+        key_optional=weights_BKR is not None)
     rewards_BGMR, smask_BGM = _check_answers(rewards_BGMR, solution_mask_BGM)
     B, G, M, R = rewards_BGMR.shape
     if (key is None) == (weights_BKR is None):
-        raise ValueError("vpo_advantages needs exactly one of key= (draw weights) or weights_BKR=")
+        raise ValueError("vpo_advantages needs exactly one of a key (draw weights) or weights_BKR=")
     if weights_BKR is None:
         weights_BRK = _draw_weights(key, B, num_weights, R, alpha, sampler)
+        bad_w = jnp.zeros((), jnp.int32)
     else:
         weights_BRK = _check_weights(weights_BKR, B, R)
+        bad_w = jnp.sum(check_simplex("weights_BKR", jnp.asarray(weights_BKR)), dtype=jnp.int32)
     rmask_BG = rollout_mask(rewards_BGMR[..., 0, 0], mask_BG)
     smask_BGM = smask_BGM & rmask_BG[..., None]
+    rewards_BGMR, bad_BGM = screen_rewards("rewards_BGMR", rewards_BGMR, smask_BGM)
+    bad_B = jnp.any(bad_BGM, axis=(1, 2)) | ~jnp.all(jnp.isfinite(weights_BRK), axis=(1, 2))
     best_BGK = _best_answer_scores(rewards_BGMR, smask_BGM, weights_BRK)
     raw_BG = _mean_or_zero(best_BGK, jnp.any(smask_BGM, axis=-1))
     mean_B, std_B, n_B = group_stats(raw_BG, rmask_BG, ddof=0)
     live_B = (std_B >= eps) & (n_B >= 2)
     adv_BG = (raw_BG - mean_B[:, None]) / (std_B[:, None] + eps)
-    adv_BG = jnp.where(live_B[:, None] & rmask_BG, adv_BG, 0.0)
+    adv_BG = nan_groups(jnp.where(live_B[:, None] & rmask_BG, adv_BG, 0.0), bad_B, rmask_BG)
 
     pooled_B = _mean_or_zero(jnp.max(best_BGK, axis=1), jnp.any(smask_BGM, axis=(1, 2)))
     has_B = n_B > 0
@@ -288,21 +327,25 @@ def vpo_advantages(
         "vpo/group_std_mean": jnp.sum(jnp.where(has_B, std_B, 0.0)) / n_groups,
         "vpo/pool_size_mean": smask_BGM.sum() / n_rollouts,
         "vpo/zero_std_frac": jnp.sum(has_B & ~live_B) / n_groups,
+        **nonfinite_metric(bad_BGM),
+        "adv/bad_weights": bad_w,
     }
     return adv_BG, metrics
 
 
 def random_weight_grpo_advantages(
-    rewards_BGR: Array,
+    key: Array | None,
+    rewards_BGR: Array = _MISSING,
+    /,
     *,
-    key: Array | None = None,
     weights_BR: Array | None = None,
     alpha: float = 1.0,
     scale: str = "group",
     std: str = "unbiased",
     eps: float = 1e-6,
     mask_BG: Array | None = None,
-) -> tuple[Array, Array]:
+    **deprecated,
+) -> tuple[Array, dict[str, Array]]:
     r"""Random-weight GRPO: scalar GRPO on a random scalarisation of the reward vectors.
 
     For prompt b one weight `w_b ~ Dir(alpha 1_R)` is drawn (fresh per call, i.e. per step) and
@@ -316,26 +359,44 @@ def random_weight_grpo_advantages(
     without the weight in the prompt (the authors' code bakes one weight into each prompt row;
     its G rollouts share it).
 
+    Call it as `random_weight_grpo_advantages(key, rewards_BGR)` (or `(None, rewards_BGR,
+    weights_BR=w)`); the earlier `(rewards_BGR, key=key)` warns (DeprecationWarning). Bad values
+    as `vpo_advantages`.
+
     Args:
-        rewards_BGR: reward vectors per rollout.
         key: PRNG key for the weights (exactly one of `key`, `weights_BR`).
+        rewards_BGR: reward vectors per rollout.
         weights_BR: explicit weights, rows on the simplex.
         alpha: Dirichlet concentration. scale, std, eps: as `grpo_advantages`.
         mask_BG: optional rollout mask.
 
     Returns:
-        (adv_BG, weights_BR).
+        (adv_BG, metrics): "adv/nonfinite_rewards", "adv/bad_weights" and "rw_grpo/weights_BR"
+        (the [B, R] weights used; the one non-scalar metric).
 
     References: Bahlous-Boldi et al., Vector Policy Optimization, arXiv 2605.22817 (baselines).
     """
+    key, rewards_BGR = key_first_args("random_weight_grpo_advantages", (key, rewards_BGR),
+                                      deprecated, 1, key_optional=weights_BR is not None)
+    check_choice("scale", scale, GRPO_SCALES)
+    check_choice("std", std, STD_MODES)
     rewards_BGR = as_float(rewards_BGR)
     check_shape("rewards_BGR", rewards_BGR, (None, None, None))
     B, _, R = rewards_BGR.shape
     if (key is None) == (weights_BR is None):
-        raise ValueError("random_weight_grpo_advantages needs exactly one of key= or weights_BR=")
+        raise ValueError("random_weight_grpo_advantages needs exactly one of a key or weights_BR=")
     if weights_BR is None:
         weights_BR = _draw_weights(key, B, 1, R, alpha, "iid")[:, :, 0]
-    check_shape("weights_BR", weights_BR, (B, R))
-    weights_BR = as_float(weights_BR)
-    s_BG = jnp.einsum("bgr,br->bg", rewards_BGR, weights_BR, precision=jax.lax.Precision.HIGHEST)
-    return grpo_advantages(s_BG, mask_BG, scale=scale, std=std, eps=eps), weights_BR
+        bad_w = jnp.zeros((), jnp.int32)
+    else:
+        check_shape("weights_BR", weights_BR, (B, R))
+        weights_BR = as_float(weights_BR)
+        bad_w = jnp.sum(check_simplex("weights_BR", weights_BR), dtype=jnp.int32)
+    m_BG = rollout_mask(rewards_BGR[..., 0], mask_BG)
+    rewards_BGR, bad_r_BG = screen_rewards("rewards_BGR", rewards_BGR, m_BG)
+    bad_BG = bad_r_BG | (m_BG & ~jnp.all(jnp.isfinite(weights_BR), -1)[:, None])
+    s_BG = jnp.einsum("bgr,br->bg", rewards_BGR, jnp.nan_to_num(weights_BR),
+                      precision=jax.lax.Precision.HIGHEST)
+    adv_BG = _grpo(s_BG, m_BG, bad_BG, scale, std, eps)
+    return adv_BG, {**nonfinite_metric(bad_r_BG),
+                    "adv/bad_weights": bad_w, "rw_grpo/weights_BR": weights_BR}

@@ -13,7 +13,7 @@ attends to O(t) cache slots, not to the whole budget of max_new_tokens.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,62 @@ from vpo.config import ConfigError, SamplerConfig
 from vpo.io.tokenizer import left_pad  # noqa: F401  (re-exported: sampler.left_pad)
 from vpo.model.decoder import Decoder, KVCache, decode_attention_impl
 from vpo.types import Rollout
+
+
+@runtime_checkable
+class SamplerModel(Protocol):
+    """What `generate` needs from a policy: `vpo.model.decoder.Decoder` is one; a model of your
+    own works when it has these five methods (and is an `nnx.Module` for `sample`, which also
+    reads `model.cfg.max_seq_len` when there is one). Shapes: B prompts, P prompt tokens, G
+    samples per prompt, S new tokens per call (1 while decoding), D hidden size, V vocabulary.
+
+    - `prefill(tokens_BP, mask_BP) -> (hidden_BPD, prefix)`: the causal forward over the
+      left-padded prompts (mask_BP True on real tokens). `prefix` is any pytree with
+      `prefix.length_B`, the number of real prompt tokens (the position of the first new one).
+    - `logits(hidden_xD) -> logits_xV`: the unembedding, float32.
+    - `init_cache(batch, group, length, attention) -> cache`: an empty cache for `group`
+      continuations of `batch` prompts with `length` slots; any pytree with
+      `cache.grown(length) -> cache` (the same cache with at least `length` slots: decoding runs
+      in phases of doubling length, `decode_windows`).
+    - `rope(positions) -> r`: any pytree of arrays of shape positions.shape + (...,) (for RoPE,
+      (cos, sin)); the loop slices each leaf at one step along axis 2 and hands it to `extend`.
+      A model without rotary embeddings may return the positions themselves.
+    - `extend(tokens_BGS, prefix, cache, start, rope=r, attention=attention) ->
+      (hidden_BGSD, cache)`: the next S tokens of every continuation, at suffix slots
+      `[start, start + S)`, attending to the prompt's prefix and to the suffix so far.
+
+    `attention` is "xla" unless the platform has a decode kernel (`decode_attention_impl`); a
+    model may ignore it. An optional `platform` attribute names the platform programs are built
+    for. `generate` raises `SamplerModelError` naming the missing methods.
+    """
+
+    def prefill(self, tokens_BP, mask_BP) -> tuple[jax.Array, Any]: ...
+
+    def logits(self, hidden_xD) -> jax.Array: ...
+
+    def init_cache(self, batch: int, group: int, length: int, attention: str = "xla") -> Any: ...
+
+    def rope(self, positions) -> Any: ...
+
+    def extend(self, tokens_BGS, prefix, cache, start, rope=None,
+               attention: str = "xla") -> tuple[jax.Array, Any]: ...
+
+
+class SamplerModelError(TypeError):
+    """The model handed to the sampler lacks methods of `SamplerModel`."""
+
+
+SAMPLER_METHODS = ("prefill", "logits", "init_cache", "rope", "extend")
+
+
+def check_sampler_model(model) -> None:
+    """Raises `SamplerModelError` naming every `SamplerModel` method `model` lacks."""
+    missing = [m for m in SAMPLER_METHODS if not callable(getattr(model, m, None))]
+    if missing:
+        raise SamplerModelError(
+            f"{type(model).__name__} cannot be sampled: it lacks {', '.join(missing)} (the "
+            "sampler needs prefill / logits / init_cache / rope / extend, see "
+            "vpo.rollout.sampler.SamplerModel; vpo.model.decoder.Decoder implements them)")
 
 
 def _filter_logits(scaled_xV, top_k, top_p):
@@ -246,13 +302,14 @@ def decode_windows(max_new_tokens: int, block: int = DECODE_BLOCK) -> tuple[int,
     return (*ends, max_new_tokens)
 
 
-def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
              max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
              decode_block: int = DECODE_BLOCK) -> Rollout:
     """Pure sampling function (call it inside your own jit, or use `sample`).
 
     Args:
-      model: the policy (an NNX module; inside jit, `nnx.merge` it from graphdef + state).
+      model: the policy, any `SamplerModel` (`vpo.model.decoder.Decoder` or your own; an NNX
+        module: inside jit, `nnx.merge` it from graphdef + state).
       prompts_BP, mask_BP: left-padded prompt tokens and their validity mask.
       keys_BG: one PRNG key per (prompt, sample); G is taken from its shape.
       temperature, top_p, top_k: traced scalars.
@@ -266,6 +323,7 @@ def generate(model: Decoder, prompts_BP, mask_BP, keys_BG, temperature, top_p, t
     Returns a `Rollout` with [B, G, T] arrays, T = max_new_tokens. The loop stops early once
     every sequence has emitted a stop token; later positions are pad and masked.
     """
+    check_sampler_model(model)
     B, G = keys_BG.shape
     T = max_new_tokens
     attention = decode_attention_impl(platform=getattr(model, "platform", None))
@@ -329,10 +387,12 @@ def generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top
 def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
                      stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
     """`generate` under jit with explicit per-(prompt, sample) keys."""
+    check_sampler_model(model)
     P, T = prompts_BP.shape[1], cfg.max_new_tokens
-    if model.cfg.max_seq_len < P + T:
+    max_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
+    if max_len is not None and max_len < P + T:
         raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
-                          f"model.max_seq_len {model.cfg.max_seq_len}; lower one of them")
+                          f"model.max_seq_len {max_len}; lower one of them")
     graphdef, state = nnx.split(model)
     return generate_jit(graphdef, state, jnp.asarray(prompts_BP, jnp.int32),
                          jnp.asarray(mask_BP, bool), keys_BG, jnp.float32(cfg.temperature),

@@ -21,6 +21,8 @@ candidate budget, and every method returns the same `SearchTrace`. Budget: `eval
 every candidate slot the proposer returns (m per call), valid or not; it is exact: I·Q + g·I·C
 after generation g. Host-scored tasks search through `vpo.search.host` (same operators).
 """
+# size: one job, the island search as init / step; about 40 of its lines are the runnable
+# example of a `propose` of your own in `make_search`'s docstring (tested).
 
 from __future__ import annotations
 
@@ -266,6 +268,44 @@ def make_search(task: BoundTask, cfg: SearchConfig, propose: Propose, mesh=None
     (answers_BMA, answer_mask_BMA)` is the mutation operator with the policy closed over, e.g.
     `functools.partial(lm_propose, model, task=task, cfg=cfg)`. `problem` is one row of
     `search_problems` (no N axis); the state carries it. `mesh` shards the island axis.
+    Shapes: B proposals per island, K parents, M = cfg.num_answers answers per proposal, A =
+    the task's answer_len symbol ids (of its `symbols`), R reward components; `fresh_B` is
+    True where a proposal starts from the plain prompt (no parents). A `propose` of your own,
+    here random point edits instead of a policy:
+
+    ```python
+    import jax, jax.numpy as jnp
+    from vpo.config import SearchConfig
+    from vpo.search.ingraph import make_search, search_problems
+    from vpo.tasks import make_task
+    from vpo.tasks.bound import bind
+    from vpo.tasks.words import task_word_tokenizer
+
+    maze = make_task("maze")
+    task = bind(maze, task_word_tokenizer(maze))
+    cfg = SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
+                       num_answers=2)
+
+    def propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B):
+        B, K, A = parents_BKA.shape
+        M, S = cfg.num_answers, len(maze.symbols)
+        k_sym, k_par, k_pos = jax.random.split(key, 3)
+        random_BMA = jax.random.randint(k_sym, (B, M, A), 0, S)
+        pick_BM = jax.random.randint(k_par, (B, M), 0, K)
+        parent_BMA = jnp.take_along_axis(parents_BKA, pick_BM[..., None], axis=1)
+        edit_BMA = jnp.arange(A) == jax.random.randint(k_pos, (B, M, 1), 0, A)
+        out_BMA = jnp.where(fresh_B[:, None, None] | edit_BMA, random_BMA, parent_BMA)
+        return out_BMA.astype(jnp.int32), jnp.ones((B, M, A), bool)
+
+    init, step = make_search(task, cfg, propose)
+    problem = jax.tree.map(lambda x: jnp.asarray(x)[0],
+                           search_problems(task, task.make_problems(0, 1), cfg.num_answers))
+    state = jax.jit(init)(jax.random.key(0), problem)
+    step = jax.jit(step)
+    for k in jax.random.split(jax.random.key(1), cfg.generations):
+        state = step(k, state)
+    print(state.best_fitness, state.best_rewards_R)
+    ```
     """
     I, K = cfg.islands, cfg.parents
 
