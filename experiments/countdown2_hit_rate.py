@@ -9,7 +9,9 @@ For each generator setting, over 500 problems (seed 0):
   first 50 problems) and scoring them with the task's own scorer;
 - all-K: the probability that a random expression over ALL K numbers (random order, bracketing and
   operators, `arithmetic.random_expression`) hits t1 or t2 (2,000 per problem, first 50 problems);
-- pass@12 of uniform random answers: the mean over problems of 1 - (1 - p)^12.
+- pass@12 and cover@12 of 12 independent uniform random answers: the mean over problems of
+  1 - (1 - p)^12 and of 1 - (1 - p1)^12 - (1 - p2)^12 + (1 - p)^12 (both targets hit), where p1,
+  p2 are the per-target rates and p = p1 + p2.
 
 Run:  PYTHONPATH=. .venv/bin/python experiments/countdown2_hit_rate.py
 """
@@ -50,6 +52,8 @@ def main():
         records = task.make_problems(0, 500)
         ms = 1000 * (time.perf_counter() - t0) / len(records)
         rates = np.array([countdown2.random_hit_rate(r) for r in records])
+        p1, p2 = np.array([countdown2.random_hit_rates(r) for r in records]).T
+        cover = np.mean(1 - (1 - p1) ** 12 - (1 - p2) ** 12 + (1 - rates) ** 12)
         rng = np.random.default_rng(1)
         check, all_k = [], []
         for r in records[:50]:
@@ -67,7 +71,8 @@ def main():
         print(f"{kwargs or 'defaults'}: uniform {rates.mean():.4f} (p10 {q10:.4f} p50 {q50:.4f} "
               f"p90 {q90:.4f}), check {np.mean(check):.4f} vs exact "
               f"{rates[:50].mean():.4f}, all-K {np.mean(all_k):.4f}, pass@12 "
-              f"{np.mean(1 - (1 - rates) ** 12):.3f}; {ms:.1f} ms/problem; e.g. {records[0]}")
+              f"{np.mean(1 - (1 - rates) ** 12):.3f}, cover@12 {cover:.3f}; {ms:.1f} ms/problem; "
+              f"e.g. {records[0]}")
 
 
 if __name__ == "__main__":

@@ -180,11 +180,18 @@ def _compound_counts(counts: list[dict[int, int]]) -> tuple[Counter, int]:
     return per_value, sum(per_value.values())
 
 
+def random_hit_rates(record: base.Record) -> tuple[float, float]:
+    """Exact probabilities that a uniformly random fully parenthesised expression over the
+    given numbers (each at most once, at least one operator) hits t1, and that it hits t2."""
+    per_value, total = _compound_counts(expression_counts(record["numbers"]))
+    t1, t2 = (int(t) for t in record["targets"])
+    return per_value[t1] / total, per_value[t2] / total
+
+
 def random_hit_rate(record: base.Record) -> float:
     """Exact probability that a uniformly random fully parenthesised expression over the given
     numbers (each at most once, at least one operator) hits t1 or t2."""
-    per_value, total = _compound_counts(expression_counts(record["numbers"]))
-    return sum(per_value[int(t)] for t in record["targets"]) / total
+    return sum(random_hit_rates(record))
 
 
 def solve(numbers: Sequence[int], target: int) -> list[str] | None:
@@ -218,6 +225,11 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
                          max_target: int = 99, min_ops: int = 2, max_answers: int = 8,
                          max_tries: int = 100) -> base.Task:
     """The two-target countdown host `Task` (K = num_numbers; A = 4K - 1; R = 3).
+
+    Defaults, measured on 500 problems (`experiments/countdown2_hit_rate.py`): a uniformly random
+    expression over the given numbers hits t1 or t2 with probability 0.017 (median problem 0.012,
+    90th percentile 0.036); 12 such answers hit some target with probability 0.18 and both with
+    0.008. K = 5 lowers the rate to 0.0055.
 
     Args:
       num_numbers: K, the given numbers (distinct, 1..max_number).
