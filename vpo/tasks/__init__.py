@@ -6,6 +6,7 @@ tokenizer (`vpo.tasks.bound`). `make_task(name, **kwargs)` is the one table of b
     program       in-graph; program synthesis from examples, R = #tests
     bandit        in-graph; the three-armed vector bandit toy, R = 2
     arithmetic    host-scored; reach a target with + - *, R = 3
+    countdown2    host-scored; reach one of two targets with + - * (no answer hits both), R = 3
     dataset       host-scored; a user's JSONL/Parquet file and reward functions
                   (`dataset.make_dataset_task(path, rewards, weights)`; not in TASK_NAMES)
 
@@ -15,17 +16,18 @@ Shared pieces: `answers` (the `<answer k>` format, read from text and from token
 
 from __future__ import annotations
 
-TASK_NAMES = ("maze", "maze9", "program", "bandit", "arithmetic")
+TASK_NAMES = ("maze", "maze9", "program", "bandit", "arithmetic", "countdown2")
 
 
 def make_task(name: str, **kwargs):
     """The built-in task `name` (see the module docstring), its factory's keyword arguments
     passed through; an unknown name is a ValueError that lists the known ones."""
-    from vpo.tasks import arithmetic, bandit, dataset, maze, program
+    from vpo.tasks import arithmetic, bandit, countdown2, dataset, maze, program
 
     factories = {"maze": maze.make_maze_task, "maze9": maze.make_paper_maze_task,
                  "program": program.make_program_task, "bandit": bandit.make_bandit_task,
                  "arithmetic": arithmetic.make_arithmetic_task,
+                 "countdown2": countdown2.make_countdown2_task,
                  "dataset": dataset.make_dataset_task}
     if name not in factories:
         raise ValueError(f"task: unknown task {name!r}; choose one of {', '.join(factories)}")
