@@ -234,7 +234,7 @@ def save_policy(directory: str, model_cfg, params, extra: dict[str, Any] | None 
     (`vpo.io.tokenizer.Tokenizer.save`), so the folder is self-contained.
 
     The export is written to a temporary sibling (`partial_dir`) and renamed into place, so an
-    interrupted export leaves no folder that reads as a policy (`vpo.rl.run_folder.policy_complete`);
+    interrupted export leaves no folder that reads as a policy (`run_folder.policy_complete`);
     into a folder that exists already (`vpo sft --out`), the files are moved in with
     policy.json last. Multi-process: every process calls it (the orbax save is collective);
     process 0 writes the JSON and renames. `params` must be exactly the `nnx.Param`s of
