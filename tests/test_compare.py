@@ -270,3 +270,28 @@ def test_headline_of_a_host_scored_task_without_distinct_counts():
                                    {"ks": [1], "rows": {"sft (m=1)": [row]}}, None)
     assert "distinct" not in head["sft (m=1)"]["values"]
     assert head["sft (m=1)"]["values"]["diversity"] == [0.1]
+
+
+def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
+    """A random policy solves nothing: the gate's 'solves' check fails and its sentence names
+    the setting; the numbers it returns are what failed_checks reads."""
+    cfg = make_config("smoke", ["gate=true", "gate_problems=4"])
+    task = load_task(cfg.task)
+    _, policy = _saved_tiny_policy(tmp_path, task)
+    gate = compare.pilot_gate(cfg, task, policy)
+    N = cfg.eval_budget
+    assert gate["pass@1"] == 0.0 and gate[f"pass@{N}"] == 0.0
+    assert 0.0 <= gate["group_spread"] <= 1.0 and gate["G"] == cfg.sampler.num_samples
+    assert gate["checks"]["headroom"] and not gate["checks"]["solves"]
+    failed = compare.gate_failures(cfg, gate)
+    assert any("gate_pass_min" in f for f in failed)
+    roomless = gate | {f"pass@{N}": 0.95, "group_spread": 0.1,
+                       "checks": {"headroom": False, "solves": True, "signal": False}}
+    text = " ".join(compare.gate_failures(cfg, roomless))
+    assert "no headroom" in text and "sampler.num_samples" in text
+
+
+def test_the_gate_settings_are_checked():
+    with pytest.raises(ConfigError, match="gate_pass_max"):
+        make_config("default", ["gate_pass_max=1.5"])
+    assert make_config("default").gate and not make_config("smoke").gate

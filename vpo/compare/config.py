@@ -77,6 +77,16 @@ class CompareConfig:
     search_best_of_n: bool = False  # also best-of-N with each policy at the search's budget
     probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
+    # The pilot gate, before RL (`vpo.compare.driver.pilot_gate`): the warm start measured on
+    # `gate_problems` held-out problems and as many training prompts; with `gate` on, the run
+    # stops with a named message when the design cannot show an effect: pass@N above
+    # `gate_pass_max` (no headroom), below `gate_pass_min` (nothing solved to reinforce), or
+    # fewer than `gate_spread_min` of the step-0 groups with unequal rewards (no signal).
+    gate: bool = True
+    gate_problems: int = 32
+    gate_pass_max: float = 0.9
+    gate_pass_min: float = 0.02
+    gate_spread_min: float = 0.25
     # the pre-registered primary claims (<= 3, `vpo.eval.verdicts.PRIMARY_KEYS`, A-B:metric: arm
     # A's metric@eval_budget above B's or, B = warm, above A's warm start), Holm as one family;
     # every preset keeps this default: VPO vs GRPO at best@N and pass@N, VPO vs its warm start
@@ -123,6 +133,11 @@ class CompareConfig:
         if self.law_points and self.train.steps < self.law_points:
             raise ConfigError(f"law_points: {self.law_points} checkpoints need train.steps >= "
                               f"{self.law_points}; got {self.train.steps} (or set law_points=0)")
+        for f in ("gate_pass_max", "gate_pass_min", "gate_spread_min"):
+            if not 0.0 <= getattr(self, f) <= 1.0:
+                raise ConfigError(f"{f}: must be in [0, 1]; got {getattr(self, f)}")
+        if self.gate_problems < 1:
+            raise ConfigError(f"gate_problems: must be >= 1; got {self.gate_problems}")
         if self.sft_lr is not None and not self.sft_lr > 0:
             raise ConfigError(f"sft_lr: must be > 0 (or left out for the SFT rule); got "
                               f"{self.sft_lr}")
@@ -182,6 +197,7 @@ FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,entropy_mas
 PRESETS: dict[str, CompareConfig] = {
     # CI: a few steps of everything (the test may shrink it further with overrides).
     "smoke": CompareConfig(
+        gate=False, gate_problems=4,  # a CI run: the gate's numbers are reported, not enforced
         num_seeds=2, sft_steps=40, sft_demos=32, eval_problems=8, eval_budget=6,
         search_problems=2, search_best_of_n=True,
         search_pool=8, search_seeds=2, law_points=2, law_problems=4, probe_samples=2,

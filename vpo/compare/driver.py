@@ -180,6 +180,56 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
     return policy
 
 
+class GateError(ConfigError):
+    """The pilot gate found that the comparison's design cannot show an effect."""
+
+
+def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
+    """The warm start before any RL, as the design needs it: pass@1 and pass@N (N =
+    `eval_budget`) on `gate_problems` held-out problems (split `eval_seed`, their own key) at
+    the evaluation temperature, and the share of step-0 groups (G = `sampler.num_samples`
+    samples of as many training prompts at the training temperature) whose w*ᵀr are not all
+    equal: where they are all equal, group-normalised advantages are 0 and the step learns
+    nothing. Returns the numbers and, per check, whether it passed."""
+    N, G = cfg.eval_budget, cfg.sampler.num_samples
+    records = task.make_problems(cfg.eval_seed, cfg.gate_problems)
+    ev = policy_eval.evaluate_policy(
+        policy, task, records, num_answers=1, budget=N, ks=[1, N],
+        key=jax.random.key(cfg.eval_seed + 5), temperature=cfg.eval_temperature)
+    train_records = task.make_problems(cfg.train.seed, cfg.gate_problems)
+    pool = policy_eval.sample_pool(policy, task, train_records, num_answers=1, budget=G,
+                                   key=jax.random.key(cfg.train.seed + 5),
+                                   temperature=cfg.sampler.temperature,
+                                   top_p=cfg.sampler.top_p)[0]
+    scores_PG = np.asarray(pool.scores_PN, float)
+    spread = float(np.mean(scores_PG.max(-1) - scores_PG.min(-1) > 1e-6))
+    out = {"problems": cfg.gate_problems, "pass@1": ev["pass@1"], f"pass@{N}": ev[f"pass@{N}"],
+           "best@1": ev["best@1"], f"best@{N}": ev[f"best@{N}"], "group_spread": spread,
+           "G": G, "enforced": cfg.gate}
+    out["checks"] = {
+        "headroom": ev[f"pass@{N}"] <= cfg.gate_pass_max,
+        "solves": ev[f"pass@{N}"] >= cfg.gate_pass_min,
+        "signal": spread >= cfg.gate_spread_min}
+    return out
+
+
+def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
+    """What the pilot gate's numbers say the design cannot show, one sentence per failed check
+    with the setting that fixes it; [] when every check passed."""
+    N = cfg.eval_budget
+    p, s = gate[f"pass@{N}"], gate["group_spread"]
+    why = {"headroom": f"the warm start's pass@{N} is {p:.3f} (> gate_pass_max "
+                       f"{cfg.gate_pass_max:g}): no headroom for RL to show a gain at pass@{N}; "
+                       "use harder problems or a warm start that covers fewer modes",
+           "solves": f"the warm start's pass@{N} is {p:.3f} (< gate_pass_min "
+                     f"{cfg.gate_pass_min:g}): it solves almost nothing, so RL has no solution "
+                     "to reinforce; train the warm start longer or use easier problems",
+           "signal": f"only {s:.0%} of the step-0 groups of G={gate['G']} have unequal rewards "
+                     f"(< gate_spread_min {cfg.gate_spread_min:g}): most steps would learn "
+                     "nothing; raise sampler.num_samples or sampler.temperature"}
+    return [why[k] for k, ok in gate["checks"].items() if not ok]
+
+
 def _copy(model):
     """The same policy on fresh buffers (the trainer donates its state; the warm start is
     shared by several runs)."""
@@ -530,6 +580,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     and searched row with the estimate left; `progress`: the warm start's SFT bar and each RL
     run's step bar on stderr."""
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
+    log(compare_report.design_text(cfg))  # what the design can decide, before anything runs
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
     task = load_task(cfg.task, cfg.init or None)  # bound to the policy's tokenizer
@@ -570,6 +621,16 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
 
     (policy, before) = stage("warm start", warm, cached=False)
     wall["warm start"] += before
+    gate = stage("pilot gate", lambda: pilot_gate(cfg, task, policy))
+    failed = gate_failures(cfg, gate)
+    log(f"pilot gate: warm start pass@1 {gate['pass@1']:.3f}, pass@{cfg.eval_budget} "
+        f"{gate[f'pass@{cfg.eval_budget}']:.3f} on {gate['problems']} held-out problems; "
+        f"{gate['group_spread']:.0%} of step-0 groups with unequal rewards"
+        + ("" if not failed else (" -- " + "; ".join(failed))))
+    if failed and cfg.gate:
+        raise GateError("pilot gate: the design cannot show an effect: " + "; ".join(failed)
+                        + f". The numbers are in {os.path.join(out_dir, 'stages')}; fix the "
+                        "design, or pass gate=false to run anyway")
     runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log, resume=resume,
                                           progress=progress), cached=False)
     if resume:  # the RL stage's time: every run's own, whichever session trained it
@@ -584,6 +645,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     loads.append(compare_report.machine_load())
     summary = compare_report.write_report(out_dir, cfg, command=command, wall=wall, runs=runs,
                                           evals=evals, searches=searches, probes=probes,
-                                          load=" -> ".join(loads))
+                                          load=" -> ".join(loads),
+                                          gate=gate | {"failed": failed})
     log(f"report: {os.path.join(out_dir, 'report.md')} ({wall['total']:.0f} s)")
     return summary

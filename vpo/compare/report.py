@@ -332,7 +332,8 @@ def _search_curves(searches) -> dict[str, tuple]:
 
 
 def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[str, float],
-                 runs, evals, searches=None, probes=None, load: str = "") -> dict[str, Any]:
+                 runs, evals, searches=None, probes=None, load: str = "",
+                 gate: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json, the PNGs (best@k, pass@k, training curves, search, entropy law, and all
     in report.png) and report.md, rendered from the summary as written (`render`), in out_dir;
     returns the summary."""
@@ -384,7 +385,7 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                        [[os.path.join(out_dir, n) for n in row] for row in pngs],
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
-               "load": load, "headline": head, **families,
+               "load": load, "headline": head, "gate": gate, **families,
                "corrections": {k: f"Holm 1979 over {len(families[k])} claims, both directions, "
                                   f"one-sided {claims.LEVEL:g}" for k in families},
                "design": claims.design(cfg.num_seeds, len(families[PRIMARY[0]])),
@@ -417,7 +418,7 @@ def render(summary: dict[str, Any]) -> str:
                   if all(row.get("grad_norm", 1.0) == 0.0 for r in rs for row in r["metrics"])]
     return report_text(cfg, summary["command"], summary["wall_s"], head, families,
                        law_table(law), searches, probes, summary.get("load", ""), static=static,
-                       preregistered="primary" in summary["config"])
+                       preregistered="primary" in summary["config"], gate=summary.get("gate"))
 
 
 def static_arms(runs) -> list[str]:
@@ -468,8 +469,27 @@ def _design_lines(cfg, primary: list[dict[str, Any]], preregistered: bool) -> li
     return lines
 
 
+def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
+    """The pilot gate's numbers (the warm start before RL) and what they say; [] for a summary
+    written before the gate existed."""
+    if not gate:
+        return []
+    N = cfg.eval_budget
+    failed = gate.get("failed") or []
+    verdict = ("every check passed" if not failed else
+               ("failed and enforced: " if gate.get("enforced") else "failed (not enforced): ")
+               + "; ".join(failed))
+    return [f"**Pilot gate** (the warm start before RL, {gate['problems']} held-out problems, "
+            f"{N} candidates each): pass@1 {gate['pass@1']:.3f}, pass@{N} "
+            f"{gate[f'pass@{N}']:.3f}, best@{N} {gate[f'best@{N}']:.3f}; "
+            f"{gate['group_spread']:.0%} of step-0 groups (G = {gate['G']}) have unequal "
+            f"rewards. Headroom band pass@{N} in [{cfg.gate_pass_min:g}, {cfg.gate_pass_max:g}], "
+            f"signal at least {cfg.gate_spread_min:.0%}: {verdict}.", ""]
+
+
 def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
-                static: list[str] | None = None, preregistered: bool = True) -> str:
+                static: list[str] | None = None, preregistered: bool = True,
+                gate: dict[str, Any] | None = None) -> str:
     """report.md: `families` as from `verdict_families` (each printed with its correction),
     the design lines first."""
     N = cfg.eval_budget
@@ -485,6 +505,7 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
     lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
              f"`{command}`", ""]
     lines += _design_lines(cfg, families[PRIMARY[0]], preregistered)
+    lines += _gate_lines(cfg, gate)
     if static:
         lines += [f"**No learning signal in {', '.join(static)}**: the gradient was zero at "
                   "every step of every seed (each group's rewards were equal), so "
