@@ -38,7 +38,7 @@ def uniform_samples(record, rng, draws):
     """`draws` uniformly random fully parenthesised expressions over the given numbers."""
     nums = record["numbers"]
     counts = countdown2.expression_counts(nums)
-    per_value, total = countdown2._compound_counts(counts)
+    per_value, total = countdown2.compound_counts(counts)
     values = list(per_value)
     p = np.array([per_value[v] for v in values], np.float64) / total
     picks = rng.choice(len(values), size=draws, p=p)

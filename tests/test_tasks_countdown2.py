@@ -136,7 +136,7 @@ def test_make_problems_is_deterministic(task):
 def test_expression_counts_match_brute_force():
     for nums in ([3, 5, 7, 11], [2, 9, 4], [1, 2]):
         counts = countdown2.expression_counts(nums)
-        per_value, total = countdown2._compound_counts(counts)
+        per_value, total = countdown2.compound_counts(counts)
         brute = [v for w, v in all_expressions(nums) if len(w) > 1]
         assert total == len(brute) and dict(per_value) == dict(
             zip(*np.unique(brute, return_counts=True), strict=True))
@@ -195,9 +195,10 @@ def test_cover_at_k():
     rewards[2, :, 2] = 1
     valid = np.ones((3, 4), bool)
     for k, want in ((1, [0, 0, 0]), (2, [1 / 6, 0, 0]), (3, [0.5, 0, 0]), (4, [1, 0, 0])):
-        np.testing.assert_allclose(countdown2.cover_at_k(rewards, valid, k), want, atol=1e-6)
+        got = metrics.cover_at_k(rewards, valid, k, countdown2.COVER)
+        np.testing.assert_allclose(got, want, atol=1e-6)
     valid[0, 1] = False  # an invalid slot never counts
-    np.testing.assert_allclose(countdown2.cover_at_k(rewards, valid, 4), [0, 0, 0])
+    np.testing.assert_allclose(metrics.cover_at_k(rewards, valid, 4, countdown2.COVER), [0, 0, 0])
 
 
 def test_dirichlet_set_values():

@@ -92,7 +92,7 @@ def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, A
     out = {}
     for name, rows in evals["rows"].items():
         vals = {f"{what}@{k}": [r[f"{what}@{k}"] for r in rows] for k in ks
-                for what in ("best", "pass") if f"{what}@{k}" in rows[0]}
+                for what in ("best", "pass", "cover") if f"{what}@{k}" in rows[0]}
         for key in ("diversity", "distinct", "valid_fraction", "entropy"):
             if key in rows[0]:  # host-scored tasks count no distinct symbol answers
                 vals[key] = [r[key] for r in rows]

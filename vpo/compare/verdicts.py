@@ -136,7 +136,8 @@ def search_claim_inputs(solved_RSX: Mapping[str, Any], seeds: Mapping[str, Seque
 # -- pre-registered primary claims ---------------------------------------------------------------
 
 PRIMARY_ARMS = ("vpo", *BASELINES)  # the arms a primary claim may name
-PRIMARY_METRICS = ("best", "pass")  # best@N (partial credit) and pass@N (solving), N the budget
+# best@N (partial credit), pass@N (solving), cover@N (a set hitting every mode), N the budget
+PRIMARY_METRICS = ("best", "pass", "cover")
 WARM = "warm"  # "A-warm:metric": arm A against its own warm start (same m)
 PRIMARY_KEYS = tuple(f"{a}-{b}:{m}" for a in PRIMARY_ARMS
                      for b in (*PRIMARY_ARMS, WARM) if b != a for m in PRIMARY_METRICS)

@@ -82,6 +82,31 @@ def best_at_k_weights(n: int, k: int) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames="k")
+def cover_at_k(rewards_PNR: jax.Array, valid_PN: jax.Array, k: int,
+               components: tuple[int, ...]) -> jax.Array:
+    """Unbiased probability, per problem, that k of the N candidates drawn without replacement
+    hold, for EVERY reward component c in `components`, a valid candidate with r_c = 1 (a set
+    covering modes no single answer joins). By inclusion-exclusion over the components missed,
+
+        cover@k = Σ_{S ⊆ C} (-1)^|S| · C(n - n_S, k) / C(n, k),
+
+    n_S the candidates hitting some component of S (n_∅ = 0), each term the pass@k estimator of
+    Chen et al. 2021 (arXiv 2107.03374) in its complement form. With one component it is
+    pass@k of that component. Returns float32 [P]."""
+    import itertools
+
+    r = jnp.asarray(rewards_PNR, jnp.float32)
+    hit_PNC = jnp.asarray(valid_PN, bool)[..., None] & (r[..., list(components)] >= 1.0 - 1e-6)
+    total = jnp.zeros(r.shape[0], jnp.float32)
+    for size in range(len(components) + 1):
+        for subset in itertools.combinations(range(len(components)), size):
+            hit_PN = jnp.any(hit_PNC[..., list(subset)], axis=-1) if subset else jnp.zeros(
+                hit_PNC.shape[:2], bool)
+            miss = 1.0 - pass_at_k(hit_PN, k)  # C(n - n_S, k) / C(n, k)
+            total = total + (-1.0) ** size * miss
+    return total
+
+
 def best_at_k(scores_PN: jax.Array, k: int) -> jax.Array:
     """Exact expected max of a uniformly random k-subset of the N scores, per problem.
 

@@ -154,14 +154,19 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
                                 max_new_tokens: int | None = None, progress: bool = False,
                                 desc: str = "eval"
                                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """`evaluate_policy`'s metrics and per-problem arrays {"best_P": max_n w*ᵀr over the N
-    candidates (0 if none valid), "solved_P": some candidate solves the problem}."""
+    """`evaluate_policy`'s metrics (with cover@k for every k when the task has
+    `cover_components`) and per-problem arrays {"best_P": max_n w*ᵀr over the N candidates (0 if
+    none valid), "solved_P": some candidate solves the problem}."""
     pool, answers, amask, entropy = sample_pool(model, task, records, num_answers=num_answers,
                                                 budget=budget, key=key, temperature=temperature,
                                                 max_new_tokens=max_new_tokens,
                                                 progress=progress, desc=desc)
     out = metrics.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
                                     answer_mask_PNA=amask)
+    cover = task.task.cover_components
+    if cover:  # a set covering modes no single answer joins (countdown2: both targets)
+        out |= {f"cover@{k}": float(jnp.mean(metrics.cover_at_k(
+            pool.rewards_PNR, pool.valid_PN, k, cover))) for k in ks}
     out["entropy"] = entropy
     per_problem = {"best_P": np.asarray(jnp.max(pool.scores_PN, axis=-1)),
                    "solved_P": np.asarray(jnp.any(pool.correct_PN, axis=-1))}

@@ -65,6 +65,9 @@ class Task:
       max_answers: the most answers one generation may be asked for.
       tagless_single: with m = 1, send the statement as written and read the whole completion
         as the answer (no tags; user datasets, as in TRL).
+      cover_components: reward components a SET of candidates must each hit (reach 1 in some
+        valid candidate) to cover a problem, for tasks whose modes no single answer joins
+        (countdown2: both targets); evaluation then reports cover@k. () for tasks without.
       score_applies(records, answers) -> (rewards_NMR, valid_NM, applies_NMR bool): `score`
         with, per component, False where it does not apply to a valid answer (a reward function
         returned None: TRL's multi-task idiom); None: every component applies to every answer.
@@ -89,6 +92,7 @@ class Task:
     max_answers: int = 8
     tagless_single: bool = False
     score_applies: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    cover_components: tuple[int, ...] = ()
 
     def __post_init__(self):
         w = np.asarray(self.eval_weights_R, np.float32)

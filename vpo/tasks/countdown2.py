@@ -19,15 +19,16 @@ and later duplicates (same words) of an earlier valid slot are invalid.
     w* = (0.4, 0.4, 0.2): a hit scores 0.6, a miss over given numbers 0.2, anything else 0.
     solved (per answer, what pass@k counts) = hit1 or hit2.
 
-Covering both targets. The `Task` contract scores single answers, so best@k under w* and pass@k
-with `solved` treat the two targets alike and cannot see whether a set covers both; the set-level
-notion is `cover_at_k` (the unbiased probability that k of the N candidates hit both targets,
-pass@k's estimator by inclusion-exclusion). It is what the Dirichlet evaluation sees: with
-w ~ Dir(1, 1, 1), the expected best of a k-subset S (`E_w[max_{j in S} wᵀ r_j]`, the pool version
-is `vpo.eval.metrics.expected_max_pool`) is 1/3 + E[max(w1, w2)] = 5/6 when S hits both targets,
-2/3 when it hits one, 1/3 when it only has misses over given numbers (`DIRICHLET_SET_VALUE`).
-So E_w[best@k] = 5/6 cover@k + 2/3 (pass@k - cover@k) + 1/3 P(no hit, some miss over given
-numbers): covering both is visible there, while best@k under w* is 0.6 for either target.
+Covering both targets. The `Task` contract scores single answers, so best@k under w* and pass@k with
+`solved` treat the two targets alike and cannot see whether a set covers both; the set-level notion
+is cover@k (`vpo.eval.metrics.cover_at_k` over `COVER`: the unbiased probability that k of the N
+candidates hit both targets, pass@k's estimator by inclusion-exclusion). It is what the Dirichlet
+evaluation sees: with w ~ Dir(1, 1, 1), the expected best of a k-subset S (`E_w[max_{j in S} wᵀ
+r_j]`, the pool version is `vpo.eval.metrics.expected_max_pool`) is 1/3 + E[max(w1, w2)] = 5/6 when
+S hits both targets, 2/3 when it hits one, 1/3 when it only has misses over given numbers
+(`DIRICHLET_SET_VALUE`). So E_w[best@k] = 5/6 cover@k + 2/3 (pass@k - cover@k) + 1/3 P(no hit, some
+miss over given numbers): covering both is visible there, while best@k under w* is 0.6 for either
+target.
 
 Generator (`make_problems`): draw K distinct numbers; enumerate every fully parenthesised
 expression over them (`expression_counts`); draw t1 and then t2 uniformly from the eligible
@@ -51,7 +52,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -63,6 +63,7 @@ REWARD_NAMES = ("hit1", "hit2", "given_only")
 EVAL_WEIGHTS = (0.4, 0.4, 0.2)
 # E_{w ~ Dir(1,1,1)}[max_{j in S} wᵀ r_j] of a set S that hits both targets / one / none but has
 # a miss over given numbers: 1/3 + E[max(w1, w2)] = 1/3 + 1/2, 2/3, 1/3.
+COVER = (0, 1)  # the components a set must both hit: hit1 and hit2
 DIRICHLET_SET_VALUE = {"both": 5.0 / 6.0, "one": 2.0 / 3.0, "given_only": 1.0 / 3.0}
 
 
@@ -171,7 +172,7 @@ def sample_expression(numbers: Sequence[int], counts: list[dict[int, int]], valu
     return _expression_text(numbers, draw(mask, value))
 
 
-def _compound_counts(counts: list[dict[int, int]]) -> tuple[Counter, int]:
+def compound_counts(counts: list[dict[int, int]]) -> tuple[Counter, int]:
     """(value -> expressions with at least one operator, their total)."""
     per_value: Counter = Counter()
     for mask in range(1, len(counts)):
@@ -183,7 +184,7 @@ def _compound_counts(counts: list[dict[int, int]]) -> tuple[Counter, int]:
 def random_hit_rates(record: base.Record) -> tuple[float, float]:
     """Exact probabilities that a uniformly random fully parenthesised expression over the
     given numbers (each at most once, at least one operator) hits t1, and that it hits t2."""
-    per_value, total = _compound_counts(expression_counts(record["numbers"]))
+    per_value, total = compound_counts(expression_counts(record["numbers"]))
     t1, t2 = (int(t) for t in record["targets"])
     return per_value[t1] / total, per_value[t2] / total
 
@@ -201,22 +202,6 @@ def solve(numbers: Sequence[int], target: int) -> list[str] | None:
                                  np.random.default_rng(0))
     except ValueError:
         return None
-
-
-def cover_at_k(rewards_PNR, valid_PN, k: int) -> jax.Array:
-    """Unbiased probability, per problem, that k of the N candidates drawn without replacement
-    hit BOTH targets (the set-level notion; see the module docstring).
-
-    Hits are disjoint (no answer hits both), so by inclusion-exclusion
-    cover@k = pass@k(hit1) + pass@k(hit2) - pass@k(hit1 or hit2).
-    """
-    from vpo.eval.metrics import pass_at_k
-
-    r = jnp.asarray(rewards_PNR, jnp.float32)
-    valid = jnp.asarray(valid_PN, bool)
-    hit1 = valid & (r[..., 0] >= 1.0 - 1e-6)
-    hit2 = valid & (r[..., 1] >= 1.0 - 1e-6)
-    return pass_at_k(hit1, k) + pass_at_k(hit2, k) - pass_at_k(hit1 | hit2, k)
 
 
 # -- the task ---------------------------------------------------------------------------------
@@ -258,7 +243,7 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
     def eligible(nums: list[int]) -> tuple[list[int], list[dict[int, int]]]:
         counts = expression_counts(nums)
         easy = {v for m in range(1, 1 << K) if bin(m).count("1") <= min_ops for v in counts[m]}
-        per_value, _ = _compound_counts(counts)
+        per_value, _ = compound_counts(counts)
         values = sorted(v for v, c in per_value.items()
                         if min_target <= v <= max_target and v not in easy
                         and c >= max_answers)
@@ -329,4 +314,5 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
         name="countdown2", reward_names=REWARD_NAMES,
         eval_weights_R=np.array(EVAL_WEIGHTS, np.float32), make_problems=make_problems,
         statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
-        demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers)
+        demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers,
+        cover_components=COVER)
