@@ -278,3 +278,18 @@ def test_memory_estimate_rejects_a_group_that_cannot_fit():
         assert sum(bigger.memory_bytes(20).values()) > base, section
     lora = dataclasses.replace(run, model=model_preset("tiny", lora_rank=2))
     assert lora.memory_bytes(20)["params"] < run.memory_bytes(20)["params"]
+
+
+def test_overrides_are_validated_together_whatever_their_order():
+    """Cross-field rules see the final values: lowering search_pool below the preset's
+    search_problems is fine when search_problems comes down in the same command, in either
+    order; a later override of the same key wins."""
+    from vpo.compare.config import make_config
+
+    for order in (["search_pool=2", "search_problems=1"], ["search_problems=1", "search_pool=2"]):
+        cfg = make_config("smollm", order)
+        assert (cfg.search_pool, cfg.search_problems) == (2, 1)
+    run = apply_overrides(RunConfig(), ["train.steps=5", "model.dim=64", "train.steps=7"])
+    assert run.train.steps == 7 and run.model.dim == 64
+    with pytest.raises(ConfigError, match="search_problems"):
+        make_config("smollm", ["search_pool=2"])  # the preset's 3 hard problems from a pool of 2

@@ -65,30 +65,42 @@ def apply_overrides(config, overrides: list[str]):
     """Apply `section.key=value` overrides to a nested config dataclass (returns a new one).
 
     Values are parsed by the field's annotated type; unknown sections or keys raise naming them.
+    Every override is parsed first and each dataclass is rebuilt once with all of its changes,
+    so validation sees the final values whatever order they were given in (a later override of
+    the same key wins).
     """
     import typing
 
+    tree: dict = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected section.key=value, e.g. "
                               "train.steps=6")
         path, text = item.split("=", 1)
-        config = _set(config, path.split("."), text, path, typing)
-    return config
+        keys = path.split(".")
+        node, obj = tree, config
+        for depth, key in enumerate(keys):
+            names = [f.name for f in dataclasses.fields(obj)]
+            if key not in names:
+                raise ConfigError(f"override {path}: unknown key {key!r} in "
+                                  f"{type(obj).__name__}; known: {', '.join(names)}")
+            if depth == len(keys) - 1:
+                node[key] = parse_value(text, typing.get_type_hints(type(obj))[key], path)
+                break
+            child = getattr(obj, key)
+            if not dataclasses.is_dataclass(child):
+                raise ConfigError(f"override {path}: {key!r} is not a section")
+            if not isinstance(node.get(key, {}), dict):
+                raise ConfigError(f"override {path}: {key!r} was set as a whole by an earlier "
+                                  "override")
+            node, obj = node.setdefault(key, {}), child
+    return _rebuilt(config, tree)
 
 
-def _set(obj, keys, text, path, typing):
-    hints = typing.get_type_hints(type(obj))
-    names = [f.name for f in dataclasses.fields(obj)]
-    if keys[0] not in names:
-        raise ConfigError(f"override {path}: unknown key {keys[0]!r} in {type(obj).__name__}; "
-                          f"known: {', '.join(names)}")
-    if len(keys) == 1:
-        value = parse_value(text, hints[keys[0]], path)
-    else:
-        child = getattr(obj, keys[0])
-        if not dataclasses.is_dataclass(child):
-            raise ConfigError(f"override {path}: {keys[0]!r} is not a section")
-        value = _set(child, keys[1:], text, path, typing)
-    return dataclasses.replace(obj, **{keys[0]: value})
-
+def _rebuilt(obj, tree: dict):
+    """`obj` with the parsed changes of `tree` ({field: value, or {subfield: ...} for a section}),
+    each dataclass replaced (and so validated) once."""
+    return dataclasses.replace(obj, **{
+        key: _rebuilt(getattr(obj, key), value) if isinstance(value, dict) and
+        dataclasses.is_dataclass(getattr(obj, key)) else value
+        for key, value in tree.items()})
