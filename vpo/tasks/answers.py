@@ -197,3 +197,10 @@ def first_occurrence(symbols_MA: jax.Array, mask_MA: jax.Array, valid_M: jax.Arr
     M = valid_M.shape[0]
     earlier_MM = jnp.arange(M)[None, :] < jnp.arange(M)[:, None]  # [j, i]: i < j
     return valid_M & ~jnp.any(same_MM & earlier_MM & valid_M[None, :], axis=-1)
+
+
+def expression_words(text: str | None, *, max_words: int) -> list[str] | None:
+    """An expression answer's words (`answer_words`), or None when the slot is missing, empty or
+    longer than `max_words` words (the arithmetic tasks' invalid slots)."""
+    words = None if text is None else answer_words(text)
+    return words if words and len(words) <= max_words else None

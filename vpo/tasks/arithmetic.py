@@ -23,6 +23,7 @@ Statement: `Use the numbers n_1 .. n_K and + - * ( ) to reach t`.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 
@@ -148,20 +149,11 @@ def make_arithmetic_task(*, num_numbers: int = 3, max_target: int = 99, max_answ
 
     def score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]]
               ) -> tuple[np.ndarray, np.ndarray]:
-        N, M = len(records), max((len(a) for a in answers), default=0)
-        rewards_NMR = np.zeros((N, M, 3), np.float32)
-        valid_NM = np.zeros((N, M), bool)
-        for n, (record, slots) in enumerate(zip(records, answers, strict=True)):
-            numbers = [int(v) for v in record["numbers"]]
-            seen: list[list[str]] = []
-            for m, text in enumerate(slots):
-                words = None if text is None else answers_lib.answer_words(text)
-                if not words or len(words) > A or words in seen:
-                    continue
-                seen.append(words)
-                valid_NM[n, m] = True
-                rewards_NMR[n, m] = score_expression(words, numbers, int(record["target"]))
-        return rewards_NMR, valid_NM
+        return base.score_word_answers(
+            records, answers, 3,
+            lambda rec, words: score_expression(words, [int(v) for v in rec["numbers"]],
+                                                int(rec["target"])),
+            functools.partial(answers_lib.expression_words, max_words=A))
 
     def solved(rewards_R):
         return jnp.all(jnp.asarray(rewards_R) >= 1.0 - 1e-6)

@@ -162,6 +162,19 @@ def score_symbol_answers(records: Sequence[Record], answers: Sequence[Sequence[s
     """The host `score` of a symbol task from a plain-Python reward of one well-formed answer
     (`reward_fn(record, words) -> R floats`): malformed slots and later duplicates of an earlier
     valid answer (same words) are invalid, with zero rows."""
+    return score_word_answers(records, answers, num_rewards, reward_fn,
+                              lambda answer: symbol_words(answer, symbols, answer_len))
+
+
+def score_word_answers(records: Sequence[Record], answers: Sequence[Sequence[str | None]],
+                       num_rewards: int,
+                       reward_fn: Callable[[Record, list[str]], Sequence[float]],
+                       words_of: Callable[[str | None], list[str] | None]
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The host `score` of a task whose answers are read as words: `words_of(slot text)` gives
+    an answer's words or None (missing, empty, too long: an invalid slot); a later duplicate of
+    an earlier valid answer (same words) is invalid too; invalid slots keep zero rows, valid ones
+    get `reward_fn(record, words)` → (rewards_NMR float32, valid_NM bool)."""
     N = len(records)
     M = max((len(a) for a in answers), default=0)
     rewards = np.zeros((N, M, num_rewards), np.float32)
@@ -169,7 +182,7 @@ def score_symbol_answers(records: Sequence[Record], answers: Sequence[Sequence[s
     for n, (record, slots) in enumerate(zip(records, answers, strict=True)):
         seen: list[list[str]] = []
         for m, answer in enumerate(slots):
-            words = symbol_words(answer, symbols, answer_len)
+            words = words_of(answer)
             if words is None or words in seen:
                 continue
             seen.append(words)

@@ -49,6 +49,7 @@ t2`.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 
@@ -270,20 +271,10 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
 
     def score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]]
               ) -> tuple[np.ndarray, np.ndarray]:
-        N, M = len(records), max((len(a) for a in answers), default=0)
-        rewards_NMR = np.zeros((N, M, 3), np.float32)
-        valid_NM = np.zeros((N, M), bool)
-        for n, (record, slots) in enumerate(zip(records, answers, strict=True)):
-            seen: list[list[str]] = []
-            for m, text in enumerate(slots):
-                words = None if text is None else answers_lib.answer_words(text)
-                if not words or len(words) > A or words in seen:
-                    continue
-                seen.append(words)
-                valid_NM[n, m] = True
-                rewards_NMR[n, m] = score_expression(words, record["numbers"],
-                                                     record["targets"])
-        return rewards_NMR, valid_NM
+        return base.score_word_answers(
+            records, answers, 3,
+            lambda rec, words: score_expression(words, rec["numbers"], rec["targets"]),
+            functools.partial(answers_lib.expression_words, max_words=A))
 
     def solved(rewards_R):
         r = jnp.asarray(rewards_R)
