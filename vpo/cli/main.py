@@ -191,11 +191,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     summary = driver.run_compare(cfg, args.out, command=command,
                                   with_search=not args.no_search, resume=args.resume,
                                   overwrite=args.overwrite, progress=True)
-    for c in summary["claims"]:
-        holm = "" if c["verdict"] != "reproduced" else (
-            " [survives Holm's correction]" if c["survives_holm"] else
-            f" [not after Holm's correction: adjusted p = {c['holm_p']:.3g}]")
-        print(f"  {c['verdict']}: {c['claim']} ({c['evidence']}){holm}")
+    for label, family in (("primary", summary.get("primary", [])),
+                          ("exploratory", summary["claims"])):
+        for c in family:
+            shown = c.get("family_verdict", c["verdict"])
+            holm = "" if "holm_p" not in c else (
+                f" [Holm-adjusted p = {c['holm_p']:.3g} over {c.get('family_size', '?')}]")
+            print(f"  {shown} ({label}): {c['claim']} ({c['evidence']}){holm}")
     return 0
 
 
