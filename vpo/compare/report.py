@@ -493,7 +493,7 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
     """report.md: `families` as from `verdict_families` (each printed with its correction),
     the design lines first."""
     N = cfg.eval_budget
-    metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", "diversity", "distinct",
+    metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", f"cover@{N}", "diversity", "distinct",
                "valid_fraction", "entropy", "train entropy", "train diversity", "search solved"]
     metrics = [k for k in metrics if any(k in h["values"] for h in head.values())]
     seeds = max(len(h["seeds"]) for h in head.values())
