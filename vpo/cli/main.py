@@ -17,7 +17,13 @@ import errno
 import os
 import sys
 
-from vpo.cli.arguments import add_data_args, check_args, check_fit, dataset_kwargs
+from vpo.cli.arguments import (
+    add_data_args,
+    add_split_args,
+    check_args,
+    check_fit,
+    dataset_kwargs,
+)
 from vpo.cli.export import add_export_args, cmd_export
 from vpo.cli.plan import add_plan_args, cmd_plan
 from vpo.cli.policy import (
@@ -123,7 +129,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         flags = tuple(flag for flag, given in (
             ("--preset", args.preset), ("--config", args.config), ("--init", args.init),
-            ("--data", args.data), ("--reward", args.reward), ("--weights", args.weights))
+            ("--data", args.data), ("--reward", args.reward), ("--weights", args.weights),
+            ("--eval-fraction", args.eval_fraction is not None),
+            ("--split-seed", args.split_seed is not None))
             if given)
         ready = start.start_resume(args.out, **parts, data_changed_ok=args.data_changed_ok,
                                    flags=flags,
@@ -153,6 +161,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
     add_data_args(p)
+    add_split_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its "
                    "newest checkpoint (train.steps=N extends it)")
