@@ -187,14 +187,25 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) ->
     evaluation at an equal candidate budget -> island search on the hardest problems; writes
-    --out/report.md."""
+    --out/report.md. With --data FILE --reward MODULE:FUNCTION: on your rows and reward
+    functions, a seeded share of the rows (or --eval-data) held out for evaluation and search."""
+    import dataclasses
+    import shlex
+
     from vpo.compare import config as compare_config
+    from vpo.compare import data as compare_data
     from vpo.compare import driver
 
     _use_compile_cache(args.compile_cache)
-    cfg = compare_config.make_config(args.preset, args.overrides)
-    command = " ".join(["vpo compare", f"--preset {args.preset}", *args.overrides,
-                        f"--out {args.out}"])
+    dataset = dataset_kwargs(args)
+    preset = args.preset or ("smollm" if dataset else "default")
+    cfg = compare_config.make_config(preset, args.overrides)
+    if dataset:
+        cfg = dataclasses.replace(cfg, task="dataset",
+                                  task_kwargs=compare_data.compare_kwargs(dataset))
+    command = " ".join(["vpo compare", f"--preset {preset}",
+                        *([shlex.join(compare_data.flags(cfg.task_kwargs))] if dataset else []),
+                        *args.overrides, f"--out {args.out}"])
     print(f"{command}: arms {', '.join(cfg.arm_names)} x seeds {cfg.seeds}, {cfg.train.steps} "
           f"RL steps each -> {args.out}")
     summary = driver.run_compare(cfg, args.out, command=command,
@@ -213,10 +224,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _add_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=50 "
                    "num_seeds=1 arms=grpo,vpo,kl_cov search.generations=4")
-    p.add_argument("--preset", default="default", help="smoke (CI), default (the quickstart, "
+    p.add_argument("--preset", default=None, help="smoke (CI), default (the quickstart, "
                    "<= 10 min on 2 CPU cores), full (all arms, 9x9 maze, 5 seeds; hours on CPU, "
-                   "its estimate printed first) or paper (accelerators; init=<policy folder or "
-                   "hf:folder>)")
+                   "its estimate printed first), smollm (SmolLM2 with LoRA; the default with "
+                   "--data) or paper (accelerators; init=<policy folder or hf:folder>)")
+    add_data_args(p)
+    add_split_args(p, eval_data=True)
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--resume", action="store_true", help="continue an interrupted comparison "
                    "in --out (same preset and overrides): finished stages and RL runs are read "
