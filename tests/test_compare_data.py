@@ -265,3 +265,28 @@ def test_compare_on_your_data_end_to_end(files, tmp_path):
     with open(os.path.join(out, "arms", "vpo", "seed0", compare.ARM_DONE)) as f:
         command = json.load(f)["command"]
     assert "--eval-fraction 0.35 --split-seed 0" in command and "task=" not in command
+
+
+def test_eval_of_a_run_trained_on_a_share_reads_the_held_out_rows(files, tmp_path):
+    """`vpo eval / search / sample --policy RUN` of a run trained with --eval-fraction read the
+    rows held out from it, not its training rows."""
+    from vpo.cli.policy import policy_and_task
+    from vpo.io import checkpoint
+
+    spec, policy = _saved_bpe_policy(tmp_path)
+    train = arguments.dataset_kwargs(_args(
+        "train", "--data", str(files / "rows.jsonl"), "--reward", f"{files}/rewards.py:short",
+        "--eval-fraction", "0.25", "--split-seed", "5"))
+    checkpoint.save_policy(str(tmp_path / "run"), policy.cfg, _params(policy),
+                           {"task": "dataset", "task_kwargs": train, "source": f"hf:{BPE}"},
+                           tokenizer=checkpoint.load_model(spec)[1])
+    _, _, task = policy_and_task(str(tmp_path / "run"), None, None)
+    held = {r["_row"] for r in task.make_problems(0, 99)}
+    assert held == {r["_row"] for r in _part(files, "eval", eval_fraction=0.25, split_seed=5)}
+    assert len(held) == 5
+
+
+def _params(policy):
+    from flax import nnx
+
+    return nnx.state(policy, nnx.Param)
