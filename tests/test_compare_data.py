@@ -142,7 +142,8 @@ def _data_config(files, *overrides, **split):
 
     cfg = make_config("smoke", [f"init=hf:{BPE}", "lora_rank=4", "arms=grpo,vpo",
                                 "eval_problems=3", "search_pool=2", "search_problems=2",
-                                "law_points=2", "law_problems=3", "answer_tokens=16",
+                                "law_points=2", "law_problems=3", "gate_problems=3",
+                                "answer_tokens=16",
                                 *overrides])
     return dataclasses.replace(cfg, task="dataset", task_kwargs=compare_data.compare_kwargs(
         _kw(files, **(split or {"eval_fraction": 0.25}))))
@@ -158,6 +159,15 @@ def test_compare_on_data_needs_a_checkpoint(files):
         make_config("smoke", ["task=dataset"])
     assert cli.main(["compare", "--preset", "default", "--data", str(files / "rows.jsonl"),
                      "--reward", f"{files}/rewards.py:short", "--out", "unused"]) == 2
+    # a preset's claims on cover@N (countdown2's two targets) become best / pass on your data,
+    # on the command line; given, they are refused
+    smollm = make_config("smollm").primary
+    assert compare_data.data_overrides(smollm, ["x=1"]) == ["x=1", "primary=" + make_config(
+        "default").primary]
+    assert compare_data.data_overrides(smollm, ["primary=vpo-grpo:best"]) == [
+        "primary=vpo-grpo:best"]
+    with pytest.raises(ConfigError, match="cover@N needs a task's cover components"):
+        _data_config(files, "primary=vpo-grpo:cover")
 
 
 def test_compare_reads_each_part_where_it_belongs(files):
@@ -248,7 +258,8 @@ def test_compare_on_your_data_end_to_end(files, tmp_path):
             "--weights", "3,1", "--eval-fraction", "0.35", "--preset", "smoke",
             f"init=hf:{BPE}", "lora_rank=4", "arms=grpo,vpo", "num_seeds=1", "sft_steps=2",
             "train.steps=2", "train.batch_size=4", "law_points=0", "eval_problems=4",
-            "eval_budget=6", "search_pool=3", "search_problems=2", "search_seeds=1",
+            "eval_budget=6", "gate_problems=4", "search_pool=3", "search_problems=2",
+            "search_seeds=1",
             "answer_tokens=8", "--compile-cache", "", "--out", out]
     assert cli.main(argv) == 0
     with open(os.path.join(out, "summary.json")) as f:

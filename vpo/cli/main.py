@@ -199,6 +199,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _use_compile_cache(args.compile_cache)
     dataset = dataset_kwargs(args)
     preset = args.preset or ("smollm" if dataset else "default")
+    if dataset and preset in compare_config.PRESETS:
+        args.overrides = compare_data.data_overrides(compare_config.PRESETS[preset].primary,
+                                                     args.overrides)
     cfg = compare_config.make_config(preset, args.overrides)
     if dataset:
         cfg = dataclasses.replace(cfg, task="dataset",

@@ -129,6 +129,10 @@ class CompareConfig:
         if (self.task == "dataset") != bool(self.task_kwargs):
             raise ConfigError("task=dataset: your data comes from --data FILE --reward "
                               "MODULE:FUNCTION (which set the task); task_kwargs are for it only")
+        if self.task == "dataset" and ":cover" in self.primary:
+            raise ConfigError(f"primary: {self.primary}: cover@N needs a task's cover components "
+                              "(countdown2's two targets); your data has none, so claim best "
+                              "or pass (e.g. primary=vpo-grpo:best,vpo-grpo:pass)")
         if self.task == "dataset" and not self.init:
             raise ConfigError("--data: your text is read through a pretrained checkpoint's "
                               "tokenizer, and this preset trains a model from scratch; pass "

@@ -57,6 +57,18 @@ class DataPart(BoundTask):
         return max(super().completion_len(num_answers), num_answers * self.answer_tokens)
 
 
+def data_overrides(preset_primary: str, overrides: list[str]) -> list[str]:
+    """The overrides of `vpo compare --data` on a preset: its own, plus `primary=` the default's
+    claims (best@N, pass@N) when the preset's primary claims are on cover@N, which needs a
+    task's cover components (countdown2's two targets) that your data has not; added to the
+    command line, so the report's command shows it."""
+    from vpo.compare.config import CompareConfig
+
+    if ":cover" in preset_primary and not any(o.startswith("primary=") for o in overrides):
+        return [*overrides, f"primary={CompareConfig.primary}"]
+    return list(overrides)
+
+
 def compare_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`CompareConfig.task_kwargs` of `vpo.cli.arguments.dataset_kwargs` (the --data flags): the
     held-out split always explicit (--eval-fraction 0.2 and --split-seed 0 unless given), no
