@@ -82,8 +82,11 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
         for flag, given in (("--reward", getattr(args, "reward", None)),
                             ("--weights", getattr(args, "weights", None)),
                             ("--reward-workers", getattr(args, "reward_workers", None)),
-                            ("--reward-range", getattr(args, "reward_range", None))):
-            if given:
+                            ("--reward-range", getattr(args, "reward_range", None)),
+                            ("--eval-data", getattr(args, "eval_data", None)),
+                            ("--eval-fraction", getattr(args, "eval_fraction", None)),
+                            ("--split-seed", getattr(args, "split_seed", None))):
+            if given or (given is not None and flag in ("--eval-fraction", "--split-seed")):
                 raise ConfigError(f"{flag} needs --data FILE (your prompts and reward "
                                   "functions); a preset's own data keeps its own settings")
         return None
@@ -103,7 +106,31 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
     if args.reward_workers:
         kw["reward_workers"] = args.reward_workers
         kw["reward_timeout"] = args.reward_timeout
-    return kw
+    return kw | split_kwargs(args)
+
+
+def split_kwargs(args: argparse.Namespace) -> dict:
+    """The held-out split of `--eval-fraction F` / `--eval-data FILE` and `--split-seed S`
+    (`vpo.tasks.dataset.split_rows`): {} without them; `vpo train` trains on the training part
+    (split "train": the rows `vpo compare` with the same flags trains on)."""
+    from vpo.config import ConfigError
+
+    fraction = getattr(args, "eval_fraction", None)
+    eval_data = getattr(args, "eval_data", None)
+    seed = getattr(args, "split_seed", None)
+    if eval_data and fraction is not None:
+        raise ConfigError("--eval-data and --eval-fraction: choose one (the held-out rows come "
+                          "from their own file, or are a share of --data's rows)")
+    if seed is not None and fraction is None and not eval_data:
+        raise ConfigError("--split-seed needs --eval-fraction F (it orders the rows held out)")
+    if eval_data:
+        return {"eval_path": os.path.abspath(eval_data), "split_seed": seed or 0}
+    if fraction is None:
+        return {}
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"--eval-fraction {fraction}: the share of --data's rows held out must "
+                          "be between 0 and 1, e.g. 0.2")
+    return {"split": "train", "eval_fraction": fraction, "split_seed": seed or 0}
 
 
 def parse_reward_ranges(items: list[str]) -> dict[str, list[float]]:
@@ -142,3 +169,18 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    "this many worker processes (slow verifiers)")
     p.add_argument("--reward-timeout", type=float, default=None,
                    help="seconds per reward call with --reward-workers")
+
+
+def add_split_args(p: argparse.ArgumentParser, *, eval_data: bool = False) -> None:
+    """`--eval-fraction` and `--split-seed` (and, for `vpo compare`, `--eval-data`)."""
+    if eval_data:
+        p.add_argument("--eval-data", default=None, metavar="FILE", help="held-out rows of "
+                       "their own (same columns as --data): evaluation and search read them, "
+                       "every --data row trains")
+    p.add_argument("--eval-fraction", type=float, default=None, help="hold out this share of "
+                   "--data's rows, drawn by --split-seed" + (
+                       " (default 0.2 without --eval-data)" if eval_data else
+                       ": train on the others, the rows `vpo compare` with the same flags "
+                       "trains on"))
+    p.add_argument("--split-seed", type=int, default=None,
+                   help="the seed of the held-out draw (default 0)")

@@ -17,7 +17,13 @@ import errno
 import os
 import sys
 
-from vpo.cli.arguments import add_data_args, check_args, check_fit, dataset_kwargs
+from vpo.cli.arguments import (
+    add_data_args,
+    add_split_args,
+    check_args,
+    check_fit,
+    dataset_kwargs,
+)
 from vpo.cli.export import add_export_args, cmd_export
 from vpo.cli.plan import add_plan_args, cmd_plan
 from vpo.cli.policy import (
@@ -123,7 +129,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         flags = tuple(flag for flag, given in (
             ("--preset", args.preset), ("--config", args.config), ("--init", args.init),
-            ("--data", args.data), ("--reward", args.reward), ("--weights", args.weights))
+            ("--data", args.data), ("--reward", args.reward), ("--weights", args.weights),
+            ("--eval-fraction", args.eval_fraction is not None),
+            ("--split-seed", args.split_seed is not None))
             if given)
         ready = start.start_resume(args.out, **parts, data_changed_ok=args.data_changed_ok,
                                    flags=flags,
@@ -153,6 +161,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
     add_data_args(p)
+    add_split_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its "
                    "newest checkpoint (train.steps=N extends it)")
@@ -178,14 +187,28 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """GRPO vs VPO side by side: SFT warm start -> RL arms (same seeds and compute) ->
     evaluation at an equal candidate budget -> island search on the hardest problems; writes
-    --out/report.md."""
+    --out/report.md. With --data FILE --reward MODULE:FUNCTION: on your rows and reward
+    functions, a seeded share of the rows (or --eval-data) held out for evaluation and search."""
+    import dataclasses
+    import shlex
+
     from vpo.compare import config as compare_config
+    from vpo.compare import data as compare_data
     from vpo.compare import driver
 
     _use_compile_cache(args.compile_cache)
-    cfg = compare_config.make_config(args.preset, args.overrides)
-    command = " ".join(["vpo compare", f"--preset {args.preset}", *args.overrides,
-                        f"--out {args.out}"])
+    dataset = dataset_kwargs(args)
+    preset = args.preset or ("smollm" if dataset else "default")
+    if dataset and preset in compare_config.PRESETS:
+        args.overrides = compare_data.data_overrides(compare_config.PRESETS[preset].primary,
+                                                     args.overrides)
+    cfg = compare_config.make_config(preset, args.overrides)
+    if dataset:
+        cfg = dataclasses.replace(cfg, task="dataset",
+                                  task_kwargs=compare_data.compare_kwargs(dataset))
+    command = " ".join(["vpo compare", f"--preset {preset}",
+                        *([shlex.join(compare_data.flags(cfg.task_kwargs))] if dataset else []),
+                        *args.overrides, f"--out {args.out}"])
     print(f"{command}: arms {', '.join(cfg.arm_names)} x seeds {cfg.seeds}, {cfg.train.steps} "
           f"RL steps each -> {args.out}")
     summary = driver.run_compare(cfg, args.out, command=command,
@@ -204,10 +227,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _add_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=50 "
                    "num_seeds=1 arms=grpo,vpo,kl_cov search.generations=4")
-    p.add_argument("--preset", default="default", help="smoke (CI), default (the quickstart, "
+    p.add_argument("--preset", default=None, help="smoke (CI), default (the quickstart, "
                    "<= 10 min on 2 CPU cores), full (all arms, 9x9 maze, 5 seeds; hours on CPU, "
-                   "its estimate printed first) or paper (accelerators; init=<policy folder or "
-                   "hf:folder>)")
+                   "its estimate printed first), smollm (SmolLM2 with LoRA; the default with "
+                   "--data) or paper (accelerators; init=<policy folder or hf:folder>)")
+    add_data_args(p)
+    add_split_args(p, eval_data=True)
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--resume", action="store_true", help="continue an interrupted comparison "
                    "in --out (same preset and overrides): finished stages and RL runs are read "

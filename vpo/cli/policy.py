@@ -28,7 +28,8 @@ def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
                     default: str = "maze", difficulty: str | None = None, **overrides):
     """(model, policy info, bound task) of a policy argument: `dataset` (from `--data`) is the
     task when given; else `task_name`, else the task the policy was trained on (its own
-    settings, e.g. a maze size or your data's files), else `default` (an hf: checkpoint).
+    settings, e.g. a maze size or your data's files; trained on a share of your rows
+    (`--eval-fraction`): the rows held out from it), else `default` (an hf: checkpoint).
     `difficulty` is --difficulty, which only `program` has. `overrides`: `load_model`'s."""
     from vpo.config import ConfigError
 
@@ -41,6 +42,10 @@ def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
         raise ConfigError(f"--difficulty {difficulty}: only --task program has difficulties; "
                           "drop it")
     kwargs = dict(info.get("task_kwargs") or {}) if name == own else {}
+    if kwargs.get("split") == "train":  # trained on a share of your rows: read the others
+        kwargs["split"] = "eval"
+        stage(f"{policy} was trained with rows of {kwargs.get('path')} held out "
+              f"(--eval-fraction {kwargs.get('eval_fraction')}): reading those held-out rows")
     if name == "program":
         kwargs["difficulty"] = difficulty or kwargs.get("difficulty", "hard")
     return model, info, load_task(name, policy, kwargs or None)

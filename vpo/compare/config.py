@@ -41,8 +41,9 @@ ARMS: dict[str, Arm] = {
     "grpo_mut": Arm({"advantage": "grpo"}, 1, {"mutation_fraction": MUTATION_REMEDY}),
     "vpo_mut": Arm({"advantage": "vpo"}, None, {"mutation_fraction": MUTATION_REMEDY}),
 }
-# arithmetic and countdown2: host-scored, any tokenizer
-TASKS = ("maze", "maze9", "program", "arithmetic", "countdown2")
+# arithmetic and countdown2: host-scored, any tokenizer; dataset: your data (`vpo compare
+# --data`, task_kwargs)
+TASKS = ("maze", "maze9", "program", "arithmetic", "countdown2", "dataset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,10 @@ class CompareConfig:
     # A's metric@eval_budget above B's or, B = warm, above A's warm start), Holm as one family;
     # every preset keeps this default: VPO vs GRPO at best@N and pass@N, VPO vs its warm start
     primary: str = "vpo-grpo:best,vpo-grpo:pass,vpo-warm:pass"
+    # task=dataset: `vpo compare --data FILE --reward ...` (vpo.compare.data): the file, reward
+    # functions, weights and held-out split as the dataset task's keyword arguments
+    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    answer_tokens: int = 64  # task=dataset: generation budget per free-text answer (m x this)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
         steps=200, batch_size=8, num_problems=1000, learning_rate=3e-4, checkpoint_every=10_000))
@@ -121,10 +126,22 @@ class CompareConfig:
             raise ConfigError(f"primary: {e}") from None
         if self.task not in TASKS:
             raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
+        if (self.task == "dataset") != bool(self.task_kwargs):
+            raise ConfigError("task=dataset: your data comes from --data FILE --reward "
+                              "MODULE:FUNCTION (which set the task); task_kwargs are for it only")
+        if self.task == "dataset" and ":cover" in self.primary:
+            raise ConfigError(f"primary: {self.primary}: cover@N needs a task's cover components "
+                              "(countdown2's two targets); your data has none, so claim best "
+                              "or pass (e.g. primary=vpo-grpo:best,vpo-grpo:pass)")
+        if self.task == "dataset" and not self.init:
+            raise ConfigError("--data: your text is read through a pretrained checkpoint's "
+                              "tokenizer, and this preset trains a model from scratch; pass "
+                              "init=hf:PATH (a checkpoint folder or .gguf file) or init=smollm2 "
+                              "(with lora_rank=8 as --preset smollm), or use --preset smollm")
         if self.devices == 0 or self.devices < -1:
             raise ConfigError(f"devices: must be >= 1 or -1 (all); got {self.devices}")
-        for f in ("num_answers", "num_seeds", "sft_batch", "sft_demos", "eval_problems",
-                  "eval_budget", "search_problems", "search_seeds", "search_pool",
+        for f in ("answer_tokens", "num_answers", "num_seeds", "sft_batch", "sft_demos",
+                  "eval_problems", "eval_budget", "search_problems", "search_seeds", "search_pool",
                   "law_problems", "law_budget", "probe_samples"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"{f}: must be >= 1; got {getattr(self, f)}")

@@ -50,6 +50,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from vpo.compare import data as compare_data
 from vpo.compare import report as compare_report
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import ConfigError, ModelConfig, RunConfig
@@ -57,7 +58,7 @@ from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
 from vpo.launch.assemble import assemble_config, load_init
-from vpo.launch.rules import context_of, fit_seq_len, load_task
+from vpo.launch.rules import context_of, fit_seq_len
 from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
 from vpo.model import sharding
 from vpo.rl.loop import train
@@ -162,8 +163,9 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                                        f"{cfg.sft_steps} SFT steps first"))
         if enough or cfg.sft_steps < 1:
             return init
-    plan = assemble_sft(task, cfg.init or cfg.model, num_answers=cfg.all_answers,
-                        seed=cfg.eval_seed, num_parents=cfg.search.parents, num_problems=16,
+    plan = assemble_sft(compare_data.training(task), cfg.init or cfg.model,
+                        num_answers=cfg.all_answers, seed=cfg.eval_seed,
+                        num_parents=cfg.search.parents, num_problems=16,
                         lora_rank=cfg.lora_rank, learning_rate=cfg.sft_lr,
                         at_least=context_of(cfg.init) or ModelConfig.max_seq_len, init=init)
     policy, losses = run_warm_start(plan, steps=cfg.sft_steps, batch_size=cfg.sft_batch,
@@ -196,7 +198,8 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
     ev = policy_eval.evaluate_policy(
         policy, task, records, num_answers=1, budget=N, ks=[1, N],
         key=jax.random.key(cfg.eval_seed + 5), temperature=cfg.eval_temperature)
-    train_records = task.make_problems(cfg.train.seed, cfg.gate_problems)
+    train_records = compare_data.training(task).make_problems(  # your data: its training rows
+        cfg.train.seed, cfg.gate_problems)
     pool = policy_eval.sample_pool(policy, task, train_records, num_answers=1, budget=G,
                                    key=jax.random.key(cfg.train.seed + 5),
                                    temperature=cfg.sampler.temperature,
@@ -255,7 +258,8 @@ def arm_changes(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int
                             "max_new_tokens": task.completion_len(m)},
                 "objective": {**dataclasses.asdict(cfg.objective), **spec.objective}}
     default = RunConfig()
-    out: dict[str, Any] = {"task": cfg.task, "model.max_seq_len": max_seq_len}
+    out: dict[str, Any] = {"task": cfg.task, **compare_data.run_changes(cfg),
+                           "model.max_seq_len": max_seq_len}
     if cfg.lora_rank:
         out["model.lora_rank"] = cfg.lora_rank
     always = ("sampler.max_new_tokens", "train.learning_rate")
@@ -268,8 +272,12 @@ def arm_changes(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int
 
 
 def arm_overrides(changes: dict[str, Any]) -> list[str]:
-    """`arm_changes` as the `section.key=value` strings of the equivalent `vpo train` command."""
-    return [f"{key}={value}" for key, value in changes.items()]
+    """`arm_changes` as the arguments of the equivalent `vpo train` command: `section.key=value`
+    strings, after the --data flags of a run on your data (`compare_data.flags`)."""
+    data = changes.get("task_kwargs")
+    return ((compare_data.flags(data) if data else [])
+            + [f"{key}={value}" for key, value in changes.items()
+               if not (data and key in ("task", "task_kwargs"))])
 
 
 def _with_changes(run: RunConfig, changes: dict[str, Any]) -> RunConfig:
@@ -364,13 +372,14 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
     sft = os.path.join(out_dir, "sft")  # the warm start, or the init policy when it parsed
     init_spec = os.path.abspath(sft) if policy_complete(sft) else cfg.init
     total, done, t_all = len(cfg.arm_names) * cfg.num_seeds, 0, time.perf_counter()
+    train_task = compare_data.training(task)  # RL rows: your data's training part
     for arm in cfg.arm_names:
         m = cfg.arm_answers(arm)
         if cfg.law_points and m not in start_scores:
             start_scores[m] = _law_score(cfg, task, policy, m)
         for seed in cfg.seeds:
             path = os.path.join(out_dir, "arms", arm, f"seed{seed}")
-            run, overrides = arm_run_config(cfg, task, arm, seed, init_spec, policy)
+            run, overrides = arm_run_config(cfg, train_task, arm, seed, init_spec, policy)
             earlier = (_read_arm_run(path, arm, seed, m, policy.cfg.max_seq_len)
                        if resume else None)
             if earlier is not None:
@@ -383,7 +392,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
             elif not resume and os.path.exists(path):
                 shutil.rmtree(path)
             t0 = time.perf_counter()
-            graphdef, state = train(run, path, resume=resume, task=task, mesh=mesh,
+            graphdef, state = train(run, path, resume=resume, task=train_task, mesh=mesh,
                                     progress=progress, init=_copy(policy),
                                     bar_label=f"{arm} seed {seed}")
             with open(os.path.join(path, JSONL)) as f:
@@ -441,10 +450,11 @@ def evaluate_arms(cfg: CompareConfig, task, policy, runs, log=print) -> dict[str
 
 
 def hard_problems(cfg: CompareConfig, task, policy) -> dict[str, Any]:
-    """The search problems: of `search_pool` problems from the split `search_split_seed` (used
-    by no other stage), the `search_problems` the warm start found hardest at the evaluation
-    budget, over its m modes: fewest solved, then lowest best score; ties keep the order."""
-    records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
+    """The search problems: of `search_pool` problems from the split `search_split_seed` (your
+    data: its search rows; used by no other stage), the `search_problems` the warm start found
+    hardest at the evaluation budget, over its m modes: fewest solved, then lowest best score;
+    ties keep the order."""
+    records = compare_data.search_pool(cfg, task)
     solved, best = [], []
     for m in cfg.all_answers:
         _, per = policy_eval.evaluate_policy_per_problem(
@@ -478,7 +488,7 @@ def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any], 
     Per row and seed: solved_SP [search seed, problem] at the end, solved_SG [search seed,
     point] counts over the budget and, with `search_best_of_n`, best_of_n_SP: best-of-N with the
     same policy, budget and keys."""
-    records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
+    records = compare_data.search_pool(cfg, task)
     sub = [records[i] for i in chosen["problems"]]
     S, P = cfg.search_seeds, len(sub)
     out: dict[str, Any] = {**chosen, "budget": cfg.search.budget, "seeds": S, "rows": {}}
@@ -509,7 +519,7 @@ def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     all; {} for tasks without mutation demonstrations."""
     if task.is_host or not task.has_mutation_demonstrations:
         return {}
-    records = task.make_problems(cfg.search_split_seed, cfg.search_pool)
+    records = compare_data.search_pool(cfg, task)
     records = [records[i] for i in chosen["problems"]]
     inputs = {m: policy_eval.mutation_probe_inputs(task, records, num_answers=m,
                                                    num_parents=cfg.search.parents,
@@ -579,11 +589,12 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     add up the time spent in every attempt. `log` gets a line per finished run, evaluated row
     and searched row with the estimate left; `progress`: the warm start's SFT bar and each RL
     run's step bar on stderr."""
+    # bound to the policy's tokenizer; your data: its evaluation rows, with the others beside
+    task = compare_data.load_tasks(cfg, with_search=with_search)  # before the folder is made
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
     log(compare_report.design_text(cfg))  # what the design can decide, before anything runs
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
-    task = load_task(cfg.task, cfg.init or None)  # bound to the policy's tokenizer
     if cfg.model in ("tiny", "small") and not cfg.init and jax.default_backend() == "cpu":
         est = estimate_seconds(cfg, task)
         log(f"estimated wall time on 2 CPU cores (rough, from the quickstart's measured costs): "
@@ -646,6 +657,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     summary = compare_report.write_report(out_dir, cfg, command=command, wall=wall, runs=runs,
                                           evals=evals, searches=searches, probes=probes,
                                           load=" -> ".join(loads),
-                                          gate=gate | {"failed": failed})
+                                          gate=gate | {"failed": failed},
+                                          data=compare_data.describe(cfg, task))
     log(f"report: {os.path.join(out_dir, 'report.md')} ({wall['total']:.0f} s)")
     return summary

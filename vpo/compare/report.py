@@ -29,6 +29,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from vpo.compare import data as compare_data
 from vpo.compare import verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import from_dict
@@ -333,10 +334,11 @@ def _search_curves(searches) -> dict[str, tuple]:
 
 def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[str, float],
                  runs, evals, searches=None, probes=None, load: str = "",
-                 gate: dict[str, Any] | None = None) -> dict[str, Any]:
+                 gate: dict[str, Any] | None = None,
+                 data: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json, the PNGs (best@k, pass@k, training curves, search, entropy law, and all
     in report.png) and report.md, rendered from the summary as written (`render`), in out_dir;
-    returns the summary."""
+    returns the summary. `data`: your data's record (`vpo.compare.data.describe`)."""
     head = headline(cfg, runs, evals, searches)
     ks, N = evals["ks"], cfg.eval_budget
     law = law_trajectories(runs)
@@ -385,7 +387,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                        [[os.path.join(out_dir, n) for n in row] for row in pngs],
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
     summary = {"config": dataclasses.asdict(cfg), "command": command, "wall_s": wall,
-               "load": load, "headline": head, "gate": gate, **families,
+               "load": load, **({"data": data} if data else {}), "headline": head,
+               "gate": gate, **families,
                "corrections": {k: f"Holm 1979 over {len(families[k])} claims, both directions, "
                                   f"one-sided {claims.LEVEL:g}" for k in families},
                "design": claims.design(cfg.num_seeds, len(families[PRIMARY[0]])),
@@ -418,7 +421,8 @@ def render(summary: dict[str, Any]) -> str:
                   if all(row.get("grad_norm", 1.0) == 0.0 for r in rs for row in r["metrics"])]
     return report_text(cfg, summary["command"], summary["wall_s"], head, families,
                        law_table(law), searches, probes, summary.get("load", ""), static=static,
-                       preregistered="primary" in summary["config"], gate=summary.get("gate"))
+                       preregistered="primary" in summary["config"], gate=summary.get("gate"),
+                       data=summary.get("data"))
 
 
 def static_arms(runs) -> list[str]:
@@ -489,9 +493,10 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
 
 def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
                 static: list[str] | None = None, preregistered: bool = True,
-                gate: dict[str, Any] | None = None) -> str:
+                gate: dict[str, Any] | None = None,
+                data: dict[str, Any] | None = None) -> str:
     """report.md: `families` as from `verdict_families` (each printed with its correction),
-    the design lines first."""
+    the design lines first; `data`: your data's record (`vpo.compare.data.describe`)."""
     N = cfg.eval_budget
     metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", f"cover@{N}", "diversity", "distinct",
                "valid_fraction", "entropy", "train entropy", "train diversity", "search solved"]
@@ -519,7 +524,7 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
              f"{cfg.train.steps} RL steps x {cfg.train.batch_size} prompts x G = "
              f"{cfg.sampler.num_samples} samples, lr {cfg.train.learning_rate:g}, seeds "
              f"{cfg.seeds}. Arms: " + "; ".join(_arm_text(a, cfg) for a in cfg.arm_names) + ".",
-             "",
+             "", *compare_data.report_lines(data, cfg),
              f"Evaluation: {cfg.eval_problems} held-out problems (seed {cfg.eval_seed}), N = {N} "
              f"candidates per problem for every policy (N/m generations of m answers) at "
              f"temperature {cfg.eval_temperature:g}; every parsed answer is a scored candidate "

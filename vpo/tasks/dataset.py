@@ -18,10 +18,18 @@ Reward components are the functions' outputs, in [0, 1]; w* = `weights` normalis
 (default: equal); solved = w*ᵀr = 1 (full marks on every weighted component). A function's None
 ("does not apply") scores 0 in its component (TRL's nansum); an answer that no function applies
 to is unscorable: an invalid slot, like an empty answer.
+
+A held-out split (`vpo compare --data`, `vpo train --eval-fraction`): `split="train"` /
+`"eval"` / `"search"` names one part (`split_rows`). The held-out rows are eval_fraction x rows
+(rounded half up) drawn by a seeded permutation (`split_seed`), or every row of `eval_path` (a
+file of its own, in a seeded order); the training rows are the others, in file order. The last
+`search_rows` held-out rows are the search pool, the rest the evaluation rows: no row is in two
+parts, and the parts depend on the file, the fraction (or eval file) and the seed only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -177,26 +185,136 @@ def _weights(weights: Sequence[float] | None, names: Sequence[str]) -> np.ndarra
     return (w / w.sum()).astype(np.float32)
 
 
+SPLITS = ("train", "eval", "search")
+EVAL_FRACTION = 0.2  # the share of rows `vpo compare --data` holds out unless told otherwise
+
+
+def split_rows(rows: Sequence[Record], split: str, *, where: str,
+               eval_fraction: float = EVAL_FRACTION, split_seed: int = 0,
+               eval_rows: Sequence[Record] | None = None, search_rows: int = 0) -> list[Record]:
+    """The rows of one part of a dataset (see the module docstring): "train", "eval" (the
+    held-out rows that are not the search pool) or "search" (the last `search_rows` held-out
+    rows). `eval_rows`: the rows of a held-out file of their own (then every row of `rows`
+    trains). A part that would be empty is a ConfigError saying how many rows there are and
+    which setting to change; `where` names the file in it."""
+    if split not in SPLITS:
+        raise ConfigError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
+    if eval_rows is None:
+        N = len(rows)
+        if not 0.0 < eval_fraction < 1.0:
+            raise ConfigError(f"--eval-fraction {eval_fraction}: the share of the rows held out "
+                              "must be between 0 and 1, e.g. 0.2")
+        k = int(eval_fraction * N + 0.5)  # rounded half up
+        if k < 1:
+            raise ConfigError(f"--data {where}: --eval-fraction {eval_fraction:g} of its {N} "
+                              f"rows holds out none; raise it to at least {1 / N:.2g}, or "
+                              "pass --eval-data FILE (held-out rows of their own)")
+        if k >= N:
+            raise ConfigError(f"--data {where}: --eval-fraction {eval_fraction:g} of its {N} "
+                              "rows leaves none to train on; lower --eval-fraction")
+        order = np.random.default_rng(split_seed).permutation(N)
+        held_out = set(order[:k].tolist())
+        train = [r for i, r in enumerate(rows) if i not in held_out]
+        held = [rows[i] for i in order[:k]]
+        source = f"{k} of the {N} rows of {where} (--eval-fraction {eval_fraction:g})"
+    else:
+        train = list(rows)
+        held = [eval_rows[i] for i in np.random.default_rng(split_seed).permutation(
+            len(eval_rows))]
+        source = f"the {len(held)} rows of --eval-data"
+    if split == "train":
+        return train
+    if not 0 <= search_rows < len(held):
+        raise ConfigError(f"{source} are held out: a search pool of {search_rows} of them "
+                          "leaves none to evaluate on; lower search_pool or hold out more rows "
+                          "(raise --eval-fraction, or pass --eval-data FILE)")
+    cut = len(held) - search_rows
+    if split == "search" and not search_rows:
+        raise ConfigError("split=search: search_rows is 0, so no held-out row is a search row")
+    return held[:cut] if split == "eval" else held[cut:]
+
+
 def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float] | None = None,
                       *, max_answers: int = 8, answer_hint: str = ANSWER_HINT,
                       reward_workers: int = 0, reward_timeout: float | None = None,
                       reward_ranges: dict[str, Sequence[float]] | None = None,
-                      name: str | None = None) -> Task:
+                      name: str | None = None, split: str | None = None,
+                      eval_fraction: float | None = None, split_seed: int | None = None,
+                      eval_path: str | None = None, search_rows: int = 0) -> Task:
     """The task of a dataset file and reward functions (see the module docstring).
 
     `rewards`: `MODULE:FUNCTION` specs. `reward_workers` > 0 runs the functions in a process
     pool with `reward_timeout` seconds per call. `reward_ranges`: {component: (lo, hi)}, the
-    declared scale of components not in [0, 1] (`vpo.tasks.reward_fns`).
+    declared scale of components not in [0, 1] (`vpo.tasks.reward_fns`). `split` (with
+    `eval_fraction` or `eval_path`, `split_seed`, `search_rows`): one part of the rows
+    (`split_rows`); None: every row.
     """
+    return dataset_tasks(
+        path, rewards, weights, splits=(split,), max_answers=max_answers,
+        answer_hint=answer_hint, reward_workers=reward_workers, reward_timeout=reward_timeout,
+        reward_ranges=reward_ranges, name=name, eval_fraction=eval_fraction,
+        split_seed=split_seed, eval_path=eval_path, search_rows=search_rows)[split]
+
+
+def dataset_tasks(path: str, rewards: Sequence[str], weights: Sequence[float] | None = None,
+                  *, splits: Sequence[str | None], max_answers: int = 8,
+                  answer_hint: str = ANSWER_HINT, reward_workers: int = 0,
+                  reward_timeout: float | None = None,
+                  reward_ranges: dict[str, Sequence[float]] | None = None,
+                  name: str | None = None, eval_fraction: float | None = None,
+                  split_seed: int | None = None, eval_path: str | None = None,
+                  search_rows: int = 0) -> dict[str | None, Task]:
+    """{split: the task of that part of the rows} (`make_dataset_task`'s arguments), sharing one
+    read of the file and one set of loaded reward functions (one worker pool)."""
     rows = check_rows(read_rows(path), path)
+    if any(s is not None for s in splits):
+        if eval_path is not None and eval_fraction is not None:
+            raise ConfigError("--eval-data and --eval-fraction: choose one (the held-out rows "
+                              "come from their own file, or are a share of --data's)")
+        eval_rows = None
+        if eval_path is not None:
+            eval_rows = check_rows(read_rows(eval_path), eval_path)
+            lacks = sorted(set(rows[0]) ^ set(eval_rows[0]))
+            if lacks:
+                raise ConfigError(f"--eval-data {eval_path}: its columns differ from --data "
+                                  f"{path}'s ({', '.join(lacks)[:120]}); the reward functions "
+                                  "get every column, so give both files the same columns")
+        parts = {s: split_rows(rows, s, where=path, split_seed=split_seed or 0,
+                               eval_fraction=EVAL_FRACTION if eval_fraction is None
+                               else eval_fraction, eval_rows=eval_rows,
+                               search_rows=search_rows)
+                 for s in splits if s is not None}
+    elif eval_path is not None or eval_fraction is not None or split_seed is not None \
+            or search_rows:
+        raise ConfigError("eval_fraction / eval_path / split_seed / search_rows choose a "
+                          "held-out split: give split='train', 'eval' or 'search' with them")
+    else:
+        parts = {}
+    base = _dataset_task(path, rows, rewards, weights, max_answers=max_answers,
+                         answer_hint=answer_hint, reward_workers=reward_workers,
+                         reward_timeout=reward_timeout, reward_ranges=reward_ranges, name=name)
+    return {s: base if s is None else dataclasses.replace(base, make_problems=_first(parts[s]))
+            for s in splits}
+
+
+def _first(rows: list[Record]):
+    def make_problems(seed: int, num: int) -> list[Record]:
+        del seed  # a dataset is a fixed list: the first `num` rows (all, when fewer)
+        return rows[:num]
+
+    return make_problems
+
+
+def _dataset_task(path: str, rows: list[Record], rewards: Sequence[str],
+                  weights: Sequence[float] | None, *, max_answers: int, answer_hint: str,
+                  reward_workers: int, reward_timeout: float | None,
+                  reward_ranges: dict[str, Sequence[float]] | None, name: str | None) -> Task:
+    """The task of every row of `path` (already read and checked)."""
     scorer = RewardScorer.load(list(rewards), rows[0], workers=reward_workers,
                                timeout=reward_timeout, ranges=reward_ranges)
     names = scorer.names
     w_R = _weights(weights, names)
-
-    def make_problems(seed: int, num: int) -> list[Record]:
-        del seed  # a dataset is a fixed list: the first `num` rows, in file order
-        return rows[:num]
+    make_problems = _first(rows)  # in file order
 
     def score_applies(records, answers, answer_ids=None):
         """(rewards_NMR, valid_NM, applies_NMR: False where a function returned None for a
