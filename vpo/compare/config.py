@@ -51,6 +51,8 @@ class CompareConfig:
     consecutive RL seeds. Override with `section.key=value` like `vpo train`."""
 
     task: str = "maze"  # "maze" (5x5), "maze9" (the paper's 9x9), "program"
+    # keyword arguments of the task's factory (`vpo.tasks.make_task`), e.g. {"demos": "partial"}
+    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     model: str = "tiny"  # model preset (vpo.config.MODEL_PRESETS)
     arms: str = "grpo,multi_rlvr,vpo"  # comma-separated names from ARMS
     num_answers: int = 3  # m of the multi-answer arms

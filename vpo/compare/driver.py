@@ -173,7 +173,9 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                     mutation_parents=cfg.search.parents, progress=progress)
     extra = {"parse_rate": parse_rate(cfg, task, policy)} if cfg.init else {}
     save_warm_start(path, plan, policy, losses, steps=cfg.sft_steps,
-                    num_answers=cfg.all_answers, info={"task": cfg.task, **extra})
+                    num_answers=cfg.all_answers, info={"task": cfg.task, **extra,
+                                          **({"task_kwargs": cfg.task_kwargs}
+                                             if cfg.task_kwargs else {})})
     log(f"  SFT m in {cfg.all_answers} at learning rate {plan.learning_rate:g}: loss "
         f"{losses[0]:.3f} -> {losses[-1]:.3f}"
         + (f", {extra['parse_rate']:.0%} of its answers parse" if extra else "") + f" ({path})")
@@ -206,6 +208,8 @@ def arm_changes(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int
                 "objective": {**dataclasses.asdict(cfg.objective), **spec.objective}}
     default = RunConfig()
     out: dict[str, Any] = {"task": cfg.task, "model.max_seq_len": max_seq_len}
+    if cfg.task_kwargs:
+        out["task_kwargs"] = dict(cfg.task_kwargs)
     if cfg.lora_rank:
         out["model.lora_rank"] = cfg.lora_rank
     always = ("sampler.max_new_tokens", "train.learning_rate")
@@ -219,7 +223,8 @@ def arm_changes(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int
 
 def arm_overrides(changes: dict[str, Any]) -> list[str]:
     """`arm_changes` as the `section.key=value` strings of the equivalent `vpo train` command."""
-    return [f"{key}={value}" for key, value in changes.items()]
+    return [f"{key}={json.dumps(value) if isinstance(value, dict) else value}"
+            for key, value in changes.items()]
 
 
 def _with_changes(run: RunConfig, changes: dict[str, Any]) -> RunConfig:
@@ -532,7 +537,8 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
-    task = load_task(cfg.task, cfg.init or None)  # bound to the policy's tokenizer
+    task = load_task(cfg.task, cfg.init or None,  # bound to the policy's tokenizer
+                     cfg.task_kwargs or None)
     if cfg.model in ("tiny", "small") and not cfg.init and jax.default_backend() == "cpu":
         est = estimate_seconds(cfg, task)
         log(f"estimated wall time on 2 CPU cores (rough, from the quickstart's measured costs): "
