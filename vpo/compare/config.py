@@ -200,7 +200,9 @@ PRESETS: dict[str, CompareConfig] = {
     # lava-free route through a whole zone (no headroom). Multi-RLVR and the rest: `full`.
     "default": CompareConfig(
         task_kwargs={"size": 7, "demos": "partial"}, arms="grpo,vpo", num_seeds=8,
-        search_seeds=3),
+        search_seeds=3,
+        train=TrainConfig(steps=300, batch_size=8, num_problems=1000, learning_rate=3e-4,
+                          checkpoint_every=10_000)),
     # Every arm on the paper's 9x9 maze, 5 seeds, the tiny policy: hours on a 2-core CPU (the
     # estimate is printed up front), minutes on an accelerator.
     "full": CompareConfig(
