@@ -203,9 +203,9 @@ def _add_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=50 "
                    "num_seeds=1 arms=grpo,vpo,kl_cov search.generations=4")
     p.add_argument("--preset", default="default", help="smoke (CI), default (the quickstart, "
-                   "<= 10 min on 2 CPU cores), full (all arms, 9x9 maze, 5 seeds; hours on CPU, "
-                   "its estimate printed first) or paper (accelerators; init=<policy folder or "
-                   "hf:folder>)")
+                   "GRPO vs VPO, 8 seeds, <= 20 min on 2 CPU cores), full (all arms, 9x9 maze, "
+                   "5 seeds; hours on CPU, its estimate printed first) or paper (accelerators; "
+                   "init=<policy folder or hf:folder>)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--resume", action="store_true", help="continue an interrupted comparison "
                    "in --out (same preset and overrides): finished stages and RL runs are read "
