@@ -206,8 +206,10 @@ def test_primary_keys_are_checked_and_the_config_names_them():
         assert 1 <= len(verdicts.primary_keys(cfg.primary)) <= verdicts.MAX_PRIMARY
     with pytest.raises(compare_config.ConfigError, match="primary"):
         compare_config.make_config("default", ["primary=vpo-foo:best"])
-    text = compare_report.design_text(compare_config.make_config("default"))
+    text = compare_report.design_text(compare_config.make_config("default", ["num_seeds=3"]))
     assert "cannot decide" in text and "at least 7 paired seeds" in text
+    text = compare_report.design_text(compare_config.make_config("default"))
+    assert "can decide its primary claims" in text
 
 
 def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():

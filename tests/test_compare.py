@@ -90,9 +90,12 @@ def test_presets_and_arm_configs(tmp_path):
     full = make_config("full")
     assert full.task == "maze9" and full.num_seeds >= 5 and full.search_seeds >= 5
     assert set(full.arm_names) == set(compare_config.ARMS)
+    default = make_config("default")
+    assert default.arm_names == ["grpo", "vpo"] and default.num_seeds >= 8
+    assert default.task_kwargs == {"size": 7, "demos": "partial"}
     cfg = make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
-    assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 5
-    task = load_task(cfg.task)
+    assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 3
+    task = load_task(cfg.task, None, cfg.task_kwargs)
     spec, policy = _saved_tiny_policy(tmp_path, task)
     runs = {a: compare.arm_run_config(cfg, task, a, 3, spec, policy)[0] for a in cfg.arm_names}
     assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3

@@ -220,6 +220,13 @@ def test_bad_overrides_fail_at_construction(override, fragment):
     assert fragment in str(err.value)
 
 
+def test_task_kwargs_override_is_a_json_object():
+    run = apply_overrides(RunConfig(), ['task_kwargs={"size": 7, "demos": "partial"}'])
+    assert run.task_kwargs == {"size": 7, "demos": "partial"}
+    with pytest.raises(ConfigError, match="task_kwargs: cannot read"):
+        apply_overrides(RunConfig(), ["task_kwargs=size=7"])
+
+
 def test_json_values_of_the_wrong_type_name_the_field():
     for data, field in [({"train": {"steps": "6"}}, "train.steps"),
                         ({"objective": {"dynamic_sampling": "no"}}, "objective.dynamic_sampling"),

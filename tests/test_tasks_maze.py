@@ -293,6 +293,31 @@ def test_demonstrations_on_a_maze_with_two_simple_routes(task):
         assert valid.all() and (rewards[0, :, 0] == 1).all() and (rewards[0, :, 3] == 1).all()
 
 
+def test_partial_demonstrations_reach_the_exit_without_solving():
+    """demos="partial": distinct lava-free routes to E within budget, none solved where the grid
+    has an unsolved route (plain and mutation rows alike); on a grid whose every loop-free
+    route sweeps a whole zone the slots are still distinct."""
+    task = maze.make_maze_task(7, demos="partial")
+    rng = np.random.default_rng(0)
+    for record in task.make_problems(2, 8):
+        demos = task.demonstrations(record, rng, 3)
+        assert len(demos) == 3 and len(set(demos)) == 3
+        rewards, valid = task.score([record], [demos])
+        assert valid.all() and (rewards[0, :, 0] == 1).all() and (rewards[0, :, 3] == 1).all()
+        assert not np.asarray(task.solved(rewards[0])).any()
+        parents, children = task.mutation_demonstrations(record, rng, 3, 3)
+        rp, _ = task.score([record], [parents])
+        rc, _ = task.score([record], [children])
+        assert not np.asarray(task.solved(rc[0])).any()
+        w_R = task.eval_weights_R
+        assert (rc[0] @ w_R).min() > (rp[0] @ w_R).max()
+    record = {"grid": ["S...g", ".#x#g", ".#.#.", "d#x#.", "dd..E"], "budget": 11}
+    demos = maze.make_maze_task(demos="partial").demonstrations(record, rng, 4)
+    assert len(set(demos)) == 4
+    with pytest.raises(ValueError, match="demos"):
+        maze.make_maze_task(demos="some")
+
+
 @pytest.mark.parametrize("scoring", SCORINGS)
 def test_mutation_children_beat_every_parent(scoring):
     task = maze.make_maze_task(scoring=scoring)

@@ -228,9 +228,10 @@ def _add_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. train.steps=50 "
                    "num_seeds=1 arms=grpo,vpo,kl_cov search.generations=4")
     p.add_argument("--preset", default=None, help="smoke (CI), default (the quickstart, "
-                   "<= 10 min on 2 CPU cores), full (all arms, 9x9 maze, 5 seeds; hours on CPU, "
-                   "its estimate printed first), smollm (SmolLM2 with LoRA; the default with "
-                   "--data) or paper (accelerators; init=<policy folder or hf:folder>)")
+                   "GRPO vs VPO, 8 seeds, <= 20 min on 2 CPU cores), full (all arms, 9x9 maze, "
+                   "5 seeds; hours on CPU, its estimate printed first), smollm (SmolLM2 with "
+                   "LoRA on countdown2; the default with --data) or paper (accelerators; "
+                   "init=<policy folder or hf:folder>)")
     add_data_args(p)
     add_split_args(p, eval_data=True)
     p.add_argument("--out", default="runs/compare")

@@ -52,7 +52,11 @@ class CompareConfig:
     then sets its advantage / controls and m); `train.seed` is the first of `num_seeds`
     consecutive RL seeds. Override with `section.key=value` like `vpo train`."""
 
-    task: str = "maze"  # "maze" (5x5), "maze9" (the paper's 9x9), "program"
+    task: str = "maze"  # "maze" (5x5; size=7 in task_kwargs), "maze9" (the paper's 9x9), ...
+    # keyword arguments of the task's factory (`vpo.tasks.make_task`), e.g. {"demos": "partial"};
+    # task=dataset (`vpo compare --data FILE --reward ...`, vpo.compare.data): the file, reward
+    # functions, weights and held-out split
+    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     model: str = "tiny"  # model preset (vpo.config.MODEL_PRESETS)
     arms: str = "grpo,multi_rlvr,vpo"  # comma-separated names from ARMS
     num_answers: int = 3  # m of the multi-answer arms
@@ -93,9 +97,6 @@ class CompareConfig:
     # A's metric@eval_budget above B's or, B = warm, above A's warm start), Holm as one family;
     # every preset keeps this default: VPO vs GRPO at best@N and pass@N, VPO vs its warm start
     primary: str = "vpo-grpo:best,vpo-grpo:pass,vpo-warm:pass"
-    # task=dataset: `vpo compare --data FILE --reward ...` (vpo.compare.data): the file, reward
-    # functions, weights and held-out split as the dataset task's keyword arguments
-    task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     answer_tokens: int = 64  # task=dataset: generation budget per free-text answer (m x this)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
     train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(
@@ -126,9 +127,9 @@ class CompareConfig:
             raise ConfigError(f"primary: {e}") from None
         if self.task not in TASKS:
             raise ConfigError(f"task: {self.task!r} is not one of {', '.join(TASKS)}")
-        if (self.task == "dataset") != bool(self.task_kwargs):
+        if self.task == "dataset" and not self.task_kwargs:
             raise ConfigError("task=dataset: your data comes from --data FILE --reward "
-                              "MODULE:FUNCTION (which set the task); task_kwargs are for it only")
+                              "MODULE:FUNCTION (which set the task and its task_kwargs)")
         if self.task == "dataset" and ":cover" in self.primary:
             raise ConfigError(f"primary: {self.primary}: cover@N needs a task's cover components "
                               "(countdown2's two targets); your data has none, so claim best "
@@ -224,8 +225,17 @@ PRESETS: dict[str, CompareConfig] = {
         sampler=SamplerConfig(num_samples=4),
         search=SearchConfig(islands=2, members=3, parents=2, children=3, generations=2,
                             num_answers=1, temperature=0.7)),
-    # The quickstart: <= 10 minutes on 2 CPU cores (3 arms x 3 seeds, maze 5x5, tiny policy).
-    "default": CompareConfig(),
+    # The quickstart (<= 20 minutes on 2 CPU cores): GRPO vs VPO, 8 paired seeds (enough to
+    # decide the three primary claims under Holm with one seed the other way), the tiny policy
+    # on a 7x7 maze. Its warm start learns the answer format from routes that reach E without
+    # solving (`demos="partial"`: part of one zone or none), so best@30 / pass@30 have headroom
+    # and a solved route is something RL has to find; on the 5x5 maze most grids force every
+    # lava-free route through a whole zone (no headroom). Multi-RLVR and the rest: `full`.
+    "default": CompareConfig(
+        task_kwargs={"size": 7, "demos": "partial"}, arms="grpo,vpo", num_seeds=8,
+        search_seeds=3,
+        train=TrainConfig(steps=300, batch_size=8, num_problems=1000, learning_rate=3e-4,
+                          checkpoint_every=10_000)),
     # Every arm on the paper's 9x9 maze, 5 seeds, the tiny policy: hours on a 2-core CPU (the
     # estimate is printed up front), minutes on an accelerator.
     "full": CompareConfig(

@@ -90,9 +90,11 @@ def train_kwargs(cfg) -> dict[str, Any]:
 
 
 def run_changes(cfg) -> dict[str, Any]:
-    """The `RunConfig` changes an arm's run needs for the data: {"task_kwargs": ...} ({} on a
-    built-in task)."""
-    return {"task_kwargs": train_kwargs(cfg)} if cfg.task == "dataset" else {}
+    """The `RunConfig` changes an arm's run needs for its task's keyword arguments: the data's
+    training part on your data, a built-in task's own `task_kwargs`, or {} for none."""
+    if cfg.task == "dataset":
+        return {"task_kwargs": train_kwargs(cfg)}
+    return {"task_kwargs": dict(cfg.task_kwargs)} if cfg.task_kwargs else {}
 
 
 def flags(kwargs: dict[str, Any]) -> list[str]:
@@ -128,7 +130,7 @@ def load_tasks(cfg, *, with_search: bool = True) -> BoundTask:
     training and search parts (`search_pool` rows; none without the search stage), after
     `check_sizes`."""
     if cfg.task != "dataset":
-        return rules.load_task(cfg.task, cfg.init or None)
+        return rules.load_task(cfg.task, cfg.init or None, cfg.task_kwargs or None)
     if not rules.source_of(cfg.init):
         raise ConfigError(f"--data: init={cfg.init} is not a pretrained checkpoint (nor a policy "
                           "trained from one), so it has no tokenizer for your text; pass "

@@ -175,7 +175,9 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                     mutation_parents=cfg.search.parents, progress=progress)
     extra = {"parse_rate": parse_rate(cfg, task, policy)} if cfg.init else {}
     save_warm_start(path, plan, policy, losses, steps=cfg.sft_steps,
-                    num_answers=cfg.all_answers, info={"task": cfg.task, **extra})
+                    num_answers=cfg.all_answers, info={"task": cfg.task, **extra,
+                                          **({"task_kwargs": cfg.task_kwargs}
+                                             if cfg.task_kwargs else {})})
     log(f"  SFT m in {cfg.all_answers} at learning rate {plan.learning_rate:g}: loss "
         f"{losses[0]:.3f} -> {losses[-1]:.3f}"
         + (f", {extra['parse_rate']:.0%} of its answers parse" if extra else "") + f" ({path})")
@@ -273,10 +275,12 @@ def arm_changes(cfg: CompareConfig, task, arm: str, seed: int, max_seq_len: int
 
 def arm_overrides(changes: dict[str, Any]) -> list[str]:
     """`arm_changes` as the arguments of the equivalent `vpo train` command: `section.key=value`
-    strings, after the --data flags of a run on your data (`compare_data.flags`)."""
-    data = changes.get("task_kwargs")
+    strings (a dict value as JSON), after the --data flags of a run on your data
+    (`compare_data.flags`)."""
+    data = changes.get("task_kwargs") if changes.get("task") == "dataset" else None
     return ((compare_data.flags(data) if data else [])
-            + [f"{key}={value}" for key, value in changes.items()
+            + [f"{key}={json.dumps(value) if isinstance(value, dict) else value}"
+               for key, value in changes.items()
                if not (data and key in ("task", "task_kwargs"))])
 
 

@@ -38,7 +38,9 @@ def _dataclass_in(hint):
 
 def parse_value(text: str, hint, field: str):
     """Parse the text of an override for a field annotated `hint` (bool, int, float, str,
-    optional variants); a value of the wrong type raises naming the field."""
+    optional variants; a dict as a JSON object); a value of the wrong type raises naming the
+    field."""
+    import json
     import types
     import typing
 
@@ -57,6 +59,13 @@ def parse_value(text: str, hint, field: str):
                 pass
         if t is str:
             return text
+        if (typing.get_origin(t) or t) is dict:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                return value
     names = " or ".join(getattr(t, "__name__", str(t)) for t in args)
     raise ConfigError(f"{field}: cannot read {text!r} as {names}")
 

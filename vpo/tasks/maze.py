@@ -141,10 +141,19 @@ def simulate_route(grid_HW: jax.Array, budget: jax.Array, moves_A: jax.Array,
     return jnp.where(completion, rewards_R, 0.0).astype(jnp.float32)
 
 
+DEMOS = ("all", "partial")  # the demonstration sets of `make_maze_task(demos=...)`
+
+
 def make_maze_task(size: int = 5, *, max_answers: int = 8, scoring: str = "convex_bonus",
-                   **config) -> base.Task:
+                   demos: str = "all", **config) -> base.Task:
     """The maze `Task` on an odd `size` grid scored by `scoring` ("convex_bonus" or "linear",
     see the module docstring); `config` overrides `maze_world.MazeConfig` fields.
+
+    `demos` picks the SFT demonstrations: "all" (`demo_routes`: every answer mode, full-zone
+    tours included; mutation children are full-zone tours) or "partial" (`partial_routes`:
+    routes that reach E but collect only part of one zone or none, none of them solved where the
+    grid allows, in plain and mutation demonstrations alike), so that a warm start learns the
+    answer format and leaves the solved routes for reward-driven training to find.
 
     The default (5x5, 2-3 items per zone within Manhattan radius 1, 1-2 lava tiles, budget
     slack 3, A = 16, fixed corners) is small enough for a tiny policy on CPU;
@@ -152,6 +161,8 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, scoring: str = "conve
     """
     if scoring not in maze_world.SCORINGS:
         raise ValueError(f"maze scoring must be one of {maze_world.SCORINGS}; got {scoring!r}")
+    if demos not in DEMOS:
+        raise ValueError(f"maze demos must be one of {DEMOS}; got {demos!r}")
     cfg = maze_world.MazeConfig(size=size, **config)
     n, A = cfg.size, cfg.answer_len
 
@@ -176,22 +187,33 @@ def make_maze_task(size: int = 5, *, max_answers: int = 8, scoring: str = "conve
             lambda rec, words: route_reward(record_grid(rec), rec["budget"], words))
 
     def demonstrations(record, rng: np.random.Generator, num_answers: int) -> list[str]:
-        routes = demo_routes(record_grid(record), record["budget"], rng, num_answers)
+        grid, budget = record_grid(record), record["budget"]
+        if demos == "partial":
+            routes = partial_routes(grid, budget, rng, num_answers,
+                                    lambda route: float(np.mean(route_reward(grid, budget, route))))
+        else:
+            routes = demo_routes(grid, budget, rng, num_answers)
         return [" ".join(r) for r in routes]
 
     def mutation_demonstrations(record, rng: np.random.Generator, num_parents: int,
                                 num_answers: int) -> tuple[list[str], list[str]]:
-        # Children: the best distinct routes found (full-zone tours first). Parents: 0..3 random
-        # edits of a child, a demonstration route or a child cut short (`shortcut_route`) that
-        # score below every child.
+        # Children: the best distinct routes found (full-zone tours first; with demos="partial"
+        # the best of a few unsolved `partial_routes`, so no SFT row shows a solved route).
+        # Parents: 0..3 random edits of a child, a demonstration route or a child cut short
+        # (`shortcut_route`) that score below every child.
         grid, budget = record_grid(record), record["budget"]
 
         def fitness(route):
             return float(np.mean(route_reward(grid, budget, route)))
 
-        demos = demo_routes(grid, budget, rng, 3)
-        children = better_routes(grid, budget, rng, num_answers, fitness, demos)
-        sources = children + [r for r in demos if r not in children] + [
+        if demos == "partial":
+            found = partial_routes(grid, budget, rng, num_answers + 2, fitness)
+            children = sorted(found, key=fitness, reverse=True)[:num_answers]
+            demo_set = [r for r in found if r not in children]
+        else:
+            demo_set = demo_routes(grid, budget, rng, 3)
+            children = better_routes(grid, budget, rng, num_answers, fitness, demo_set)
+        sources = children + [r for r in demo_set if r not in children] + [
             shortcut_route(grid, children[rng.integers(len(children))], rng) for _ in range(3)]
         parents = mutation_demos.weaker_parents(
             sources, fitness, min(map(fitness, children)), MOVES, rng,
@@ -285,6 +307,64 @@ def demo_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_ans
         else:  # every draw repeated
             route = next((r for r in fallback(routes) if r not in routes and len(r) <= budget),
                          routes[0] if routes else route)
+        routes.append(route)
+    return routes
+
+
+def partial_routes(grid: np.ndarray, budget: int, rng: np.random.Generator, num_answers: int,
+                   fitness, tries: int = 30) -> list[list[str]]:
+    """`num_answers` distinct lava-free routes S -> E within budget that are not solved
+    (`fitness`, w*ᵀr, below `SOLVED_SCORE`): each collects a random proper part of one zone
+    (`part`: 1 .. size - 1 of its items) or passes a random open tile (`wander`). A slot whose
+    draws all repeat, overrun the budget or solve (a shortest path may sweep a whole zone) takes
+    the first new unsolved route of a sweep with every open tile as the wander tile, then of
+    earlier routes after wall bumps at S; if there is none (every route that fits solves), the
+    lowest-scoring new one, else a duplicate of the first route."""
+    zones = [z for z in (maze_world.zone_items(grid, GOLD), maze_world.zone_items(grid, DIAMOND))
+             if len(z) > 1]
+    open_tiles = maze_world.zone_items(grid, maze_world.EMPTY)
+    start = maze_world.endpoints(grid)[0]
+    stay = "".join(m for m, (dr, dc) in maze_world.MOVES.items()  # moves off the grid at S
+                   if not (0 <= start[0] + dr < len(grid) and 0 <= start[1] + dc < len(grid)))
+
+    def draw(kind: str):
+        if kind == "part" and zones:
+            pool = zones[rng.integers(len(zones))]
+            size = rng.integers(1, len(pool))
+            keep = [pool[i] for i in sorted(rng.permutation(len(pool))[:size])]
+            waypoints = maze_world.best_tour(grid, keep, avoid_lava=True)[1]
+        else:
+            waypoints = [open_tiles[rng.integers(len(open_tiles))]] if open_tiles else []
+        return maze_world.plan_route(grid, waypoints, rng)
+
+    def fallback(drawn: list[list[str]], routes: list[list[str]]):
+        for i in rng.permutation(len(open_tiles)):
+            try:
+                yield maze_world.plan_route(grid, [open_tiles[i]], rng)
+            except ValueError:
+                continue
+        base = drawn + routes
+        room = budget - min(map(len, base), default=budget)
+        for j in range(1, min(room, 3) + 1):  # j bumps into the border at S, then a route
+            for bumps in itertools.product(stay, repeat=j):
+                yield from (list(bumps) + r for r in base)
+
+    routes: list[list[str]] = []
+    for _ in range(num_answers):
+        drawn: list[list[str]] = []
+        for attempt in range(tries):
+            try:
+                route = draw("wander" if attempt % 2 else "part")
+            except ValueError:  # no lava-free route through the drawn tiles
+                continue
+            if route not in routes and len(route) <= budget:
+                if fitness(route) < SOLVED_SCORE:
+                    break
+                drawn.append(route)
+        else:
+            new = [r for r in fallback(drawn, routes) if r not in routes and len(r) <= budget]
+            route = next((r for r in new if fitness(r) < SOLVED_SCORE),
+                         min(new, key=fitness) if new else (routes or drawn or [[]])[0])
         routes.append(route)
     return routes
 
