@@ -12,6 +12,7 @@ soak (`experiments/kill_soak.py`) stops the process there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -190,7 +191,8 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
     config, tcfg = run.config, run.config.train
     if resume and run.manager.latest_step() is not None:
         check_data(out_dir, config)
-        run.state, start = run.manager.restore(run.state, run.data_it)
+        run.state, start = run.manager.restore(run.state, run.data_it,
+                                                 config=config.to_json())
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
                               f"in {out_dir}; give train.steps >= {start}")
@@ -264,6 +266,7 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                 if stop.signum is not None:
                     stopped = True
                     break
+                manager.check()  # a save that failed on the disk ends the run here, named
                 on_event("step", step + 1)
                 batch = shard_batch(next(data_it), run.mesh)
                 host = rollout = rewards = None
@@ -304,15 +307,29 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
             _save_consistent(manager, logger, state, data_it, config, start, logged)
             raise
         except Exception:  # a bad reward, a non-finite value: keep the last complete checkpoint
-            manager.wait()
+            with contextlib.suppress(Exception):  # the error in hand is the one to report
+                manager.wait()
             raise
         finally:
-            logger.close()
-            samples.close()
+            _close_logs(logger, samples)
         if stopped:
             raise RunInterrupted(stop.signum, int(jax.device_get(state.step)), out_dir)
         manager.close()  # all steps taken: a signal from here on lets the export finish
     return state
+
+
+def _close_logs(*logs) -> None:
+    """Close every log (metrics, samples). While an error is on its way out, a log that fails to
+    close (the same full disk) is not raised over it; otherwise the first failure is raised once
+    all are closed."""
+    failed = None
+    for log in logs:
+        try:
+            log.close()
+        except Exception as e:  # noqa: BLE001 -- closed the rest first
+            failed = failed or e
+    if failed is not None and sys.exc_info()[1] is None:
+        raise failed
 
 
 def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState,
