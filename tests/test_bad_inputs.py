@@ -234,7 +234,7 @@ CASES = [
                       *DATA_RUN, *RUN], ["--data", "nope.jsonl"]),
     ("data-longer-than-context", ["train", "--data", _d("too_long.jsonl"), "--reward",
                                   _d("rewards.py") + ":ok", *DATA_RUN, *RUN],
-     ["positions", "trained on 1024", "Shorten"]),
+     ["positions", "trained on 1024", "shorten the longest prompts"]),
     ("data-json", ["train", "--data", _d("bad_json.jsonl"), "--reward", _d("rewards.py") + ":ok",
                    *DATA_RUN, *RUN], ["bad_json.jsonl:2"]),
     ("data-utf8", ["train", "--data", _d("latin1.jsonl"), "--reward", _d("rewards.py") + ":ok",
