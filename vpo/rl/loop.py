@@ -33,14 +33,18 @@ from vpo.rl.checks import check_run
 from vpo.rl.host_memory import compiled_on_first_call
 from vpo.rl.run_folder import (  # the run folder the loop writes
     CONFIG,
+    INIT_FILE,
     base_name,
     base_spec,
     check_data,
+    discard_start,
+    has_checkpoint,
     lock_run,
     policy_complete,
     read_json,
     record_data,
     release_run,
+    run_contents,
     write_json_atomic,
 )
 from vpo.rl.step import (
@@ -103,12 +107,17 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `on_event(point, step)`: called at each of the loop's named points (`EVENTS`); with it, the
     loop waits for each checkpoint save to complete before reporting "saved".
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
-    a `RunFolderLockedError`. SIGINT / SIGTERM stop it after the step in flight, that step's metrics
-    row and checkpoint written, with `RunInterrupted`.
+    a `RunFolderLockedError`. A new run that fails before its first step (a check that refuses
+    it, an error setting it up) leaves nothing in out_dir (`run_folder.discard_start`): the
+    corrected command starts there as if it had not been run. SIGINT / SIGTERM stop it after
+    the step in flight, that step's metrics row and checkpoint written, with `RunInterrupted`.
     Returns (graphdef, final state).
     """
     out_dir = os.path.abspath(out_dir)
     lock_run(out_dir)
+    # a new run in a folder holding nothing but what its start wrote (`start.start_new`'s
+    # init.json): if it fails before its first step, what it wrote goes (`discard_start`)
+    fresh = not resume and set(run_contents(out_dir)) <= {INIT_FILE}
     try:
         run = _prepare(config, out_dir, task=task, mesh=mesh, init=init,
                        consume_init=consume_init)
@@ -119,8 +128,18 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         (on_event or _no_events)("policy", int(jax.device_get(state.step)))
         export_policy(os.path.join(out_dir, "policy"), config, run.graphdef, state, task)
         return run.graphdef, state
+    except Exception:  # not a signal: an interrupted start is continued with --resume
+        if fresh and not _stepped(out_dir):
+            discard_start(out_dir)
+        raise
     finally:
         release_run(out_dir)
+
+
+def _stepped(out_dir: str) -> bool:
+    """Whether a run in `out_dir` took a step: a metrics row written or a checkpoint saved."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return has_checkpoint(out_dir) or (os.path.isfile(path) and os.path.getsize(path) > 0)
 
 
 @dataclasses.dataclass
