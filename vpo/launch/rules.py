@@ -150,14 +150,14 @@ def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
     context for a checkpoint, model.max_seq_len only for a model trained from scratch."""
     floor = task.completion_len(num_answers)
     if context is not None:
-        text = (f"the longest prompt plus the answer budget ({budget} tokens) need {need} "
-                f"positions; the checkpoint {spec} was trained on {context}")
+        text = (f"the longest prompt ({need - budget} tokens) plus the answer budget ({budget} "
+                f"tokens) need {need} positions; the checkpoint {spec} was trained on {context}")
         if task.is_host and not given and room is not None:
             text += (f", and what the longest prompt leaves ({max(room, 0)}) is below the task's "
                      f"answer budget ({floor} tokens): no budget fits")
     else:
-        text = (f"model.max_seq_len: {max_seq_len} < {need}, the longest prompt plus the "
-                f"answer budget ({budget} tokens)")
+        text = (f"model.max_seq_len: {max_seq_len} < {need}, the longest prompt ({need - budget} "
+                f"tokens) plus the answer budget ({budget} tokens)")
     fixes = []
     if task.is_host:
         fixes.append("shorten the longest prompts")
