@@ -103,3 +103,77 @@ def test_fitted_fields_keep_a_given_value_and_fill_an_absent_one():
         run = assemble.assemble_run("maze", None, ["model=tiny", f"{key}={value}"]).run
         section, field = key.split(".")
         assert getattr(getattr(run, section), field) == value, key
+
+
+# -- the budget against a checkpoint's context: one rule (`rules.fit_budget`) -----------------
+
+@pytest.fixture(scope="module")
+def short_context(tmp_path_factory):
+    """The BPE fixture with a 64- and a 128-position context, a two-row data file and its
+    reward module."""
+    import json
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("context")
+    out = {}
+    for n in (64, 128):
+        folder = tmp / f"bpe{n}"
+        shutil.copytree(BPE, folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["max_position_embeddings"] = n
+        (folder / "config.json").write_text(json.dumps(cfg))
+        out[n] = f"hf:{folder}"
+    (tmp / "data.jsonl").write_text('{"prompt": "What is 2 + 3?"}\n{"prompt": "Name a colour."}\n')
+    (tmp / "long.jsonl").write_text('{"prompt": "' + "word " * 80 + '"}\n')
+    (tmp / "rewards.py").write_text("def ok(prompts, completions, **kw):\n"
+                                    "    return [0.5] * len(completions)\n")
+    out["data"] = {"path": str(tmp / "data.jsonl"), "rewards": [f"{tmp}/rewards.py:ok"]}
+    out["long"] = {**out["data"], "path": str(tmp / "long.jsonl")}
+    return out
+
+
+def test_a_budget_left_out_is_fitted_within_a_short_context(short_context):
+    """--data on a 64-position checkpoint without sampler.max_new_tokens: the budget is fitted
+    to what the longest prompt leaves (it was fitted to 64 tokens, then refused), at least the
+    task's answer budget; the sequence length stays within the context."""
+    plan = assemble.assemble_run(None, None, [f"model={short_context[64]}"],
+                                 dataset=short_context["data"])
+    run, task = plan.run, plan.task
+    records = task.make_problems(run.train.seed, 64)
+    prompt_len = task.prompt_arrays(records, run.train.num_answers)[0].shape[1]
+    budget = run.sampler.max_new_tokens
+    assert task.completion_len(run.train.num_answers) <= budget == 64 - prompt_len
+    assert run.model.max_seq_len == 64
+    # the same data on the full context keeps its default budget
+    wide = assemble.assemble_run(None, None, [f"model=hf:{BPE}"], dataset=short_context["data"])
+    assert wide.run.sampler.max_new_tokens > budget
+
+
+def test_a_budget_that_cannot_fit_says_what_helps(short_context):
+    given = f"sampler.max_new_tokens={40}"
+    with pytest.raises(assemble.ConfigError) as e:
+        assemble.assemble_run(None, None, [f"model={short_context[64]}", given],
+                              dataset=short_context["data"])
+    text = str(e.value)
+    assert "trained on 64" in text and "lower sampler.max_new_tokens to at most " in text
+    assert "model.max_seq_len" not in text  # cannot help a pretrained checkpoint
+    with pytest.raises(assemble.ConfigError, match="no budget fits") as e:
+        assemble.assemble_run(None, None, [f"model={short_context[64]}"],
+                              dataset=short_context["long"])
+    assert "shorten the longest prompts" in str(e.value)
+
+
+def test_an_in_graph_task_on_a_short_checkpoint_gets_advice_that_works(short_context):
+    """maze on a 128-position checkpoint: one message, which names neither
+    sampler.max_new_tokens (an in-graph task's budget is its answer budget) nor model.max_seq_len
+    (a pretrained checkpoint's context is fixed)."""
+    with pytest.raises(assemble.ConfigError) as e:
+        assemble.assemble_run(None, None, [f"model={short_context[128]}", "task=maze"])
+    text = str(e.value)
+    assert "trained on 128" in text and "longer context" in text and "task_kwargs" in text
+    assert "sampler.max_new_tokens" not in text and "model.max_seq_len" not in text
+    # the same rule's message where no checkpoint bounds the length (vpo.rl.checks.check_run)
+    task = rules.load_task("maze")
+    scratch = rules.too_long(task, 1, 300, task.completion_len(1), max_seq_len=200)
+    assert "raise model.max_seq_len to at least 300" in scratch
+    assert "sampler.max_new_tokens" not in scratch

@@ -234,7 +234,7 @@ CASES = [
                       *DATA_RUN, *RUN], ["--data", "nope.jsonl"]),
     ("data-longer-than-context", ["train", "--data", _d("too_long.jsonl"), "--reward",
                                   _d("rewards.py") + ":ok", *DATA_RUN, *RUN],
-     ["positions", "trained on 1024", "Shorten"]),
+     ["positions", "trained on 1024", "shorten the longest prompts"]),
     ("data-json", ["train", "--data", _d("bad_json.jsonl"), "--reward", _d("rewards.py") + ":ok",
                    *DATA_RUN, *RUN], ["bad_json.jsonl:2"]),
     ("data-utf8", ["train", "--data", _d("latin1.jsonl"), "--reward", _d("rewards.py") + ":ok",
@@ -401,3 +401,31 @@ def test_a_config_files_model_settings_apply_to_the_init(world, tmp_path, monkey
     assert cli.main(["train", "--config", str(cfg), "--init", world["policy"], "--out",
                      str(tmp_path / "run"), "--compile-cache", ""]) == 0
     assert seen["init"].cfg.dtype == "bfloat16" and seen["run"].model.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("late", [
+    # refused by check_run inside rl.loop.train, after the start recorded init.json
+    (["objective.overlong_cache_len=100"], ":ok", "objective.overlong_cache_len"),
+    # the reward function fails in the first step, after config.json and the tokenizer were
+    # written
+    ([], ":text", "text"),
+], ids=["check_run", "first-step"])
+def test_a_start_that_fails_late_does_not_block_its_retry(world, capsys, late):
+    """A new run that fails before its first step leaves nothing in --out: the corrected
+    command then starts there without --overwrite (it was refused: 'already holds a run
+    (init.json)')."""
+    from vpo.rl import run_folder
+
+    extra, reward, named = late
+    out = os.path.join(world["tmp"], f"late{len(extra)}")
+
+    def train(*args, reward=":ok"):
+        return cli.main(["train", "--compile-cache", "", "--data", world["tmp"] + "/good.jsonl",
+                         "--reward", world["tmp"] + "/rewards.py" + reward, *DATA_RUN, *args,
+                         "--out", out])
+
+    assert train(*extra, reward=reward) == 2
+    assert named in capsys.readouterr().err
+    assert not os.path.exists(out) or run_folder.run_contents(out) == [], os.listdir(out)
+    assert train() == 0, capsys.readouterr().err
+    assert run_folder.policy_complete(os.path.join(out, "policy"))

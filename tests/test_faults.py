@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -271,8 +272,35 @@ def test_every_checkpoint_damaged_is_one_named_error(finished, tmp_path):
                 _truncate(name)(root)
     p = vpo("train", "--out", out, "--resume")
     assert p.returncode == 2
-    assert "no checkpoint restores, all are damaged" in p.stderr
-    assert "Traceback" not in p.stderr and len(p.stderr) < 5000, p.stderr[:3000]
+    assert "no checkpoint restores, all are damaged (steps 6, 4: " in p.stderr or (
+        "step 6: " in p.stderr and "; step 4: " in p.stderr), p.stderr[:3000]
+    assert "file truncated" in p.stderr and "restore a copy of the folder" in p.stderr
+    # one short line (it was 1,561 characters of tensorstore's driver errors)
+    assert "Traceback" not in p.stderr and len(p.stderr) < 500, p.stderr[:3000]
+
+
+def test_a_checkpoint_of_another_shape_is_one_line(finished, tmp_path):
+    """config.json edited (model.dim 32 -> 64) before --resume: one line naming the array, the
+    shape saved and the shape the config makes, the model field that differs, and the fix (it
+    was 5.9k characters of orbax / tensorstore spec)."""
+    out = str(tmp_path / "run")
+    shutil.copytree(finished, out, ignore=shutil.ignore_patterns("policy"))
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    assert config["model"]["dim"] == 32
+    config["model"]["dim"] = 64
+    with open(path, "w") as f:
+        json.dump(config, f)
+    p = vpo("train", "--out", out, "--resume")
+    assert p.returncode == 2
+    err = p.stderr
+    assert "Traceback" not in err and len(err) < 500, err[:3000]
+    assert re.search(r"checkpoints: the checkpoints hold another model than the run's \(steps "
+                     r"6, 4: params\.embed\.value \(\d+, 32\) saved, \(\d+, 64\) now, \+\d+ "
+                     r"arrays; model\.dim 32 saved, 64 now\); resume with the config they were "
+                     r"saved with", err), err
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["4", "6"]  # nothing moved
 
 
 # -- 5. the --data file -------------------------------------------------------------------------
@@ -293,6 +321,123 @@ def test_resume_refuses_a_changed_data_file(tmp_path):
     data.unlink()
     with pytest.raises(ConfigError, match=f"data file {data} is gone"):
         run_folder.resume_config(out, [])
+
+
+# A run whose disk fills, on a tmpfs of its own: a user and mount namespace (no root needed) in
+# which the command runs, then --resume after the space is freed; the run's metrics are copied
+# out before the namespace (and its disk) goes. argv: DISK KEEP FAIL_JSON RESUME_JSON.
+ON_A_SMALL_DISK = r"""
+import fcntl, json, os, shutil, subprocess, sys, time
+disk, keep = sys.argv[1], sys.argv[2]
+fail, resume = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", disk], check=True)
+run = os.path.join(disk, "run")
+t0 = time.monotonic()
+try:
+    p = subprocess.run(fail, capture_output=True, text=True, timeout=120)
+    rc, err = p.returncode, p.stderr
+except subprocess.TimeoutExpired as e:
+    rc, err = "hung", (e.stderr or b"").decode(errors="replace")
+took = time.monotonic() - t0
+lock = os.path.join(run, ".vpo.lock")
+free = True
+if os.path.exists(lock):
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        free = False
+    os.close(fd)
+ckpt = os.path.join(run, "checkpoints")
+steps = sorted(int(n) for n in os.listdir(ckpt) if n.isdigit()) if os.path.isdir(ckpt) else []
+os.remove(os.path.join(disk, "ballast"))  # the space freed
+p = subprocess.run(resume, capture_output=True, text=True, timeout=300)
+shutil.copy(os.path.join(run, "metrics.jsonl"), keep)
+print(json.dumps({"rc": rc, "stderr": err, "seconds": took, "lock_free": free,
+                  "checkpoints": steps, "resume_rc": p.returncode, "resume_err": p.stderr[-3000:]}))
+"""
+
+
+def on_a_small_disk(folder: str, keep: str, fail: list[str], resume: list[str]) -> dict:
+    """Run command `fail` then `resume` with `folder` a 16 MB tmpfs of their own (what
+    ON_A_SMALL_DISK reports); skipped where this system has no user namespaces."""
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here (unshare -rm): no tmpfs of the test's own")
+    os.makedirs(folder, exist_ok=True)
+    p = subprocess.run(["unshare", "-rm", sys.executable, "-c", ON_A_SMALL_DISK, folder, keep,
+                        json.dumps(fail), json.dumps(resume)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_the_run_named_and_resume_finishes_it(finished, tmp_path):
+    """The disk fills as step 4's checkpoint is written (all but 64 KiB taken at the loop's
+    point after step 3's row: the rows fit, the checkpoint does not). The run ends within 60 s
+    (it used to hang on TensorBoard's writer thread, or end in orbax tracebacks) with one named
+    error: the folder, the step, the free space, --resume; its lock let go, no checkpoint left
+    half-written as complete. After the space is freed, --resume finishes it as the straight
+    run did."""
+    import jax
+
+    disk, keep = str(tmp_path / "disk"), str(tmp_path / "metrics.jsonl")
+    out = os.path.join(disk, "run")
+    cache = ["--compile-cache", jax.config.jax_compilation_cache_dir or ""]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "VPO_FILL_AT": "logged:3",
+           "VPO_FILL_FILE": os.path.join(disk, "ballast"), "VPO_FILL_LEAVE": str(64 << 10),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    fail = ["env", *(f"{k}={v}" for k, v in env.items() if k.startswith(("VPO_", "JAX_"))),
+            sys.executable, KILL_AT, "train", *cache, *SMOKE[:2], *RUN6, "--out", out]
+    resume = [sys.executable, "-m", "vpo.cli.main", "train", *cache, "--out", out, "--resume"]
+    r = on_a_small_disk(disk, keep, fail, resume)
+    err = r["stderr"]
+    assert r["rc"] == 2 and r["seconds"] < 60, (r["rc"], r["seconds"], err[-3000:])
+    assert "Traceback" not in err and len(err.split("vpo train: error:")[-1]) < 600, err[-3000:]
+    assert (f"{out}/checkpoints: the checkpoint of step 4 was not written (no space left on "
+            "the disk; ") in err and " free); no checkpoint is complete yet" in err, err[-3000:]
+    assert "then run the same command with --resume" in err
+    assert r["lock_free"] and r["checkpoints"] == []
+    assert r["resume_rc"] == 0, r["resume_err"]
+    got = [{k: v for k, v in row.items() if k not in TIMING} for row in read_rows(keep)]
+    assert got == metrics(finished)
+
+
+def test_a_checkpoint_write_that_fails_is_named(tmp_path):
+    """A save that fails in orbax's background thread (here: tensorstore's RESOURCE_EXHAUSTED
+    as orbax raises it) is seen by `check` once the save is over, named: the folder, the step,
+    the free space, the newest complete checkpoint, --resume; a permission error says so."""
+    import jax.numpy as jnp
+
+    from vpo.errors import CheckpointWriteError
+
+    folder = str(tmp_path / "checkpoints")
+    mngr = ckpt_lib.CheckpointManager(folder)
+    mngr.save(2, {"x": jnp.zeros(3)})
+    mngr.wait()
+    mngr.save(4, {"x": jnp.ones(3)})
+    real_wait = mngr._mngr.wait_until_finished
+    real_wait()  # over (and, as far as orbax's thread knew, failed):
+
+    def failed():
+        raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "/x/4.orbax-checkpoint'
+                         '-tmp/state": No space left on device [os_error_code=\'28\']')
+
+    mngr._mngr.wait_until_finished = failed
+    mngr._mngr.all_steps = lambda: [2]  # the failed step is not complete
+    with pytest.raises(CheckpointWriteError) as e:
+        mngr.check()
+    text = str(e.value)
+    assert text.startswith(f"{os.path.abspath(folder)}: the checkpoint of step 4 was not "
+                           "written (no space left on the disk; ")
+    assert "the newest complete checkpoint is step 2" in text and "--resume" in text
+    assert len(text) < 400
+    mngr._mngr.wait_until_finished = real_wait
+    mngr.check()  # reported once
+    assert ckpt_lib.write_failure(PermissionError(13, "Permission denied"))[0] == (
+        "permission denied")
+    assert ckpt_lib.write_failure(ValueError("a bad tree")) is None
 
 
 def test_a_full_disk_names_the_folder_and_how_to_continue(monkeypatch, tmp_path, capsys):

@@ -97,11 +97,11 @@ def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
                     sampler=SamplerConfig(max_new_tokens=T),
                     train=TrainConfig(num_answers=M, num_problems=64, mutation_fraction=0.25))
     assert P2 > P
-    with pytest.raises(ConfigError, match=f"prompt {P2}"):
+    with pytest.raises(ConfigError, match=fr"longest prompt \({P2} tokens\)"):
         rl_checks.check_run(run, maze, P2)
     rl_checks.check_run(dataclasses.replace(run, train=TrainConfig(num_answers=M)), maze, P)
     # the loop sizes the sequence for the mutation prompts it mixes in (before any compile)
-    with pytest.raises(ConfigError, match=f"prompt {P2}"):
+    with pytest.raises(ConfigError, match=fr"longest prompt \({P2} tokens\)"):
         loop_lib.train(run, str(tmp_path / "run"), task=maze, mesh=one_device(), progress=False)
     assert not os.path.exists(tmp_path / "run")
     arith = bound("arithmetic")

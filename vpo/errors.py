@@ -9,6 +9,11 @@ class CheckpointError(ValueError):
     """A checkpoint folder cannot be read as configured; the message names the file and tensor."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a folder without write permission, an I/O
+    error); the message names the folder, the free space, and how to continue (`--resume`)."""
+
+
 class RewardError(ValueError):
     """A reward function failed or returned bad values; the message names the function, the
     dataset row and the value."""

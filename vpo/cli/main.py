@@ -313,7 +313,9 @@ def error_message(command: str, e: BaseException, limit: int = 1500,
     if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
         text = f"{e.filename}: {text}"
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        where = f" under {out}" if out else ""
+        from vpo.io.files import free_space
+
+        where = f" under {out}; {free_space(out)} free" if out else ""
         text += (f" (writing{where}): free space on that disk, then run the same command with "
                  "--resume to continue from the last complete checkpoint")
     if len(text) > limit:

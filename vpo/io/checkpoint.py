@@ -11,10 +11,16 @@ the step holds the adapters, optimiser state, step and rng, and a `base` item
 {"spec", "checksum"}: the base's `base_checksum` and what it was loaded from. `restore` takes
 the base from the state it restores onto and refuses (`CheckpointError` naming both specs) a
 base whose checksum differs, since the adapters were trained on the recorded one.
+
+A save that fails on the disk (no space left, no permission, an I/O error, raised by orbax from
+its background thread) is a `CheckpointWriteError` naming the folder, the step, the free space
+and `--resume`: seen at the next `check` (each step), `save` or `wait`, never waited on. The
+steps saved before it stay complete.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from typing import Any
@@ -22,24 +28,33 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from vpo.errors import CheckpointError, ConfigError
-from vpo.io.files import read_json_object, reading
+from vpo.errors import CheckpointError, CheckpointWriteError, ConfigError
+from vpo.io.files import free_space, read_json_object, reading
 
 log = logging.getLogger(__name__)
 
 
 def _closed_loop_noise(unraisable) -> bool:
-    """Whether an unraisable exception is tensorstore calling back into the asyncio loop orbax
-    closed after a failed read (one per array still in flight: noise after the named error)."""
+    """Whether an unraisable exception is noise after a failed read or write, which is raised
+    as a named error: tensorstore calling back into the asyncio loop orbax closed, or one of
+    orbax's own reads still in flight (one per array, each with pages of tensorstore spec)."""
     e = unraisable.exc_value
-    return isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
+    if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+        return True
+    tb = getattr(e, "__traceback__", None)
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in where
 
 
 def quiet_failed_reads() -> None:
     """Drop `_closed_loop_noise` from `sys.unraisablehook` (installed once, for the process;
-    every other unraisable exception still reaches the previous hook)."""
+    every other unraisable exception still reaches the previous hook), and orbax's own error
+    logs (`_quiet_orbax_errors`)."""
     import sys
 
+    _quiet_orbax_errors()
     previous = sys.unraisablehook
     if getattr(previous, "_vpo_quiet", False):
         return
@@ -50,6 +65,63 @@ def quiet_failed_reads() -> None:
 
     hook._vpo_quiet = True
     sys.unraisablehook = hook
+
+
+def _from_orbax(e: BaseException | None) -> bool:
+    """Whether `e` was raised in orbax's code or carries tensorstore's spec (its reads and
+    writes)."""
+    tb = getattr(e, "__traceback__", None)
+    while tb is not None:
+        if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return "tensorstore_spec" in str(e)
+
+
+def _quiet_orbax_errors() -> None:
+    """Drop orbax's own ERROR log records (each with a traceback of tensorstore text) from the
+    terminal, and asyncio's "exception was never retrieved" for orbax's reads and writes left
+    in flight by a failure: every failure they report is raised as a named error
+    (`CheckpointWriteError`, `CheckpointError`) with orbax's exception behind it.
+    `VPO_DEBUG=1` keeps them. Installed once, on the `absl` logger orbax logs through and on
+    the `asyncio` logger."""
+    def keep(record: logging.LogRecord) -> bool:
+        if os.environ.get("VPO_DEBUG", "") not in ("", "0") or record.levelno < logging.ERROR:
+            return True
+        if f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (record.name == "asyncio" and _from_orbax(exc))
+
+    keep._vpo_quiet = True
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(getattr(f, "_vpo_quiet", False) for f in logger.filters):
+            logger.addFilter(keep)
+
+
+def write_failure(e: BaseException) -> tuple[str, str] | None:
+    """(what went wrong, what to do) when `e`, or an error it was raised from, is a write that
+    failed on the disk: no space left (tensorstore's RESOURCE_EXHAUSTED, errno 28), no
+    permission, a read-only disk, another I/O error; None for any other error."""
+    seen: BaseException | None = e
+    for _ in range(8):  # the chain of causes, bounded
+        if seen is None:
+            break
+        text, code = str(seen), getattr(seen, "errno", None)
+        if (code == errno.ENOSPC or code == errno.EDQUOT or "No space left" in text
+                or "os_error_code='28'" in text or "RESOURCE_EXHAUSTED" in text
+                or "quota exceeded" in text.lower()):
+            return "no space left on the disk", "free space on that disk"
+        if (code in (errno.EACCES, errno.EPERM, errno.EROFS) or "PERMISSION_DENIED" in text
+                or "Permission denied" in text or "Read-only file system" in text):
+            return "permission denied", "make the folder writable"
+        if isinstance(seen, OSError) or "Error writing" in text:
+            detail = " ".join(text.split())
+            return (f"I/O error: {detail[:120]}{' [...]' if len(detail) > 120 else ''}",
+                    "check the disk")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def abstract_like(tree):
@@ -91,6 +163,60 @@ def _bit_sums(leaves):
     return [sums(x) for x in leaves]
 
 
+def _one_line(e: BaseException, limit: int) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _named_leaves(tree) -> list[tuple[str, Any]]:
+    """(dotted path, leaf) of a pytree, with dict keys, attributes and indices alike
+    ("params.embed.value", "opt_state.1.0.mu.embed.value"), so a saved tree's metadata and the
+    state restored onto name their arrays the same way."""
+    def part(key) -> str:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    return [(".".join(part(k) for k in path), leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _why_not(e: BaseException) -> str:
+    """A few words on why orbax did not restore a step: the array and what is wrong with its
+    file, read from tensorstore's text (pages of spec and driver errors), or its first words."""
+    import re
+
+    text = " ".join(str(e).split())
+    shape = re.search(r"Requested shape: \(([^)]*)\) is not compatible with the stored shape: "
+                      r"\(([^)]*)\)", text)
+    if shape:
+        return f"an array ({shape[2]}) saved, ({shape[1]}) now"
+    array = re.search(r'Error reading "([^"]+)"', text)
+    name = array[1].rsplit("/", 1)[0] if array and "/" in array[1] else (array[1] if array
+                                                                      else None)
+    what = ("file truncated" if re.search(r"OUT_OF_RANGE|DATA_LOSS|[Tt]runcat|byte range",
+                                          text) else
+            "file missing" if re.search(r"NOT_FOUND|No such file", text) or isinstance(
+                e, FileNotFoundError) else None)
+    if what:
+        return f"{name}: {what}" if name else what
+    return _one_line(e, 80)
+
+
+def _steps(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
+
+
+def _reasons(errors) -> str:
+    """'steps 6, 4: rng: file truncated' for (step, reason, ...) tuples, steps with one reason
+    named together."""
+    by_reason: dict[str, list[int]] = {}
+    for s, reason, *_ in errors:
+        by_reason.setdefault(reason, []).append(s)
+    return "; ".join(f"{_steps(steps)}: {reason}" for reason, steps in by_reason.items())
+
+
 def _frozen(state):
     """The base weights of a LoRA `TrainState` (its `frozen` field), else None."""
     return getattr(state, "frozen", None)
@@ -110,10 +236,12 @@ class CheckpointManager:
                                   "delete it (the run keeps its orbax checkpoints there)")
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=async_save)
+        quiet_failed_reads()  # and failed writes: the same noise after a named error
         self._mngr = ocp.CheckpointManager(directory, options=options,
                                            item_names=("state", "data", "config", "base"))
         self.directory = directory
         self.base = base
+        self._saving: int | None = None  # the step of the save in flight (not yet waited on)
 
     def all_steps(self) -> list[int]:
         self._mngr.reload()
@@ -126,23 +254,62 @@ class CheckpointManager:
     def save(self, step: int, state, data_iterator=None, config: dict[str, Any] | None = None
              ) -> None:
         """Save asynchronously (device→host copies happen before this returns, so the caller may
-        donate `state` to the next step right away)."""
+        donate `state` to the next step right away). The previous save is waited on first: its
+        failure is a `CheckpointWriteError`, and so is this one's."""
+        self.wait()
         data = {} if data_iterator is None else data_iterator.get_state()
         items = {}
         if _frozen(state) is not None:  # LoRA: adapters + optimiser state; the base by reference
             items["base"] = ocp.args.JsonSave({"spec": self.base,
                                                "checksum": base_checksum(_frozen(state))})
             state = state._replace(frozen=None)
-        self._mngr.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
-            config=ocp.args.JsonSave(config or {}), **items))
+        self._saving = step
+        try:
+            self._mngr.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+                config=ocp.args.JsonSave(config or {}), **items))
+        except Exception as e:
+            self._raise_write_error(e)
+            raise
 
-    def restore(self, like_state, data_iterator=None, *, step: int | None = None):
+    def check(self) -> None:
+        """Raise `CheckpointWriteError` if the save in flight has finished and failed; returns
+        at once while it is still writing (a cheap call, made after every step)."""
+        if self._saving is not None and not self._mngr.is_saving_in_progress():
+            self.wait()
+
+    def _raise_write_error(self, e: BaseException) -> None:
+        """Raise `CheckpointWriteError` (from `e`) if `e` is a write that failed on the disk
+        (`write_failure`), naming the step, the folder, the free space and the newest complete
+        checkpoint; otherwise return."""
+        failure = write_failure(e)
+        step, self._saving = self._saving, None
+        if failure is None:
+            return
+        what, fix = failure
+        try:
+            done = [s for s in self.all_steps() if s != step]
+        except Exception:  # noqa: BLE001 -- a folder that cannot be listed either
+            done = []
+        newest = (f"the newest complete checkpoint is step {done[-1]}" if done else
+                  "no checkpoint is complete yet (--resume starts the run over)")
+        raise CheckpointWriteError(
+            f"{self.directory}: the checkpoint of step {step} was not written ({what}; "
+            f"{free_space(self.directory)} free); {newest}. {fix[0].upper()}{fix[1:]}, then run "
+            "the same command with --resume to continue from it") from e
+
+    def restore(self, like_state, data_iterator=None, *, step: int | None = None,
+                config: dict[str, Any] | None = None):
         """Restore onto the structure and shardings of `like_state`'s arrays → (state, step).
 
         Without `step`, the newest checkpoint that restores; older ones are tried if it fails.
         The data iterator, when given, is moved to the saved position. A LoRA checkpoint saved
         without its base takes `like_state.frozen` as the base, after checking its checksum.
+        Each step that does not restore is named in a few words (`_why_not`: the array and
+        its shapes, a truncated file); when none does, one `CheckpointError` names them all;
+        `config` (the run's config now) lets an array of another shape name the model fields
+        that differ from the config the checkpoints were saved with. Orbax's own text is on the
+        error's cause (`vpo --debug`).
         """
         self.wait()
         steps = [step] if step is not None else self.all_steps()[::-1]
@@ -157,14 +324,18 @@ class CheckpointManager:
                                                                        "base"))
             like = like_state._replace(frozen=None) if by_ref else like_state
             base = {"base": ocp.args.JsonRestore()} if by_ref else {}
+            abstract = abstract_like(like)
+            shape = self._other_shape(s, abstract)
+            if shape is not None:
+                errors.append((s, shape, True, None))
+                continue
             try:
                 out = self._mngr.restore(s, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_like(like)),
+                    state=ocp.args.StandardRestore(abstract),
                     data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), **base))
             except Exception as e:  # noqa: BLE001 -- a damaged step: try the previous one
-                log.warning("checkpoint step %d under %s did not restore (%s); trying an older "
-                            "one", s, self.directory, " ".join(str(e).split())[:300])
-                errors.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
+                errors.append((s, _why_not(e), "not compatible with the stored shape" in str(e),
+                               e))
                 continue
             state = out.state
             if by_ref:
@@ -174,14 +345,70 @@ class CheckpointManager:
                 try:
                     data_iterator.set_state(out.data)
                 except Exception as e:  # noqa: BLE001 -- a damaged data position
-                    errors.append(f"step {s}: data position: {str(e)[:200]}")
+                    errors.append((s, f"data position: {_one_line(e, 60)}", False, e))
                     continue
+            if errors:
+                log.warning("%s: restored step %d; %s did not restore (%s)", self.directory, s,
+                            _steps([t for t, *_ in errors]), _reasons(errors))
             if step is None:
                 self._set_aside([t for t in steps if t > s])
             return state, s
+        cause = next((e for *_, e in errors if e is not None), None)
+        if all(shape for _, _, shape, _ in errors):
+            differ = self._config_differs(errors[0][0], config)
+            raise CheckpointError(
+                f"{self.directory}: the checkpoints hold another model than the run's ("
+                f"{_reasons(errors)}{'; ' + differ if differ else ''}); resume with the config "
+                "they were saved with (config.json), or start a new run in another --out"
+                ) from cause
         raise CheckpointError(f"{self.directory}: no checkpoint restores, all are damaged ("
-                              + "; ".join(errors) + "); restore a copy of the folder, or start "
-                              "the run over (--overwrite)")
+                              f"{_reasons(errors)}); restore a copy of the folder, or start the "
+                              "run over (--overwrite)") from cause
+
+    def _other_shape(self, step: int, abstract) -> str | None:
+        """'<array> (found) saved, (expected) now' for the first array of
+        `step`'s saved state whose shape or dtype differs from `abstract`'s (params first, then
+        the rest; '+N more'), or None: all agree, or the metadata does not read (the restore
+        then says what is wrong)."""
+        from etils import epath
+
+        try:
+            meta = ocp.StandardCheckpointHandler().metadata(
+                epath.Path(self.directory) / str(step) / "state")
+            saved = dict(_named_leaves(getattr(meta, "tree", meta)))
+        except Exception:  # noqa: BLE001 -- unreadable metadata: the restore names the damage
+            return None
+        differ = []
+        for name, want in _named_leaves(abstract):
+            got = saved.get(name)
+            if got is None or not hasattr(got, "shape"):
+                continue
+            found = (tuple(got.shape), str(getattr(got, "dtype", want.dtype)))
+            if found != (tuple(want.shape), str(want.dtype)):
+                differ.append((not name.startswith("params"), name, found,
+                               (tuple(want.shape), str(want.dtype))))
+        if not differ:
+            return None
+        _, name, found, want = min(differ)
+        show = (lambda x: f"{x[0]} {x[1]}") if found[1] != want[1] else (lambda x: str(x[0]))
+        more = f", +{len(differ) - 1} arrays" if len(differ) > 1 else ""
+        return f"{name} {show(found)} saved, {show(want)} now{more}"
+
+    def _config_differs(self, step: int, config: dict[str, Any] | None) -> str:
+        """'model.dim 32 saved, 64 now' for the model fields where `config` differs from the
+        config saved with `step` (at most 3), or ''."""
+        if not config:
+            return ""
+        try:
+            saved = self.config(step)
+        except Exception:  # noqa: BLE001 -- no readable config beside the state
+            return ""
+        import json
+
+        old = (saved or {}).get("model") or {}
+        new = json.loads(json.dumps(config.get("model") or {}))  # tuples as the JSON lists saved
+        keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return ", ".join(f"model.{k} {old.get(k)} saved, {new.get(k)} now" for k in keys[:3])
 
     def _check_base(self, step: int, recorded, checksum: str) -> None:
         """Raise `CheckpointError` unless the base restored onto is the one `step` was saved
@@ -213,9 +440,16 @@ class CheckpointManager:
             config=ocp.args.JsonRestore())).config
 
     def wait(self) -> None:
-        self._mngr.wait_until_finished()
+        """Wait for the save in flight; its failure is a `CheckpointWriteError`."""
+        try:
+            self._mngr.wait_until_finished()
+        except Exception as e:
+            self._raise_write_error(e)
+            raise
+        self._saving = None
 
     def close(self) -> None:
+        self.wait()
         self._mngr.close()
 
 

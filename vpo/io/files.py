@@ -38,3 +38,23 @@ def read_json_object(path, fix: str) -> dict:
         raise CheckpointError(f"{path}: expected a JSON object, got a {type(data).__name__}; "
                               f"{fix}")
     return data
+
+
+def free_space(path) -> str:
+    """The free space of the disk holding `path` (or its nearest existing parent), e.g.
+    '0 B' or '1.5 GB'; '?' when it cannot be read."""
+    import os
+    import shutil
+
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        free = float(shutil.disk_usage(path).free)
+    except OSError:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if free < 1024 or unit == "TB":
+            return f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"
+        free /= 1024
+    return "?"

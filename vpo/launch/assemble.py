@@ -171,24 +171,31 @@ def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str], *,
     """Vocabulary, sequence length and answer budget raised to what the task needs, where the
     user did not set them; a value the user set below that is refused, naming the floor.
     `budget`: the default generation budget (`rules.completion_budget`) replacing the config's. A
-    pretrained checkpoint's `context` bounds the sequence length: prompts + answers longer than
-    it are refused before anything is allocated."""
+    pretrained checkpoint's `context` bounds the sequence length (`rules.fit_budget`, the one
+    rule): a default budget is fitted to what the longest prompt leaves, and a run that still
+    does not fit is refused before anything is allocated, naming what helps."""
     m = run.train.num_answers
     T = task.completion_len(m)
     parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
-    seq = rules.fit_seq_len(task, m, num_parents=parents, seed=run.train.seed,
-                      max_new_tokens=budget)
+    records = task.make_problems(run.train.seed, 64)
+    seq = rules.fit_seq_len(task, m, num_parents=parents, records=records,
+                            max_new_tokens=budget)
+    if context is not None:  # the one rule (`rules.fit_budget`): fitted within it, or refused
+        tokens = budget if budget is not None else (
+            run.sampler.max_new_tokens if "sampler.max_new_tokens" in given and task.is_host
+            else T)
+        prompt_len = task.prompt_arrays(records, m)[0].shape[1]
+        need = max(seq - rules.SEQ_MARGIN, prompt_len + tokens)
+        fitted = rules.fit_budget(task, m, prompt_len, need, tokens, context=context,
+                                  given=budget is None, spec=spec, num_parents=parents)
+        if fitted != tokens:
+            budget = fitted
+            seq = rules.fit_seq_len(task, m, num_parents=parents, records=records,
+                                    max_new_tokens=budget)
+        seq = min(seq, context)
     if budget is not None:
         run = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler,
                                                                    max_new_tokens=budget))
-    if context is not None:
-        need = seq - rules.SEQ_MARGIN
-        if need > context:
-            raise ConfigError(f"the longest prompt plus the answer budget ({budget or T} "
-                              f"tokens) needs {need} positions; the checkpoint {spec} was "
-                              f"trained on {context}. Shorten the longest prompts or lower "
-                              "sampler.max_new_tokens / train.num_answers")
-        seq = min(seq, context)
     floors = {"model.vocab_size": (task.tokenizer.size, "the tokenizer's vocabulary"),
               "model.max_seq_len": (seq - rules.SEQ_MARGIN,
                                     "the longest prompt plus the answer budget"),

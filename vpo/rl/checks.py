@@ -47,9 +47,13 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
         raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
                           "mutation prompts; set train.mutation_fraction=0")
     if prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
-        raise ConfigError(f"model.max_seq_len: {run.model.max_seq_len} < prompt "
-                          f"{prompt_len} + sampler.max_new_tokens "
-                          f"{run.sampler.max_new_tokens}; raise it")
+        from vpo.launch.rules import too_long  # the one message for every entry point
+
+        parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
+        raise ConfigError(too_long(task, run.train.num_answers,
+                                   prompt_len + run.sampler.max_new_tokens,
+                                   run.sampler.max_new_tokens, max_seq_len=run.model.max_seq_len,
+                                   num_parents=parents))
     max_len = run.objective.overlong_max_len or run.sampler.max_new_tokens
     if run.objective.overlong_cache_len > max_len:
         raise ConfigError(f"objective.overlong_cache_len: {run.objective.overlong_cache_len} "

@@ -12,6 +12,7 @@ soak (`experiments/kill_soak.py`) stops the process there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -32,14 +33,18 @@ from vpo.rl.checks import check_run
 from vpo.rl.host_memory import compiled_on_first_call
 from vpo.rl.run_folder import (  # the run folder the loop writes
     CONFIG,
+    INIT_FILE,
     base_name,
     base_spec,
     check_data,
+    discard_start,
+    has_checkpoint,
     lock_run,
     policy_complete,
     read_json,
     record_data,
     release_run,
+    run_contents,
     write_json_atomic,
 )
 from vpo.rl.step import (
@@ -102,12 +107,17 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `on_event(point, step)`: called at each of the loop's named points (`EVENTS`); with it, the
     loop waits for each checkpoint save to complete before reporting "saved".
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
-    a `RunFolderLockedError`. SIGINT / SIGTERM stop it after the step in flight, that step's metrics
-    row and checkpoint written, with `RunInterrupted`.
+    a `RunFolderLockedError`. A new run that fails before its first step (a check that refuses
+    it, an error setting it up) leaves nothing in out_dir (`run_folder.discard_start`): the
+    corrected command starts there as if it had not been run. SIGINT / SIGTERM stop it after
+    the step in flight, that step's metrics row and checkpoint written, with `RunInterrupted`.
     Returns (graphdef, final state).
     """
     out_dir = os.path.abspath(out_dir)
     lock_run(out_dir)
+    # a new run in a folder holding nothing but what its start wrote (`start.start_new`'s
+    # init.json): if it fails before its first step, what it wrote goes (`discard_start`)
+    fresh = not resume and set(run_contents(out_dir)) <= {INIT_FILE}
     try:
         run = _prepare(config, out_dir, task=task, mesh=mesh, init=init,
                        consume_init=consume_init)
@@ -118,8 +128,18 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         (on_event or _no_events)("policy", int(jax.device_get(state.step)))
         export_policy(os.path.join(out_dir, "policy"), config, run.graphdef, state, task)
         return run.graphdef, state
+    except Exception:  # not a signal: an interrupted start is continued with --resume
+        if fresh and not _stepped(out_dir):
+            discard_start(out_dir)
+        raise
     finally:
         release_run(out_dir)
+
+
+def _stepped(out_dir: str) -> bool:
+    """Whether a run in `out_dir` took a step: a metrics row written or a checkpoint saved."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return has_checkpoint(out_dir) or (os.path.isfile(path) and os.path.getsize(path) > 0)
 
 
 @dataclasses.dataclass
@@ -190,7 +210,8 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
     config, tcfg = run.config, run.config.train
     if resume and run.manager.latest_step() is not None:
         check_data(out_dir, config)
-        run.state, start = run.manager.restore(run.state, run.data_it)
+        run.state, start = run.manager.restore(run.state, run.data_it,
+                                                 config=config.to_json())
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
                               f"in {out_dir}; give train.steps >= {start}")
@@ -264,6 +285,7 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                 if stop.signum is not None:
                     stopped = True
                     break
+                manager.check()  # a save that failed on the disk ends the run here, named
                 on_event("step", step + 1)
                 batch = shard_batch(next(data_it), run.mesh)
                 host = rollout = rewards = None
@@ -304,15 +326,29 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
             _save_consistent(manager, logger, state, data_it, config, start, logged)
             raise
         except Exception:  # a bad reward, a non-finite value: keep the last complete checkpoint
-            manager.wait()
+            with contextlib.suppress(Exception):  # the error in hand is the one to report
+                manager.wait()
             raise
         finally:
-            logger.close()
-            samples.close()
+            _close_logs(logger, samples)
         if stopped:
             raise RunInterrupted(stop.signum, int(jax.device_get(state.step)), out_dir)
         manager.close()  # all steps taken: a signal from here on lets the export finish
     return state
+
+
+def _close_logs(*logs) -> None:
+    """Close every log (metrics, samples). While an error is on its way out, a log that fails to
+    close (the same full disk) is not raised over it; otherwise the first failure is raised once
+    all are closed."""
+    failed = None
+    for log in logs:
+        try:
+            log.close()
+        except Exception as e:  # noqa: BLE001 -- closed the rest first
+            failed = failed or e
+    if failed is not None and sys.exc_info()[1] is None:
+        raise failed
 
 
 def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState,

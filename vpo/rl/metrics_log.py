@@ -17,6 +17,7 @@ same rows, the run config at init and the sample log's rows as tables; its run f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -84,6 +85,55 @@ def read_rows(path: str) -> list[dict[str, Any]]:
                                   f"{raw[:60]!r}); delete or fix the line, then resume") from None
         rows.append(row)
     return rows
+
+
+class TensorBoardEvents:
+    """A TensorBoard event file under `logdir`, written in the caller's thread: `add_scalar`,
+    `add_text`, `flush`, `close`. (tensorboardX's `SummaryWriter` writes from a thread of its
+    own through a queue of 10 events: when that thread dies on a full disk, the next writes
+    wait forever. Here a failed write raises where it happens.)"""
+
+    def __init__(self, logdir: str, filename_suffix: str = ""):
+        from tensorboardX.event_file_writer import EventsWriter
+
+        os.makedirs(logdir, exist_ok=True)
+        self._writer = EventsWriter(os.path.join(logdir, "events"), filename_suffix)
+        self._closed = False
+
+    def _add(self, summary, step: int) -> None:
+        from tensorboardX.proto import event_pb2
+
+        self._writer.write_event(event_pb2.Event(summary=summary, step=int(step),
+                                                 wall_time=time.time()))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.summary import scalar
+
+        self._add(scalar(tag, float(value)), step)
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        from tensorboardX.summary import text as text_summary
+
+        self._add(text_summary(tag, text), step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the file (once; a second call does nothing). A flush that fails (a
+        full disk) still closes it, then raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+        except OSError:
+            record = getattr(self._writer, "_py_recordio_writer", None)
+            file = getattr(record, "_writer", None)
+            if file is not None:
+                with contextlib.suppress(OSError):
+                    file.close()  # its buffer is lost with the disk; the file is closed
+            raise
 
 
 class _Wandb:
@@ -160,9 +210,7 @@ class MetricsLogger:
             os.remove(self.path)
         self._file = open(self.path, "a")  # noqa: SIM115  (open for the run; close() closes)
         if self.tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(os.path.join(out_dir, "tb"))
+            self._tb = TensorBoardEvents(os.path.join(out_dir, "tb"))
         if "wandb" in sinks:
             self._wandb = _Wandb(out_dir, config)
 

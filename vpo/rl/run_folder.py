@@ -22,7 +22,8 @@ CONFIG = "config.json"
 # What a run writes into its folder (`train`), besides an empty `checkpoints/` made on start.
 DATA_FILE = "data.json"  # the hash of the run's --data file, checked by --resume
 RUN_FILES = (CONFIG, "init.json", "metrics.jsonl", "samples.jsonl", "checkpoints", "policy", "tb",
-             "tokenizer.json", "tokenizer_config.json", "generation_config.json", DATA_FILE)
+             "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+             "chat_template.jinja", DATA_FILE)
 # Overrides that `--resume` applies: they change when the run stops, saves and logs, never what
 # a step computes. Everything else would make the resumed run a different run.
 RESUME_SAFE = ("train.steps", "train.checkpoint_every", "train.keep_checkpoints",
@@ -166,6 +167,15 @@ def clear_run(out_dir: str) -> None:
             shutil.rmtree(path)
         elif os.path.lexists(path):
             os.remove(path)
+
+
+def discard_start(out_dir: str) -> None:
+    """Remove what a new run's start wrote into `out_dir` (`clear_run`: its init.json, config,
+    tokenizer, data hash, empty logs and checkpoint folder) when it failed before its first step:
+    there is nothing to resume, and the corrected command then starts in the same --out without
+    --overwrite. Process 0 only (the one that wrote them)."""
+    if _lead_process():
+        clear_run(out_dir)
 
 
 def read_run_config(out_dir: str, *, flag: str = "--resume") -> RunConfig:

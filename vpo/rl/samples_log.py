@@ -89,9 +89,9 @@ class SampleLog:
             os.remove(path)
         self._file = open(path, "a")  # noqa: SIM115  (open for the run; close() closes)
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            from vpo.rl.metrics_log import TensorBoardEvents
 
-            self._tb = SummaryWriter(os.path.join(out_dir, "tb"), filename_suffix=".samples")
+            self._tb = TensorBoardEvents(os.path.join(out_dir, "tb"), filename_suffix=".samples")
 
     def write(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.active:
