@@ -113,7 +113,8 @@ def test_presets_and_arm_configs(tmp_path):
     assert runs["grpo"].train.keep_checkpoints > cfg.law_points
     est = compare.estimate_seconds(cfg, task)
     assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
-    assert compare.estimate_seconds(full, load_task(full.task))["total"] > 2 * est["total"]
+    full_task = load_task(full.task, None, full.task_kwargs or None)
+    assert compare.estimate_seconds(full, full_task)["total"] > 2 * est["total"]
 
 
 def _saved_tiny_policy(tmp_path, task):
@@ -141,7 +142,7 @@ def test_an_arm_is_the_run_its_vpo_train_command_starts(tmp_path):
     from vpo.launch import assemble
 
     cfg = make_config("default", ["arms=grpo,vpo_mut,kl_cov", "law_points=2"])
-    task = load_task(cfg.task)
+    task = load_task(cfg.task, None, cfg.task_kwargs or None)
     spec, policy = _saved_tiny_policy(tmp_path, task)
     for arm in cfg.arm_names:
         run, overrides = compare.arm_run_config(cfg, task, arm, 2, spec, policy)
@@ -279,7 +280,7 @@ def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
     """A random policy solves nothing: the gate's 'solves' check fails and its sentence names
     the setting; the numbers it returns are what failed_checks reads."""
     cfg = make_config("smoke", ["gate=true", "gate_problems=4"])
-    task = load_task(cfg.task)
+    task = load_task(cfg.task, None, cfg.task_kwargs or None)
     _, policy = _saved_tiny_policy(tmp_path, task)
     gate = compare.pilot_gate(cfg, task, policy)
     N = cfg.eval_budget

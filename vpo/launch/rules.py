@@ -5,7 +5,7 @@
     the sequence length: the longest measured prompt + answers + `SEQ_MARGIN`    `fit_seq_len`
     the generation budget of every command (train, sample, eval, search)  `completion_budget`
     the budget against a checkpoint's context, and what helps when it does not fit
-                                                                 `fit_budget`, `too_long`
+                                                                 `fit_budget` (`rl.checks.too_long`)
     the learning rate of a run that sets none (`FROM_SCRATCH_LR`, `PRETRAINED_LR`) `learning_rate`
     the pretrained weights a policy comes from, and their context    `source_of`, `context_of`
 """
@@ -21,6 +21,7 @@ from vpo.io import hf
 from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
 from vpo.io.tokenizer import load_tokenizer
 from vpo.rl import run_folder
+from vpo.rl.checks import too_long
 from vpo.tasks import make_task
 from vpo.tasks.bound import BoundTask, bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer
@@ -139,45 +140,6 @@ def fit_budget(task: BoundTask, num_answers: int, prompt_len: int, need: int, bu
                                given=given, room=room, num_parents=num_parents))
 
 
-def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
-             context: int | None = None, spec: str | None = None, max_seq_len: int | None = None,
-             given: bool = True, room: int | None = None, num_parents: int = 0) -> str:
-    """The one message of a run whose longest prompt plus generation budget (`need` positions)
-    do not fit: a checkpoint's `context`, or a from-scratch model's `max_seq_len`. What it
-    advises helps that task kind: shorter prompts and a lower sampler.max_new_tokens for a
-    host-scored task (its budget is a setting), fewer answers, no mutation prompts or
-    smaller problems for an in-graph task (its budget is the task's answer budget); a longer
-    context for a checkpoint, model.max_seq_len only for a model trained from scratch."""
-    floor = task.completion_len(num_answers)
-    if context is not None:
-        text = (f"the longest prompt ({need - budget} tokens) plus the answer budget ({budget} "
-                f"tokens) need {need} positions; the checkpoint {spec} was trained on {context}")
-        if task.is_host and not given and room is not None:
-            text += (f", and what the longest prompt leaves ({max(room, 0)}) is below the task's "
-                     f"answer budget ({floor} tokens): no budget fits")
-    else:
-        text = (f"model.max_seq_len: {max_seq_len} < {need}, the longest prompt ({need - budget} "
-                f"tokens) plus the answer budget ({budget} tokens)")
-    fixes = []
-    if task.is_host:
-        fixes.append("shorten the longest prompts")
-        if given and room is not None and room >= floor:
-            fixes.append(f"lower sampler.max_new_tokens to at most {room} (or leave it out to "
-                         "have it fitted)")
-        elif given and budget > floor:
-            fixes.append("lower sampler.max_new_tokens")
-    if num_answers > 1:
-        fixes.append(f"lower train.num_answers (now {num_answers})")
-    if not task.is_host:
-        if num_parents:
-            fixes.append("set train.mutation_fraction=0 (mutation prompts are the longer)")
-        fixes.append("give the task smaller problems (task_kwargs)")
-    if context is not None:
-        fixes.append("start from a checkpoint with a longer context")
-    else:
-        fixes.append(f"raise model.max_seq_len to at least {need} (or leave it out to have it "
-                     "fitted)")
-    return f"{text}. To fit: {'; or '.join(fixes)}"
 
 
 def source_of(model_spec: str | None) -> str | None:

@@ -47,7 +47,6 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
         raise ConfigError(f"train.mutation_fraction: task {task.name!r} has no in-graph "
                           "mutation prompts; set train.mutation_fraction=0")
     if prompt_len + run.sampler.max_new_tokens > run.model.max_seq_len:
-        from vpo.launch.rules import too_long  # the one message for every entry point
 
         parents = run.train.mutation_parents if run.train.mutation_fraction > 0 else 0
         raise ConfigError(too_long(task, run.train.num_answers,
@@ -61,3 +60,44 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
     if run.sampler.num_samples < 2:
         raise ConfigError("sampler.num_samples: group baselines need G >= 2 samples per prompt")
     check_memory(run, prompt_len, *device_memory())
+
+
+def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
+             context: int | None = None, spec: str | None = None, max_seq_len: int | None = None,
+             given: bool = True, room: int | None = None, num_parents: int = 0) -> str:
+    """The one message of a run whose longest prompt plus generation budget (`need` positions)
+    do not fit: a checkpoint's `context`, or a from-scratch model's `max_seq_len`. What it
+    advises helps that task kind: shorter prompts and a lower sampler.max_new_tokens for a
+    host-scored task (its budget is a setting), fewer answers, no mutation prompts or
+    smaller problems for an in-graph task (its budget is the task's answer budget); a longer
+    context for a checkpoint, model.max_seq_len only for a model trained from scratch."""
+    floor = task.completion_len(num_answers)
+    if context is not None:
+        text = (f"the longest prompt ({need - budget} tokens) plus the answer budget ({budget} "
+                f"tokens) need {need} positions; the checkpoint {spec} was trained on {context}")
+        if task.is_host and not given and room is not None:
+            text += (f", and what the longest prompt leaves ({max(room, 0)}) is below the task's "
+                     f"answer budget ({floor} tokens): no budget fits")
+    else:
+        text = (f"model.max_seq_len: {max_seq_len} < {need}, the longest prompt ({need - budget} "
+                f"tokens) plus the answer budget ({budget} tokens)")
+    fixes = []
+    if task.is_host:
+        fixes.append("shorten the longest prompts")
+        if given and room is not None and room >= floor:
+            fixes.append(f"lower sampler.max_new_tokens to at most {room} (or leave it out to "
+                         "have it fitted)")
+        elif given and budget > floor:
+            fixes.append("lower sampler.max_new_tokens")
+    if num_answers > 1:
+        fixes.append(f"lower train.num_answers (now {num_answers})")
+    if not task.is_host:
+        if num_parents:
+            fixes.append("set train.mutation_fraction=0 (mutation prompts are the longer)")
+        fixes.append("give the task smaller problems (task_kwargs)")
+    if context is not None:
+        fixes.append("start from a checkpoint with a longer context")
+    else:
+        fixes.append(f"raise model.max_seq_len to at least {need} (or leave it out to have it "
+                     "fitted)")
+    return f"{text}. To fit: {'; or '.join(fixes)}"
