@@ -1,4 +1,4 @@
-"""Tests for vpo.objectives: hand-computed values, algorithms.md §8 unit checks, invariances,
+"""Tests for vpo.objectives: hand-computed values, the papers' unit checks, invariances,
 exact micro-batch accumulation, jit == eager, and 8-device sharded == unsharded.
 
 Shapes are fixed (B=4, G=4, M=3, R=2, T=8) so jit compiles are shared across tests.

@@ -202,10 +202,12 @@ class CompareConfig:
 # -- presets -------------------------------------------------------------------------------------
 
 def paper_objective() -> ObjectiveConfig:
-    """VPO paper §1.6 (algorithms.md): PPO clip 0.2/0.2, dual clip 3, token-mean, k3 KL 1e-3,
-    K = 100 Dirichlet(α = 1) weights, no entropy bonus."""
-    return ObjectiveConfig(num_weights=100, alpha=1.0, clip_eps_low=0.2, clip_eps_high=0.2,
-                           dual_clip=3.0, kl_coef=1e-3, kl_estimator="k3", entropy_coef=0.0)
+    """The VPO paper's objective (Bahlous-Boldi et al., arXiv 2605.22817): its loss settings as
+    `vpo.objectives.VPO_PAPER_LOSS` holds them (PPO clip 0.2/0.2, dual clip 3, token-mean, k3
+    KL 1e-3, no entropy bonus) and K = 100 Dirichlet(α = 1) weights."""
+    from vpo.objectives import VPO_PAPER_LOSS  # jax: on first use
+
+    return ObjectiveConfig(num_weights=100, alpha=1.0, **VPO_PAPER_LOSS)
 
 
 FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,entropy_mask,grpo_mut,"
