@@ -342,8 +342,10 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
     head = headline(cfg, runs, evals, searches)
     ks, N = evals["ks"], cfg.eval_budget
     law = law_trajectories(runs)
+    kept = ("step", "grad_norm", *TREND_METRICS)  # what the report reads (the run folders hold all)
     train = {arm: [{"seed": r.seed, "dir": os.path.relpath(r.out_dir, out_dir),
-                    "metrics": r.metrics} for r in rs] for arm, rs in runs.items()}
+                    "metrics": [{k: row[k] for k in kept if k in row} for row in r.metrics]}
+                   for r in rs] for arm, rs in runs.items()}
     families = verdict_families(cfg, head, ks, law, searches, probes, train)
     laws = law_table(law)
     means = {}
