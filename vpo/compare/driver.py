@@ -68,11 +68,12 @@ from vpo.rl.step import model_of
 from vpo.search import ingraph
 from vpo.search.host import run_host_method
 
-# Seconds per token on 2 CPU cores, tiny policy, measured on the maze 5x5 quickstart (commit of
-# issue 16, load average ~7 from other jobs): an SFT row-token (demonstration building
-# included), an RL sample-token, an evaluation candidate-token and a search candidate-token
-# (mutation probe included); plus the fixed cost of one RL run (compile, checkpoints).
-_COST = {"sft": 1.6e-4, "rl": 5.0e-5, "eval": 2.0e-5, "search": 3.3e-5, "fixed_per_run": 6.0}
+# Seconds per token on 2 CPU cores, tiny policy, measured on the quickstart (7x7 mazes, 8 seeds x
+# GRPO / VPO) at commit 407630f, a cold compile cache, the machine loaded by other jobs: an SFT
+# row-token (demonstration building included), an RL sample-token, an evaluation
+# candidate-token and a search candidate-token (mutation probe included); plus the fixed cost of
+# one RL run (compile, checkpoints).
+_COST = {"sft": 4.0e-5, "rl": 1.8e-5, "eval": 4.8e-6, "search": 1.4e-5, "fixed_per_run": 6.0}
 
 
 def estimate_seconds(cfg: CompareConfig, task) -> dict[str, float]:
