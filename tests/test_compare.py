@@ -182,7 +182,7 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
                                                   len(search["problems"]))
     for arm in ("multi_rlvr", "vpo"):
         rows = s["train"][arm][0]["metrics"]
-        assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
+        assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["reward"]) for r in rows)
         traj = s["entropy_law"][arm]["trajectories"][0]
         assert traj["step"] == [0, 1, 2] and len(traj["score"]) == 3
     assert s["probe"] and set(s["probe"]["vpo"][0]) >= {"valid", "improve", "copy", "distinct"}
