@@ -32,8 +32,12 @@ def quiet_failed_reads() -> None:
     every other unraisable exception still reaches the previous hook), and orbax's own error
     logs (`_quiet_orbax_errors`)."""
     import sys
+    import warnings
 
     _quiet_orbax_errors()
+    # a failed write leaves orbax's per-array write coroutines unawaited at exit
+    warnings.filterwarnings("ignore", category=RuntimeWarning,
+                            message=r"coroutine 'async_serialize_from_host\..*' was never awaited")
     previous = sys.unraisablehook
     if getattr(previous, "_vpo_quiet", False):
         return
@@ -54,7 +58,9 @@ def _from_orbax(e: BaseException | None) -> bool:
         if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
             return True
         tb = tb.tb_next
-    return "tensorstore_spec" in str(e)
+    text = str(e)
+    return any(mark in text for mark in ("tensorstore_spec", "OCDBT database",
+                                         ".orbax-checkpoint-tmp"))
 
 
 def _quiet_orbax_errors() -> None:
@@ -70,7 +76,11 @@ def _quiet_orbax_errors() -> None:
         if f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
             return False
         exc = record.exc_info[1] if record.exc_info else None
-        return not (record.name == "asyncio" and _from_orbax(exc))
+        if record.name != "asyncio":
+            return True
+        # "Future exception was never retrieved": the exception on the record, or only in its
+        # text (a future failed by tensorstore carries no traceback into orbax)
+        return not (_from_orbax(exc) or _from_orbax(Exception(record.getMessage())))
 
     keep._vpo_quiet = True
     for name in ("absl", "asyncio"):
