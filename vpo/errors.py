@@ -17,3 +17,8 @@ class CheckpointWriteError(CheckpointError):
 class RewardError(ValueError):
     """A reward function failed or returned bad values; the message names the function, the
     dataset row and the value."""
+
+
+class EnvError(ValueError):
+    """An environment failed, hung or returned bad values; the message names the environment,
+    the call and the dataset row."""

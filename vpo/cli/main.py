@@ -291,9 +291,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _is_user_error(e: BaseException) -> bool:
     """The library's typed errors, file-system errors, and ValueErrors raised by vpo's own
     code (the innermost frame is in the package): what is wrong with the input, not a bug."""
-    from vpo.errors import CheckpointError, ConfigError, RewardError
+    from vpo.errors import CheckpointError, ConfigError, EnvError, RewardError
 
-    if isinstance(e, (ConfigError, CheckpointError, RewardError, OSError)):
+    if isinstance(e, (ConfigError, CheckpointError, EnvError, RewardError, OSError)):
         return True
     if isinstance(e, ValueError) and e.__traceback__ is not None:
         tb = e.__traceback__

@@ -455,6 +455,18 @@ class Decoder(nnx.Module):
             k, v = tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v)
         return h[:, 0], Prefix(k, v, mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
 
+    def extend_rows(self, tokens_BGS, prefix: Prefix, cache: KVCache, start, mask_BGSC,
+                    rope):
+        """`extend` with the attention mask and positions given per row: each continuation
+        writes its S new tokens at slots [start, start + S) of `cache` and attends to the slots
+        `mask_BGSC` marks (and to its prompt's prefix); `rope` is the (cos, sin) of each row's
+        own positions, [B, G, S, E] (`self.rope(positions_BGS)`). For continuations that do not
+        advance together (a multi-turn episode idles while others finish their turn): a slot
+        left out of the mask is never read, so positions need not equal slots. Returns
+        (hidden_BGSD, KVCache)."""
+        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope)
+        return h, KVCache(k, v)
+
     def __call__(self, tokens_BS, mask_BS=None):
         """Full causal forward → logits_BSV (float32)."""
         return self.logits(self.prefill(tokens_BS, mask_BS)[0])

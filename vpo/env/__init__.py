@@ -1,0 +1,1 @@
+"""Multi-turn environments: the interface, episodes with the KV cache kept, shipped environments."""

@@ -1,0 +1,149 @@
+"""The environment interface: multi-turn episodes scored with a reward vector.
+
+An episode is a chat. `reset(row)` gives its first messages; after each assistant message
+`step(messages)` answers with the observation messages (a tool's output, a user's reply) or
+`None` when the episode is over; `score(messages)` gives the episode's reward components in
+[0, 1] (`reward_names`, one value each, `None` where a component does not apply), whose
+weights `weights` are w*. One instance serves one episode at a time, created by the user's
+factory `make_env()` (as TRL's `environment_factory` creates one per rollout); its state
+lives on the instance.
+
+The shape follows what users already write: OpenEnv's reset/step API (reset → first
+observation, step(action) → observation or done), `verifiers`' MultiTurnEnv (an
+`env_response` after each assistant message, `is_completed` to end) with a Rubric of weighted
+reward functions (here the components and w*), and TRL's `environment_factory`. Every call is
+checked (`call_env`): an exception, a call past its timeout, or a return of the wrong shape
+or a non-finite reward is an `EnvError` naming the environment, the call and the dataset row.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from vpo.errors import ConfigError, EnvError
+
+Message = dict[str, Any]  # {"role": ..., "content": ...} as chat templates read them
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What `vpo train --env module.py:make_env` needs from `make_env()`'s return value."""
+
+    reward_names: Sequence[str]  # R component names
+    weights: Sequence[float]  # w*, R non-negative weights (normalised by vpo)
+
+    def reset(self, row: dict[str, Any]) -> list[Message]:
+        """Start an episode on a dataset row → its first messages (system / user)."""
+
+    def step(self, messages: list[Message]) -> list[Message] | None:
+        """The conversation so far, ending with the assistant's message → the observation
+        messages to append (role "tool" or "user"), or None when the episode is over."""
+
+    def score(self, messages: list[Message]) -> Sequence[float | None]:
+        """The finished conversation → R reward components in [0, 1] (None: does not apply)."""
+
+
+ENV_METHODS = ("reset", "step", "score")
+
+
+def load_env_factory(spec: str) -> Callable[[], Environment]:
+    """`MODULE:FACTORY` (MODULE dotted or a .py path) → the factory, after building one
+    environment and checking that it has reset / step / score, reward_names and weights."""
+    from vpo.tasks.reward_calls import load_callable  # the same module loading as --reward
+
+    module, sep, attr = spec.rpartition(":")
+    if not sep or not module or not attr:
+        raise ConfigError(f"--env {spec!r}: expected MODULE:FACTORY, e.g. my_env.py:make_env")
+    try:
+        factory = load_callable(spec)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--reward", "--env")) from None
+    check_environment(call_env(spec, "make_env", factory), spec)
+    return factory
+
+
+def check_environment(env: Any, where: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """(reward_names, weights) of `env`, or `EnvError` naming what it lacks."""
+    missing = [m for m in ENV_METHODS if not callable(getattr(env, m, None))]
+    if missing:
+        raise EnvError(f"{where}: the environment {type(env).__name__} lacks "
+                       f"{', '.join(missing)} (see vpo.env.base.Environment)")
+    names = tuple(getattr(env, "reward_names", ()) or ())
+    weights = tuple(getattr(env, "weights", ()) or ())
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise EnvError(f"{where}: reward_names must be a non-empty list of names, got "
+                       f"{names!r}")
+    if len(set(names)) != len(names):
+        raise EnvError(f"{where}: reward_names repeat a name: {names!r}")
+    if len(weights) != len(names) or not all(
+            isinstance(w, (int, float)) and math.isfinite(w) and w >= 0 for w in weights) or (
+            sum(weights) <= 0):
+        raise EnvError(f"{where}: weights must be {len(names)} finite non-negative numbers "
+                       f"(one per reward name, not all 0), got {weights!r}")
+    return names, tuple(float(w) for w in weights)
+
+
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpo-env")
+
+
+def call_env(where: str, call: str, fn: Callable[..., Any], *args,
+             timeout: float | None = None, row: int | None = None) -> Any:
+    """`fn(*args)`, with its failure as an `EnvError` naming `where` (the --env spec), the call
+    and the dataset row. With `timeout` (seconds) the call runs on a worker thread and a call
+    past it is an `EnvError` (the thread cannot be stopped: the run ends with the error)."""
+    at = f" on dataset row {row}" if row is not None else ""
+    try:
+        if timeout is None:
+            return fn(*args)
+        return _POOL.submit(fn, *args).result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        raise EnvError(f"{where}: {call}{at} took longer than {timeout:g} s (--env-timeout); "
+                       "make it faster or raise the timeout") from None
+    except EnvError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the user's code: any failure is named
+        raise EnvError(f"{where}: {call}{at} raised {type(e).__name__}: {e}") from e
+
+
+def check_messages(value: Any, where: str, call: str, row: int | None,
+                   allow_none: bool) -> list[Message] | None:
+    """`value` as a list of {"role", "content"} messages (None when `allow_none`), or an
+    `EnvError` naming the first bad item."""
+    at = f" on dataset row {row}" if row is not None else ""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise EnvError(f"{where}: {call}{at} must return a non-empty list of messages "
+                       f"({{'role': ..., 'content': ...}}){' or None' if allow_none else ''}, "
+                       f"got {type(value).__name__}: {str(value)[:80]}")
+    for i, m in enumerate(value):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise EnvError(f"{where}: {call}{at}: message {i} must be a dict with string "
+                           f"'role' and 'content', got {str(m)[:80]}")
+    return [dict(m) for m in value]
+
+
+def check_scores(value: Any, names: Sequence[str], where: str, row: int | None
+                 ) -> list[float | None]:
+    """`score`'s return as R values in [0, 1] or None, or an `EnvError` naming the component."""
+    at = f" on dataset row {row}" if row is not None else ""
+    if isinstance(value, dict):
+        value = [value.get(n) for n in names]
+    if not isinstance(value, (list, tuple)) or len(value) != len(names):
+        raise EnvError(f"{where}: score{at} must return {len(names)} values ({', '.join(names)})"
+                       f", got {str(value)[:80]}")
+    out: list[float | None] = []
+    for name, v in zip(names, value, strict=True):
+        if v is None:
+            out.append(None)
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+                not 0.0 <= v <= 1.0):
+            raise EnvError(f"{where}: score{at}: component {name!r} is {v!r}; each component "
+                           "must be a finite number in [0, 1] or None")
+        out.append(float(v))
+    return out
