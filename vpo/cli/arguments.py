@@ -171,6 +171,51 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help="seconds per reward call with --reward-workers")
 
 
+def add_env_args(p: argparse.ArgumentParser) -> None:
+    """`--env MODULE:FACTORY` and its episode settings (`vpo train`)."""
+    p.add_argument("--env", default=None, metavar="MODULE:FACTORY",
+                   help="train on a multi-turn environment: FACTORY() returns an environment "
+                   "with reset / step / score, reward_names and weights "
+                   "(vpo.env.base.Environment); rows from --data FILE or its problems(seed, n)")
+    p.add_argument("--env-turns", type=int, default=4,
+                   help="assistant messages per episode (default 4)")
+    p.add_argument("--env-timeout", type=float, default=None,
+                   help="seconds per environment call (default: none)")
+    p.add_argument("--env-set", type=int, default=1, help="VPO's m over episodes: the G "
+                   "episodes of a row form G/m sets of m (default 1: GRPO family)")
+
+
+def env_kwargs(args: argparse.Namespace) -> dict | None:
+    """task_kwargs of `--env MODULE:FACTORY [--data FILE]` (None without --env); paths made
+    absolute, so `--resume` finds them from any directory."""
+    from vpo.config import ConfigError
+
+    if not getattr(args, "env", None):
+        for flag, value, default in (("--env-turns", getattr(args, "env_turns", 4), 4),
+                                     ("--env-timeout", getattr(args, "env_timeout", None), None),
+                                     ("--env-set", getattr(args, "env_set", 1), 1)):
+            if value != default:
+                raise ConfigError(f"{flag} needs --env MODULE:FACTORY")
+        return None
+    for flag, given in (("--reward", args.reward), ("--weights", args.weights),
+                        ("--reward-range", args.reward_range),
+                        ("--reward-workers", args.reward_workers),
+                        ("--eval-fraction", getattr(args, "eval_fraction", None) is not None),
+                        ("--split-seed", getattr(args, "split_seed", None) is not None)):
+        if given:
+            raise ConfigError(f"{flag} with --env: an environment scores its episodes itself "
+                              "and trains on every row (its score method, reward_names and "
+                              "weights); drop " + flag)
+    module, _, factory = args.env.rpartition(":")
+    spec = f"{os.path.abspath(module)}:{factory}" if module.endswith(".py") else args.env
+    kw = {"env": spec, "max_turns": args.env_turns, "episodes_per_set": args.env_set}
+    if args.env_timeout is not None:
+        kw["timeout"] = args.env_timeout
+    if args.data:
+        kw["path"] = os.path.abspath(args.data)
+    return kw
+
+
 def add_split_args(p: argparse.ArgumentParser, *, eval_data: bool = False) -> None:
     """`--eval-fraction` and `--split-seed` (and, for `vpo compare`, `--eval-data`)."""
     if eval_data:

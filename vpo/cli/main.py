@@ -19,10 +19,12 @@ import sys
 
 from vpo.cli.arguments import (
     add_data_args,
+    add_env_args,
     add_split_args,
     check_args,
     check_fit,
     dataset_kwargs,
+    env_kwargs,
 )
 from vpo.cli.export import add_export_args, cmd_export
 from vpo.cli.plan import add_plan_args, cmd_plan
@@ -124,12 +126,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     sharding.initialize_distributed(sharding.DistributedConfig(
         enabled=args.distributed, coordinator=args.coordinator,
         num_processes=args.num_processes, process_id=args.process_id))
+    data = env_kwargs(args) or dataset_kwargs(args)
     parts = dict(preset=args.preset, config_file=args.config, overrides=args.overrides,
-                 init=args.init, dataset=dataset_kwargs(args), overwrite=args.overwrite)
+                 init=args.init, dataset=data, overwrite=args.overwrite)
     if args.resume:
         flags = tuple(flag for flag, given in (
             ("--preset", args.preset), ("--config", args.config), ("--init", args.init),
             ("--data", args.data), ("--reward", args.reward), ("--weights", args.weights),
+            ("--env", args.env),
             ("--eval-fraction", args.eval_fraction is not None),
             ("--split-seed", args.split_seed is not None))
             if given)
@@ -161,6 +165,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="a JSON RunConfig (e.g. a run's config.json)")
     p.add_argument("--init", default=None, help="policy folder to start from (vpo sft --out)")
     add_data_args(p)
+    add_env_args(p)
     add_split_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its "

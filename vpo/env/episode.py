@@ -183,7 +183,8 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                  top_p: float = 1.0, top_k: int = 0, max_tokens: int, max_turns: int,
                  reward_names: Sequence[str], where: str = "--env",
                  timeout: float | None = None, row_ids: Sequence[int] | None = None,
-                 slots: int | None = None) -> Episodes:
+                 slots: int | None = None,
+                 prompts: tuple[np.ndarray, np.ndarray] | None = None) -> Episodes:
     """Run B × G episodes (`envs[b][g]` on `rows[b]`) → `Episodes`.
 
     max_tokens: the token budget of an episode after its first messages (the assistant's and
@@ -192,7 +193,8 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     idles while others finish their turn, so a conversation may use fewer than max_tokens
     tokens before the slots run out (it is then cut off, `finished_BG` False).
     keys_BG: one key per episode. Every environment call goes through `call_env` (named
-    errors, `timeout`)."""
+    errors, `timeout`). prompts: (prompt_BP, mask_BP) already rendered from the rows' first
+    messages (the RL step's batch); default: rendered here from `reset`."""
     if max_turns < 1 or max_tokens < 1:
         raise ConfigError(f"env: max_turns and max_tokens must be >= 1, got {max_turns}, "
                           f"{max_tokens}")
@@ -200,7 +202,7 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     T, C = max_tokens, slots or 2 * max_tokens
     row_ids = list(range(B)) if row_ids is None else list(row_ids)
     messages: list[list[list[Message]]] = []
-    prompts = []
+    prompt_ids = []
     for b, row in enumerate(rows):
         first = [check_messages(call_env(where, "reset", env.reset, row, timeout=timeout,
                                          row=row_ids[b]), where, "reset", row_ids[b], False)
@@ -210,8 +212,12 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                            "messages to the episodes of one row; reset must depend on the row "
                            "only (the episodes share its prompt)")
         messages.append([list(f) for f in first])
-        prompts.append(tokenizer.prompt_ids(first[0]))
-    prompt_BP, prompt_mask_BP = left_pad(prompts, None, tokenizer.pad_id)
+        if prompts is None:
+            prompt_ids.append(tokenizer.prompt_ids(first[0]))
+    if prompts is None:
+        prompt_BP, prompt_mask_BP = left_pad(prompt_ids, None, tokenizer.pad_id)
+    else:
+        prompt_BP, prompt_mask_BP = prompts
     graphdef, params = nnx.split(model)
     carry = _start(graphdef, params, jnp.asarray(prompt_BP, jnp.int32),
                    jnp.asarray(prompt_mask_BP, bool), group=G, slots=C)

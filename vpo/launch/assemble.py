@@ -26,7 +26,7 @@ from vpo.launch import rules
 from vpo.launch.presets import PRESET_DATA, TRAIN_PRESETS, preset_dataset
 from vpo.model import lora
 from vpo.rl import run_folder
-from vpo.tasks import TASK_NAMES, make_task
+from vpo.tasks import TASK_NAMES
 from vpo.tasks.bound import BoundTask, bind
 
 # -- vpo train ----------------------------------------------------------------------------------
@@ -102,11 +102,13 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
     given = {key for key, _ in given_pairs}
     given |= {f"{section}.{key}" for section, fields in file_data.items()
               if isinstance(fields, dict) for key in fields}
-    if dataset is not None:
-        run = dataclasses.replace(run, task="dataset", task_kwargs=dataset)
+    if dataset is not None:  # --data, or --env (its task_kwargs name the environment)
+        run = dataclasses.replace(run, task="env" if "env" in dataset else "dataset",
+                                  task_kwargs=dataset)
     init_spec = init or init_spec
-    if run.task == "dataset" and init_spec is None:
-        raise ConfigError("--data: your text is read through a checkpoint's tokenizer; pass "
+    if run.task in ("dataset", "env") and init_spec is None:
+        flag = "--env" if run.task == "env" else "--data"
+        raise ConfigError(f"{flag}: your text is read through a checkpoint's tokenizer; pass "
                           "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
     model_fields = frozenset(file_data.get("model", {})) if "model" not in given else frozenset()
     plan = assemble_config(run, frozenset(given), init_spec=init_spec,
@@ -339,7 +341,7 @@ def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = (), *
     checkpoints hold the adapters, not the base). `data_changed_ok`: a --data file that
     changed since the run started is accepted (its new hash recorded) instead of refused."""
     run = run_folder.resume_config(out_dir, list(overrides), data_changed_ok=data_changed_ok)
-    task = bind(make_task(run.task, **run.task_kwargs), load_tokenizer(out_dir))
+    task = bind(rules.task_named(run.task, run.task_kwargs), load_tokenizer(out_dir))
     init_spec = None
     if run.model.lora_rank or not run_folder.has_checkpoint(out_dir):
         init_spec = run_folder.read_init(out_dir)

@@ -55,9 +55,22 @@ def tokenizer_for(task, model_spec: str | None = None):
     return task_word_tokenizer(task)
 
 
+def task_named(name: str, task_kwargs: dict | None = None):
+    """The task `name`: a built-in one (`vpo.tasks.make_task`), or "env", an environment
+    (`vpo.env.task.make_env_task`, task_kwargs {"env": "MODULE:FACTORY", ...})."""
+    if name == "env":
+        from vpo.env.task import make_env_task
+
+        try:
+            return make_env_task(**(task_kwargs or {}))
+        except TypeError as e:
+            raise ConfigError(f"task_kwargs for 'env': {e}") from None
+    return make_task(name, **(task_kwargs or {}))
+
+
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
-    """The built-in task `name` bound to the tokenizer of `model_spec` (`tokenizer_for`)."""
-    task = make_task(name, **(task_kwargs or {}))
+    """The task `name` (`task_named`) bound to the tokenizer of `model_spec` (`tokenizer_for`)."""
+    task = task_named(name, task_kwargs)
     return bind(task, tokenizer_for(task, model_spec))
 
 

@@ -25,11 +25,13 @@ import numpy as np
 from flax import nnx
 
 from vpo.config import ConfigError, RunConfig
+from vpo.env.task import is_env_task
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
 from vpo.rl.checks import check_run
+from vpo.rl.env_step import EnvRLStep, make_env_rl_step
 from vpo.rl.host_memory import compiled_on_first_call
 from vpo.rl.run_folder import (  # the run folder the loop writes
     CONFIG,
@@ -234,7 +236,9 @@ def _step_functions(run: _Run):
     """(the RL step, the sampling probe or None), each compiled ahead of its first call with
     the compiler's freed memory given back first."""
     cfg, tcfg = step_config(run.config, run.task), run.config.train
-    if run.task.is_host:
+    if is_env_task(run.task):  # episodes on the host: the update compiled on its first call
+        step_fn = make_env_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
+    elif run.task.is_host:
         step_fn = make_host_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
         step_fn = dataclasses.replace(step_fn, sample=compiled_on_first_call(step_fn.sample),
                                       update=compiled_on_first_call(step_fn.update))
@@ -305,8 +309,9 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                 if done is not None:
                     bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
                 if rollout is not None and sample_due(step):
-                    rows = sample_rows(task, run.records, batch, rollout, tcfg.num_answers,
-                                       rewards=rewards)
+                    rows = (step_fn.sample_rows(task) if isinstance(step_fn, EnvRLStep)
+                            else sample_rows(task, run.records, batch, rollout,
+                                             tcfg.num_answers, rewards=rewards))
                     samples.write(step + 1, rows)
                     logger.log_samples(step + 1, rows)
                     if rows and progress and bar_label is None and jax.process_index() == 0:
