@@ -9,6 +9,7 @@ import os
 import jax
 
 from vpo.config import ConfigError, RunConfig, check_memory
+from vpo.env.task import env_settings, is_env_task
 from vpo.kernels import hardware
 from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.tasks.bound import BoundTask
@@ -35,6 +36,8 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
         raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
                           f"{platform}; use 'chunked'")
     task.check_num_answers(run.train.num_answers)
+    if is_env_task(task):
+        check_env_run(run, env_settings(task.task).episodes_per_set)
     if run.model.vocab_size < task.tokenizer.size:
         raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
                           f"tokenizer's {task.tokenizer.size} tokens; raise it or use the "
@@ -101,3 +104,16 @@ def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
         fixes.append(f"raise model.max_seq_len to at least {need} (or leave it out to have it "
                      "fitted)")
     return f"{text}. To fit: {'; or '.join(fixes)}"
+
+
+def check_env_run(run, m: int) -> None:
+    """A run's (or a step's) config against its sets of m episodes (`vpo.rl.env_step`): G a
+    multiple of m, and an estimator over sets of answers (VPO, Multi-RLVR) only with m >= 2."""
+    G = run.sampler.num_samples
+    if G % m:
+        raise ConfigError(f"sampler.num_samples: {G} episodes per row do not split into sets "
+                          f"of episodes_per_set={m} (--env-set); use a multiple of {m}")
+    if m < 2 and run.objective.advantage in ("vpo", "multi_rlvr"):
+        raise ConfigError(f"objective.advantage={run.objective.advantage} scores sets of "
+                          "answers: give --env-set m >= 2 (task_kwargs.episodes_per_set: VPO's "
+                          "m over the episodes of one row), or a single-answer estimator (grpo)")

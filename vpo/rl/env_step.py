@@ -32,6 +32,7 @@ import numpy as np
 from vpo.config import ConfigError
 from vpo.env.episode import run_episodes
 from vpo.env.task import env_factory, env_settings
+from vpo.rl.checks import check_env_run
 from vpo.rl.step import HostRLStep, StepConfig, model_of, update_from_rollout
 from vpo.tasks.bound import BoundTask
 
@@ -80,10 +81,7 @@ def make_env_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) ->
     settings = env_settings(task.task)
     factory = env_factory(task)
     m = settings.episodes_per_set
-    if m < 2 and cfg.objective.advantage in ("vpo", "multi_rlvr"):
-        raise ConfigError(f"objective.advantage={cfg.objective.advantage} scores sets of "
-                          "answers: give task_kwargs.episodes_per_set >= 2 (VPO's m over "
-                          "episodes of one row), or choose a single-answer estimator (grpo)")
+    check_env_run(cfg, m)
     last: dict[str, Any] = {}
 
     def sample(state, batch):

@@ -1,0 +1,111 @@
+"""The environment step: VPO's sets of episodes, the shipped calculator environment, and
+`vpo train --env` end to end (GRPO and VPO, exact resume, bad settings named)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from vpo.env import calculator
+from vpo.objectives import vpo_advantages
+from vpo.rl.env_step import episode_sets
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_tied"
+
+
+def test_episode_sets_give_each_episode_its_sets_value():
+    """G = 4 episodes, m = 2: episodes (0, 1) and (2, 3) are sets; VPO's advantage of each
+    episode is its set's, and equals VPO over the G/m sets of m answers directly."""
+    rng = np.random.default_rng(0)
+    r_BGR = rng.uniform(size=(3, 4, 2)).astype(np.float32)
+    a_BGR = np.ones_like(r_BGR, bool)
+    rewards_BGMR, smask_BGM, applies = episode_sets(r_BGR, a_BGR, 2)
+    assert rewards_BGMR.shape == (3, 4, 2, 2) and smask_BGM.all() and applies.all()
+    np.testing.assert_array_equal(rewards_BGMR[:, 1], r_BGR[:, 0:2])
+    np.testing.assert_array_equal(rewards_BGMR[:, 2], r_BGR[:, 2:4])
+    w = jax.random.dirichlet(jax.random.key(1), np.ones(2), (3, 100))
+    adv_BG, _ = vpo_advantages(None, rewards_BGMR, smask_BGM, weights_BKR=w)
+    sets_BSMR = r_BGR.reshape(3, 2, 2, 2)
+    adv_BS, _ = vpo_advantages(None, sets_BSMR, np.ones((3, 2, 2), bool), weights_BKR=w)
+    adv_BG = np.asarray(adv_BG)
+    np.testing.assert_allclose(adv_BG[:, 0], adv_BG[:, 1])
+    np.testing.assert_allclose(adv_BG[:, ::2], np.asarray(adv_BS), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 3"):
+        episode_sets(r_BGR, a_BGR, 3)
+
+
+def test_calculator_scores_the_conflict():
+    env = calculator.make_env()
+    row = {"numbers": [3, 4, 5, 9], "target": 17}
+    env.reset(row)
+    said = [{"role": "assistant", "content": "calc: 3*4+5"}]
+    assert env.step(said) == [{"role": "tool", "content": "= 17"}]
+    said += [{"role": "tool", "content": "= 17"},
+             {"role": "assistant", "content": "answer: 3*4+5"}]
+    assert env.step(said) is None
+    assert env.score(said) == pytest.approx([1.0, 1.0, 2 / 3])  # right, but one call paid
+    env.reset(row)
+    assert env.score([{"role": "assistant", "content": "answer: 17"}]) == [1.0, 0.0, 1.0]
+    assert env.score([{"role": "assistant", "content": "answer: 9+9-1"}]) == [1.0, 0.0, 1.0]
+    assert calculator.evaluate("__import__('os')") == (None, [])
+    rows = env.problems(0, 20)
+    assert len(rows) == 20 and all(len(r["numbers"]) == 4 for r in rows)
+
+
+def _train(out, *extra, env="vpo.env.calculator:make_env"):
+    cmd = [sys.executable, "-m", "vpo.cli.main", "train", "--env", env,
+           f"model=hf:{FIXTURE}", "train.batch_size=2", "sampler.num_samples=4",
+           "sampler.max_new_tokens=24", "train.checkpoint_every=1", "--out", str(out),
+           "--compile-cache", jax.config.jax_compilation_cache_dir or "", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+
+
+def _rows(out):
+    return [json.loads(line) for line in (pathlib.Path(out) / "metrics.jsonl").open()]
+
+
+@pytest.mark.slow
+def test_train_on_an_environment_resumes_exactly(tmp_path):
+    """GRPO on the calculator: 3 straight steps equal 2 steps then --resume to 3 (the same
+    episodes, rewards and loss); the metrics carry the episodes' turns; VPO runs over sets
+    of 2 episodes."""
+    straight = _train(tmp_path / "a", "train.steps=3")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    part = _train(tmp_path / "b", "train.steps=2")
+    assert part.returncode == 0, part.stderr[-2000:]
+    resumed = subprocess.run([sys.executable, "-m", "vpo.cli.main", "train", "--out",
+                              str(tmp_path / "b"), "--resume", "train.steps=3"],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    for key in ("reward", "loss", "env/turns", "reward/hit", "reward/few_calls"):
+        assert [r[key] for r in a] == [r[key] for r in b], key
+    assert all(r["env/turns"] >= 1 for r in a)
+    vpo = _train(tmp_path / "v", "train.steps=1", "objective.advantage=vpo", "--env-set", "2")
+    assert vpo.returncode == 0, vpo.stderr[-2000:]
+    sample = json.loads((tmp_path / "v" / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["messages"][0]["role"] == "user" and "turns" in sample
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["objective.advantage=vpo"], "--env-set m >= 2"),
+    (["--reward", "r.py:f"], "--reward with --env"),
+    (["--env-set", "3"], "multiple of 3"),
+])
+def test_bad_environment_settings_are_named(tmp_path, extra, words):
+    r = _train(tmp_path / "x", "train.steps=1", *extra)
+    assert r.returncode == 2 and words in r.stderr, r.stderr[-1500:]
+
+
+def test_an_environment_that_cannot_be_loaded_is_named(tmp_path):
+    bad = tmp_path / "env.py"
+    bad.write_text("def make_env():\n    return object()\n")
+    r = _train(tmp_path / "x", "train.steps=1", env=f"{bad}:make_env")
+    assert r.returncode == 2 and "lacks reset, step, score" in r.stderr, r.stderr[-1500:]
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
