@@ -81,7 +81,8 @@ def test_train_on_an_environment_resumes_exactly(tmp_path):
     assert part.returncode == 0, part.stderr[-2000:]
     resumed = subprocess.run([sys.executable, "-m", "vpo.cli.main", "train", "--out",
                               str(tmp_path / "b"), "--resume", "train.steps=3"],
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
     for key in ("reward", "loss", "env/turns", "reward/hit", "reward/few_calls"):
@@ -109,3 +110,21 @@ def test_an_environment_that_cannot_be_loaded_is_named(tmp_path):
     r = _train(tmp_path / "x", "train.steps=1", env=f"{bad}:make_env")
     assert r.returncode == 2 and "lacks reset, step, score" in r.stderr, r.stderr[-1500:]
     assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+def test_retrieval_needs_two_hops_and_scores_the_conflict():
+    from vpo.env import retrieval
+
+    env = retrieval.make_env()
+    person = env.problems(0, 1)[0]["person"]
+    city, country = env.facts[person]
+    assert env.reset({"person": person})[0]["content"].startswith("In which country")
+    first = env.step([{"role": "assistant", "content": f"search: {person}"}])
+    assert f"{person} was born in {city}." in first[0]["content"] and first[0]["role"] == "tool"
+    second = env.step([{"role": "assistant", "content": f"search: {city} city"}])
+    assert f"{city} is a city in {country}." in second[0]["content"]
+    final = [{"role": "assistant", "content": f"{city}, so\nanswer: {country}"}]
+    assert env.step(final) is None
+    assert env.score(final) == pytest.approx([1.0, 1.0, 1 / 3])
+    env.reset({"person": person})  # a guess without searching: cheap, unbridged
+    assert env.score([{"role": "assistant", "content": "answer: nowhere"}]) == [0.0, 0.0, 1.0]
