@@ -254,8 +254,9 @@ PRESETS: dict[str, CompareConfig] = {
     # format, not coverage). Primary claims on cover@12 (both targets among 12 candidates) and
     # pass@12; 8 paired seeds (Holm over three claims can decide from 7); G = 8; KL to the warm
     # start (k3, 1e-3) in the loss and logged every step. 30 steps x 2 prompts x G = 8 per run:
-    # at 40 x 4 x 8 one RL step took ~37 s on 2 loaded CPU cores (~7 h for the 16 runs). The GPU / TPU recipe adds
-    # arms=grpo,multi_rlvr,vpo and, for a bigger model, init=hf:<checkpoint> devices=-1.
+    # at 40 x 4 x 8 one RL step took ~37 s on 2 loaded CPU cores (~7 h for the 16 runs). The
+    # GPU / TPU recipe adds arms=grpo,multi_rlvr,vpo and, for a bigger model,
+    # init=hf:<checkpoint> devices=-1.
     "smollm": CompareConfig(
         task="countdown2", init="smollm2", lora_rank=8, arms="grpo,vpo",
         primary="vpo-grpo:cover,vpo-grpo:pass,vpo-warm:cover",

@@ -16,7 +16,7 @@ episode is over:
 
 Episodes advance in lock step over cache slots but not over positions: a slot where an
 episode idled (its turn over, another's still running) is left out of its attention mask and
-its rotary position is its own count of real tokens (`Decoder.extend_rows`), so an episode's
+its rotary position is its own count of real tokens (`Decoder.extend_masked`), so an episode's
 tokens are computed exactly as if they were contiguous. `Episodes.rollout` holds them
 contiguous ([B, G, T], T the token budget per episode), `mask_BGT` on the assistant's tokens
 only: the update recomputes log-probs over the whole conversation (observations included, as
@@ -115,7 +115,7 @@ def _advance(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG, keys_BG
 
         valid = write(c.valid_BGC, real)
         rope = model.rope(c.prefix.length_B[:, None, None] + c.pos_BG[:, :, None])
-        hidden, cache = model.extend_rows(tok[:, :, None], c.prefix, c.cache, c.t,
+        hidden, cache = model.extend_masked(tok[:, :, None], c.prefix, c.cache, c.t,
                                           valid[:, :, None, :], rope)
         logits = jnp.where(real[..., None], model.logits(hidden[:, :, 0]), c.logits_BGV)
         pos = c.pos_BG + real

@@ -455,8 +455,8 @@ class Decoder(nnx.Module):
             k, v = tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v)
         return h[:, 0], Prefix(k, v, mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
 
-    def extend_rows(self, tokens_BGS, prefix: Prefix, cache: KVCache, start, mask_BGSC,
-                    rope):
+    def extend_masked(self, tokens_BGS, prefix: Prefix, cache: KVCache, start, mask_BGSC,
+                      rope):
         """`extend` with the attention mask and positions given per row: each continuation
         writes its S new tokens at slots [start, start + S) of `cache` and attends to the slots
         `mask_BGSC` marks (and to its prompt's prefix); `rope` is the (cos, sin) of each row's
