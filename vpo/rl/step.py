@@ -279,7 +279,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
 
     data = dict(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP,
                 tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
-                mask_BGT=loss_mask_BGT, adv_BG=adv_BG)
+                mask_BGT=loss_mask_BGT, real_BGT=rollout.mask_BGT, adv_BG=adv_BG)
     ref = None
     if state.ref_params is not None:
         ref = nnx.merge(graphdef, state.ref_params)
@@ -296,7 +296,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
                                     mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
                                     impl=tcfg.logprob_impl, remat=tcfg.remat)
-        return objectives.policy_loss(
+        loss, metrics = objectives.policy_loss(
             logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
             ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
             clip_eps_low=ocfg.clip_eps_low, clip_eps_high=ocfg.clip_eps_high,
@@ -307,6 +307,9 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             clip_cov_ratio=ocfg.clip_cov_ratio, clip_cov_lb=ocfg.clip_cov_lb,
             clip_cov_ub=ocfg.clip_cov_ub, kl_cov_ratio=ocfg.kl_cov_ratio,
             kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
+        metrics.update(mismatch_sums(jax.lax.stop_gradient(logp), mb["old_logp_BGT"],
+                                     mb["real_BGT"]))
+        return loss, metrics
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
@@ -330,7 +333,9 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             zeros = jax.tree.map(jnp.zeros_like, params)
             grads, (losses, metrics) = jax.lax.scan(micro, zeros, (micros, keys))
         loss = jnp.sum(losses)  # micro-batch losses sum to the minibatch loss
+        sums = {k: metrics.pop(k) for k in MISMATCH_SUMS}
         metrics = jax.tree.map(jnp.mean, metrics)
+        metrics.update(combine_mismatch(sums))
         metrics["loss"] = loss
         finite = jnp.isfinite(loss) & all_finite(grads)
         params, opt_state = update_if(finite, tx, grads, opt_state, params)
@@ -346,7 +351,10 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     (params, opt_state, skipped), upd_metrics = jax.lax.scan(
         epoch, (state.params, state.opt_state, jnp.int32(0)),
         jax.random.split(k_perm, tcfg.ppo_epochs))
+    # the first minibatch of the first epoch ran with the sampling parameters
+    on_policy = {k: upd_metrics.pop(k)[0, 0] for k in MISMATCH_SUMS}
     metrics = jax.tree.map(jnp.mean, upd_metrics)
+    metrics.update(mismatch_metrics(on_policy))
     metrics.update(adv_metrics)
     metrics.update(sampled_metrics)
     valid_BG = jnp.broadcast_to(valid_B[:, None], adv_BG.shape)
@@ -363,6 +371,58 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     metrics["lr"] = make_schedule(tcfg)(state.step * tcfg.updates_per_step)
     new_state = state._replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
+
+
+MISMATCH_SUMS = ("mismatch_k3_sum", "mismatch_tokens", "mismatch_max_abs_logp")
+
+
+def mismatch_sums(logp_BGT, sampler_logp_BGT, real_BGT) -> dict[str, jax.Array]:
+    """Sums behind the rollout/trainer mismatch of one micro-batch (`mismatch_metrics`):
+    Σ k3, the token count and max |Δ log p| over the real tokens (`real_BGT`), with
+    Δ = log π_train(y) − log π_sample(y) and k3 = e^Δ − 1 − Δ, evaluated as Δ²/2·(1 + Δ/3)
+    for |Δ| < 1e-3 (where the float32 difference would cancel to 0)."""
+    delta_BGT = jnp.where(real_BGT, logp_BGT - sampler_logp_BGT, 0.0)
+    small = jnp.abs(delta_BGT) < 1e-3
+    k3_BGT = jnp.where(small, 0.5 * delta_BGT**2 * (1.0 + delta_BGT / 3.0),
+                       jnp.expm1(jnp.where(small, 0.0, delta_BGT)) - delta_BGT)
+    return {"mismatch_k3_sum": jnp.sum(jnp.where(real_BGT, k3_BGT, 0.0)),
+            "mismatch_tokens": jnp.sum(real_BGT, dtype=jnp.float32),
+            "mismatch_max_abs_logp": jnp.max(jnp.abs(delta_BGT))}
+
+
+def combine_mismatch(sums_X: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """`mismatch_sums` of X micro-batches → those of their union (sums add, the max is max)."""
+    return {"mismatch_k3_sum": jnp.sum(sums_X["mismatch_k3_sum"]),
+            "mismatch_tokens": jnp.sum(sums_X["mismatch_tokens"]),
+            "mismatch_max_abs_logp": jnp.max(sums_X["mismatch_max_abs_logp"])}
+
+
+def mismatch_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The sampler/trainer mismatch on the same tokens, logged every step.
+
+    With y drawn by the sampler, Δ = log π_train(y) − log π_sample(y), where π_sample is the
+    sampler's temperature-1 log-prob recorded while decoding (`Rollout.logp_BGT`, the PPO
+    old_logp) and π_train the training forward's at the same parameters:
+
+        rollout/mismatch_kl            = mean_y k3,  k3 = e^Δ − 1 − Δ ≥ 0
+        rollout/mismatch_max_abs_logp  = max_y |Δ|
+        rollout/mismatch_tokens        = the number of tokens y averaged over
+
+    k3 (Schulman 2020, "Approximating KL divergence") is an unbiased, low-variance estimate of
+    KL(π_sample ‖ π_train) when y ~ π_sample at temperature 1 without top-k / top-p; under
+    other sampler settings it is a mismatch measure on the sampled tokens, not a KL.
+
+    Tokens covered: every real completion token (`Rollout.mask_BGT`, padding excluded; groups
+    dropped by dynamic sampling or masked as overlong included) of the first minibatch of the
+    first PPO epoch: the only forward that runs at the sampling parameters, so it costs nothing
+    extra. The minibatch is a uniformly random 1/num_minibatches of the step's prompt groups
+    (all of them when num_minibatches = 1): the mean is an unbiased estimate of the batch's,
+    the max a lower bound on it.
+    """
+    n = sums["mismatch_tokens"]
+    return {"rollout/mismatch_kl": sums["mismatch_k3_sum"] / jnp.maximum(n, 1.0),
+            "rollout/mismatch_max_abs_logp": sums["mismatch_max_abs_logp"],
+            "rollout/mismatch_tokens": n}
 
 
 def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM,
