@@ -44,6 +44,7 @@ from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
+from vpo.rl import packing
 from vpo.rollout import rewards as rewards_lib
 from vpo.rollout.sampler import generate
 from vpo.tasks.bound import BoundTask
@@ -188,8 +189,13 @@ def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     Each prompt is prefilled once and its G completions attend to the shared prefix, exactly as
     the sampler computed them. `remat`: blocks recomputed in the backward pass (`Decoder.prefill`).
     """
-    B, G, T = tokens_BGT.shape
     hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
+    return _padded_hidden(model, hidden_BPD, prefix, tokens_BGT, remat)
+
+
+def _padded_hidden(model: Decoder, hidden_BPD, prefix, tokens_BGT, remat: bool):
+    """`completion_hidden` after the prefill: every completion over all T positions."""
+    B, G, T = tokens_BGT.shape
     first_BG1D = jnp.broadcast_to(hidden_BPD[:, None, -1:], (B, G, 1, hidden_BPD.shape[-1]))
     if T == 1:
         return first_BG1D
@@ -197,9 +203,25 @@ def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     return jnp.concatenate([first_BG1D, hidden_BGSD], axis=2)
 
 
+def token_logp_entropy(model: Decoder, hidden_ND, targets_N, *, vocab_block: int = 4096,
+                       impl: str = "chunked", platform: str | None = None):
+    """Log-prob of `targets_N` and entropy under the LM head from final hidden states →
+    (logp_N, entropy_N), through the kernel `impl` picks (see `completion_logp`)."""
+    platform = model.platform if platform is None else platform
+    w_DV = unembedding_DV(model)
+    block_v = min(vocab_block, w_DV.shape[1])
+    if impl == "pallas":
+        return logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N, platform=platform)
+    if impl == "reference" or block_v == w_DV.shape[1]:
+        return logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N,
+                                                     platform=platform)
+    return logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v=block_v,
+                                               platform=platform)
+
+
 def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
                     vocab_block: int = 4096, impl: str = "chunked", remat: bool = False,
-                    platform: str | None = None):
+                    platform: str | None = None, real_BGT=None, pack_rows: int = 0):
     """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
 
     Computed from the hidden states in vocabulary tiles of `vocab_block` columns
@@ -211,24 +233,56 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     platform; `impl="reference"` always materialises all the logits (the definition; a
     baseline for benchmarks). `remat`: the decoder blocks are recomputed in the backward pass
     (`TrainConfig.remat`). `platform`: the target (None: `model.platform`).
+
+    `pack_rows` R > 0 (`TrainConfig.pack_rows`) with `real_BGT` (True on real tokens): each
+    prompt's completions are packed into R rows of T − 1 slots (`vpo.rl.packing`), so the
+    decoder and the kernel run over B·(G + R·(T − 1)) tokens instead of B·G·T. Values are the
+    padded layout's up to each completion's last real token and 0 after it. When some prompt's
+    completions need more than R rows, the whole call takes the padded path instead
+    (`lax.cond`: one of the two runs), so no token is ever dropped.
     """
-    platform = model.platform if platform is None else platform
     B, G, T = tokens_BGT.shape
-    hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT, remat=remat)
-    hidden_ND = hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1])
-    w_DV, targets_N = unembedding_DV(model), tokens_BGT.reshape(-1)
-    block_v = min(vocab_block, w_DV.shape[1])
-    if impl == "pallas":
-        logp_N, entropy_N = logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N,
-                                                        platform=platform)
-    elif impl == "reference" or block_v == w_DV.shape[1]:
-        logp_N, entropy_N = logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N,
-                                                                  platform=platform)
-    else:
-        logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N,
-                                                                block_v=block_v,
-                                                                platform=platform)
-    return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
+    kernel = functools.partial(token_logp_entropy, model, vocab_block=vocab_block, impl=impl,
+                               platform=platform)
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
+
+    def padded():
+        hidden_BGTD = _padded_hidden(model, hidden_BPD, prefix, tokens_BGT, remat)
+        logp_N, entropy_N = kernel(hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1]),
+                                   tokens_BGT.reshape(-1))
+        return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
+
+    if pack_rows == 0 or T == 1:
+        return padded()
+    if real_BGT is None:
+        raise ValueError("pack_rows > 0 needs real_BGT, the mask of real completion tokens")
+    plan = packing.plan_rows(real_BGT)
+
+    def packed():
+        return _packed_logp(model, hidden_BPD, prefix, tokens_BGT, plan, pack_rows, kernel,
+                            remat)
+
+    return jax.lax.cond(plan.fits(pack_rows), packed, padded)
+
+
+def _packed_logp(model: Decoder, hidden_BPD, prefix, tokens_BGT, plan, rows: int, kernel,
+                 remat: bool):
+    """`completion_logp` over packed rows: the first token of every completion from the
+    prompt's last state, the rest from the packed segments, all through one kernel call."""
+    B, G, T = tokens_BGT.shape
+    D = hidden_BPD.shape[-1]
+    inputs_BRW, targets_BRW, segment_BRW = packing.pack(tokens_BGT, plan, rows)
+    hidden_BRWD, _ = model.extend(inputs_BRW, prefix, remat=remat, segment_ids_BGS=segment_BRW)
+    first_ND = jnp.broadcast_to(hidden_BPD[:, None, -1], (B, G, D)).reshape(B * G, D)
+    hidden_ND = jnp.concatenate([first_ND, hidden_BRWD.reshape(-1, D)], axis=0)
+    targets_N = jnp.concatenate([tokens_BGT[:, :, 0].reshape(-1), targets_BRW.reshape(-1)])
+    logp_N, entropy_N = kernel(hidden_ND, targets_N)
+
+    def unpacked(x_N):
+        return packing.unpack(x_N[B * G:].reshape(targets_BRW.shape), x_N[:B * G].reshape(B, G),
+                              plan)
+
+    return unpacked(logp_N), unpacked(entropy_N)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,13 +343,15 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
             ref, prompt_BP, prompt_mask_BP, rollout.tokens_BGT,
             vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl,
-            platform=model_of(graphdef, state).platform)[0])
+            platform=model_of(graphdef, state).platform, real_BGT=rollout.mask_BGT,
+            pack_rows=tcfg.pack_rows)[0])
 
     def micro_loss(params, mb, den, key):
         model = lora_lib.merge(graphdef, params, state.frozen)
         logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
                                     mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
-                                    impl=tcfg.logprob_impl, remat=tcfg.remat)
+                                    impl=tcfg.logprob_impl, remat=tcfg.remat,
+                                    real_BGT=mb["real_BGT"], pack_rows=tcfg.pack_rows)
         loss, metrics = objectives.policy_loss(
             logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
             ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
@@ -309,6 +365,10 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
         metrics.update(mismatch_sums(jax.lax.stop_gradient(logp), mb["old_logp_BGT"],
                                      mb["real_BGT"]))
+        if tcfg.pack_rows:  # the plan `completion_logp` made (the same values, computed once)
+            plan = packing.plan_rows(mb["real_BGT"])
+            metrics["pack/packed"] = plan.fits(tcfg.pack_rows).astype(jnp.float32)
+            metrics["pack/rows_needed"] = jnp.max(plan.rows_needed_B).astype(jnp.float32)
         return loss, metrics
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
