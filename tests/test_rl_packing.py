@@ -139,3 +139,23 @@ def test_pack_rows_must_be_below_num_samples():
     with pytest.raises(ConfigError, match="train.pack_rows"):
         RunConfig(sampler=SamplerConfig(num_samples=4), train=TrainConfig(pack_rows=4))
     RunConfig(sampler=SamplerConfig(num_samples=4), train=TrainConfig(pack_rows=3))
+
+
+@pytest.mark.slow  # ~45 s cold (two RL step compiles), ~9 s from the compile cache
+def test_rl_step_with_packing_matches_padded():
+    """Whole RL steps (bandit, test_rl_step.py's shapes) with train.pack_rows: the same updates
+    as the padded step to float tolerance, whichever path each micro-batch took."""
+    from test_rl_step import compact_bandit, run_config, run_steps
+
+    task = compact_bandit()
+    state_pad, hist_pad = run_steps(task, run_config(task, steps=2), 2)
+    state_pack, hist_pack = run_steps(task, run_config(task, steps=2, pack_rows=7), 2)
+    for m_pad, m_pack in zip(hist_pad, hist_pack, strict=True):
+        np.testing.assert_allclose(m_pack["loss"], m_pad["loss"], rtol=1e-4, atol=1e-6)
+        assert m_pack["rollout/mismatch_max_abs_logp"] < 1e-4
+    print("pack/packed", [float(m["pack/packed"]) for m in hist_pack],
+          "pack/rows_needed", [float(m["pack/rows_needed"]) for m in hist_pack])
+    assert any(m["pack/packed"] > 0 for m in hist_pack)
+    for a, b in zip(jax.tree.leaves(state_pack.params), jax.tree.leaves(state_pad.params),
+                    strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
