@@ -80,8 +80,13 @@ def _loss(model_of, params, inputs, real, pack_rows, c_BGT):
     """policy_loss on the log-probs (token-mean over the real tokens, off-policy ratios and a
     KL and entropy term so every path carries a gradient) → (loss, (logp, entropy))."""
     prompt_BP, mask_BP, tokens_BGT = inputs
-    logp, ent = train_lib.completion_logp(model_of(params), prompt_BP, mask_BP, tokens_BGT,
-                                          real_BGT=real, pack_rows=pack_rows, vocab_block=16)
+    if pack_rows:  # what the update differentiates (the fallback is chosen around the grad)
+        logp, ent = train_lib.packed_completion_logp(
+            model_of(params), prompt_BP, mask_BP, tokens_BGT, packing.plan_rows(real),
+            pack_rows, vocab_block=16)
+    else:
+        logp, ent = train_lib.completion_logp(model_of(params), prompt_BP, mask_BP, tokens_BGT,
+                                              vocab_block=16)
     adv_BG = jnp.linspace(-1.0, 1.0, B * G).reshape(B, G)
     loss, _ = objectives.policy_loss(
         logp, jax.lax.stop_gradient(logp) + 0.1 * c_BGT, adv_BG, real,

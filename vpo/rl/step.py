@@ -234,49 +234,53 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     baseline for benchmarks). `remat`: the decoder blocks are recomputed in the backward pass
     (`TrainConfig.remat`). `platform`: the target (None: `model.platform`).
 
-    `pack_rows` R > 0 (`TrainConfig.pack_rows`) with `real_BGT` (True on real tokens): each
-    prompt's completions are packed into R rows of T − 1 slots (`vpo.rl.packing`), so the
-    decoder and the kernel run over B·(G + R·(T − 1)) tokens instead of B·G·T. Values are the
-    padded layout's up to each completion's last real token and 0 after it. When some prompt's
-    completions need more than R rows, the whole call takes the padded path instead
-    (`lax.cond`: one of the two runs), so no token is ever dropped.
+    `pack_rows` R > 0 with `real_BGT` (True on real tokens): `packed_completion_logp` when
+    every prompt's completions fit R rows, the padded layout otherwise (`lax.cond`: one of the
+    two runs), so no token is ever dropped. For a forward pass; a differentiated one puts the
+    choice around the gradient instead (`update_from_rollout`): under `jax.grad` a `lax.cond`
+    carries both branches' residuals, the padded one's zero-filled.
     """
     B, G, T = tokens_BGT.shape
-    kernel = functools.partial(token_logp_entropy, model, vocab_block=vocab_block, impl=impl,
-                               platform=platform)
-    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
-
-    def padded():
-        hidden_BGTD = _padded_hidden(model, hidden_BPD, prefix, tokens_BGT, remat)
-        logp_N, entropy_N = kernel(hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1]),
-                                   tokens_BGT.reshape(-1))
-        return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
-
+    kw = dict(vocab_block=vocab_block, impl=impl, remat=remat, platform=platform)
     if pack_rows == 0 or T == 1:
-        return padded()
+        hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT,
+                                        remat=remat)
+        logp_N, entropy_N = token_logp_entropy(
+            model, hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1]),
+            tokens_BGT.reshape(-1), vocab_block=vocab_block, impl=impl, platform=platform)
+        return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
     if real_BGT is None:
         raise ValueError("pack_rows > 0 needs real_BGT, the mask of real completion tokens")
     plan = packing.plan_rows(real_BGT)
+    return jax.lax.cond(
+        plan.fits(pack_rows),
+        lambda: packed_completion_logp(model, prompt_BP, prompt_mask_BP, tokens_BGT, plan,
+                                       pack_rows, **kw),
+        lambda: completion_logp(model, prompt_BP, prompt_mask_BP, tokens_BGT, **kw))
 
-    def packed():
-        return _packed_logp(model, hidden_BPD, prefix, tokens_BGT, plan, pack_rows, kernel,
-                            remat)
 
-    return jax.lax.cond(plan.fits(pack_rows), packed, padded)
+def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT,
+                           plan: packing.PackPlan, rows: int, *, vocab_block: int = 4096,
+                           impl: str = "chunked", remat: bool = False,
+                           platform: str | None = None):
+    """`completion_logp` with each prompt's completions packed into `rows` rows of T − 1
+    slots (`vpo.rl.packing`; `plan.fits(rows)` must hold: segments beyond are left out).
 
-
-def _packed_logp(model: Decoder, hidden_BPD, prefix, tokens_BGT, plan, rows: int, kernel,
-                 remat: bool):
-    """`completion_logp` over packed rows: the first token of every completion from the
-    prompt's last state, the rest from the packed segments, all through one kernel call."""
+    The first token of every completion is predicted from the prompt's last state, the rest
+    from the packed segments (`Decoder.extend(segment_ids_BGS=...)`), all through one kernel
+    call over B·(G + R·(T − 1)) tokens instead of B·G·T. Values equal the padded layout's up
+    to each completion's last real token; 0 after it.
+    """
     B, G, T = tokens_BGT.shape
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
     D = hidden_BPD.shape[-1]
     inputs_BRW, targets_BRW, segment_BRW = packing.pack(tokens_BGT, plan, rows)
     hidden_BRWD, _ = model.extend(inputs_BRW, prefix, remat=remat, segment_ids_BGS=segment_BRW)
     first_ND = jnp.broadcast_to(hidden_BPD[:, None, -1], (B, G, D)).reshape(B * G, D)
     hidden_ND = jnp.concatenate([first_ND, hidden_BRWD.reshape(-1, D)], axis=0)
     targets_N = jnp.concatenate([tokens_BGT[:, :, 0].reshape(-1), targets_BRW.reshape(-1)])
-    logp_N, entropy_N = kernel(hidden_ND, targets_N)
+    logp_N, entropy_N = token_logp_entropy(model, hidden_ND, targets_N, vocab_block=vocab_block,
+                                           impl=impl, platform=platform)
 
     def unpacked(x_N):
         return packing.unpack(x_N[B * G:].reshape(targets_BRW.shape), x_N[:B * G].reshape(B, G),
@@ -346,12 +350,14 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             platform=model_of(graphdef, state).platform, real_BGT=rollout.mask_BGT,
             pack_rows=tcfg.pack_rows)[0])
 
-    def micro_loss(params, mb, den, key):
+    def micro_loss(params, mb, den, key, plan=None):
         model = lora_lib.merge(graphdef, params, state.frozen)
-        logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
-                                    mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
-                                    impl=tcfg.logprob_impl, remat=tcfg.remat,
-                                    real_BGT=mb["real_BGT"], pack_rows=tcfg.pack_rows)
+        args = (model, mb["prompt_BP"], mb["prompt_mask_BP"], mb["tokens_BGT"])
+        kw = dict(vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl, remat=tcfg.remat)
+        if plan is None:
+            logp, ent = completion_logp(*args, **kw)
+        else:
+            logp, ent = packed_completion_logp(*args, plan, tcfg.pack_rows, **kw)
         loss, metrics = objectives.policy_loss(
             logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
             ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
@@ -365,13 +371,24 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
         metrics.update(mismatch_sums(jax.lax.stop_gradient(logp), mb["old_logp_BGT"],
                                      mb["real_BGT"]))
-        if tcfg.pack_rows:  # the plan `completion_logp` made (the same values, computed once)
-            plan = packing.plan_rows(mb["real_BGT"])
-            metrics["pack/packed"] = plan.fits(tcfg.pack_rows).astype(jnp.float32)
-            metrics["pack/rows_needed"] = jnp.max(plan.rows_needed_B).astype(jnp.float32)
         return loss, metrics
 
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    loss_grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def grad_fn(params, mb, den, key):
+        """The micro-batch's loss and gradient, packed when its completions fit
+        `train.pack_rows` rows per prompt, else padded (the choice around the whole gradient:
+        see `completion_logp`)."""
+        if not tcfg.pack_rows or T == 1:
+            return loss_grad_fn(params, mb, den, key)
+        plan = packing.plan_rows(mb["real_BGT"])
+        fits = plan.fits(tcfg.pack_rows)
+        (loss, metrics), grads = jax.lax.cond(
+            fits, lambda: loss_grad_fn(params, mb, den, key, plan),
+            lambda: loss_grad_fn(params, mb, den, key))
+        metrics["pack/packed"] = fits.astype(jnp.float32)
+        metrics["pack/rows_needed"] = jnp.max(plan.rows_needed_B).astype(jnp.float32)
+        return (loss, metrics), grads
 
     def minibatch(carry, xs):
         params, opt_state, skipped = carry
