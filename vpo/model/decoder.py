@@ -14,7 +14,8 @@ Three entry points share one attention routine:
   * `model.extend(tokens_BGS, prefix, cache, start)` — G continuations per prompt attend to the
     shared prefix and to their own suffix cache (`cache=None`: only to the new tokens), so
     prefill work and prefix memory do not grow with G. Decoding is `extend` with S = 1; the
-    training forward is `extend` over all T completion tokens.
+    training forward is `extend` over all T completion tokens, or over packed rows of several
+    continuations each (`segment_ids_BGS`, `vpo.rl.packing`).
 
 Decode attention reads the whole suffix cache it is given, so the sampler keeps the cache as
 long as the tokens so far need (`KVCache.grown`, doubling): a step at position t costs O(P + t),
