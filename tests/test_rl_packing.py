@@ -76,17 +76,17 @@ def test_segment_attention_matches_separate_continuations():
     np.testing.assert_allclose(h_row[:, :, 3:5], h_b, atol=1e-6)
 
 
-def _loss(model_of, params, inputs, real, pack_rows, c_BGT):
+def _loss(model_of, params, inputs, real, pack_rows, c_BGT, remat=False):
     """policy_loss on the log-probs (token-mean over the real tokens, off-policy ratios and a
     KL and entropy term so every path carries a gradient) → (loss, (logp, entropy))."""
     prompt_BP, mask_BP, tokens_BGT = inputs
     if pack_rows:  # what the update differentiates (the fallback is chosen around the grad)
         logp, ent = train_lib.packed_completion_logp(
             model_of(params), prompt_BP, mask_BP, tokens_BGT, packing.plan_rows(real),
-            pack_rows, vocab_block=16)
+            pack_rows, vocab_block=16, remat=remat)
     else:
         logp, ent = train_lib.completion_logp(model_of(params), prompt_BP, mask_BP, tokens_BGT,
-                                              vocab_block=16)
+                                              vocab_block=16, remat=remat)
     adv_BG = jnp.linspace(-1.0, 1.0, B * G).reshape(B, G)
     loss, _ = objectives.policy_loss(
         logp, jax.lax.stop_gradient(logp) + 0.1 * c_BGT, adv_BG, real,
@@ -95,9 +95,13 @@ def _loss(model_of, params, inputs, real, pack_rows, c_BGT):
     return loss, (logp, ent)
 
 
-@pytest.mark.parametrize("lora_rank", [0, 2])
-def test_packed_loss_and_gradients_equal_padded(inputs, lora_rank):
-    model = Decoder(model_preset("tiny", vocab_size=V, max_seq_len=32, lora_rank=lora_rank),
+@pytest.mark.parametrize("variant", [dict(), dict(lora_rank=2),
+                                     dict(scan_layers=True, remat=True)],
+                         ids=["full", "lora", "scanned-remat"])
+def test_packed_loss_and_gradients_equal_padded(inputs, variant):
+    variant = dict(variant)
+    remat = variant.pop("remat", False)
+    model = Decoder(model_preset("tiny", vocab_size=V, max_seq_len=32, **variant),
                     rngs=nnx.Rngs(2))
     graphdef, params, frozen = lora_lib.split(model)
     model_of = functools.partial(lora_lib.merge, graphdef, frozen=frozen)
@@ -106,7 +110,7 @@ def test_packed_loss_and_gradients_equal_padded(inputs, lora_rank):
     @functools.partial(jax.jit, static_argnums=2)
     def run(params, real, pack_rows):
         fn = functools.partial(_loss, lambda p: model_of(p), inputs=inputs, real=real,
-                               pack_rows=pack_rows, c_BGT=c_BGT)
+                               pack_rows=pack_rows, c_BGT=c_BGT, remat=remat)
         return jax.value_and_grad(lambda p: fn(params=p), has_aux=True)(params)
 
     for name, lengths in LENGTHS.items():
