@@ -165,8 +165,8 @@ class TrainConfig:
     remat: bool = False
     # training forward: pack each prompt's completions into this many rows of T − 1 tokens
     # (`vpo.rl.packing`; 0: off, every completion padded to T). A micro-batch in which some
-    # prompt's completions need more rows runs padded (logged as pack/packed < 1). Rule of
-    # thumb: R = ceil(G · mean length / T) + 1 (log pack/rows_needed, then lower it).
+    # prompt's completions need more rows runs padded (logged as pack/packed < 1). Start from
+    # R = ceil(G · mean length / T) + 1 and set it from the logged pack/rows_needed.
     pack_rows: int = 0
 
     RULES = {
