@@ -7,9 +7,11 @@ One RL step, as data (docs/architecture.md draws it):
       ─► jax.vmap(task.reward) over B×G            rewards_BGMR, solution_mask_BGM
       ─► advantages (GRPO family on sum_m w*ᵀr_m, or VPO on the vectors)       adv_BG
       ─► ppo_epochs × num_minibatches updates, lax.scan, each over whole prompt groups
-         (a prompt is prefilled once per group), grad accumulation over micro-batches with the
-         objectives' global loss denominator; non-finite loss/grads skip the update
-      ─► TrainState' + scalar metrics
+         (a prompt is prefilled once per group; with `train.pack_rows` its completions are
+         packed into fewer rows, `vpo.rl.packing`), grad accumulation over micro-batches with
+         the objectives' global loss denominator; non-finite loss/grads skip the update
+      ─► TrainState' + scalar metrics, among them the first minibatch's log-probs (at the
+         sampling parameters) against the sampler's (`mismatch_metrics`)
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
 `sample_step` (jit) → `vpo.rollout.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
