@@ -142,6 +142,19 @@ def test_batch_that_does_not_fit_runs_padded(inputs):
     # and what packing with too few rows would have lost: the second row's segments
     lost = ~(plan.row_BG < 1) & (plan.size_BG > 0)
     assert bool(jnp.any(lost))
+    # with enough rows the same call packs, and agrees on the real tokens
+    packed = jax.jit(functools.partial(train_lib.completion_logp, pack_rows=2))(
+        model, *inputs, real_BGT=real)
+    for a, b in zip(packed, pad, strict=True):
+        np.testing.assert_allclose(jnp.where(real, a, 0), jnp.where(real, b, 0), atol=1e-6)
+
+
+def test_bench_packed_runs(load_experiment, capsys):
+    """experiments/bench_packed.py at a toy size: both arms, their loss and speed-up lines."""
+    load_experiment("bench_packed").main(["--batch", "2", "--G", "4", "--T", "16",
+                                          "--prompt", "4", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "packed/padded speed-up" in out and "(|Δ| " in out
 
 
 def test_pack_rows_must_be_below_num_samples():
