@@ -123,6 +123,7 @@ BAD = [
     (TrainConfig, "vocab_block", 0, ">= 1"),
     (TrainConfig, "logprob_impl", "triton", "one of chunked, pallas, reference"),
     (TrainConfig, "max_skipped_updates", -1, ">= 0"),
+    (TrainConfig, "pack_rows", -1, ">= 0"),
     # RunConfig (the run's own fields)
     (RunConfig, "model", {"dim": 32}, "ModelConfig section"),
     (RunConfig, "sampler", None, "SamplerConfig section"),

@@ -163,6 +163,11 @@ class TrainConfig:
     # training forward: recompute each decoder block in the backward pass (jax.checkpoint):
     # activation memory of one block instead of all L, for about a third more update FLOPs
     remat: bool = False
+    # training forward: pack each prompt's completions into this many rows of T − 1 tokens
+    # (`vpo.rl.packing`; 0: off, every completion padded to T). A micro-batch in which some
+    # prompt's completions need more rows runs padded (logged as pack/packed < 1). Start from
+    # R = ceil(G · mean length / T) + 1 and set it from the logged pack/rows_needed.
+    pack_rows: int = 0
 
     RULES = {
         "seed": integer(0),
@@ -177,7 +182,7 @@ class TrainConfig:
         "b1": real(0.0, 1.0, hi_open=True), "b2": real(0.0, 1.0, hi_open=True),
         "max_grad_norm": real(0.0, lo_open=True), "profile_every": integer(0),
         "sample_every": integer(0), "logprob_impl": one_of(LOGPROB_IMPLS),
-        "max_skipped_updates": integer(0), "remat": FLAG,
+        "max_skipped_updates": integer(0), "remat": FLAG, "pack_rows": integer(0),
     }
 
     def __post_init__(self):
@@ -226,6 +231,9 @@ class RunConfig:
                  f"must be an integer >= 1 or -1 (the remaining devices); got {self.mesh_data!r}")
         validate("", self, {"mesh_fsdp": POSITIVE, "mesh_tensor": POSITIVE})
         obj, G = self.objective, self.sampler.num_samples
+        require(self.train.pack_rows < G, "train.pack_rows",
+                 f"must be < sampler.num_samples ({G}): {self.train.pack_rows} rows of "
+                 "T − 1 tokens hold as much as the padded layout (0 turns packing off)")
         if obj.advantage in SUBSET_ESTIMATORS:
             k = obj.subset_size(G)
             require(k < G, "objective.subset_k" if obj.subset_k else "sampler.num_samples",

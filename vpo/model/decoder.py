@@ -14,7 +14,8 @@ Three entry points share one attention routine:
   * `model.extend(tokens_BGS, prefix, cache, start)` — G continuations per prompt attend to the
     shared prefix and to their own suffix cache (`cache=None`: only to the new tokens), so
     prefill work and prefix memory do not grow with G. Decoding is `extend` with S = 1; the
-    training forward is `extend` over all T completion tokens.
+    training forward is `extend` over all T completion tokens, or over packed rows of several
+    continuations each (`segment_ids_BGS`, `vpo.rl.packing`).
 
 Decode attention reads the whole suffix cache it is given, so the sampler keeps the cache as
 long as the tokens so far need (`KVCache.grown`, doubling): a step at position t costs O(P + t),
@@ -472,7 +473,8 @@ class Decoder(nnx.Module):
         return self.logits(self.prefill(tokens_BS, mask_BS)[0])
 
     def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0,
-               rope=None, attention: str = "xla", *, remat: bool = False):
+               rope=None, attention: str = "xla", *, remat: bool = False,
+               segment_ids_BGS=None):
         """G continuations per prompt: new tokens at suffix slots [start, start+S).
 
         Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
@@ -488,6 +490,10 @@ class Decoder(nnx.Module):
         with a cache through `vpo.kernels.decode_attention` (`decode_attention_impl` picks by
         devices), which reads only slots [0, start + 1) of a cache of any length.
         `remat`: as in `prefill` (the training forward over all T completion tokens).
+        `segment_ids_BGS` (packed rows, `vpo.rl.packing`; no cache, start 0): each row holds
+        several continuations of its prompt end to end, runs of equal ids; a token attends to
+        the prefix and causally to its own segment only, at position `prefix.length_B` + its
+        offset in the segment (Krell et al., 2021, arXiv 2107.02027).
         Returns (hidden_BGSD, KVCache with the new keys written).
         """
         B, G, S = tokens_BGS.shape
@@ -499,6 +505,16 @@ class Decoder(nnx.Module):
         pos_S = start + jnp.arange(S)
         mask_SC = jnp.arange(C)[None, :] <= pos_S[:, None]
         mask_BGSC = jnp.broadcast_to(mask_SC, (B, G, S, C))
+        if segment_ids_BGS is not None:
+            if cache is not None or rope is not None:
+                raise ValueError("segment_ids_BGS packs whole continuations: no cache, no rope")
+            seg = segment_ids_BGS
+            mask_BGSC = mask_BGSC & (seg[..., :, None] == seg[..., None, :])
+            s_BGS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, G, S))
+            new_BGS = jnp.concatenate([jnp.ones((B, G, 1), bool), seg[..., 1:] != seg[..., :-1]],
+                                      axis=-1)
+            first_BGS = jax.lax.cummax(jnp.where(new_BGS, s_BGS, 0), axis=2)
+            rope = self.rope(prefix.length_B[:, None, None] + (s_BGS - first_BGS))
         if rope is None:
             rope = self.rope(prefix.length_B[:, None, None] + pos_S[None, None, :])
         h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope, kernel, remat)

@@ -7,9 +7,11 @@ One RL step, as data (docs/architecture.md draws it):
       ─► jax.vmap(task.reward) over B×G            rewards_BGMR, solution_mask_BGM
       ─► advantages (GRPO family on sum_m w*ᵀr_m, or VPO on the vectors)       adv_BG
       ─► ppo_epochs × num_minibatches updates, lax.scan, each over whole prompt groups
-         (a prompt is prefilled once per group), grad accumulation over micro-batches with the
-         objectives' global loss denominator; non-finite loss/grads skip the update
-      ─► TrainState' + scalar metrics
+         (a prompt is prefilled once per group; with `train.pack_rows` its completions are
+         packed into fewer rows, `vpo.rl.packing`), grad accumulation over micro-batches with
+         the objectives' global loss denominator; non-finite loss/grads skip the update
+      ─► TrainState' + scalar metrics, among them the first minibatch's log-probs (at the
+         sampling parameters) against the sampler's (`mismatch_metrics`)
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
 `sample_step` (jit) → `vpo.rollout.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
@@ -44,6 +46,7 @@ from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
+from vpo.rl import packing
 from vpo.rollout import rewards as rewards_lib
 from vpo.rollout.sampler import generate
 from vpo.tasks.bound import BoundTask
@@ -188,8 +191,13 @@ def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     Each prompt is prefilled once and its G completions attend to the shared prefix, exactly as
     the sampler computed them. `remat`: blocks recomputed in the backward pass (`Decoder.prefill`).
     """
-    B, G, T = tokens_BGT.shape
     hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
+    return _padded_hidden(model, hidden_BPD, prefix, tokens_BGT, remat)
+
+
+def _padded_hidden(model: Decoder, hidden_BPD, prefix, tokens_BGT, remat: bool):
+    """`completion_hidden` after the prefill: every completion over all T positions."""
+    B, G, T = tokens_BGT.shape
     first_BG1D = jnp.broadcast_to(hidden_BPD[:, None, -1:], (B, G, 1, hidden_BPD.shape[-1]))
     if T == 1:
         return first_BG1D
@@ -197,9 +205,25 @@ def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     return jnp.concatenate([first_BG1D, hidden_BGSD], axis=2)
 
 
+def token_logp_entropy(model: Decoder, hidden_ND, targets_N, *, vocab_block: int = 4096,
+                       impl: str = "chunked", platform: str | None = None):
+    """Log-prob of `targets_N` and entropy under the LM head from final hidden states →
+    (logp_N, entropy_N), through the kernel `impl` picks (see `completion_logp`)."""
+    platform = model.platform if platform is None else platform
+    w_DV = unembedding_DV(model)
+    block_v = min(vocab_block, w_DV.shape[1])
+    if impl == "pallas":
+        return logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N, platform=platform)
+    if impl == "reference" or block_v == w_DV.shape[1]:
+        return logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N,
+                                                     platform=platform)
+    return logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v=block_v,
+                                               platform=platform)
+
+
 def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
                     vocab_block: int = 4096, impl: str = "chunked", remat: bool = False,
-                    platform: str | None = None):
+                    platform: str | None = None, real_BGT=None, pack_rows: int = 0):
     """Temperature-1 log-prob and entropy of each completion token → (logp_BGT, entropy_BGT).
 
     Computed from the hidden states in vocabulary tiles of `vocab_block` columns
@@ -211,24 +235,60 @@ def completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     platform; `impl="reference"` always materialises all the logits (the definition; a
     baseline for benchmarks). `remat`: the decoder blocks are recomputed in the backward pass
     (`TrainConfig.remat`). `platform`: the target (None: `model.platform`).
+
+    `pack_rows` R > 0 with `real_BGT` (True on real tokens): `packed_completion_logp` when
+    every prompt's completions fit R rows, the padded layout otherwise (`lax.cond`: one of the
+    two runs), so no token is ever dropped. For a forward pass; a differentiated one puts the
+    choice around the gradient instead (`update_from_rollout`): under `jax.grad` a `lax.cond`
+    carries both branches' residuals, the padded one's zero-filled.
     """
-    platform = model.platform if platform is None else platform
     B, G, T = tokens_BGT.shape
-    hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT, remat=remat)
-    hidden_ND = hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1])
-    w_DV, targets_N = unembedding_DV(model), tokens_BGT.reshape(-1)
-    block_v = min(vocab_block, w_DV.shape[1])
-    if impl == "pallas":
-        logp_N, entropy_N = logprob_lib.logprob_entropy(hidden_ND, w_DV, targets_N,
-                                                        platform=platform)
-    elif impl == "reference" or block_v == w_DV.shape[1]:
-        logp_N, entropy_N = logprob_lib.logprob_entropy_reference(hidden_ND, w_DV, targets_N,
-                                                                  platform=platform)
-    else:
-        logp_N, entropy_N = logprob_lib.logprob_entropy_chunked(hidden_ND, w_DV, targets_N,
-                                                                block_v=block_v,
-                                                                platform=platform)
-    return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
+    kw = dict(vocab_block=vocab_block, impl=impl, remat=remat, platform=platform)
+    if pack_rows == 0 or T == 1:
+        hidden_BGTD = completion_hidden(model, prompt_BP, prompt_mask_BP, tokens_BGT,
+                                        remat=remat)
+        logp_N, entropy_N = token_logp_entropy(
+            model, hidden_BGTD.reshape(B * G * T, hidden_BGTD.shape[-1]),
+            tokens_BGT.reshape(-1), vocab_block=vocab_block, impl=impl, platform=platform)
+        return logp_N.reshape(B, G, T), entropy_N.reshape(B, G, T)
+    if real_BGT is None:
+        raise ValueError("pack_rows > 0 needs real_BGT, the mask of real completion tokens")
+    plan = packing.plan_rows(real_BGT)
+    return jax.lax.cond(
+        plan.fits(pack_rows),
+        lambda: packed_completion_logp(model, prompt_BP, prompt_mask_BP, tokens_BGT, plan,
+                                       pack_rows, **kw),
+        lambda: completion_logp(model, prompt_BP, prompt_mask_BP, tokens_BGT, **kw))
+
+
+def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT,
+                           plan: packing.PackPlan, rows: int, *, vocab_block: int = 4096,
+                           impl: str = "chunked", remat: bool = False,
+                           platform: str | None = None):
+    """`completion_logp` with each prompt's completions packed into `rows` rows of T − 1
+    slots (`vpo.rl.packing`; `plan.fits(rows)` must hold: segments beyond are left out).
+
+    The first token of every completion is predicted from the prompt's last state, the rest
+    from the packed segments (`Decoder.extend(segment_ids_BGS=...)`), all through one kernel
+    call over B·(G + R·(T − 1)) tokens instead of B·G·T. Values equal the padded layout's up
+    to each completion's last real token; 0 after it.
+    """
+    B, G, T = tokens_BGT.shape
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
+    D = hidden_BPD.shape[-1]
+    inputs_BRW, targets_BRW, segment_BRW = packing.pack(tokens_BGT, plan, rows)
+    hidden_BRWD, _ = model.extend(inputs_BRW, prefix, remat=remat, segment_ids_BGS=segment_BRW)
+    first_ND = jnp.broadcast_to(hidden_BPD[:, None, -1], (B, G, D)).reshape(B * G, D)
+    hidden_ND = jnp.concatenate([first_ND, hidden_BRWD.reshape(-1, D)], axis=0)
+    targets_N = jnp.concatenate([tokens_BGT[:, :, 0].reshape(-1), targets_BRW.reshape(-1)])
+    logp_N, entropy_N = token_logp_entropy(model, hidden_ND, targets_N, vocab_block=vocab_block,
+                                           impl=impl, platform=platform)
+
+    def unpacked(x_N):
+        return packing.unpack(x_N[B * G:].reshape(targets_BRW.shape), x_N[:B * G].reshape(B, G),
+                              plan)
+
+    return unpacked(logp_N), unpacked(entropy_N)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,7 +339,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
 
     data = dict(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP,
                 tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
-                mask_BGT=loss_mask_BGT, adv_BG=adv_BG)
+                mask_BGT=loss_mask_BGT, real_BGT=rollout.mask_BGT, adv_BG=adv_BG)
     ref = None
     if state.ref_params is not None:
         ref = nnx.merge(graphdef, state.ref_params)
@@ -289,14 +349,18 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
             ref, prompt_BP, prompt_mask_BP, rollout.tokens_BGT,
             vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl,
-            platform=model_of(graphdef, state).platform)[0])
+            platform=model_of(graphdef, state).platform, real_BGT=rollout.mask_BGT,
+            pack_rows=tcfg.pack_rows)[0])
 
-    def micro_loss(params, mb, den, key):
+    def micro_loss(params, mb, den, key, plan=None):
         model = lora_lib.merge(graphdef, params, state.frozen)
-        logp, ent = completion_logp(model, mb["prompt_BP"], mb["prompt_mask_BP"],
-                                    mb["tokens_BGT"], vocab_block=tcfg.vocab_block,
-                                    impl=tcfg.logprob_impl, remat=tcfg.remat)
-        return objectives.policy_loss(
+        args = (model, mb["prompt_BP"], mb["prompt_mask_BP"], mb["tokens_BGT"])
+        kw = dict(vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl, remat=tcfg.remat)
+        if plan is None:
+            logp, ent = completion_logp(*args, **kw)
+        else:
+            logp, ent = packed_completion_logp(*args, plan, tcfg.pack_rows, **kw)
+        loss, metrics = objectives.policy_loss(
             logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
             ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
             clip_eps_low=ocfg.clip_eps_low, clip_eps_high=ocfg.clip_eps_high,
@@ -307,8 +371,26 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             clip_cov_ratio=ocfg.clip_cov_ratio, clip_cov_lb=ocfg.clip_cov_lb,
             clip_cov_ub=ocfg.clip_cov_ub, kl_cov_ratio=ocfg.kl_cov_ratio,
             kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
+        metrics.update(mismatch_sums(jax.lax.stop_gradient(logp), mb["old_logp_BGT"],
+                                     mb["real_BGT"]))
+        return loss, metrics
 
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    loss_grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def grad_fn(params, mb, den, key):
+        """The micro-batch's loss and gradient, packed when its completions fit
+        `train.pack_rows` rows per prompt, else padded (the choice around the whole gradient:
+        see `completion_logp`)."""
+        if not tcfg.pack_rows or T == 1:
+            return loss_grad_fn(params, mb, den, key)
+        plan = packing.plan_rows(mb["real_BGT"])
+        fits = plan.fits(tcfg.pack_rows)
+        (loss, metrics), grads = jax.lax.cond(
+            fits, lambda: loss_grad_fn(params, mb, den, key, plan),
+            lambda: loss_grad_fn(params, mb, den, key))
+        metrics["pack/packed"] = fits.astype(jnp.float32)
+        metrics["pack/rows_needed"] = jnp.max(plan.rows_needed_B).astype(jnp.float32)
+        return (loss, metrics), grads
 
     def minibatch(carry, xs):
         params, opt_state, skipped = carry
@@ -330,7 +412,9 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             zeros = jax.tree.map(jnp.zeros_like, params)
             grads, (losses, metrics) = jax.lax.scan(micro, zeros, (micros, keys))
         loss = jnp.sum(losses)  # micro-batch losses sum to the minibatch loss
+        sums = {k: metrics.pop(k) for k in MISMATCH_SUMS}
         metrics = jax.tree.map(jnp.mean, metrics)
+        metrics.update(combine_mismatch(sums))
         metrics["loss"] = loss
         finite = jnp.isfinite(loss) & all_finite(grads)
         params, opt_state = update_if(finite, tx, grads, opt_state, params)
@@ -346,7 +430,10 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     (params, opt_state, skipped), upd_metrics = jax.lax.scan(
         epoch, (state.params, state.opt_state, jnp.int32(0)),
         jax.random.split(k_perm, tcfg.ppo_epochs))
+    # the first minibatch of the first epoch ran with the sampling parameters
+    on_policy = {k: upd_metrics.pop(k)[0, 0] for k in MISMATCH_SUMS}
     metrics = jax.tree.map(jnp.mean, upd_metrics)
+    metrics.update(mismatch_metrics(on_policy))
     metrics.update(adv_metrics)
     metrics.update(sampled_metrics)
     valid_BG = jnp.broadcast_to(valid_B[:, None], adv_BG.shape)
@@ -363,6 +450,58 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     metrics["lr"] = make_schedule(tcfg)(state.step * tcfg.updates_per_step)
     new_state = state._replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
+
+
+MISMATCH_SUMS = ("mismatch_k3_sum", "mismatch_tokens", "mismatch_max_abs_logp")
+
+
+def mismatch_sums(logp_BGT, sampler_logp_BGT, real_BGT) -> dict[str, jax.Array]:
+    """Sums behind the rollout/trainer mismatch of one micro-batch (`mismatch_metrics`):
+    Σ k3, the token count and max |Δ log p| over the real tokens (`real_BGT`), with
+    Δ = log π_train(y) − log π_sample(y) and k3 = e^Δ − 1 − Δ, evaluated as Δ²/2·(1 + Δ/3)
+    for |Δ| < 1e-3 (where the float32 difference would cancel to 0)."""
+    delta_BGT = jnp.where(real_BGT, logp_BGT - sampler_logp_BGT, 0.0)
+    small = jnp.abs(delta_BGT) < 1e-3
+    k3_BGT = jnp.where(small, 0.5 * delta_BGT**2 * (1.0 + delta_BGT / 3.0),
+                       jnp.expm1(jnp.where(small, 0.0, delta_BGT)) - delta_BGT)
+    return {"mismatch_k3_sum": jnp.sum(jnp.where(real_BGT, k3_BGT, 0.0)),
+            "mismatch_tokens": jnp.sum(real_BGT, dtype=jnp.float32),
+            "mismatch_max_abs_logp": jnp.max(jnp.abs(delta_BGT))}
+
+
+def combine_mismatch(sums_X: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """`mismatch_sums` of X micro-batches → those of their union (sums add, the max is max)."""
+    return {"mismatch_k3_sum": jnp.sum(sums_X["mismatch_k3_sum"]),
+            "mismatch_tokens": jnp.sum(sums_X["mismatch_tokens"]),
+            "mismatch_max_abs_logp": jnp.max(sums_X["mismatch_max_abs_logp"])}
+
+
+def mismatch_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The sampler/trainer mismatch on the same tokens, logged every step.
+
+    With y drawn by the sampler, Δ = log π_train(y) − log π_sample(y), where π_sample is the
+    sampler's temperature-1 log-prob recorded while decoding (`Rollout.logp_BGT`, the PPO
+    old_logp) and π_train the training forward's at the same parameters:
+
+        rollout/mismatch_kl            = mean_y k3,  k3 = e^Δ − 1 − Δ ≥ 0
+        rollout/mismatch_max_abs_logp  = max_y |Δ|
+        rollout/mismatch_tokens        = the number of tokens y averaged over
+
+    k3 (Schulman 2020, "Approximating KL divergence") is an unbiased, low-variance estimate of
+    KL(π_sample ‖ π_train) when y ~ π_sample at temperature 1 without top-k / top-p; under
+    other sampler settings it is a mismatch measure on the sampled tokens, not a KL.
+
+    Tokens covered: every real completion token (`Rollout.mask_BGT`, padding excluded; groups
+    dropped by dynamic sampling or masked as overlong included) of the first minibatch of the
+    first PPO epoch: the only forward that runs at the sampling parameters, so it costs nothing
+    extra. The minibatch is a uniformly random 1/num_minibatches of the step's prompt groups
+    (all of them when num_minibatches = 1): the mean is an unbiased estimate of the batch's,
+    the max a lower bound on it.
+    """
+    n = sums["mismatch_tokens"]
+    return {"rollout/mismatch_kl": sums["mismatch_k3_sum"] / jnp.maximum(n, 1.0),
+            "rollout/mismatch_max_abs_logp": sums["mismatch_max_abs_logp"],
+            "rollout/mismatch_tokens": n}
 
 
 def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM,
