@@ -149,3 +149,19 @@ def test_a_model_without_extend_rows_is_named(model, prompts, keys):
     with pytest.raises(ValueError, match="num_slots"):
         generate_slots(model, *prompts, keys, 1.0, 1.0, 0, max_new_tokens=T, stop_ids=(2,),
                        pad_id=PAD, num_slots=0)
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_the_sampler_program_builds_with_slots(devices):
+    """`vpo plan`'s sampler program (`vpo.accel.build`) with sampler.num_slots, compiled ahead
+    of time for this host's CPU devices (one, and the 8-device data mesh); the TPU / H100
+    builds are tests/test_accel.py's (they need the AOT interpreter)."""
+    from vpo.accel import build as build_lib
+    from vpo.launch.assemble import assemble_run
+    from vpo.model import sharding
+
+    a = assemble_run("smoke", None, ["model=tiny", "train.batch_size=8", "sampler.num_slots=4"])
+    assert 0 < a.run.sampler.num_slots < a.run.train.batch_size * a.run.sampler.num_samples
+    mesh = sharding.make_mesh(devices=jax.devices()[:devices])
+    (built,) = build_lib.build("sampler", a.run, a.task, mesh)
+    assert built.error is None, built.error
