@@ -165,3 +165,32 @@ def test_the_sampler_program_builds_with_slots(devices):
     mesh = sharding.make_mesh(devices=jax.devices()[:devices])
     (built,) = build_lib.build("sampler", a.run, a.task, mesh)
     assert built.error is None, built.error
+
+
+def test_the_rl_step_samples_the_same_rollouts_through_slots():
+    """`vpo.rl.step.sample_rollout` with sampler.num_slots gives the rollouts of all rows."""
+    import dataclasses
+    import functools
+
+    from vpo.launch.assemble import assemble_run
+    from vpo.model import sharding
+    from vpo.rl import data as data_lib
+    from vpo.rl import loop as loop_lib
+    from vpo.rl import step as step_lib
+
+    a = assemble_run("smoke", None, ["model=tiny", "train.batch_size=4"])
+    run, task = a.run, a.task
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    graphdef, state, _ = step_lib.init_state(run.model, step_lib.make_optimizer(run.train),
+                                             mesh, seed=0)
+    batch = loop_lib.shard_batch(next(data_lib.problem_iterator(
+        task, 4, run.train.num_answers, num_problems=16)), mesh)
+
+    def sample(num_slots):
+        r = dataclasses.replace(run, sampler=dataclasses.replace(run.sampler,
+                                                                 num_slots=num_slots))
+        cfg = step_lib.step_config(r, task)
+        return jax.jit(functools.partial(step_lib.sample_rollout, graphdef=graphdef,
+                                         cfg=cfg))(state, batch)
+
+    assert_same(sample(0), sample(3))
