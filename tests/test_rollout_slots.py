@@ -194,3 +194,10 @@ def test_the_rl_step_samples_the_same_rollouts_through_slots():
                                          cfg=cfg))(state, batch)
 
     assert_same(sample(0), sample(3))
+
+
+def test_plan_states_the_sampler_rows():
+    from vpo.cli.plan import _decode_rows
+
+    assert _decode_rows(8, 32) == "S=8 slots (sampler.num_slots) for the 32 rollouts"
+    assert _decode_rows(0, 32) == _decode_rows(32, 32) == "all 32 rows (sampler.num_slots=0)"
