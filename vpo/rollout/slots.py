@@ -20,9 +20,10 @@ The rule, per step, for every slot holding rollout r = b·G + g at its own posit
      values into their row (only on steps where a slot refills); a slot left without a rollout
      idles (its work is discarded) until every slot is idle.
 Each rollout draws the uniforms of `generate` (same key, same position), so the same keys give
-the same tokens as `generate` up to float rounding: the row step (`extend` mapped over rows)
-rounds the attention products differently from `generate`'s batch (~1e-7 relative per
-product). The tiny preset's rollouts are equal bit for bit (tests/test_rollout_slots.py); on
+the same tokens as `generate` up to float rounding: the slot loop's row step (`extend` mapped
+over rows) compiles to other fusions than `generate`'s step and rounds differently (its
+attention alone by ~2e-7). The tiny preset's rollouts are equal bit for bit
+(tests/test_rollout_slots.py); on
 SmolLM2-135M (30 layers, 49,152 tokens) the last hidden states differ by ~2e-5, logp agrees to
 ~4e-5, and a draw whose uniform falls that close to a CDF boundary can flip, after which the
 rollout is another sample of the same distribution (21-23 of 32 rollouts of 128 tokens were
