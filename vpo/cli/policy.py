@@ -17,7 +17,8 @@ BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmet
                "budget (your data: 64 per answer)")
 SLOTS_HELP = ("rows decoding at once (sampler.num_slots): between 0 and prompts x samples, a "
               "row whose completion stops takes the next one, so a long completion does not "
-              "hold the batch (the same tokens); 0: every completion its own row")
+              "hold the batch (each completion keeps its own key's draws); 0: every "
+              "completion its own row")
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):

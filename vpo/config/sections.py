@@ -26,7 +26,8 @@ class SamplerConfig:
     `temperature == 0` is greedy decoding; `top_k == 0` and `top_p == 1` disable those filters.
     `num_slots` S: 0 < S < B·G decodes the B·G rollouts through S rows that take the next
     rollout as soon as theirs stops (`vpo.rollout.slots`: a long completion no longer holds the
-    batch; the same tokens); 0 (or S ≥ B·G) decodes every rollout in its own row.
+    batch; each rollout keeps its own key's draws); 0 (or S ≥ B·G) decodes every rollout in its
+    own row.
     """
 
     max_new_tokens: int = 32  # T
