@@ -66,6 +66,7 @@ BAD = [
     (SamplerConfig, "temperature", -0.5, ">= 0"),
     (SamplerConfig, "top_p", 1.5, "in (0, 1]"),
     (SamplerConfig, "top_k", -1, ">= 0"),
+    (SamplerConfig, "num_slots", -1, ">= 0"),
     # ObjectiveConfig
     (ObjectiveConfig, "advantage", "ppo", "grpo, dr_grpo, rloo, maxrl, gdpo, vpo, maxk, passk"),
     (ObjectiveConfig, "grpo_scale", "global", "one of group, batch, none"),
@@ -157,6 +158,7 @@ BAD = [
     (SearchConfig, "temperature", INF, ">= 0"),
     (SearchConfig, "top_p", 0.0, "in (0, 1]"),
     (SearchConfig, "num_answers", 0, ">= 1"),
+    (SearchConfig, "num_slots", 2.5, "an integer"),
 ]
 SECTION = {ModelConfig: "model", RopeScaling: "model.rope_scaling", SamplerConfig: "sampler",
            ObjectiveConfig: "objective", TrainConfig: "train", RunConfig: "",

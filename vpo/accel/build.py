@@ -133,10 +133,11 @@ def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
 
 
 def sampler_program(run: RunConfig, task: BoundTask, mesh) -> Program:
-    """`vpo.rollout.sampler.generate` alone: the policy's weights (no optimiser state),
+    """The sampler alone (`vpo.rollout.slots.generate_rollouts`: all rows, or
+    sampler.num_slots refilled slots): the policy's weights (no optimiser state),
     train.batch_size prompts, sampler.num_samples samples each, sampler.max_new_tokens."""
     from vpo.rl.step import make_optimizer
-    from vpo.rollout.sampler import generate
+    from vpo.rollout.slots import generate_rollouts
 
     B, G, s = run.train.batch_size, run.sampler.num_samples, run.sampler
     check_batch(B, mesh)
@@ -149,10 +150,11 @@ def sampler_program(run: RunConfig, task: BoundTask, mesh) -> Program:
 
     def sample(params, frozen, prompt_BP, mask_BP, key_data):
         keys_BG = jax.random.split(jax.random.wrap_key_data(key_data), B * G).reshape(B, G)
-        return generate(lora_lib.merge(graphdef, params, frozen), prompt_BP, mask_BP, keys_BG,
-                        jnp.float32(s.temperature), jnp.float32(s.top_p), jnp.int32(s.top_k),
-                        max_new_tokens=s.max_new_tokens, stop_ids=tok.stop_ids,
-                        pad_id=tok.pad_id)
+        return generate_rollouts(lora_lib.merge(graphdef, params, frozen), prompt_BP, mask_BP,
+                                 keys_BG, jnp.float32(s.temperature), jnp.float32(s.top_p),
+                                 jnp.int32(s.top_k), max_new_tokens=s.max_new_tokens,
+                                 stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+                                 num_slots=s.num_slots)
 
     return Program("sampler", jax.jit(sample),
                    (state.params, state.frozen, prompts["p"], prompts["m"], key))

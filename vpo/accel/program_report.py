@@ -153,6 +153,10 @@ def advise(report: ProgramReport, run: RunConfig, n_devices: int) -> str | None:
             options.append("train.remat=true")
     if program in ("rl_step", "rl_sample", "sampler", "search") and s.num_samples > 2:
         options.append(f"sampler.num_samples={s.num_samples // 2}")
+    rollouts = t.batch_size * s.num_samples
+    if program == "sampler" and not 0 < s.num_slots < rollouts and rollouts >= 8:
+        options.append(f"sampler.num_slots={rollouts // 4} (suffix caches for those rows, "
+                       "not for every rollout)")
     if program in ("sft_step", "sampler") or not options:
         options.append(f"train.batch_size={max(1, t.batch_size // 2)}")
     return "; or ".join(options)

@@ -15,6 +15,10 @@ from vpo.tasks import TASK_NAMES as TASKS
 BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmetic); default: "
                "the policy's own budget when it is a vpo train run, else the task's answer "
                "budget (your data: 64 per answer)")
+SLOTS_HELP = ("rows decoding at once (sampler.num_slots): between 0 and prompts x samples, a "
+              "row whose completion stops takes the next one, so a long completion does not "
+              "hold the batch (each completion keeps its own key's draws); 0: every "
+              "completion its own row")
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):
@@ -141,7 +145,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
     tok = task.tokenizer
     cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
-                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        num_slots=args.num_slots)
     key = jax.random.key(args.seed)
     kw = dict(stop_ids=tok.stop_ids, pad_id=tok.pad_id)
     t0 = time.perf_counter()
@@ -187,6 +192,7 @@ def add_sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
     p.add_argument("--seed", type=int, default=0)
     add_data_args(p)
 
@@ -237,7 +243,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results[f"{name} (m={m})"] = evaluate_policy(
             model, task, problems, num_answers=m, budget=args.budget,
             ks=default_ks(args.budget), key=jax.random.key(args.seed),
-            temperature=args.temperature, max_new_tokens=T, progress=True, desc=name)
+            temperature=args.temperature, max_new_tokens=T, progress=True, desc=name,
+            num_slots=args.num_slots)
     table = write_eval_table(
         args.out, results, default_ks(args.budget),
         title=f"{task.name}: {len(problems)} problems, {args.budget} candidates")
@@ -283,6 +290,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--problems", type=int, default=32)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
+    p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
     p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split); with "
                    "--data it draws which --problems rows of the file are evaluated")
     add_data_args(p)
@@ -321,12 +329,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         cfg = ingraph.SearchConfig(islands=args.islands, members=args.members,
                                    children=args.children, generations=args.generations,
                                    num_answers=args.answers or int(info.get("num_answers", 1)),
-                                   temperature=args.temperature, **parents)
+                                   temperature=args.temperature, num_slots=args.num_slots,
+                                   **parents)
     except ConfigError as e:  # name the flags the user typed beside the config keys
         message = str(e)
         for flag in ("islands", "members", "children", "generations", "parents", "temperature",
-                     "num_answers"):
-            cli_flag = "--answers" if flag == "num_answers" else f"--{flag}"
+                     "num_answers", "num_slots"):
+            cli_flag = "--answers" if flag == "num_answers" else f"--{flag.replace('_', '-')}"
             message = message.replace(f"search.{flag}", f"{cli_flag} (search.{flag})")
         raise ConfigError(message) from None
     records = task.make_problems(args.seed, args.problems)
@@ -379,6 +388,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
+    p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
     p.add_argument("--seed", type=int, default=4242)
     add_data_args(p)
     p.add_argument("--out", required=True)

@@ -24,6 +24,10 @@ class SamplerConfig:
     """Generation settings. Temperature, top-p and top-k are traced: changing them never recompiles.
 
     `temperature == 0` is greedy decoding; `top_k == 0` and `top_p == 1` disable those filters.
+    `num_slots` S: 0 < S < B·G decodes the B·G rollouts through S rows that take the next
+    rollout as soon as theirs stops (`vpo.rollout.slots`: a long completion no longer holds the
+    batch; each rollout keeps its own key's draws); 0 (or S ≥ B·G) decodes every rollout in its
+    own row.
     """
 
     max_new_tokens: int = 32  # T
@@ -31,11 +35,12 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    num_slots: int = 0  # S, rows decoding at once (0: all B·G)
 
     def __post_init__(self):
         validate("sampler", self, {"max_new_tokens": POSITIVE, "num_samples": POSITIVE,
                                    "temperature": real(0.0), "top_p": FRACTION,
-                                   "top_k": integer(0)})
+                                   "top_k": integer(0), "num_slots": integer(0)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,7 @@ class SearchConfig:
     tournament_size: int = 3
     temperature: float = 1.0  # sampler
     top_p: float = 1.0  # sampler
+    num_slots: int = 0  # sampler rows decoding at once (host-scored tasks; `SamplerConfig`)
     num_answers: int = 2  # m answers per policy call, each one candidate
 
     def __post_init__(self):
@@ -65,7 +71,7 @@ class SearchConfig:
             **dict.fromkeys(("islands", "members", "parents", "children", "generations",
                              "num_answers", "tournament_size"), POSITIVE),
             **dict.fromkeys(("migration_interval", "migration_count", "reset_interval",
-                             "reset_count"), integer(0)),
+                             "reset_count", "num_slots"), integer(0)),
             "fresh_rate": real(0.0, 1.0), "selection": one_of(SELECTIONS),
             "selection_temperature": real(0.0, lo_open=True), "temperature": real(0.0),
             "top_p": FRACTION})

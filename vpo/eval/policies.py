@@ -80,7 +80,8 @@ def host_score_all_answers(task: BoundTask, records, tokens_BGT, mask_BGT, num_a
 
 def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
                 key, temperature: float = 1.0, top_p: float = 1.0, chunk: int = 16,
-                max_new_tokens: int | None = None, progress: bool = False, desc: str = "eval"):
+                max_new_tokens: int | None = None, progress: bool = False, desc: str = "eval",
+                num_slots: int = 0):
     """Sample budget/m generations per problem → (pool, answers_PNA, answer_mask_PNA, entropy).
 
     `budget` must be a multiple of `num_answers`. Problems are processed `chunk` at a time.
@@ -88,7 +89,8 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
     answers_PNA are symbol ids for in-graph tasks (distinct-solution counts); None for host
     tasks. `max_new_tokens`: the generation budget of host-scored tasks (default: the task's
     for m answers; `vpo.launch.rules.completion_budget` is the commands' rule). `progress`:
-    a bar over the chunks on stderr, labelled `desc`.
+    a bar over the chunks on stderr, labelled `desc`. `num_slots`: `SamplerConfig.num_slots`
+    (rows decoding at once per chunk; 0: all).
     """
     import tqdm
 
@@ -108,7 +110,8 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
         raise ConfigError(f"model.max_seq_len: {model.cfg.max_seq_len} < prompt "
                           f"{prompts.shape[1]} + {T} generated tokens for {task.name}; load the "
                           "policy with a larger max_seq_len")
-    cfg = SamplerConfig(max_new_tokens=T, num_samples=G, temperature=temperature, top_p=top_p)
+    cfg = SamplerConfig(max_new_tokens=T, num_samples=G, temperature=temperature, top_p=top_p,
+                        num_slots=num_slots)
     tok = task.tokenizer
     score_fn = None if task.is_host else _jitted_scorer(task, num_answers)
     outs = []
@@ -140,19 +143,19 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
 def evaluate_policy(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
                     ks: Sequence[int], key, temperature: float = 1.0,
                     max_new_tokens: int | None = None, progress: bool = False,
-                    desc: str = "eval") -> dict[str, float]:
+                    desc: str = "eval", num_slots: int = 0) -> dict[str, float]:
     """Problem-averaged metrics of one policy (see `metrics.summarize_pool`) + entropy;
-    `max_new_tokens`, `progress`, `desc` as in `sample_pool`."""
+    `max_new_tokens`, `progress`, `desc`, `num_slots` as in `sample_pool`."""
     return evaluate_policy_per_problem(model, task, records, num_answers=num_answers,
                                        budget=budget, ks=ks, key=key, temperature=temperature,
                                        max_new_tokens=max_new_tokens, progress=progress,
-                                       desc=desc)[0]
+                                       desc=desc, num_slots=num_slots)[0]
 
 
 def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num_answers: int,
                                 budget: int, ks: Sequence[int], key, temperature: float = 1.0,
                                 max_new_tokens: int | None = None, progress: bool = False,
-                                desc: str = "eval"
+                                desc: str = "eval", num_slots: int = 0
                                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """`evaluate_policy`'s metrics (with cover@k for every k when the task has
     `cover_components`) and per-problem arrays {"best_P": max_n w*ᵀr over the N candidates (0 if
@@ -160,7 +163,8 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
     pool, answers, amask, entropy = sample_pool(model, task, records, num_answers=num_answers,
                                                 budget=budget, key=key, temperature=temperature,
                                                 max_new_tokens=max_new_tokens,
-                                                progress=progress, desc=desc)
+                                                progress=progress, desc=desc,
+                                                num_slots=num_slots)
     out = metrics.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
                                     answer_mask_PNA=amask)
     cover = task.task.cover_components

@@ -533,6 +533,36 @@ class Decoder(nnx.Module):
         zeros = tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers))
         return KVCache(zeros, tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers)))
 
+    def extend_rows(self, tokens_R, prefix: Prefix, cache: KVCache, start_R,
+                    attention: str = "xla") -> tuple[jax.Array, KVCache]:
+        """One new token for each of R independent rows, row r at its own suffix slot
+        start_R[r] (`extend` puts every row at one slot).
+
+        Row r is a batch of one prompt with one continuation: `prefix` has R rows (its keys
+        [R, N, P, E] per layer, `mask_BP` [R, P], `length_B` [R]) and `cache` R rows of one
+        continuation ([R, 1, N, C, E] per layer; scanned: [L, R, 1, N, C, E]). This is `extend`
+        mapped over the rows (`jax.vmap`): each row writes its key/value at its own slot and
+        attends to its prefix and to its slots ≤ start_R[r]; slots above are masked, so a row
+        reused for a new continuation needs no cleared cache. With `attention="xla"` every row
+        reads all C slots. Returns (hidden_RD, KVCache of R rows).
+        """
+        ax = 1 if self.scanned else 0  # the row axis of a layer's keys: [(L,) R, ...]
+
+        def unit(xs):  # one row's leaves → a batch of one
+            return jax.tree.map(lambda x: jnp.expand_dims(x, ax), xs)
+
+        def one(token, k, v, mask_P, length, ck, cv, start):
+            row = Prefix(unit(k), unit(v), mask_P[None], length[None])
+            h, c = self.extend(token.reshape(1, 1, 1), row, KVCache(unit(ck), unit(cv)), start,
+                               attention=attention)
+            squeeze = functools.partial(jax.tree.map, lambda x: jnp.squeeze(x, ax))
+            return h[0, 0, 0], squeeze(c.k_BGNCE), squeeze(c.v_BGNCE)
+
+        h_RD, k, v = jax.vmap(one, in_axes=(0, ax, ax, 0, 0, ax, ax, 0), out_axes=(0, ax, ax))(
+            tokens_R, prefix.k_BNPE, prefix.v_BNPE, prefix.mask_BP, prefix.length_B,
+            cache.k_BGNCE, cache.v_BGNCE, start_R)
+        return h_RD, KVCache(k, v)
+
 
 def stack_layers(xs) -> jax.Array:
     """Per-layer arrays as one stacked [L, ...] array (a stacked array is returned as is)."""

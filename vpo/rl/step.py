@@ -48,7 +48,7 @@ from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
 from vpo.rl import packing
 from vpo.rollout import rewards as rewards_lib
-from vpo.rollout.sampler import generate
+from vpo.rollout.slots import generate_rollouts
 from vpo.tasks.bound import BoundTask
 from vpo.tree_ops import all_finite, masked_mean, update_if
 from vpo.types import Rollout
@@ -535,10 +535,11 @@ def sample_rollout(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Ro
     G = cfg.sampler.num_samples
     keys_BG = jax.random.split(k_sample, B * G).reshape(B, G)
     s = cfg.sampler
-    return generate(model_of(graphdef, state), batch["prompt_BP"],
-                    batch["prompt_mask_BP"], keys_BG, jnp.float32(s.temperature),
-                    jnp.float32(s.top_p), jnp.int32(s.top_k), max_new_tokens=s.max_new_tokens,
-                    stop_ids=cfg.stop_ids, pad_id=cfg.pad_id)
+    return generate_rollouts(model_of(graphdef, state), batch["prompt_BP"],
+                             batch["prompt_mask_BP"], keys_BG, jnp.float32(s.temperature),
+                             jnp.float32(s.top_p), jnp.int32(s.top_k),
+                             max_new_tokens=s.max_new_tokens, stop_ids=cfg.stop_ids,
+                             pad_id=cfg.pad_id, num_slots=s.num_slots)
 
 
 def rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask, cfg: StepConfig):

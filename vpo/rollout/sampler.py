@@ -386,7 +386,8 @@ def generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top
 
 def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
                      stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
-    """`generate` under jit with explicit per-(prompt, sample) keys."""
+    """`generate` under jit with explicit per-(prompt, sample) keys; with 0 < cfg.num_slots <
+    B·G, `vpo.rollout.slots.generate_slots` (the same tokens through refilled rows)."""
     check_sampler_model(model)
     P, T = prompts_BP.shape[1], cfg.max_new_tokens
     max_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
@@ -394,11 +395,15 @@ def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerC
         raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
                           f"model.max_seq_len {max_len}; lower one of them")
     graphdef, state = nnx.split(model)
-    return generate_jit(graphdef, state, jnp.asarray(prompts_BP, jnp.int32),
-                         jnp.asarray(mask_BP, bool), keys_BG, jnp.float32(cfg.temperature),
-                         jnp.float32(cfg.top_p), jnp.int32(cfg.top_k),
-                         max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids),
-                         pad_id=int(pad_id))
+    args = (graphdef, state, jnp.asarray(prompts_BP, jnp.int32), jnp.asarray(mask_BP, bool),
+            keys_BG, jnp.float32(cfg.temperature), jnp.float32(cfg.top_p), jnp.int32(cfg.top_k))
+    kw = dict(max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
+    from vpo.rollout import slots  # slots builds on this module
+
+    if slots.uses_slots(cfg.num_slots, keys_BG.size):
+        slots.check_slots_model(model)
+        return slots.generate_slots_jit(*args, num_slots=cfg.num_slots, **kw)
+    return generate_jit(*args, **kw)
 
 
 def sample(model: Decoder, prompts_BP, mask_BP, key, cfg: SamplerConfig, *,

@@ -70,7 +70,8 @@ class Proposer:
                  max_new_tokens: int):
         self.model, self.task, self.table, self.cfg = model, task, table, cfg
         self.sampler = SamplerConfig(max_new_tokens=max_new_tokens, num_samples=1,
-                                     temperature=cfg.temperature, top_p=cfg.top_p)
+                                     temperature=cfg.temperature, top_p=cfg.top_p,
+                                     num_slots=cfg.num_slots)
 
     def prompt(self, record: Record, parents: Parents) -> list[int]:
         m, task = self.cfg.num_answers, self.task.task

@@ -1,0 +1,214 @@
+"""Rollouts through a few refilled slots: generation over a pool of R = B·G rollouts with
+S ≤ R live rows.
+
+`vpo.rollout.sampler.generate` decodes all B·G rows until the last one stops: a finished row
+keeps its place and one long completion holds the whole batch. Here S slots decode in one
+`lax.while_loop`; when a slot's rollout stops (a stop token or max_new_tokens) its tokens are
+already in the [B, G, T] outputs and the slot takes the next rollout of the pool at the same
+step, so the work of a decode step follows S rows, not the longest of R. This is
+iteration-level scheduling (Orca, Yu et al., OSDI 2022; the continuous batching of vLLM) inside
+one compiled loop, over a pool fixed in advance.
+
+The rule, per step, for every slot holding rollout r = b·G + g at its own position t:
+  1. draw the token from the slot's logits with u = `vpo.prng.uniform_per_key(keys_BG[b, g],
+     t)` (`choose_tokens`), and write token, logp, sample_logp, entropy and mask at [b, g, t];
+  2. the rollout stops on a stop id (finished) or at t = T - 1;
+  3. every slot runs the next token through `Decoder.extend_rows` (its own slot t of its own
+     suffix cache, its own prompt's prefix);
+  4. stopped slots take the next rollouts of the pool in slot order (r = S, S + 1, …), start
+     at t = 0 from their prompt's last prefill logits, and copy that prompt's prefix keys and
+     values into their row (only on steps where a slot refills); a slot left without a rollout
+     idles (its work is discarded) until every slot is idle.
+Each rollout draws the uniforms of `generate` (same key, same position), so the same keys give
+the same tokens as `generate` up to float rounding: the slot loop's row step (`extend` mapped
+over rows) compiles to other fusions than `generate`'s step and rounds differently (its
+attention alone by ~2e-7). The tiny preset's rollouts are equal bit for bit
+(tests/test_rollout_slots.py); on
+SmolLM2-135M (30 layers, 49,152 tokens) the last hidden states differ by ~2e-5, logp agrees to
+~4e-5, and a draw whose uniform falls that close to a CDF boundary can flip, after which the
+rollout is another sample of the same distribution (21-23 of 32 rollouts of 128 tokens were
+identical, `experiments/bench_slots.py --preset smollm2`).
+
+Memory: per slot a suffix cache of T slots and a copy of one prompt's prefix (L·N·P·E keys and
+values each), in place of `generate`'s B·G suffix caches. Time: a step costs S rows whose
+attention reads P + T keys each (the cache is not grown in phases: slots sit at different
+positions), so slots pay off when completion lengths spread (a long tail) and S is well below
+R; with S ≥ R, `generate_rollouts` keeps `generate`.
+
+Shapes: B prompts, P prompt length, G samples per prompt, R = B·G rollouts, S slots, T =
+max_new_tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vpo import prng as _prng
+from vpo.model.decoder import KVCache, Prefix
+from vpo.rollout.sampler import (
+    DECODE_BLOCK,
+    SamplerModelError,
+    check_sampler_model,
+    choose_tokens,
+    generate,
+)
+from vpo.types import Rollout
+
+
+def uses_slots(num_slots: int, rollouts: int) -> bool:
+    """Whether `num_slots` slots decode `rollouts` rollouts through refills: 0 < S < R (0 or
+    S ≥ R: every rollout has its own row, `generate`)."""
+    return 0 < num_slots < rollouts
+
+
+def check_slots_model(model) -> None:
+    """`check_sampler_model`, and `extend_rows` (`vpo.model.decoder.Decoder.extend_rows`),
+    which the slots need; raises `SamplerModelError`."""
+    check_sampler_model(model)
+    if not callable(getattr(model, "extend_rows", None)):
+        raise SamplerModelError(
+            f"{type(model).__name__} cannot decode in slots: it lacks extend_rows (one new "
+            "token per row at each row's own position, see vpo.model.decoder.Decoder."
+            "extend_rows); set sampler.num_slots=0")
+
+
+class _Slots(NamedTuple):
+    rollout_S: jax.Array  # int32, the rollout each slot decodes (R: none)
+    t_S: jax.Array  # int32, the slot's position in its rollout
+    next_r: jax.Array  # int32, the first rollout of the pool not yet started
+    logits_SV: jax.Array
+    prefix: Prefix  # the prompt of each slot's rollout: keys/values [S, N, P, E] per layer
+    cache: KVCache  # [S, 1, N, T, E] per layer
+    out: Rollout  # [R, T] arrays (reshaped to [B, G, T] at the end)
+
+
+def _rows(prefix: Prefix, b_S, scanned: bool) -> Prefix:
+    """The prefix of prompts b_S, one row per slot."""
+    ax = 1 if scanned else 0
+    take = functools.partial(jax.tree.map, lambda x: jnp.take(x, b_S, axis=ax))
+    return Prefix(take(prefix.k_BNPE), take(prefix.v_BNPE), prefix.mask_BP[b_S],
+                  prefix.length_B[b_S])
+
+
+def _refill(rows: Prefix, prefix: Prefix, b_S, new_S, *, scanned: bool) -> Prefix:
+    """`rows` with the slots new_S (bool [S]) holding the prefix of prompts b_S."""
+    ax = 1 if scanned else 0
+    fresh = _rows(prefix, b_S, scanned)
+
+    def pick(old, x):
+        shape = [1] * x.ndim
+        shape[ax] = x.shape[ax]
+        return jnp.where(new_S.reshape(shape), x, old)
+
+    both = functools.partial(jax.tree.map, pick)
+    return Prefix(both(rows.k_BNPE, fresh.k_BNPE), both(rows.v_BNPE, fresh.v_BNPE),
+                  jnp.where(new_S[:, None], fresh.mask_BP, rows.mask_BP),
+                  jnp.where(new_S, fresh.length_B, rows.length_B))
+
+
+def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+                   max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
+                   num_slots: int) -> Rollout:
+    """Pure sampling function with `num_slots` refilled slots (the module docstring's rule);
+    the arguments and the returned `Rollout` ([B, G, T]) are those of
+    `vpo.rollout.sampler.generate`. The model needs `extend_rows` besides the `SamplerModel`
+    methods. 1 ≤ num_slots ≤ B·G (more are clipped to B·G).
+
+    Every prompt is prefilled once; slot s starts with rollout s. The loop ends when the pool
+    is empty and every slot has stopped.
+    """
+    check_slots_model(model)
+    B, G = keys_BG.shape
+    R, T = B * G, max_new_tokens
+    if num_slots < 1:
+        raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+    S = min(num_slots, R)
+    scanned = bool(getattr(model, "scanned", False))
+    keys_R = keys_BG.reshape(R)
+    hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
+    logits_BV = model.logits(hidden_BPD[:, -1])
+    rollout_S = jnp.arange(S, dtype=jnp.int32)
+    zeros = jnp.zeros((R, T), jnp.float32)
+    init = _Slots(
+        rollout_S=rollout_S, t_S=jnp.zeros((S,), jnp.int32), next_r=jnp.int32(S),
+        logits_SV=logits_BV[rollout_S // G],
+        prefix=_rows(prefix, rollout_S // G, scanned),
+        cache=model.init_cache(S, 1, T),
+        out=Rollout(jnp.full((R, T), pad_id, jnp.int32), zeros, zeros, zeros,
+                    jnp.zeros((R, T), bool), jnp.zeros((R,), jnp.int32),
+                    jnp.zeros((R,), bool)))
+    stop_K = jnp.asarray(stop_ids, jnp.int32)
+
+    def body(s: _Slots) -> _Slots:
+        live_S = s.rollout_S < R
+        r_S = jnp.minimum(s.rollout_S, R - 1)
+        u_S = _prng.uniform_per_key(keys_R[r_S], s.t_S)
+        tok_S, logp_S, slogp_S, ent_S = choose_tokens(
+            s.logits_SV[:, None], u_S[:, None], temperature, top_p, top_k)
+        tok_S, logp_S, slogp_S, ent_S = tok_S[:, 0], logp_S[:, 0], slogp_S[:, 0], ent_S[:, 0]
+        at = (jnp.where(live_S, s.rollout_S, R), s.t_S)  # an idle slot writes nowhere
+
+        def write(a, x):
+            return a.at[at].set(x, mode="drop")
+
+        o = s.out
+        stop_S = live_S & jnp.any(tok_S[:, None] == stop_K[None, :], axis=-1)
+        ended_S = live_S & (stop_S | (s.t_S == T - 1))
+        out = o._replace(
+            tokens_BGT=write(o.tokens_BGT, tok_S), logp_BGT=write(o.logp_BGT, logp_S),
+            sample_logp_BGT=write(o.sample_logp_BGT, slogp_S),
+            entropy_BGT=write(o.entropy_BGT, ent_S), mask_BGT=write(o.mask_BGT, live_S),
+            length_BG=o.length_BG.at[at[0]].set(s.t_S + 1, mode="drop"),
+            finished_BG=o.finished_BG.at[at[0]].set(stop_S, mode="drop"))
+        hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, s.t_S)
+        logits_SV = model.logits(hidden_SD)
+        # the stopped slots, in slot order, take the next rollouts of the pool
+        order_S = jnp.cumsum(ended_S.astype(jnp.int32)) - 1
+        taken_S = jnp.where(ended_S, s.next_r + order_S, s.rollout_S)
+        new_S = ended_S & (taken_S < R)
+        rollout_S = jnp.where(ended_S, jnp.minimum(taken_S, R), s.rollout_S)
+        b_S = jnp.minimum(rollout_S, R - 1) // G
+        refill = functools.partial(_refill, scanned=scanned)
+        prefix_rows = jax.lax.cond(jnp.any(new_S), refill, lambda rows, *_: rows, s.prefix,
+                                   prefix, b_S, new_S)
+        return _Slots(
+            rollout_S=rollout_S, t_S=jnp.where(ended_S, 0, s.t_S + 1),
+            next_r=s.next_r + jnp.sum(ended_S.astype(jnp.int32)),
+            logits_SV=jnp.where(new_S[:, None], logits_BV[b_S], logits_SV),
+            prefix=prefix_rows, cache=cache, out=out)
+
+    def cond(s: _Slots):
+        return jnp.any(s.rollout_S < R)
+
+    final = jax.lax.while_loop(cond, body, init).out
+    return Rollout(*(x.reshape(B, G, *x.shape[1:]) for x in final))
+
+
+def generate_rollouts(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
+                      max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
+                      num_slots: int = 0, decode_block: int = DECODE_BLOCK) -> Rollout:
+    """The sampler for `sampler.num_slots`: `generate_slots` when 0 < num_slots < B·G
+    (`uses_slots`), else `vpo.rollout.sampler.generate` (every rollout its own row).
+    Pure; arguments and result as `generate`."""
+    B, G = keys_BG.shape
+    kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id)
+    if uses_slots(num_slots, B * G):
+        return generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k,
+                              num_slots=num_slots, **kw)
+    return generate(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k,
+                    decode_block=decode_block, **kw)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "stop_ids", "pad_id",
+                                             "num_slots"))
+def generate_slots_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k,
+                       *, max_new_tokens, stop_ids, pad_id, num_slots):
+    """`generate_slots` under jit on an `nnx.split` model."""
+    return generate_slots(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
+                          top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                          pad_id=pad_id, num_slots=num_slots)
