@@ -47,6 +47,7 @@ def test_f32_sampler_and_trainer_agree(task):
           "max |Δ log p|", [float(m["rollout/mismatch_max_abs_logp"]) for m in history])
 
 
+@pytest.mark.slow
 def test_bf16_mismatch_is_recorded(task):
     """In bfloat16 the two programs may round differently; the step records by how much. The
     weights are scaled ×8 so the policy is not near-uniform (entropy ~2 nats of 2.48)."""

@@ -95,9 +95,10 @@ def _loss(model_of, params, inputs, real, pack_rows, c_BGT, remat=False):
     return loss, (logp, ent)
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(lora_rank=2),
-                                     dict(scan_layers=True, remat=True)],
-                         ids=["full", "lora", "scanned-remat"])
+@pytest.mark.parametrize("variant", [
+    dict(), pytest.param(dict(lora_rank=2), marks=pytest.mark.slow),
+    pytest.param(dict(scan_layers=True, remat=True), marks=pytest.mark.slow)],
+    ids=["full", "lora", "scanned-remat"])
 def test_packed_loss_and_gradients_equal_padded(inputs, variant):
     variant = dict(variant)
     remat = variant.pop("remat", False)
@@ -149,6 +150,7 @@ def test_batch_that_does_not_fit_runs_padded(inputs):
         np.testing.assert_allclose(jnp.where(real, a, 0), jnp.where(real, b, 0), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bench_packed_runs(load_experiment, capsys):
     """experiments/bench_packed.py at a toy size: both arms, their loss and speed-up lines."""
     load_experiment("bench_packed").main(["--batch", "2", "--G", "4", "--T", "16",
