@@ -55,9 +55,11 @@ from vpo.rl.step import (
     init_state,
     make_host_rl_step,
     make_optimizer,
+    make_prime_step,
     make_rl_step,
     make_sample_step,
     policy_of,
+    prime_overlap,
     state_from_model,
     step_config,
 )
@@ -212,8 +214,10 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
     config, tcfg = run.config, run.config.train
     if resume and run.manager.latest_step() is not None:
         check_data(out_dir, config)
-        run.state, start = run.manager.restore(run.state, run.data_it,
-                                                 config=config.to_json())
+        like = run.state
+        if tcfg.off_policy_steps:  # the rollout in flight is restored with the state
+            like = like._replace(pending=_pending_like(run))
+        run.state, start = run.manager.restore(like, run.data_it, config=config.to_json())
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
                               f"in {out_dir}; give train.steps >= {start}")
@@ -230,6 +234,21 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
         record_data(out_dir, config)
         write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
     return 0
+
+
+def _pending_like(run: _Run):
+    """Shapes and shardings of an overlapped run's `TrainState.pending`, to restore it onto: a
+    batch drawn for its shapes (the restore sets the data position afterwards) and the
+    first rollout's shapes (`prime_overlap` under `jax.eval_shape`), laid out as batches are."""
+    cfg = step_config(run.config, run.task)
+    batch = shard_batch(next(run.data_it), run.mesh)
+    shapes = jax.eval_shape(lambda s, b: prime_overlap(s, b, graphdef=run.graphdef,
+                                                       task=run.task, cfg=cfg).pending,
+                            run.state, batch)
+    rep = sharding_lib.replicated(run.mesh)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding_lib.batch_sharding(run.mesh, x.ndim) if x.ndim
+        else rep), shapes)
 
 
 def _step_functions(run: _Run):
@@ -263,6 +282,9 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
     step_fn, probe_fn = _step_functions(run)
     state, data_it = run.state, run.data_it
+    if tcfg.off_policy_steps and state.pending is None:  # the first rollout, by θ_0
+        prime = make_prime_step(run.graphdef, task, step_config(config, task))
+        state = prime(state, shard_batch(next(data_it), run.mesh))
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every,
                            report_to=report_to, config=config.to_json(),
                            watch=RunWatch(config.sampler.max_new_tokens).check)
