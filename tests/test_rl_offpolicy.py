@@ -142,7 +142,8 @@ def test_overlapped_run_logs_staleness_and_weights(task, tmp_path):
     # the first update trains on θ_0's own rollout: recomputed log-probs equal the sampler's
     # up to the training forward's rounding
     assert got[0]["offpolicy/behaviour_kl"] < 1e-6
-    assert int(state.pending["policy_step"]) == 3  # the rollout in flight: sampled by θ_3
+    # the rollout in flight, for step 4 (which updates θ_3): sampled by θ_2 during step 3
+    assert int(state.step) == 3 and int(state.pending["policy_step"]) == 2
 
 
 def test_overlapped_first_step_trains_on_the_synchronous_first_rollout(task, tmp_path):
@@ -173,6 +174,34 @@ def test_overlapped_resume_is_exact(task, tmp_path):
     assert rows(a) == rows(b)
     for x, y in zip(jax.tree.leaves(s_straight), jax.tree.leaves(s_resumed), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_checkpoints_from_before_the_pending_field_restore(tmp_path):
+    """A state saved by the code before `TrainState.pending` (the same fields but that one)
+    restores into today's `TrainState`, and a synchronous state saves in that layout."""
+    from typing import NamedTuple
+
+    from vpo.rl.step import TrainState
+
+    class Before(NamedTuple):
+        step: jax.Array
+        params: dict
+        opt_state: tuple
+        rng: jax.Array
+        ref_params: dict | None = None
+        frozen: dict | None = None
+
+    mngr = ckpt_lib.CheckpointManager(str(tmp_path / "c"))
+    mngr.save(3, Before(jnp.int32(3), {"w": jnp.ones(3)}, (jnp.zeros(3),),
+                        jnp.zeros(2, jnp.uint32)))
+    like = TrainState(jnp.int32(0), {"w": jnp.zeros(3)}, (jnp.ones(3),), jnp.ones(2, jnp.uint32))
+    state, step = mngr.restore(like)
+    assert step == 3 and isinstance(state, TrainState) and state.pending is None
+    np.testing.assert_array_equal(state.params["w"], np.ones(3))
+    mngr.save(4, state)
+    again, _ = mngr.restore(Before(*like[:6]))
+    assert isinstance(again, Before) and int(again.step) == 3
+    mngr.close()
 
 
 def test_host_reward_tasks_refuse_the_overlapped_step(tmp_path):
