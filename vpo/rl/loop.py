@@ -30,6 +30,7 @@ from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
+from vpo.rl import overlap
 from vpo.rl.checks import check_run
 from vpo.rl.env_step import EnvRLStep, make_env_rl_step
 from vpo.rl.host_memory import compiled_on_first_call
@@ -55,11 +56,9 @@ from vpo.rl.step import (
     init_state,
     make_host_rl_step,
     make_optimizer,
-    make_prime_step,
     make_rl_step,
     make_sample_step,
     policy_of,
-    prime_overlap,
     state_from_model,
     step_config,
 )
@@ -216,7 +215,9 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
         check_data(out_dir, config)
         like = run.state
         if tcfg.off_policy_steps:  # the rollout in flight is restored with the state
-            like = like._replace(pending=_pending_like(run))
+            like = like._replace(pending=overlap.pending_like(
+                run.state, shard_batch(next(run.data_it), run.mesh), run.mesh,  # its shapes
+                graphdef=run.graphdef, task=run.task, cfg=step_config(config, run.task)))
         run.state, start = run.manager.restore(like, run.data_it, config=config.to_json())
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
@@ -234,21 +235,6 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
         record_data(out_dir, config)
         write_json_atomic(os.path.join(out_dir, CONFIG), config.to_json())  # last: a run
     return 0
-
-
-def _pending_like(run: _Run):
-    """Shapes and shardings of an overlapped run's `TrainState.pending`, to restore it onto: a
-    batch drawn for its shapes (the restore sets the data position afterwards) and the
-    first rollout's shapes (`prime_overlap` under `jax.eval_shape`), laid out as batches are."""
-    cfg = step_config(run.config, run.task)
-    batch = shard_batch(next(run.data_it), run.mesh)
-    shapes = jax.eval_shape(lambda s, b: prime_overlap(s, b, graphdef=run.graphdef,
-                                                       task=run.task, cfg=cfg).pending,
-                            run.state, batch)
-    rep = sharding_lib.replicated(run.mesh)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=sharding_lib.batch_sharding(run.mesh, x.ndim) if x.ndim
-        else rep), shapes)
 
 
 def _step_functions(run: _Run):
@@ -283,7 +269,7 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     step_fn, probe_fn = _step_functions(run)
     state, data_it = run.state, run.data_it
     if tcfg.off_policy_steps and state.pending is None:  # the first rollout, by θ_0
-        prime = make_prime_step(run.graphdef, task, step_config(config, task))
+        prime = overlap.make_prime_step(run.graphdef, task, step_config(config, task))
         state = prime(state, shard_batch(next(data_it), run.mesh))
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every,
                            report_to=report_to, config=config.to_json(),

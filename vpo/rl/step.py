@@ -63,9 +63,9 @@ class TrainState(NamedTuple):
     reference is that base with the adapters off, so `ref_params` stays None (no second copy).
 
     `pending` (only with `train.off_policy_steps` = 1): the rollout in flight, sampled by the
-    previous step's parameters for the next update (`overlapped_rl_step`; keys in
-    `PENDING_KEYS`). It is part of the state, so a checkpoint holds it and a resumed run
-    trains on exactly the rollout the uninterrupted one would.
+    previous step's parameters for the next update (`vpo.rl.overlap`). It is part of the state,
+    so a checkpoint holds it and a resumed run trains on exactly the rollout the uninterrupted
+    one would.
     """
 
     step: jax.Array  # int32 scalar: RL (or SFT) steps taken
@@ -314,7 +314,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
 
     `rollout.logp_BGT` is the PPO ratio's old_logp. `behaviour_logp_BGT`: the sampler's
     log-probs when they differ from it (a stale rollout whose old_logp was recomputed at the
-    current parameters, `overlapped_rl_step`); None: the rollout's own. With
+    current parameters, `vpo.rl.overlap`); None: the rollout's own. With
     `objective.rollout_is` (`vpo.rl.offpolicy.rollout_is_mode`) other than "none", the
     importance weights of old_logp over the behaviour log-probs weigh the policy-gradient
     term (`policy_loss(is_weight_BGT=)`) and offpolicy/* metrics are logged.
@@ -578,86 +578,15 @@ def rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask, cfg: Ste
                                tx=tx, task=task, cfg=cfg)
 
 
-# ---------------------------------------------------------------------------------------------
-# the overlapped step (train.off_policy_steps = 1)
-
-PENDING_KEYS = ("prompt_BP", "prompt_mask_BP", "rollout", "rewards_BGMR", "solution_mask_BGM",
-                "policy_step")
-
-
-def _sample_pending(state: TrainState, batch, index, *, graphdef, task: BoundTask,
-                    cfg: StepConfig) -> dict:
-    """Rollout number `index` (its keys those of step `index`: `sample_rollout`) of `batch`
-    by `state.params`, with its in-graph rewards → `TrainState.pending`."""
-    rollout = sample_rollout(state._replace(step=index), batch, graphdef=graphdef, cfg=cfg)
-    rewards_BGMR, smask_BGM = rewards_lib.in_graph_rewards(
-        task, batch["problems"], rollout.tokens_BGT, rollout.mask_BGT, cfg.train.num_answers)
-    return dict(prompt_BP=batch["prompt_BP"], prompt_mask_BP=batch["prompt_mask_BP"],
-                rollout=rollout._asdict(), rewards_BGMR=rewards_BGMR, solution_mask_BGM=smask_BGM,
-                policy_step=state.step)
-
-
-def prime_overlap(state: TrainState, batch, *, graphdef, task: BoundTask,
-                  cfg: StepConfig) -> TrainState:
-    """The overlapped run's first rollout, before its first step: `batch` sampled by the
-    initial parameters with step `state.step`'s keys → the state with it `pending`. The first
-    step then trains on it at staleness 0 and samples again (two samplings, one update)."""
-    return state._replace(pending=_sample_pending(state, batch, state.step, graphdef=graphdef,
-                                                  task=task, cfg=cfg))
-
-
-def overlapped_rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask,
-                       cfg: StepConfig):
-    """One step of `train.off_policy_steps` = 1 → (state, metrics): in one program, sample the
-    NEXT rollout (`batch`, keys of step t + 1) with the current parameters θ_t, and update θ_t
-    on the pending rollout, sampled one step earlier by θ_{t−1} (`prime_overlap` at t = 0:
-    by θ_0 itself).
-
-    The two halves share no data but θ_t, so XLA may schedule them concurrently; on one
-    device they share its cores, so the gain is at most overlapped dispatch and idle units,
-    not twice the work per second. The update recomputes log π_{θ_t} on the stale rollout
-    (the proximal policy: the PPO ratio's old_logp) and corrects the gap to the sampler's
-    log-probs with `objective.rollout_is` (`vpo.rl.offpolicy`). Reward and rollout metrics
-    describe the rollout trained on; offpolicy/staleness is t minus the step whose parameters
-    sampled it (1, and 0 at the first step); offpolicy/behaviour_kl and
-    offpolicy/behaviour_max_abs_logp compare π_{θ_t} with the sampler on it
-    (`mismatch_metrics`' k3 over all its real tokens). Jit it with `make_rl_step`.
-    """
-    tcfg, pending = cfg.train, state.pending
-    if pending is None:
-        raise ValueError("overlapped_rl_step needs state.pending: start with prime_overlap")
-    following = _sample_pending(state, batch, state.step + 1, graphdef=graphdef, task=task,
-                                cfg=cfg)
-    rollout = Rollout(**pending["rollout"])
-    proximal_BGT = jax.lax.stop_gradient(completion_logp(
-        model_of(graphdef, state), pending["prompt_BP"], pending["prompt_mask_BP"],
-        rollout.tokens_BGT, vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl,
-        real_BGT=rollout.mask_BGT, pack_rows=tcfg.pack_rows)[0])
-    staleness = (state.step - pending["policy_step"]).astype(jnp.float32)
-    gap = mismatch_metrics(mismatch_sums(proximal_BGT, rollout.logp_BGT, rollout.mask_BGT))
-    new_state, metrics = update_from_rollout(
-        state._replace(pending=None), pending, rollout._replace(logp_BGT=proximal_BGT),
-        pending["rewards_BGMR"], pending["solution_mask_BGM"], graphdef=graphdef, tx=tx,
-        task=task, cfg=cfg, behaviour_logp_BGT=rollout.logp_BGT)
-    metrics[offpolicy.STALENESS] = staleness
-    metrics["offpolicy/behaviour_kl"] = gap["rollout/mismatch_kl"]
-    metrics["offpolicy/behaviour_max_abs_logp"] = gap["rollout/mismatch_max_abs_logp"]
-    return new_state._replace(pending=following), metrics
-
-
 def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
-    """`rl_step` (`overlapped_rl_step` with `train.off_policy_steps` = 1) jitted with the state
-    donated: (state, batch) -> (state, metrics)."""
+    """`rl_step` (`vpo.rl.overlap.overlapped_rl_step` with `train.off_policy_steps` = 1)
+    jitted with the state donated: (state, batch) -> (state, metrics)."""
     if task.is_host:
         raise ConfigError(f"task {task.name!r} has a host reward; use make_host_rl_step")
-    step = overlapped_rl_step if cfg.train.off_policy_steps else rl_step
+    step = rl_step
+    if cfg.train.off_policy_steps:
+        from vpo.rl.overlap import overlapped_rl_step as step  # it builds on this module
     return jax.jit(functools.partial(step, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
-                   donate_argnums=0)
-
-
-def make_prime_step(graphdef, task: BoundTask, cfg: StepConfig) -> Callable:
-    """`prime_overlap` jitted with the state donated: (state, batch) -> state."""
-    return jax.jit(functools.partial(prime_overlap, graphdef=graphdef, task=task, cfg=cfg),
                    donate_argnums=0)
 
 
