@@ -65,7 +65,8 @@ def main(argv=None):
         t0 = time.perf_counter()
         state, metrics = jax.block_until_ready(step(state, shard_batch(next(it), mesh)))
         print(f"k={k}: compile + first step {time.perf_counter() - t0:.1f} s", flush=True)
-        arms[k] = dict(state=state, it=it, step=step, times=[], tokens=[])
+        arms[k] = dict(state=state, it=it, step=step, times=[], tokens=[], graphdef=graphdef,
+                       tcfg=run.train)
     print(f"jax {jax.__version__}, {len(devices)} {devices[0].platform} device(s), "
           f"{os.cpu_count()} CPUs; model {args.model} ({run.model.num_params:,} params); maze "
           f"B={args.batch} G={args.G} T={run.sampler.max_new_tokens}; {args.repeats} blocks of "
@@ -88,6 +89,24 @@ def main(argv=None):
               + ", ".join(f"{t * 1e3:.0f}" for t in arm["times"])
               + f" ms; {statistics.mean(arm['tokens']):.0f} generated tokens/step)")
     print(f"throughput k=1 / k=0: {med[0] / med[1]:.2f}x", flush=True)
+    arm = arms[1]  # what k = 1 adds: the proximal log-prob pass over the pending rollout
+    pending, tcfg = arm["state"].pending, arm["tcfg"]
+
+    @jax.jit
+    def proximal(state):
+        return train_lib.completion_logp(
+            train_lib.model_of(arm["graphdef"], state), pending["prompt_BP"],
+            pending["prompt_mask_BP"], pending["rollout"]["tokens_BGT"],
+            vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl)[0]
+
+    jax.block_until_ready(proximal(arm["state"]))
+    times = []
+    for _ in range(args.repeats * args.steps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(proximal(arm["state"]))
+        times.append(time.perf_counter() - t0)
+    print(f"the proximal log-prob pass alone: {statistics.median(times) * 1e3:.1f} ms "
+          f"(k=1 − k=0: {(med[1] - med[0]) * 1e3:+.1f} ms/step)", flush=True)
 
 
 if __name__ == "__main__":
