@@ -10,9 +10,11 @@ data-parallel over `--devices` devices: `--xla_force_host_platform_device_count`
 proximal log-prob pass and token-level TIS). Each arm keeps its own state and data stream;
 after one untimed step (compile), the arms alternate blocks of `--steps` steps for `--repeats`
 rounds (a loaded machine slows both alike) and each block's time per step is recorded, the
-state fetched at its end; medians, and the k = 1 / k = 0 throughput ratio. On one device the
-two halves of the overlapped step share its cores: what it can gain is XLA scheduling them
-side by side and one dispatch instead of two, not twice the work per second.
+state fetched at its end; medians, and the k = 1 / k = 0 throughput ratio; then what k = 1 adds
+to the work, the proximal log-prob pass over the pending rollout, timed alone. The synchronous step
+is one program too, so no dispatch is saved; on one device the two halves of the overlapped step
+share its cores, and what it can gain is XLA running them side by side on units one half leaves
+idle, while it always adds the proximal pass.
 """
 
 from __future__ import annotations

@@ -67,8 +67,9 @@ def overlapped_rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTas
     by θ_0 itself).
 
     The two halves share no data but θ_t, so XLA may schedule them concurrently; on one
-    device they share its cores, so the gain is at most overlapped dispatch and idle units,
-    not twice the work per second. The update recomputes log π_{θ_t} on the stale rollout
+    device they share its cores, and the synchronous `rl_step` is one program too (no dispatch
+    is saved): the gain is at most work run on units the other half leaves idle, against one
+    more log-prob pass (docs/performance.md measures it). The update recomputes log π_{θ_t} on the stale rollout
     (the proximal policy: the PPO ratio's old_logp) and corrects the gap to the sampler's
     log-probs with `objective.rollout_is` (`vpo.rl.offpolicy`). Reward and rollout metrics
     describe the rollout trained on; offpolicy/staleness is t minus the step whose parameters
