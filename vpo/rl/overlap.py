@@ -69,11 +69,11 @@ def overlapped_rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTas
     The two halves share no data but θ_t, so XLA may schedule them concurrently; on one
     device they share its cores, and the synchronous `rl_step` is one program too (no dispatch
     is saved): the gain is at most work run on units the other half leaves idle, against one
-    more log-prob pass (docs/performance.md measures it). The update recomputes log π_{θ_t} on the stale rollout
-    (the proximal policy: the PPO ratio's old_logp) and corrects the gap to the sampler's
-    log-probs with `objective.rollout_is` (`vpo.rl.offpolicy`). Reward and rollout metrics
-    describe the rollout trained on; offpolicy/staleness is t minus the step whose parameters
-    sampled it (1, and 0 at the first step); offpolicy/behaviour_kl and
+    more log-prob pass (docs/performance.md measures it). The update recomputes log π_{θ_t}
+    on the stale rollout (the proximal policy: the PPO ratio's old_logp) and corrects the gap
+    to the sampler's log-probs with `objective.rollout_is` (`vpo.rl.offpolicy`). Reward and
+    rollout metrics describe the rollout trained on; offpolicy/staleness is t minus the step
+    whose parameters sampled it (1, and 0 at the first step); offpolicy/behaviour_kl and
     offpolicy/behaviour_max_abs_logp compare π_{θ_t} with the sampler on it
     (`mismatch_metrics`' k3 over all its real tokens). Jit it with `make_rl_step`.
     """
