@@ -142,8 +142,28 @@ def test_overlapped_run_logs_staleness_and_weights(task, tmp_path):
     # the first update trains on θ_0's own rollout: recomputed log-probs equal the sampler's
     # up to the training forward's rounding
     assert got[0]["offpolicy/behaviour_kl"] < 1e-6
+    # later rollouts are one update stale: π_prox moved away from the sampler, while the
+    # training forward still matches its old log-probs (the recomputed ones) to rounding
+    for r in got[1:]:
+        assert r["offpolicy/behaviour_kl"] > 1e-6 and r["offpolicy/behaviour_max_abs_logp"] > 1e-3
+        assert r["rollout/mismatch_kl"] < 1e-9
     # the rollout in flight, for step 4 (which updates θ_3): sampled by θ_2 during step 3
     assert int(state.step) == 3 and int(state.pending["policy_step"]) == 2
+
+
+def test_overlapped_seq_mis_drops_stale_sequences(task, tmp_path):
+    """With a cap of 1.05 the one-step-stale rollouts lose sequences (weight 0), the first,
+    on-policy one none."""
+    run = with_objective(with_train(reference_run(task), off_policy_steps=1),
+                         rollout_is="seq_mis", rollout_is_cap=1.05)
+    loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(), progress=False)
+    got = rows(tmp_path)
+    assert got[0]["offpolicy/is_clipped_frac"] == 0.0
+    assert got[0]["offpolicy/is_weight_mean"] == 1.0
+    assert any(r["offpolicy/is_clipped_frac"] > 0.0 for r in got[1:])
+    for r in got[1:]:
+        np.testing.assert_allclose(r["offpolicy/is_weight_mean"],
+                                   1.0 - r["offpolicy/is_clipped_frac"], rtol=1e-6)
 
 
 def test_overlapped_first_step_trains_on_the_synchronous_first_rollout(task, tmp_path):
