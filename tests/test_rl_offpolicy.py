@@ -41,8 +41,8 @@ def rows(path):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in lines]
 
 
-def reference_run(task, **train_kw):
-    return run_config(task, steps=3, profile_every=0, sample_every=0, **train_kw)
+def reference_run(task, steps=3, **train_kw):
+    return run_config(task, steps=steps, profile_every=0, sample_every=0, **train_kw)
 
 
 def with_objective(run, **kw):
@@ -164,6 +164,20 @@ def test_overlapped_seq_mis_drops_stale_sequences(task, tmp_path):
     for r in got[1:]:
         np.testing.assert_allclose(r["offpolicy/is_weight_mean"],
                                    1.0 - r["offpolicy/is_clipped_frac"], rtol=1e-6)
+
+
+def test_overlapped_step_with_packing_dynamic_sampling_and_kl(task, tmp_path):
+    """The pending rollout holds all oversample × B groups (dynamic sampling chooses among
+    them at the update), the proximal pass packs as the update does, a KL reference rides
+    along."""
+    run = with_objective(with_train(reference_run(task, steps=2), off_policy_steps=1,
+                                    pack_rows=3),
+                         dynamic_sampling=True, oversample=2, kl_coef=0.01)
+    _, state = loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(), progress=False)
+    got = rows(tmp_path)
+    assert [r["offpolicy/staleness"] for r in got] == [0.0, 1.0]
+    assert all(np.isfinite(r["loss"]) and r["skipped_updates"] == 0 for r in got)
+    assert state.pending["prompt_BP"].shape[0] == 2 * run.train.batch_size
 
 
 def test_overlapped_first_step_trains_on_the_synchronous_first_rollout(task, tmp_path):
