@@ -223,9 +223,12 @@ def test_overlapped_profiled_steps_log_the_rollout_they_sample(task, tmp_path):
     np.testing.assert_array_equal(probe.tokens_BGT, state.pending["rollout"]["tokens_BGT"])
 
 
-def test_overlapped_resume_is_exact(task, tmp_path):
-    """5 steps straight == 3 steps (checkpoint with the rollout in flight) + resume for 2."""
+@pytest.mark.parametrize("lora_rank", [0, 2])
+def test_overlapped_resume_is_exact(task, tmp_path, lora_rank):
+    """5 steps straight == 3 steps (checkpoint with the rollout in flight) + resume for 2; full
+    fine-tuning, and LoRA (whose checkpoints hold the base by reference)."""
     run = with_train(reference_run(task), off_policy_steps=1, steps=5)
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, lora_rank=lora_rank))
     a, b = str(tmp_path / "straight"), str(tmp_path / "resumed")
     _, s_straight = loop_lib.train(run, a, task=task, mesh=one_device(), progress=False)
     loop_lib.train(run, b, task=task, mesh=one_device(), progress=False, stop_at=3)
