@@ -96,6 +96,8 @@ BAD = [
     (ObjectiveConfig, "overlong_mask", 0, "true or false"),
     (ObjectiveConfig, "overlong_cache_len", -1, ">= 0"),
     (ObjectiveConfig, "overlong_max_len", 0, ">= 1"),
+    (ObjectiveConfig, "rollout_is", "tis", "one of none, token_tis, seq_mis (or None)"),
+    (ObjectiveConfig, "rollout_is_cap", 0.5, ">= 1"),
     # TrainConfig
     (TrainConfig, "remat", 1, "true or false"),
     (TrainConfig, "seed", -1, ">= 0"),
@@ -125,6 +127,7 @@ BAD = [
     (TrainConfig, "logprob_impl", "triton", "one of chunked, pallas, reference"),
     (TrainConfig, "max_skipped_updates", -1, ">= 0"),
     (TrainConfig, "pack_rows", -1, ">= 0"),
+    (TrainConfig, "off_policy_steps", 2, "in [0, 1]"),
     # RunConfig (the run's own fields)
     (RunConfig, "model", {"dim": 32}, "ModelConfig section"),
     (RunConfig, "sampler", None, "SamplerConfig section"),

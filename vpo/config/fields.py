@@ -28,6 +28,8 @@ RATIO_LEVELS = ("token", "sequence")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 COV_CONTROLS = ("none", "clip_cov", "kl_cov")
+# Rollout importance-sampling corrections of a stale rollout (`vpo.rl.offpolicy`).
+ROLLOUT_IS = ("none", "token_tis", "seq_mis")
 SCHEDULES = ("constant", "cosine")
 LOGPROB_IMPLS = ("chunked", "pallas", "reference")
 SELECTIONS = ("tournament", "boltzmann")  # search parent selection
@@ -62,7 +64,7 @@ class Rule:
         if self.kind == "text":
             return "a string" + (" (or None)" if self.optional else "")
         if self.kind == "name":
-            return "one of " + ", ".join(self.names)
+            return "one of " + ", ".join(self.names) + (" (or None)" if self.optional else "")
         what = "an integer" if self.kind == "int" else "a finite number"
         if self.lo is not None and self.hi is not None:
             lo, hi = "(["[not self.lo_open], ")]"[not self.hi_open]
@@ -102,8 +104,8 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open: bool = Fa
     return Rule("real", lo, hi, lo_open, hi_open, optional=optional)
 
 
-def one_of(names: tuple[str, ...]) -> Rule:
-    return Rule("name", names=tuple(names))
+def one_of(names: tuple[str, ...], *, optional: bool = False) -> Rule:
+    return Rule("name", names=tuple(names), optional=optional)
 
 
 FLAG = Rule("bool")

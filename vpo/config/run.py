@@ -24,6 +24,7 @@ from vpo.config.fields import (
     LOGPROB_IMPLS,
     POSITIVE,
     RATIO_LEVELS,
+    ROLLOUT_IS,
     SCHEDULES,
     STD_MODES,
     WEIGHT_SAMPLERS,
@@ -88,6 +89,12 @@ class ObjectiveConfig:
     overlong_mask: bool = False  # truncated responses (no stop token) get zero loss weight
     overlong_cache_len: int = 0  # soft overlong penalty buffer L_cache in tokens (0: off)
     overlong_max_len: int | None = None  # L_max in tokens (None: sampler.max_new_tokens)
+    # Correction of a rollout sampled by older parameters (`train.off_policy_steps` = 1;
+    # `vpo.rl.offpolicy`): "token_tis" (truncated IS per token), "seq_mis" (sequences whose
+    # geometric-mean ratio leaves [1/C, C] dropped), "none"; None: "token_tis" when
+    # off_policy_steps = 1, "none" otherwise. C = rollout_is_cap.
+    rollout_is: str | None = None
+    rollout_is_cap: float = 2.0
 
     RULES = {
         "advantage": one_of(ADVANTAGES), "grpo_scale": one_of(GRPO_SCALES),
@@ -102,6 +109,8 @@ class ObjectiveConfig:
         "cov_min_tokens": POSITIVE, "dynamic_sampling": FLAG, "oversample": POSITIVE,
         "overlong_mask": FLAG, "overlong_cache_len": integer(0),
         "overlong_max_len": integer(1, optional=True),
+        "rollout_is": one_of(ROLLOUT_IS, optional=True),
+        "rollout_is_cap": real(1.0),
     }
 
     def __post_init__(self):
@@ -168,6 +177,10 @@ class TrainConfig:
     # prompt's completions need more rows runs padded (logged as pack/packed < 1). Start from
     # R = ceil(G · mean length / T) + 1 and set it from the logged pack/rows_needed.
     pack_rows: int = 0
+    # k: 0 samples and updates in turn (on-policy); 1 overlaps them, one step off: each step
+    # samples the next rollout with the current parameters while it updates them on the
+    # rollout the previous step sampled (`vpo.rl.offpolicy`, corrected by objective.rollout_is)
+    off_policy_steps: int = 0
 
     RULES = {
         "seed": integer(0),
@@ -183,6 +196,7 @@ class TrainConfig:
         "max_grad_norm": real(0.0, lo_open=True), "profile_every": integer(0),
         "sample_every": integer(0), "logprob_impl": one_of(LOGPROB_IMPLS),
         "max_skipped_updates": integer(0), "remat": FLAG, "pack_rows": integer(0),
+        "off_policy_steps": integer(0, 1),
     }
 
     def __post_init__(self):

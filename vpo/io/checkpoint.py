@@ -90,6 +90,24 @@ def _frozen(state):
     return getattr(state, "frozen", None)
 
 
+def _stored(state):
+    """The tree a state is saved as: a `TrainState` as the mapping of its fields (orbax keys a
+    NamedTuple's fields by name all the same), without `pending` when no rollout is in flight,
+    so a synchronous run's checkpoints keep the layout they had before the field existed and
+    either kind restores into the other's code."""
+    if not hasattr(state, "_asdict"):
+        return state
+    fields = state._asdict()
+    if fields.get("pending", False) is None:
+        del fields["pending"]
+    return fields
+
+
+def _unstored(like_state, tree):
+    """`_stored`'s inverse onto `like_state`'s type (the absent `pending` as None)."""
+    return type(like_state)(**tree) if hasattr(like_state, "_asdict") else tree
+
+
 class CheckpointManager:
     """Keeps the last `keep` checkpoints under `directory` (steps as sub-directories).
 
@@ -134,7 +152,7 @@ class CheckpointManager:
         self._saving = step
         try:
             self._mngr.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+                state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data),
                 config=ocp.args.JsonSave(config or {}), **items))
         except Exception as e:
             self._raise_write_error(e)
@@ -192,7 +210,7 @@ class CheckpointManager:
                                                                        "base"))
             like = like_state._replace(frozen=None) if by_ref else like_state
             base = {"base": ocp.args.JsonRestore()} if by_ref else {}
-            abstract = abstract_like(like)
+            abstract = abstract_like(_stored(like))
             shape = self._other_shape(s, abstract)
             if shape is not None:
                 errors.append((s, shape, True, None))
@@ -205,7 +223,7 @@ class CheckpointManager:
                 errors.append((s, _why_not(e), "not compatible with the stored shape" in str(e),
                                e))
                 continue
-            state = out.state
+            state = _unstored(like_state, out.state)
             if by_ref:
                 self._check_base(s, out.base, checksum)
                 state = state._replace(frozen=frozen)

@@ -171,6 +171,7 @@ def policy_loss(
     kl_cov_coef: float = 1.0,
     cov_min_tokens: int = 1,
     log_ratio_clamp: float = 20.0,
+    is_weight_BGT: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     r"""PPO-clip policy-gradient loss (to minimise) with the GRPO-family controls.
 
@@ -202,6 +203,10 @@ def policy_loss(
       `k_percent` is 100x these; the 7B recipe's 2e-3 is the default); `cov_min_tokens = 1` is
       the original rule. `Cov(logp, A) = mean_valid cov` is returned as "cov_logp_adv" (the
       quantity whose sign drives the entropy change, arXiv 2505.22617 §2.2).
+    - Rollout correction: `is_weight_BGT` w (stop-grad) multiplies each token's pg term,
+      `pg_t -> w_t pg_t`, before the aggregation (truncated or masked importance weights of a
+      stale rollout, `vpo.rl.offpolicy`; Yao et al. 2025 "Your efficient RL framework secretly
+      brings you off-policy RL training"); the KL and entropy terms are not weighted.
     Token selections (quantile, top fraction, random pick) are taken over the whole arrays passed
     in, so under `jit` they are global over a batch sharded across devices.
 
@@ -214,6 +219,7 @@ def policy_loss(
       entropy_BGT: token entropies of the current policy (needed for entropy_coef and
         entropy_top_frac; differentiated by the entropy bonus).
       key: PRNG key, needed for cov_control="clip_cov".
+      is_weight_BGT: per-token weights of the pg term (stop-grad), or None (no weighting).
       loss_denominator: explicit normaliser (e.g. `loss_denominator(full_mask, agg)`) for exact
         micro-batch accumulation; default: computed from this call's mask.
       horizon: constant length for "seq-mean-token-sum-norm" (default T).
@@ -241,7 +247,8 @@ def policy_loss(
         advantages = advantages[..., None]
     else:
         check_shape("advantages", advantages, shape)
-    for name, x in (("ref_logp_BGT", ref_logp_BGT), ("entropy_BGT", entropy_BGT)):
+    for name, x in (("ref_logp_BGT", ref_logp_BGT), ("entropy_BGT", entropy_BGT),
+                    ("is_weight_BGT", is_weight_BGT)):
         if x is not None:
             check_shape(name, x, shape)
     if _maybe_nonzero(kl_coef) and ref_logp_BGT is None:
@@ -318,6 +325,8 @@ def policy_loss(
         tau = jnp.nanquantile(_gathered(jnp.where(mask, h, jnp.nan)), 1.0 - entropy_top_frac)
         high_ent = mask & (h >= tau)  # tau is a replicated scalar
         pg = jnp.where(high_ent, pg, 0.0)
+    if is_weight_BGT is not None:
+        pg = pg * sg(clean(is_weight_BGT))
 
     per_token = pg
     metrics = {}

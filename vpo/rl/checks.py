@@ -36,6 +36,10 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
         raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
                           f"{platform}; use 'chunked'")
     task.check_num_answers(run.train.num_answers)
+    if run.train.off_policy_steps and (task.is_host or is_env_task(task)):
+        raise ConfigError(f"train.off_policy_steps: task {task.name!r} scores its rollouts on "
+                          "the host (or runs episodes there), which the overlapped step cannot "
+                          "take into its one program; set train.off_policy_steps=0")
     if is_env_task(task):
         check_env_run(run, env_settings(task.task).episodes_per_set)
     if run.model.vocab_size < task.tokenizer.size:

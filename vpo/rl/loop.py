@@ -30,6 +30,7 @@ from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
+from vpo.rl import overlap
 from vpo.rl.checks import check_run
 from vpo.rl.env_step import EnvRLStep, make_env_rl_step
 from vpo.rl.host_memory import compiled_on_first_call
@@ -212,8 +213,12 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
     config, tcfg = run.config, run.config.train
     if resume and run.manager.latest_step() is not None:
         check_data(out_dir, config)
-        run.state, start = run.manager.restore(run.state, run.data_it,
-                                                 config=config.to_json())
+        like = run.state
+        if tcfg.off_policy_steps:  # the rollout in flight is restored with the state
+            like = like._replace(pending=overlap.pending_like(
+                run.state, shard_batch(next(run.data_it), run.mesh), run.mesh,  # its shapes
+                graphdef=run.graphdef, task=run.task, cfg=step_config(config, run.task)))
+        run.state, start = run.manager.restore(like, run.data_it, config=config.to_json())
         if start > tcfg.steps:
             raise ConfigError(f"train.steps: {tcfg.steps} is below step {start}, already trained "
                               f"in {out_dir}; give train.steps >= {start}")
@@ -263,6 +268,9 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
     step_fn, probe_fn = _step_functions(run)
     state, data_it = run.state, run.data_it
+    if tcfg.off_policy_steps and state.pending is None:  # the first rollout, by θ_0
+        prime = overlap.make_prime_step(run.graphdef, task, step_config(config, task))
+        state = prime(state, shard_batch(next(data_it), run.mesh))
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every,
                            report_to=report_to, config=config.to_json(),
                            watch=RunWatch(config.sampler.max_new_tokens).check)

@@ -46,7 +46,7 @@ from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
-from vpo.rl import packing
+from vpo.rl import offpolicy, packing
 from vpo.rollout import rewards as rewards_lib
 from vpo.rollout.slots import generate_rollouts
 from vpo.tasks.bound import BoundTask
@@ -61,6 +61,11 @@ class TrainState(NamedTuple):
     LoRA (`model.lora_rank` > 0, `vpo.model.lora`): `params` holds only the adapters (what the
     optimiser sees), `frozen` the base weights (no gradient, no optimiser state); the KL
     reference is that base with the adapters off, so `ref_params` stays None (no second copy).
+
+    `pending` (only with `train.off_policy_steps` = 1): the rollout in flight, sampled by the
+    previous step's parameters for the next update (`vpo.rl.overlap`). It is part of the state,
+    so a checkpoint holds it and a resumed run trains on exactly the rollout the uninterrupted
+    one would.
     """
 
     step: jax.Array  # int32 scalar: RL (or SFT) steps taken
@@ -69,6 +74,7 @@ class TrainState(NamedTuple):
     rng: jax.Array
     ref_params: nnx.State | None = None
     frozen: nnx.State | None = None  # LoRA: the base nnx.Params
+    pending: dict | None = None  # off_policy_steps = 1: the rollout the next update trains on
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,10 +307,20 @@ def _split(tree, n: int):
 
 
 def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR,
-                        solution_mask_BGM, *, graphdef, tx, task: BoundTask, cfg: StepConfig):
+                        solution_mask_BGM, *, graphdef, tx, task: BoundTask, cfg: StepConfig,
+                        behaviour_logp_BGT=None):
     """Overlong shaping, dynamic group selection, advantages, then the scanned PPO epochs ×
-    minibatches. The inputs hold oversample × batch_size groups. Returns (state, metrics)."""
+    minibatches. The inputs hold oversample × batch_size groups. Returns (state, metrics).
+
+    `rollout.logp_BGT` is the PPO ratio's old_logp. `behaviour_logp_BGT`: the sampler's
+    log-probs when they differ from it (a stale rollout whose old_logp was recomputed at the
+    current parameters, `vpo.rl.overlap`); None: the rollout's own. With
+    `objective.rollout_is` (`vpo.rl.offpolicy.rollout_is_mode`) other than "none", the
+    importance weights of old_logp over the behaviour log-probs weigh the policy-gradient
+    term (`policy_loss(is_weight_BGT=)`) and offpolicy/* metrics are logged.
+    """
     ocfg, tcfg = cfg.objective, cfg.train
+    is_mode = offpolicy.rollout_is_mode(ocfg, tcfg)
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     _, k_adv, k_perm, k_loss = jax.random.split(key, 4)
     weights_R = task.eval_weights_R
@@ -322,15 +338,16 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
         penalty_NG = jnp.zeros((N, G), jnp.float32)
     keep_N = rewards_lib.group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG,
                                       solved_NG)
+    behaviour_NGT = rollout.logp_BGT if behaviour_logp_BGT is None else behaviour_logp_BGT
     chosen = (batch["prompt_BP"], batch["prompt_mask_BP"], rollout, rewards_NGMR, smask_NGM,
-              penalty_NG, solved_NG)
+              penalty_NG, solved_NG, behaviour_NGT)
     if ocfg.dynamic_sampling:
         idx_B, valid_B = rewards_lib.dynamic_selection(keep_N, B)
         chosen = jax.tree.map(lambda x: x[idx_B], chosen)
     else:
         valid_B = jnp.ones((B,), bool)
-    prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG, solved_BG = (
-        chosen)
+    (prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG, solved_BG,
+     behaviour_BGT) = chosen
     adv_BG, adv_metrics = rewards_lib.advantages(ocfg, rewards_BGMR, solution_mask_BGM,
                                                  weights_R, k_adv, penalty_BG, solved_BG)
     loss_mask_BGT = rollout.mask_BGT & valid_B[:, None, None]
@@ -340,6 +357,10 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     data = dict(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP,
                 tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
                 mask_BGT=loss_mask_BGT, real_BGT=rollout.mask_BGT, adv_BG=adv_BG)
+    is_metrics = {}
+    if is_mode != "none":
+        data["is_weight_BGT"], is_metrics = offpolicy.rollout_is_weights_BGT(
+            is_mode, rollout.logp_BGT, behaviour_BGT, loss_mask_BGT, ocfg.rollout_is_cap)
     ref = None
     if state.ref_params is not None:
         ref = nnx.merge(graphdef, state.ref_params)
@@ -370,7 +391,8 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
             entropy_top_frac=ocfg.entropy_top_frac, cov_control=ocfg.cov_control,
             clip_cov_ratio=ocfg.clip_cov_ratio, clip_cov_lb=ocfg.clip_cov_lb,
             clip_cov_ub=ocfg.clip_cov_ub, kl_cov_ratio=ocfg.kl_cov_ratio,
-            kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens)
+            kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens,
+            is_weight_BGT=mb.get("is_weight_BGT"))
         metrics.update(mismatch_sums(jax.lax.stop_gradient(logp), mb["old_logp_BGT"],
                                      mb["real_BGT"]))
         return loss, metrics
@@ -436,6 +458,7 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     metrics.update(mismatch_metrics(on_policy))
     metrics.update(adv_metrics)
     metrics.update(sampled_metrics)
+    metrics.update(is_metrics)
     valid_BG = jnp.broadcast_to(valid_B[:, None], adv_BG.shape)
     adv_mean = masked_mean(adv_BG, valid_BG)
     metrics.update(
@@ -556,17 +579,28 @@ def rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask, cfg: Ste
 
 
 def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
-    """`rl_step` jitted with the state donated: (state, batch) -> (state, metrics)."""
+    """`rl_step` (`vpo.rl.overlap.overlapped_rl_step` with `train.off_policy_steps` = 1)
+    jitted with the state donated: (state, batch) -> (state, metrics)."""
     if task.is_host:
         raise ConfigError(f"task {task.name!r} has a host reward; use make_host_rl_step")
-    return jax.jit(functools.partial(rl_step, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
+    step = rl_step
+    if cfg.train.off_policy_steps:
+        from vpo.rl.overlap import overlapped_rl_step as step  # it builds on this module
+    return jax.jit(functools.partial(step, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
                    donate_argnums=0)
 
 
 def make_sample_step(graphdef, cfg: StepConfig) -> Callable:
     """The sampling part of a step, jitted: (state, batch) -> Rollout (the state is not donated;
-    it draws the same samples as the step itself)."""
-    return jax.jit(functools.partial(sample_rollout, graphdef=graphdef, cfg=cfg))
+    it draws the same samples as the step itself: with `train.off_policy_steps` = 1, the next
+    rollout, with the keys of step + 1)."""
+    offset = cfg.train.off_policy_steps
+
+    def sample(state, batch):
+        return sample_rollout(state._replace(step=state.step + offset) if offset else state,
+                              batch, graphdef=graphdef, cfg=cfg)
+
+    return jax.jit(sample)
 
 
 @dataclasses.dataclass(frozen=True)
