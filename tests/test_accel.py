@@ -51,9 +51,9 @@ LEAN = [
     ("h100 lora chunked", "h100", ["rl_step", "sampler"], ["model.lora_rank=4"]),
     # refilled slots in the sampler and the packed update (vpo.rollout.slots, vpo.rl.packing)
     ("v5e slots packed", "v5e", ["rl_step", "sampler"],
-     ["sampler.num_slots=8", "train.pack_rows=4"]),
+     ["sampler.num_slots=8", "train.pack_rows=2"]),
     ("h100 slots packed", "h100", ["rl_step", "sampler"],
-     ["sampler.num_slots=8", "train.pack_rows=4"]),
+     ["sampler.num_slots=8", "train.pack_rows=2"]),
 ]
 # A published shape (Qwen2.5-0.5B, scanned layers, LoRA) on one v5e chip and one H100 (whose
 # step XLA's Triton GEMM emitter cannot tile: built with vpo's default XLA:GPU flags, which

@@ -63,7 +63,8 @@ def write_reference(out: str, commit: str) -> None:
                                   progress=False)
         got = rows(d)
     with open(out, "w") as f:
-        json.dump({"commit": commit, "rows": got, "params": base_checksum(state.params),
+        json.dump({"commit": commit, "jax": jax.__version__, "rows": got,
+                   "params": base_checksum(state.params),
                    "opt_state": base_checksum(state.opt_state)}, f, indent=1, sort_keys=True)
 
 
@@ -72,6 +73,9 @@ def write_reference(out: str, commit: str) -> None:
 def test_synchronous_run_equals_the_reference_bit_for_bit(task, tmp_path):
     with open(REFERENCE) as f:
         ref = json.load(f)
+    if ref.get("jax") != jax.__version__:  # another XLA rounds otherwise: rewrite the reference
+        pytest.skip(f"the reference was written with jax {ref.get('jax')}, this is "
+                    f"{jax.__version__}; rewrite it at the commit before a change")
     _, state = loop_lib.train(reference_run(task), str(tmp_path), task=task, mesh=one_device(),
                               progress=False)
     assert rows(tmp_path) == ref["rows"]
