@@ -170,6 +170,7 @@ def test_overlapped_seq_mis_drops_stale_sequences(task, tmp_path):
                                    1.0 - r["offpolicy/is_clipped_frac"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_overlapped_step_with_packing_dynamic_sampling_and_kl(task, tmp_path):
     """The pending rollout holds all oversample × B groups (dynamic sampling chooses among
     them at the update), the proximal pass packs as the update does, a KL reference rides
@@ -227,7 +228,7 @@ def test_overlapped_profiled_steps_log_the_rollout_they_sample(task, tmp_path):
     np.testing.assert_array_equal(probe.tokens_BGT, state.pending["rollout"]["tokens_BGT"])
 
 
-@pytest.mark.parametrize("lora_rank", [0, 2])
+@pytest.mark.parametrize("lora_rank", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_overlapped_resume_is_exact(task, tmp_path, lora_rank):
     """5 steps straight == 3 steps (checkpoint with the rollout in flight) + resume for 2; full
     fine-tuning, and LoRA (whose checkpoints hold the base by reference)."""
