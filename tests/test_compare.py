@@ -295,6 +295,26 @@ def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
     assert "no headroom" in text and "sampler.num_samples" in text
 
 
+def test_the_diversity_pilot_reads_the_first_seed_of_each_arm_and_reaches_the_report():
+    """Seed 0's first fifth of the steps: VPO's mean training diversity against GRPO's for the
+    primary claims between two arms (not against the warm start); the report says it as a
+    description of one seed."""
+    cfg = make_config("default", ["train.steps=10"])
+    rows = {"grpo": [{"diversity": d} for d in (0.4, 0.2, 0.9)],
+            "vpo": [{"diversity": d} for d in (0.5, 0.6, 0.0)]}
+    runs = {arm: [compare.ArmRun(arm, 0, 1, "", None, r, {}, 1.0)] for arm, r in rows.items()}
+    pilot = compare.diversity_pilot(cfg, runs)
+    assert pilot["steps"] == 2 and pilot["seed"] == cfg.seeds[0]
+    assert pilot["diversity"] == pytest.approx({"grpo": 0.3, "vpo": 0.55})
+    assert pilot["above"] == {"vpo-grpo": True}  # vpo-warm is not a pair of arms
+    gate = {"problems": 4, "pass@1": 0.1, f"pass@{cfg.eval_budget}": 0.3,
+            f"best@{cfg.eval_budget}": 0.5, "group_spread": 1.0, "G": 8, "enforced": True,
+            "failed": [], "pilot": pilot}
+    text = " ".join(compare_report._gate_lines(cfg, gate))
+    assert "**Diversity pilot** (seed 0" in text and "grpo 0.300, vpo 0.550" in text
+    assert "vpo-grpo: above" in text
+
+
 def test_the_gate_settings_are_checked():
     with pytest.raises(ConfigError, match="gate_pass_max"):
         make_config("default", ["gate_pass_max=1.5"])

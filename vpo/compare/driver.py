@@ -52,6 +52,7 @@ from flax import nnx
 
 from vpo.compare import data as compare_data
 from vpo.compare import report as compare_report
+from vpo.compare import verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import ConfigError, ModelConfig, RunConfig
 from vpo.eval import policies as policy_eval
@@ -363,8 +364,11 @@ ARM_DONE = "compare_run.json"  # written last in an (arm, seed) folder: the run 
 
 
 def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
-               resume: bool = False, progress: bool = False) -> dict[str, list[ArmRun]]:
-    """RL for every arm and seed from the warm start → {arm: [ArmRun per seed]}.
+               resume: bool = False, progress: bool = False,
+               on_pilot=None) -> dict[str, list[ArmRun]]:
+    """RL for every arm and seed from the warm start → {arm: [ArmRun per seed]}, seed by seed:
+    once the first seed of every arm has trained, `on_pilot(runs)` sees those runs (the
+    diversity pilot, `diversity_pilot`) before the other seeds start.
 
     `resume`: finished runs of an interrupted comparison are read back (`_read_arm_run`); an
     unfinished one continues from its last checkpoint (`loop.train(resume=True)`, which
@@ -382,7 +386,9 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
         m = cfg.arm_answers(arm)
         if cfg.law_points and m not in start_scores:
             start_scores[m] = _law_score(cfg, task, policy, m)
-        for seed in cfg.seeds:
+    for i, seed in enumerate(cfg.seeds):  # seed by seed: the first seed of every arm is a pilot
+        for arm in cfg.arm_names:
+            m = cfg.arm_answers(arm)
             path = os.path.join(out_dir, "arms", arm, f"seed{seed}")
             run, overrides = arm_run_config(cfg, train_task, arm, seed, init_spec, policy)
             earlier = (_read_arm_run(path, arm, seed, m, policy.cfg.max_seq_len)
@@ -416,7 +422,30 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
                 f"{rows[-1]['reward']:.3f}, entropy {rows[0]['entropy']:.3f} -> "
                 f"{rows[-1]['entropy']:.3f} ({time.perf_counter() - t0:.0f} s; run {done} of "
                 f"{total}, ~{left / 60:.1f} min of RL left)")
+        if i == 0 and on_pilot is not None:
+            on_pilot(runs)
     return runs
+
+
+def diversity_pilot(cfg: CompareConfig, runs: dict[str, list[ArmRun]]) -> dict[str, Any]:
+    """The first seed of every arm as a pilot: each arm's mean training diversity (the step
+    metric `diversity`, mean pairwise L1 distance of the valid answers' reward vectors in a
+    group) over its first fifth of the steps, and for each primary claim A-B between two
+    arms whether A's is above B's. A design whose VPO arm trains no more diversely than GRPO
+    in its pilot is unlikely to show the set-level gain its claims test; the numbers go to the
+    report (a statement about one seed, not a test)."""
+    steps = max(1, cfg.train.steps // 5)
+    mean = {}
+    for arm, arm_runs in runs.items():
+        values = [r["diversity"] for r in arm_runs[0].metrics[:steps] if "diversity" in r]
+        if values:
+            mean[arm] = float(np.mean(values))
+    pairs = {}
+    for key in verdicts.primary_keys(cfg.primary):
+        a, b = key.partition(":")[0].split("-")
+        if a in mean and b in mean:
+            pairs[f"{a}-{b}"] = mean[a] > mean[b]
+    return {"steps": steps, "seed": cfg.seeds[0], "diversity": mean, "above": pairs}
 
 
 def _progress(log, stage: str, done: int, total: int, t0: float, what: str) -> None:
@@ -647,8 +676,18 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
         raise GateError("pilot gate: the design cannot show an effect: " + "; ".join(failed)
                         + f". The numbers are in {os.path.join(out_dir, 'stages')}; fix the "
                         "design, or pass gate=false to run anyway")
+    pilot: dict[str, Any] = {}
+
+    def on_pilot(first):
+        pilot.update(diversity_pilot(cfg, first))
+        div = ", ".join(f"{a} {v:.3f}" for a, v in pilot["diversity"].items())
+        below = [k for k, ok in pilot["above"].items() if not ok]
+        log(f"diversity pilot (seed {pilot['seed']}, first {pilot['steps']} steps): training "
+            f"diversity {div}" + (f" -- not above in {', '.join(below)}: the set-level claims "
+                                  "may not show" if below else ""))
+
     runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log, resume=resume,
-                                          progress=progress), cached=False)
+                                          progress=progress, on_pilot=on_pilot), cached=False)
     if resume:  # the RL stage's time: every run's own, whichever session trained it
         wall["RL"] = sum(r.seconds for rs in runs.values() for r in rs)
     evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs, log))
@@ -662,7 +701,8 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     summary = compare_report.write_report(out_dir, cfg, command=command, wall=wall, runs=runs,
                                           evals=evals, searches=searches, probes=probes,
                                           load=" -> ".join(loads),
-                                          gate=gate | {"failed": failed},
+                                          gate=gate | {"failed": failed,
+                                                       **({"pilot": pilot} if pilot else {})},
                                           data=compare_data.describe(cfg, task))
     log(f"report: {os.path.join(out_dir, 'report.md')} ({wall['total']:.0f} s)")
     return summary

@@ -485,12 +485,21 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
     verdict = ("every check passed" if not failed else
                ("failed and enforced: " if gate.get("enforced") else "failed (not enforced): ")
                + "; ".join(failed))
-    return [f"**Pilot gate** (the warm start before RL, {gate['problems']} held-out problems, "
-            f"{N} candidates each): pass@1 {gate['pass@1']:.3f}, pass@{N} "
-            f"{gate[f'pass@{N}']:.3f}, best@{N} {gate[f'best@{N}']:.3f}; "
-            f"{gate['group_spread']:.0%} of step-0 groups (G = {gate['G']}) have unequal "
-            f"rewards. Headroom band pass@{N} in [{cfg.gate_pass_min:g}, {cfg.gate_pass_max:g}], "
-            f"signal at least {cfg.gate_spread_min:.0%}: {verdict}.", ""]
+    lines = [f"**Pilot gate** (the warm start before RL, {gate['problems']} held-out problems, "
+             f"{N} candidates each): pass@1 {gate['pass@1']:.3f}, pass@{N} "
+             f"{gate[f'pass@{N}']:.3f}, best@{N} {gate[f'best@{N}']:.3f}; "
+             f"{gate['group_spread']:.0%} of step-0 groups (G = {gate['G']}) have unequal "
+             f"rewards. Headroom band pass@{N} in [{cfg.gate_pass_min:g}, "
+             f"{cfg.gate_pass_max:g}], signal at least {cfg.gate_spread_min:.0%}: {verdict}.", ""]
+    pilot = gate.get("pilot")
+    if pilot:  # the first seed of every arm, before the other seeds trained
+        div = ", ".join(f"{a} {v:.3f}" for a, v in pilot["diversity"].items())
+        above = "; ".join(f"{k}: {'above' if ok else 'NOT above'}"
+                          for k, ok in pilot["above"].items())
+        lines += [f"**Diversity pilot** (seed {pilot['seed']}, mean training diversity over the "
+                  f"first {pilot['steps']} steps, one seed: a description, not a test): {div}"
+                  + (f" ({above})" if above else "") + ".", ""]
+    return lines
 
 
 def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
