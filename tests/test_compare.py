@@ -239,6 +239,16 @@ def test_compare_never_replaces_a_folder_silently(tmp_path):
         compare.check_out_dir(other, out, resume=True, overwrite=False)
     with pytest.raises(ConfigError, match="choose one"):
         compare.check_out_dir(cfg, out, resume=True, overwrite=True)
+    # A comparison recorded before a setting existed resumes while that setting holds its
+    # default, and is refused by name once it does not.
+    recorded = json.loads(json.dumps(compare.dataclasses.asdict(cfg)))
+    del recorded["sampler"]["num_slots"], recorded["train"]["pack_rows"]
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(recorded, f)
+    compare.check_out_dir(cfg, out, resume=True, overwrite=False)
+    with pytest.raises(ConfigError, match=r"\(sampler differ\)"):
+        compare.check_out_dir(make_config("smoke", ["sampler.num_slots=2"]), out,
+                              resume=True, overwrite=False)
     with open(os.path.join(out, "mine.txt"), "w") as f:
         f.write("not the comparison's")
     compare.check_out_dir(cfg, out, resume=False, overwrite=True)

@@ -38,6 +38,7 @@ the remedy measured for the search stage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -54,7 +55,7 @@ from vpo.compare import data as compare_data
 from vpo.compare import report as compare_report
 from vpo.compare import verdicts
 from vpo.compare.config import ARMS, CompareConfig
-from vpo.config import ConfigError, ModelConfig, RunConfig
+from vpo.config import ConfigError, ModelConfig, RunConfig, from_dict
 from vpo.eval import policies as policy_eval
 from vpo.io import checkpoint
 from vpo.io.checkpoint import load_model
@@ -594,7 +595,11 @@ def check_out_dir(cfg: CompareConfig, out_dir: str, *, resume: bool, overwrite: 
         if not os.path.exists(path):
             raise ConfigError(f"--resume: {out_dir} holds no comparison (no config.json); run "
                               "without --resume to start one there")
-        old, new = _read_json(path), json.loads(json.dumps(dataclasses.asdict(cfg)))
+        # Settings added to vpo after the comparison started hold their defaults there.
+        recorded = _read_json(path)
+        with contextlib.suppress(ConfigError, TypeError):  # a removed setting: named below
+            recorded = dataclasses.asdict(from_dict(CompareConfig, recorded))
+        old, new = (json.loads(json.dumps(c)) for c in (recorded, dataclasses.asdict(cfg)))
         diff = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
         if diff:
             raise ConfigError(f"--resume: the comparison in {out_dir} was started with other "
