@@ -73,18 +73,42 @@ def load_policy_model(policy: str, **overrides):
     return model, info
 
 
-def budget_of(task, num_answers: int, policy: str | None, given: int | None) -> int:
+def budget_of(task, num_answers: int, policy: str | None, given: int | None, *,
+              records=None, num_parents: int = 0) -> int:
     """The generation budget of a command: `vpo.launch.rules.completion_budget` (the one
     rule: --max-new-tokens, else the policy's `vpo train` run budget, else the task's answer
-    budget); --max-new-tokens on an in-graph task is refused."""
+    budget); --max-new-tokens on an in-graph task is refused. With `records`, a pretrained
+    policy's context bounds it (`vpo.launch.rules.fit_budget`, the rule `vpo train` follows):
+    a budget the user left out is fitted to what the longest prompt leaves, and one that still
+    does not fit is refused naming what helps, instead of generating past the positions the
+    checkpoint was trained on."""
     from vpo.config import ConfigError
-    from vpo.launch.rules import completion_budget
+    from vpo.launch.rules import SEQ_MARGIN, completion_budget, context_of, fit_budget, fit_seq_len
 
     if given is not None and not task.is_host:
         raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
                           "budget in one jit; the flag sets the budget of host-scored tasks "
                           "(--data, arithmetic). Drop it")
-    return completion_budget(task, num_answers, policy=policy, given=given)
+    budget = completion_budget(task, num_answers, policy=policy, given=given)
+    context = context_of(policy) if policy and records else None
+    if context is None:
+        return budget
+    prompt_len = task.prompt_arrays(records, num_answers)[0].shape[1]
+    need = max(fit_seq_len(task, num_answers, records=records, num_parents=num_parents,
+                           max_new_tokens=budget) - SEQ_MARGIN, prompt_len + budget)
+    try:
+        fitted = fit_budget(task, num_answers, prompt_len, need, budget, context=context,
+                            given=given is not None, spec=policy, num_parents=num_parents)
+    except ConfigError as e:  # name the command's flags beside the run's settings
+        text = (str(e).replace("sampler.max_new_tokens", "--max-new-tokens")
+                .replace("train.num_answers", "--answers")
+                .replace("set train.mutation_fraction=0", "lower --parents"))
+        raise ConfigError(text) from None
+    if fitted != budget:
+        stage(f"generation budget fitted from {budget} to {fitted} tokens: the longest prompt "
+              f"({prompt_len} tokens) leaves {fitted} of the {context} positions {policy} was "
+              "trained on (--max-new-tokens sets it)")
+    return fitted
 
 
 def problems_of(task, seed: int, num: int) -> list:
@@ -130,7 +154,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
     records = task.make_problems(args.seed, args.prompts)
     prompts, mask = task.prompt_arrays(records, M)
-    T = budget_of(task, M, args.policy, args.max_new_tokens)
+    T = budget_of(task, M, args.policy, args.max_new_tokens, records=records)
     need = fit_seq_len(task, M, records=records, max_new_tokens=T,
                        at_least=0 if model is None else model.cfg.max_seq_len)
     if model is None:
@@ -233,7 +257,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         m = args.answers or int(info.get("num_answers", 1))
         problems = problems_of(task, args.seed, args.problems)
         check_fit(model.cfg, task, problems, m, path)
-        T = budget_of(task, m, path, args.max_new_tokens)
+        T = budget_of(task, m, path, args.max_new_tokens, records=problems)
         need = fit_seq_len(task, m, records=problems, at_least=model.cfg.max_seq_len,
                            max_new_tokens=T)
         if need > model.cfg.max_seq_len:
@@ -340,7 +364,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise ConfigError(message) from None
     records = task.make_problems(args.seed, args.problems)
     check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
-    T = budget_of(task, cfg.num_answers, args.policy, args.max_new_tokens)
+    T = budget_of(task, cfg.num_answers, args.policy, args.max_new_tokens, records=records,
+                  num_parents=cfg.parents)
     where = (f"on the host, up to {T} new tokens per generation" if task.is_host
              else "in one jit per method")
     print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
