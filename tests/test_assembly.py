@@ -163,6 +163,45 @@ def test_a_budget_that_cannot_fit_says_what_helps(short_context):
     assert "shorten the longest prompts" in str(e.value)
 
 
+def test_sample_eval_and_search_fit_their_budget_by_the_same_rule(short_context, capsys):
+    """`vpo sample/eval/search` (`cli.policy.budget_of`) on a 64-position checkpoint: a budget
+    left out is fitted to what the longest prompt leaves and said so; one given that does not
+    fit is refused naming the command's flag; no checkpoint context (a preset): unchanged."""
+    from vpo.cli.policy import budget_of
+
+    task = assemble.assemble_run(None, None, [f"model={short_context[64]}"],
+                                 dataset=short_context["data"]).task
+    records = task.make_problems(0, 2)
+    prompt_len = task.prompt_arrays(records, 1)[0].shape[1]
+    unfitted = budget_of(task, 1, short_context[64], None)
+    assert unfitted > 64 - prompt_len  # the default alone would run past the context
+    assert budget_of(task, 1, short_context[64], None, records=records) == 64 - prompt_len
+    assert "budget fitted from" in capsys.readouterr().err
+    room = 64 - prompt_len
+    assert budget_of(task, 1, short_context[64], room, records=records) == room
+    with pytest.raises(assemble.ConfigError, match=f"lower --max-new-tokens to at most {room}"):
+        budget_of(task, 1, short_context[64], room + 5, records=records)
+    assert budget_of(task, 1, "tiny", 60, records=records) == 60
+
+
+def test_the_packed_update_is_on_by_default_where_it_pays(short_context):
+    """`rules.pack_rows`: free-text data with a budget of at least PACK_MIN_BUDGET tokens packs
+    into G/2 rows; an in-graph task, a short budget, or a value the user set stays as is."""
+    data = short_context["data"]
+    run = assemble.assemble_run(None, None, [f"model=hf:{BPE}", "sampler.num_samples=8",
+                                             "sampler.max_new_tokens=128"], dataset=data).run
+    assert run.train.pack_rows == 4
+    for overrides in (["sampler.max_new_tokens=64"], ["train.pack_rows=0"],
+                      ["train.pack_rows=0", "sampler.max_new_tokens=256"]):
+        run = assemble.assemble_run(None, None, [f"model=hf:{BPE}", "sampler.num_samples=8",
+                                                 *overrides], dataset=data).run
+        assert run.train.pack_rows == 0, overrides
+    run = assemble.assemble_run(None, None, [f"model=hf:{BPE}", "train.pack_rows=3",
+                                             "sampler.max_new_tokens=256"], dataset=data).run
+    assert run.train.pack_rows == 3
+    assert assemble.assemble_run("maze", None, ["model=tiny"]).run.train.pack_rows == 0
+
+
 def test_an_in_graph_task_on_a_short_checkpoint_gets_advice_that_works(short_context):
     """maze on a 128-position checkpoint: one message, which names neither
     sampler.max_new_tokens (an in-graph task's budget is its answer budget) nor model.max_seq_len

@@ -126,8 +126,9 @@ def assemble_config(run: RunConfig, given: frozenset[str], *, init_spec: str | N
     `given` plus what a preset set (default `given`), whose learning rate and generation budget
     no rule replaces. Rules applied: the learning rate (`rules.learning_rate`), the generation
     budget of host-scored tasks (`rules.completion_budget`), vocabulary / sequence length /
-    answer budget fitted to the task and the checkpoint's context. `task`: the task already
-    bound to the policy's tokenizer (default: `rules.load_task` reads it)."""
+    answer budget fitted to the task and the checkpoint's context, the packed update's rows
+    (`rules.pack_rows`). `task`: the task already bound to the policy's tokenizer (default:
+    `rules.load_task` reads it)."""
     chosen = given if chosen is None else chosen
     _refuse_unread_objective_fields(run, given)
     if "train.learning_rate" not in chosen:
@@ -139,6 +140,9 @@ def assemble_config(run: RunConfig, given: frozenset[str], *, init_spec: str | N
               else rules.completion_budget(task, run.train.num_answers, policy=init_spec))
     run = _fit_to_task(run, task, set(given), context=rules.context_of(init_spec),
                        spec=init_spec, budget=budget)
+    if "train.pack_rows" not in chosen and run.task != "env":  # episodes: padded (observations)
+        rows = rules.pack_rows(task, run.sampler.num_samples, run.sampler.max_new_tokens)
+        run = dataclasses.replace(run, train=dataclasses.replace(run.train, pack_rows=rows))
     return Assembly(run, task, init_spec, frozenset(given))
 
 

@@ -7,6 +7,7 @@
     the budget against a checkpoint's context, and what helps when it does not fit
                                                                  `fit_budget` (`rl.checks.too_long`)
     the learning rate of a run that sets none (`FROM_SCRATCH_LR`, `PRETRAINED_LR`) `learning_rate`
+    the packed update's rows of a run that sets none (`PACK_MIN_BUDGET`)             `pack_rows`
     the pretrained weights a policy comes from, and their context    `source_of`, `context_of`
 """
 
@@ -153,6 +154,26 @@ def fit_budget(task: BoundTask, num_answers: int, prompt_len: int, need: int, bu
                                given=given, room=room, num_parents=num_parents))
 
 
+
+
+# The packed update (`vpo.rl.packing`) pays where completions of ragged lengths leave the padded
+# layout mostly padding: the log-prob + loss + gradient pass ran 1.73x faster packed on the
+# tiny preset at T = 256 and 2.84x on the SmolLM2-135M shape at T = 128 (docs/performance.md,
+# "Packed update"). Below this budget it is not measured, and in-graph tasks' answers fill
+# their short budgets.
+PACK_MIN_BUDGET = 128
+
+
+def pack_rows(task: BoundTask, num_samples: int, max_new_tokens: int) -> int:
+    """`train.pack_rows` R of a run that sets none: R = ⌊G/2⌋ for a host-scored task (free
+    text of ragged lengths) with G ≥ 4 samples per prompt and a budget of at least
+    `PACK_MIN_BUDGET` tokens, else 0 (padded). With R = ⌊G/2⌋ the pass runs over
+    G + R·(T − 1) ≈ half the padded G·T positions whenever a prompt's completions fit R rows
+    (on average under half the budget); a micro-batch that does not fit runs padded (the step's
+    `lax.cond`), so no token is ever dropped, and `pack/packed` logs the share packed."""
+    if task.is_host and num_samples >= 4 and max_new_tokens >= PACK_MIN_BUDGET:
+        return num_samples // 2
+    return 0
 
 
 def source_of(model_spec: str | None) -> str | None:
