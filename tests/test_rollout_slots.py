@@ -10,6 +10,7 @@ from flax import nnx
 
 from vpo.config import ConfigError, SamplerConfig, SearchConfig, model_preset
 from vpo.model.decoder import Decoder, KVCache, Prefix
+from vpo.rollout import slots as slots_lib
 from vpo.rollout.sampler import SamplerModelError, generate_jit, left_pad, sample_with_keys
 from vpo.rollout.slots import (
     generate_rollouts,
@@ -123,6 +124,34 @@ def test_dispatch(model, prompts, keys):
         nnx.merge(graphdef, s), *prompts, k, jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0),
         max_new_tokens=T, num_slots=R, **kw))  # S = R: every rollout its own row
     assert_same(ref, run(state, keys))
+
+
+def test_num_slots_0_takes_slots_only_where_the_rows_caches_do_not_fit(model, prompts, keys,
+                                                                        monkeypatch):
+    """`slots_for`: a set S stands; 0 keeps R rows while their caches fit a quarter of the
+    devices' memory (unknown on XLA:CPU: R rows), else the most rows that fit, a multiple of 8;
+    the sampler then gives the rollouts of the all-rows one."""
+    cfg = model.cfg
+    row = slots_lib.cache_bytes_per_row(cfg, P + T)
+    assert row == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * (P + T) * 4
+    assert slots_lib.device_memory() is None  # XLA:CPU does not say
+    assert slots_lib.slots_for(0, cfg, P + T, R) == 0
+    assert slots_lib.slots_for(0, cfg, P + T, R, memory_bytes=4 * row * R) == 0
+    assert slots_lib.slots_for(0, cfg, P + T, 64, memory_bytes=4 * row * 20) == 16
+    assert slots_lib.slots_for(0, cfg, P + T, 64, memory_bytes=4 * row * 3) == 8
+    assert slots_lib.slots_for(0, cfg, P + T, R, memory_bytes=4 * row * 11) == 8
+    assert slots_lib.slots_for(5, cfg, P + T, R, memory_bytes=1) == 5  # set by the user
+    kw = dict(stop_ids=MANY_STOPS, pad_id=PAD)
+    ref = sample_with_keys(model, *prompts, keys, SamplerConfig(max_new_tokens=T, num_samples=G),
+                           **kw)
+    used = []
+    real = slots_lib.generate_slots_jit
+    monkeypatch.setattr(slots_lib, "device_memory", lambda: 4 * row * 9)
+    monkeypatch.setattr(slots_lib, "generate_slots_jit",
+                        lambda *a, **k: used.append(k["num_slots"]) or real(*a, **k))
+    assert_same(ref, sample_with_keys(model, *prompts, keys,
+                                      SamplerConfig(max_new_tokens=T, num_samples=G), **kw))
+    assert used == [8]
 
 
 def test_num_slots_is_validated():

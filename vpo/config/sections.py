@@ -26,8 +26,9 @@ class SamplerConfig:
     `temperature == 0` is greedy decoding; `top_k == 0` and `top_p == 1` disable those filters.
     `num_slots` S: 0 < S < B·G decodes the B·G rollouts through S rows that take the next
     rollout as soon as theirs stops (`vpo.rollout.slots`: a long completion no longer holds the
-    batch; each rollout keeps its own key's draws); 0 (or S ≥ B·G) decodes every rollout in its
-    own row.
+    batch; each rollout keeps its own key's draws); S ≥ B·G decodes every rollout in its own
+    row; 0 (default) does so while the rows' KV caches fit a quarter of the devices' memory, and
+    past it takes the most slots that fit (`vpo.rollout.slots.slots_for`).
     """
 
     max_new_tokens: int = 32  # T
@@ -35,7 +36,7 @@ class SamplerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    num_slots: int = 0  # S, rows decoding at once (0: all B·G)
+    num_slots: int = 0  # S, rows decoding at once (0: all B·G where memory allows)
 
     def __post_init__(self):
         validate("sampler", self, {"max_new_tokens": POSITIVE, "num_samples": POSITIVE,

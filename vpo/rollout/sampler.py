@@ -386,8 +386,9 @@ def generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top
 
 def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
                      stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
-    """`generate` under jit with explicit per-(prompt, sample) keys; with 0 < cfg.num_slots <
-    B·G, `vpo.rollout.slots.generate_slots` (the same tokens through refilled rows)."""
+    """`generate` under jit with explicit per-(prompt, sample) keys; with 0 < S < B·G
+    (S = cfg.num_slots, 0 resolved by memory: `vpo.rollout.slots.slots_for`),
+    `vpo.rollout.slots.generate_slots` (the same tokens through refilled rows)."""
     check_sampler_model(model)
     P, T = prompts_BP.shape[1], cfg.max_new_tokens
     max_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
@@ -400,9 +401,10 @@ def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerC
     kw = dict(max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
     from vpo.rollout import slots  # slots builds on this module
 
-    if slots.uses_slots(cfg.num_slots, keys_BG.size):
+    num_slots = slots.slots_for(cfg.num_slots, getattr(model, "cfg", None), P + T, keys_BG.size)
+    if slots.uses_slots(num_slots, keys_BG.size):
         slots.check_slots_model(model)
-        return slots.generate_slots_jit(*args, num_slots=cfg.num_slots, **kw)
+        return slots.generate_slots_jit(*args, num_slots=num_slots, **kw)
     return generate_jit(*args, **kw)
 
 

@@ -59,6 +59,48 @@ from vpo.rollout.sampler import (
 )
 from vpo.types import Rollout
 
+# `sampler.num_slots` = 0 gives every rollout its own row while the rollouts' KV caches take at
+# most this share of the devices' memory (the rest holds the weights, the optimiser state and the
+# update's activations); past it the sampler decodes through refilled slots instead of failing.
+CACHE_SHARE = 0.25
+
+
+def cache_bytes_per_row(model_cfg, seq_len: int) -> int:
+    """Bytes of one row's keys and values over `seq_len` positions: 2·L·N·E·seq_len elements
+    of the compute dtype."""
+    c = model_cfg
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * seq_len * jnp.dtype(c.dtype).itemsize
+
+
+def device_memory() -> int | None:
+    """The bytes the local devices can allocate together (`memory_stats()["bytes_limit"]`,
+    summed: a data-parallel batch splits its rows over them), None where a device does not say
+    (XLA:CPU)."""
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    if not stats or any(not st or "bytes_limit" not in st for st in stats):
+        return None
+    return sum(int(st["bytes_limit"]) for st in stats)
+
+
+def slots_for(num_slots: int, model_cfg, seq_len: int, rollouts: int, *,
+              memory_bytes: int | None = None) -> int:
+    """`sampler.num_slots` S as the sampler runs it, R = `rollouts`: a value the user set
+    stands; 0 keeps every rollout in its own row (R rows) while R rows' caches
+    (`cache_bytes_per_row` over `seq_len` = prompt + budget) fit `CACHE_SHARE` of
+    `memory_bytes` (default `device_memory()`; None, unknown: R rows), else S = the most rows
+    that do, rounded down to a multiple of 8 (at least 8). S is fixed at trace time from
+    static shapes, so one compiled program serves the run."""
+    if num_slots or model_cfg is None:
+        return num_slots
+    memory = device_memory() if memory_bytes is None else memory_bytes
+    if memory is None:
+        return 0
+    fit = int(CACHE_SHARE * memory) // cache_bytes_per_row(model_cfg, seq_len)
+    if fit >= rollouts:
+        return 0
+    slots = max(8, fit // 8 * 8)
+    return slots if slots < rollouts else 0
+
 
 def uses_slots(num_slots: int, rollouts: int) -> bool:
     """Whether `num_slots` slots decode `rollouts` rollouts through refills: 0 < S < R (0 or
@@ -192,11 +234,14 @@ def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_
 def generate_rollouts(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
                       max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
                       num_slots: int = 0, decode_block: int = DECODE_BLOCK) -> Rollout:
-    """The sampler for `sampler.num_slots`: `generate_slots` when 0 < num_slots < B·G
-    (`uses_slots`), else `vpo.rollout.sampler.generate` (every rollout its own row).
+    """The sampler for `sampler.num_slots`: `generate_slots` when 0 < S < B·G (`uses_slots`;
+    S = 0 resolved by `slots_for`: slots only where the rows' caches would not fit memory),
+    else `vpo.rollout.sampler.generate` (every rollout its own row).
     Pure; arguments and result as `generate`."""
     B, G = keys_BG.shape
     kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id)
+    num_slots = slots_for(num_slots, getattr(model, "cfg", None),
+                          prompts_BP.shape[1] + max_new_tokens, B * G)
     if uses_slots(num_slots, B * G):
         return generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k,
                               num_slots=num_slots, **kw)
