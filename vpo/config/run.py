@@ -175,7 +175,8 @@ class TrainConfig:
     # training forward: pack each prompt's completions into this many rows of T − 1 tokens
     # (`vpo.rl.packing`; 0: off, every completion padded to T). A micro-batch in which some
     # prompt's completions need more rows runs padded (logged as pack/packed < 1). Start from
-    # R = ceil(G · mean length / T) + 1 and set it from the logged pack/rows_needed.
+    # R = ceil(G · mean length / T) + 1 and set it from the logged pack/rows_needed. `vpo train`
+    # and `vpo compare` runs that leave it out get `vpo.launch.rules.pack_rows` (G/2 where it pays)
     pack_rows: int = 0
     # k: 0 samples and updates in turn (on-policy); 1 overlaps them, one step off: each step
     # samples the next rollout with the current parameters while it updates them on the
