@@ -88,10 +88,38 @@ def test_train_on_an_environment_resumes_exactly(tmp_path):
     for key in ("reward", "loss", "env/turns", "reward/hit", "reward/few_calls"):
         assert [r[key] for r in a] == [r[key] for r in b], key
     assert all(r["env/turns"] >= 1 for r in a)
+    evaluated = subprocess.run(  # its own environment, from the policy's record
+        [sys.executable, "-m", "vpo.cli.main", "eval", "--policy", str(tmp_path / "a" / "policy"),
+         "--problems", "2", "--budget", "2", "--out", str(tmp_path / "ev")],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    table = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert list(table.values())[0]["valid_fraction"] == 1.0
     vpo = _train(tmp_path / "v", "train.steps=1", "objective.advantage=vpo", "--env-set", "2")
     assert vpo.returncode == 0, vpo.stderr[-2000:]
     sample = json.loads((tmp_path / "v" / "samples.jsonl").read_text().splitlines()[0])
     assert sample["messages"][0]["role"] == "user" and "turns" in sample
+
+
+def test_eval_scores_episodes_as_candidates():
+    """`evaluate_policy` on an environment task: every candidate one episode the environment
+    scored, best@k / pass@k over them; --answers other than 1 refused by name."""
+    from vpo.eval.policies import evaluate_policy
+    from vpo.io.checkpoint import load_model
+    from vpo.launch.rules import load_task
+
+    spec = f"hf:{FIXTURE}"
+    model = load_model(spec)[0]
+    task = load_task("env", spec, {"env": "vpo.env.calculator:make_env", "max_turns": 2})
+    rows = task.make_problems(0, 2)
+    out = evaluate_policy(model, task, rows, num_answers=1, budget=2, ks=[1, 2],
+                          key=jax.random.key(0), max_new_tokens=12)
+    assert out["valid_fraction"] == 1.0
+    assert 0.0 <= out["best@1"] <= out["best@2"] <= 1.0 and 0.0 <= out["pass@2"] <= 1.0
+    with pytest.raises(Exception, match="one episode"):
+        evaluate_policy(model, task, rows, num_answers=2, budget=2, ks=[1],
+                        key=jax.random.key(0), max_new_tokens=12)
 
 
 @pytest.mark.parametrize("extra, words", [

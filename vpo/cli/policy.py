@@ -9,7 +9,15 @@ import os
 import sys
 import time
 
-from vpo.cli.arguments import add_data_args, check_args, check_fit, check_out, dataset_kwargs
+from vpo.cli.arguments import (
+    add_data_args,
+    add_env_args,
+    check_args,
+    check_fit,
+    check_out,
+    dataset_kwargs,
+    env_kwargs,
+)
 from vpo.tasks import TASK_NAMES as TASKS
 
 BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmetic); default: "
@@ -29,15 +37,19 @@ def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None
 
 
 def policy_and_task(policy: str, task_name: str | None, dataset: dict | None, *,
-                    default: str = "maze", difficulty: str | None = None, **overrides):
+                    default: str = "maze", difficulty: str | None = None,
+                    env: dict | None = None, **overrides):
     """(model, policy info, bound task) of a policy argument: `dataset` (from `--data`) is the
     task when given; else `task_name`, else the task the policy was trained on (its own
     settings, e.g. a maze size or your data's files; trained on a share of your rows
     (`--eval-fraction`): the rows held out from it), else `default` (an hf: checkpoint).
-    `difficulty` is --difficulty, which only `program` has. `overrides`: `load_model`'s."""
+    `difficulty` is --difficulty, which only `program` has. `env`: the task_kwargs of `--env`
+    (`arguments.env_kwargs`), an environment as the task. `overrides`: `load_model`'s."""
     from vpo.config import ConfigError
 
     model, info = load_policy_model(policy, **overrides)
+    if env is not None:
+        return model, info, load_task("env", policy, env)
     if dataset is not None:
         return model, info, load_task("dataset", policy, dataset)
     own = info.get("task")
@@ -113,13 +125,15 @@ def budget_of(task, num_answers: int, policy: str | None, given: int | None, *,
 
 def problems_of(task, seed: int, num: int) -> list:
     """`num` problems of `seed`; a data file's rows (which `make_problems` takes in file order)
-    are a sample of `num` rows drawn with `seed`, kept in file order."""
+    are a sample of `num` rows drawn with `seed`, kept in file order; an environment's are the
+    first `num` of its --data file or of its `problems(seed, num)`."""
     import numpy as np
 
+    from vpo.env.task import is_env_task
     from vpo.tasks.dataset import ROW
 
     records = task.make_problems(seed, num)
-    if not records or ROW not in records[0]:
+    if not records or ROW not in records[0] or is_env_task(task):  # an environment's: in order
         return records
     rows = task.make_problems(seed, 1 << 62)  # every row of the file
     if len(rows) <= num:
@@ -237,9 +251,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_args(args, positive=("budget", "problems", "answers", "max_new_tokens"),
                finite=("temperature",))
     check_out(args.out)
-    dataset = dataset_kwargs(args)
+    env = env_kwargs(args)
+    dataset = None if env else dataset_kwargs(args)
+    if env and args.task:
+        raise ConfigError(f"--task {args.task} with --env: the environment is the task; drop "
+                          "--task")
     names = arm_names(args.policy)
-    if args.task is None and dataset is None:  # before loading any weights
+    if args.task is None and dataset is None and env is None:  # before loading any weights
         own = {path: _own_task(path) for path in args.policy}
         if len(set(own.values())) > 1:
             listing = ", ".join(f"{p}: {t or 'none (maze)'}" for p, t in own.items())
@@ -248,7 +266,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               "evaluate every policy on it")
     for i, (path, name) in enumerate(zip(args.policy, names, strict=True), 1):
         stage(f"policy {i}/{len(names)}: {name}")
-        model, info, task = policy_and_task(path, args.task, dataset)
+        model, info, task = policy_and_task(path, args.task, dataset, env=env)
         if results and task.name != tasks[0]:
             raise ConfigError(f"--policy {path} was trained on {task.name}, --policy "
                               f"{args.policy[0]} on {tasks[0]}: an equal-budget table needs one "
@@ -318,6 +336,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=4242, help="problem-set seed (test split); with "
                    "--data it draws which --problems rows of the file are evaluated")
     add_data_args(p)
+    add_env_args(p)
     p.add_argument("--out", required=True)
 
 

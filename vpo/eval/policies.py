@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import ConfigError, SamplerConfig
+from vpo.env.task import is_env_task
 from vpo.eval import metrics, plots
 from vpo.model.decoder import Decoder
 from vpo.rollout.rewards import in_graph_rewards
@@ -94,6 +95,10 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
     """
     import tqdm
 
+    if is_env_task(task):
+        return _episode_pool(model, task, records, num_answers=num_answers, budget=budget,
+                             key=key, temperature=temperature, top_p=top_p, chunk=chunk,
+                             max_new_tokens=max_new_tokens, progress=progress, desc=desc)
     if budget % num_answers:
         raise ValueError(f"budget {budget} must be a multiple of num_answers {num_answers}")
     G = budget // num_answers
@@ -138,6 +143,48 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
         amask_PNA = metrics.flatten_generations(jnp.asarray(cat(3)).astype(bool))
     entropy = sum(o[4][0] for o in outs) / max(sum(o[4][1] for o in outs), 1.0)
     return pool, answers_PNA, amask_PNA, entropy
+
+
+def _episode_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
+                  key, temperature: float, top_p: float, chunk: int,
+                  max_new_tokens: int | None, progress: bool, desc: str):
+    """`sample_pool` on an environment task (`vpo train --env`): each candidate is one
+    multi-turn episode (`vpo.env.episode.run_episodes`), scored by the environment, budget
+    episodes per row; its reward vector is the episode's (components that did not apply: 0),
+    and every episode is a valid candidate. One answer per candidate (m = 1): VPO's sets of m
+    episodes (`--env-set`) are sets of these candidates, so best@k / pass@k over episodes
+    compare at the same budget."""
+    import tqdm
+
+    from vpo.env.episode import run_episodes
+    from vpo.env.task import env_factory, env_settings
+
+    if num_answers != 1:
+        raise ConfigError(f"--answers {num_answers}: an environment's candidate is one episode "
+                          "(m = 1); a policy trained with --env-set m is evaluated on the "
+                          "same episodes, drop --answers")
+    settings, factory = env_settings(task.task), env_factory(task)
+    T = max_new_tokens or task.completion_len(1)
+    outs = []
+    starts = range(0, len(records), chunk)
+    for i, start in enumerate(tqdm.tqdm(starts, desc=desc, unit="chunk", disable=not progress)):
+        rows = [dict(r) for r in records[start:start + chunk]]
+        keys_BG = jax.random.split(jax.random.fold_in(key, i),
+                                   len(rows) * budget).reshape(len(rows), budget)
+        ep = run_episodes(model, task.tokenizer, [[factory() for _ in range(budget)]
+                                                  for _ in rows], rows, keys_BG,
+                          temperature=temperature, top_p=top_p, max_tokens=T,
+                          max_turns=settings.max_turns, reward_names=task.reward_names,
+                          where=settings.spec, timeout=settings.timeout,
+                          row_ids=[int(r.get("_row", start + b)) for b, r in enumerate(rows)])
+        r = ep.rollout
+        ent = float(jnp.sum(r.entropy_BGT * r.mask_BGT)), float(jnp.sum(r.mask_BGT))
+        outs.append((ep.rewards_BGR[:, :, None, :], np.ones(ep.rewards_BGR.shape[:2] + (1,),
+                                                             bool), ent))
+    cat = lambda j: np.concatenate([o[j] for o in outs])  # noqa: E731
+    pool = metrics.pool_candidates(cat(0), cat(1), task.eval_weights_R, task.solved)
+    entropy = sum(o[2][0] for o in outs) / max(sum(o[2][1] for o in outs), 1.0)
+    return pool, None, None, entropy
 
 
 def evaluate_policy(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
