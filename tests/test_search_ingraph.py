@@ -352,7 +352,7 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
             assert f"Answer {k}: {d} | scores:" in text
 
 
-def test_lm_end_to_end_on_program_task(program_task, tmp_path):
+def test_lm_end_to_end_on_program_task(program_task, tmp_path, monkeypatch):
     task = program_task
     cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
                               migration_interval=1, num_answers=2, temperature=1.0)
@@ -380,6 +380,18 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
         host, ok = task.task.score([records[0]], [[task.symbols_text(tok[i, q], msk[i, q])]])
         assert ok[0, 0]
         np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_XR[i, q]))
+    from vpo.rollout import slots
+
+    traced = []  # 1 slot for the 2 rows: refilled, the same draws
+    real = slots.generate_slots
+    monkeypatch.setattr(slots, "generate_slots", lambda *a, **k: traced.append(
+        k["num_slots"]) or real(*a, **k))
+    _, slot_state, _, _ = search.run_search(key, model, task,
+                                            jax.tree.map(lambda x: x[0], problems),
+                                            dataclasses.replace(cfg, num_slots=1))
+    assert traced and set(traced) == {1}
+    np.testing.assert_array_equal(np.asarray(slot_state.population.tokens_XA),
+                                  np.asarray(pop.tokens_XA))
     json_path, png = search.write_search_traces(str(tmp_path), traces)
     with open(json_path) as fh:
         summary = json.load(fh)

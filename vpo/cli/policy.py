@@ -26,7 +26,7 @@ BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmet
 SLOTS_HELP = ("rows decoding at once (sampler.num_slots): between 0 and prompts x samples, a "
               "row whose completion stops takes the next one, so a long completion does not "
               "hold the batch (each completion keeps its own key's draws); 0: every "
-              "completion its own row")
+              "completion its own row while their caches fit a quarter of device memory")
 
 
 def load_task(name: str, model_spec: str | None = None, task_kwargs: dict | None = None):

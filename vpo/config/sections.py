@@ -64,7 +64,7 @@ class SearchConfig:
     tournament_size: int = 3
     temperature: float = 1.0  # sampler
     top_p: float = 1.0  # sampler
-    num_slots: int = 0  # sampler rows decoding at once (host-scored tasks; `SamplerConfig`)
+    num_slots: int = 0  # sampler rows decoding at once (`SamplerConfig.num_slots`)
     num_answers: int = 2  # m answers per policy call, each one candidate
 
     def __post_init__(self):

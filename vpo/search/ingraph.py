@@ -40,7 +40,7 @@ from flax import nnx
 from vpo.config import ConfigError, SearchConfig
 from vpo.eval import metrics, plots
 from vpo.model import sharding
-from vpo.rollout.sampler import generate
+from vpo.rollout.slots import generate_rollouts
 from vpo.search import population as ops
 from vpo.search.population import Population
 from vpo.tasks.base import Record
@@ -146,15 +146,18 @@ def split_completions(task: BoundTask, cfg: SearchConfig, tokens_BT, mask_BT):
 
 def lm_propose(model, key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B,
                *, task, cfg: SearchConfig):
-    """The policy as mutation operator: one sampler call per row, m candidates from each."""
+    """The policy as mutation operator: one sampler call per row, m candidates from each;
+    the rows decode through `cfg.num_slots` refilled slots when 0 < S < rows
+    (`vpo.rollout.slots.generate_rollouts`, the same draws as every row at once)."""
     prompts_BP, mask_BP = lm_prompts(task, cfg, problem, parents_BKA, parent_mask_BKA,
                                      parent_rewards_BKR, fresh_B)
     B = prompts_BP.shape[0]
     keys_B1 = jax.random.split(key, B).reshape(B, 1)
-    roll = generate(model, prompts_BP, mask_BP, keys_B1, jnp.float32(cfg.temperature),
-                    jnp.float32(cfg.top_p), jnp.int32(0),
-                    max_new_tokens=task.completion_len(cfg.num_answers),
-                    stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id)
+    roll = generate_rollouts(model, prompts_BP, mask_BP, keys_B1, jnp.float32(cfg.temperature),
+                             jnp.float32(cfg.top_p), jnp.int32(0),
+                             max_new_tokens=task.completion_len(cfg.num_answers),
+                             stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id,
+                             num_slots=cfg.num_slots)
     return split_completions(task, cfg, roll.tokens_BGT[:, 0], roll.mask_BGT[:, 0])
 
 
