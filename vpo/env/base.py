@@ -51,7 +51,9 @@ ENV_METHODS = ("reset", "step", "score")
 
 def load_env_factory(spec: str) -> Callable[[], Environment]:
     """`MODULE:FACTORY` (MODULE dotted or a .py path) → the factory, after building one
-    environment and checking that it has reset / step / score, reward_names and weights."""
+    environment and checking that it has reset / step / score, reward_names and weights. A
+    factory that returns a `verifiers` environment (a hub module's `load_environment`) gives
+    `vpo.env.from_verifiers.from_verifiers` of the one it returned."""
     from vpo.tasks.reward_calls import load_callable  # the same module loading as --reward
 
     module, sep, attr = spec.rpartition(":")
@@ -61,8 +63,18 @@ def load_env_factory(spec: str) -> Callable[[], Environment]:
         factory = load_callable(spec)
     except ConfigError as e:
         raise ConfigError(str(e).replace("--reward", "--env")) from None
-    check_environment(call_env(spec, "make_env", factory), spec)
+    env = call_env(spec, "make_env", factory)
+    if any(c.__module__.startswith("verifiers.") for c in type(env).__mro__):
+        factory = call_env(spec, "from_verifiers", _from_verifiers, env)
+        env = factory()
+    check_environment(env, spec)
     return factory
+
+
+def _from_verifiers(env: Any) -> Callable[[], Environment]:
+    from vpo.env.from_verifiers import from_verifiers  # imports verifiers
+
+    return from_verifiers(env)
 
 
 def check_environment(env: Any, where: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
