@@ -1,9 +1,11 @@
 """`vpo.accel` builds vpo's programs for a TPU v5e (one chip and a 4-chip mesh) and an H100 on
 this CPU-only host, from abstract inputs (the tiny preset in bfloat16; no weights): the RL step
-(full fine-tuning and LoRA) and the sampler compile; on one device the RL step holds the
-log-prob kernel's custom call with `train.logprob_impl=pallas` and none with `chunked`; the
-4-chip mesh has collectives; every compiled program reports positive argument, output and
-RL-step temporary bytes. The builds run in .venv-aot's interpreter (libtpu, the CUDA plugin)."""
+(full fine-tuning and LoRA) and the sampler compile, and so does an environment run's step (its
+episode programs and update, a tiny Qwen2 checkpoint on the calculator); on one device the RL
+step holds the log-prob kernel's custom call with `train.logprob_impl=pallas` and none with
+`chunked`; the 4-chip mesh has collectives; every compiled program reports positive argument,
+output and RL-step temporary bytes. The builds run in .venv-aot's interpreter (libtpu, the
+CUDA plugin)."""
 
 import json
 import os
@@ -35,7 +37,7 @@ SCRIPT = textwrap.dedent("""
     from vpo.launch.assemble import assemble_run
 
     for cell in json.loads(sys.argv[1]):
-        a = assemble_run(None, None, cell["overrides"])
+        a = assemble_run(None, None, cell["overrides"], dataset=cell.get("dataset"))
         for r in program_report.plan(a.run, a.task, cell["target"], cell["programs"]):
             print(json.dumps({"cell": cell["name"], **r.to_json()}), flush=True)
 """)
@@ -59,14 +61,21 @@ LEAN = [
 # step XLA's Triton GEMM emitter cannot tile: built with vpo's default XLA:GPU flags, which
 # turn it off; `targets.set_up_env` sets them).
 QWEN = ["model=qwen2.5-0.5b", "model.scan_layers=true", "model.lora_rank=16", "train.batch_size=4"]
+# A multi-turn environment run (`vpo plan --env`, `vpo.accel.env_build`): the tiny Qwen2
+# checkpoint of tests/fixtures/hf (its chat template) on the shipped calculator environment.
+CALCULATOR = {"env": "vpo.env.calculator:make_env"}
+TINY_QWEN2 = [f"model=hf:{os.path.join(ROOT, 'tests', 'fixtures', 'hf', 'qwen2_tied')}",
+              "train.batch_size=2", "sampler.num_samples=4", "sampler.max_new_tokens=24"]
+ENV = [("v5e env calculator", "v5e", ["rl_step", "sampler", "kernels"], TINY_QWEN2),
+       ("h100 env calculator", "h100", ["rl_step", "sampler", "kernels"], TINY_QWEN2)]
 SLOW = [
     ("v5e qwen2.5-0.5b lora", "v5e", ["rl_step"], QWEN),
     ("h100 qwen2.5-0.5b lora", "h100", ["rl_step"], QWEN),
 ]
 
 
-def _plan(cells, timeout=900) -> dict[str, list[dict]]:
-    spec = [{"name": n, "target": t, "programs": p, "overrides": [*BF16, *o]}
+def _plan(cells, timeout=900, dataset=None) -> dict[str, list[dict]]:
+    spec = [{"name": n, "target": t, "programs": p, "overrides": [*BF16, *o], "dataset": dataset}
             for n, t, p, o in cells]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run([AOT_PYTHON, "-c", SCRIPT, json.dumps(spec)], cwd=ROOT, env=env,
@@ -127,6 +136,25 @@ def test_a_mesh_build_has_collectives_and_one_chip_none(lean):
             assert sum(r["collectives"].values()) > 0, (cell, r["program"])
             assert r["target"] == "v5e-4"
     assert not any(r["collectives"] for r in lean["v5e full chunked"])
+
+
+@pytest.fixture(scope="module")
+def env_plans():
+    return _plan(ENV, dataset=CALCULATOR)
+
+
+@pytest.mark.parametrize("cell", [c[0] for c in ENV])
+def test_environment_step_compiles_with_memory(env_plans, cell):
+    """The episode prefill, the advance at the first and the widest observation queue (8 and
+    32 tokens under a budget of 24) and the update compile and fit; the single-turn sampler
+    and the decode kernel, which episodes do not run, are rows that say so."""
+    rows = {r["program"]: r for r in env_plans[cell]}
+    _check_built([rows[p] for p in ("env_prefill", "env_advance (queue 8)",
+                                    "env_advance (queue 32)", "env_update")])
+    for name in ("sampler", "kernel decode_attention"):
+        r = rows[name]
+        assert not r["applicable"] and r["error_name"] == "NotApplicable", r
+        assert "--env vpo.env.calculator:make_env" in r["error"], r["error"]
 
 
 def test_plan_refuses_a_batch_the_mesh_cannot_split_and_names_the_setting():

@@ -56,8 +56,9 @@ def test_episodes_keep_the_cache_and_match_the_training_forward(policy, monkeypa
     while observations were fed through the kept cache with idle slots left out, equals the
     training forward's over the contiguous conversation (`completion_logp`, one causal pass)."""
     calls = []
-    start = episode_lib._start
-    monkeypatch.setattr(episode_lib, "_start", lambda *a, **k: calls.append(1) or start(*a, **k))
+    start = episode_lib.prefill_episodes
+    monkeypatch.setattr(episode_lib, "prefill_episodes",
+                        lambda *a, **k: calls.append(1) or start(*a, **k))
     ep = _run(policy)
     assert len(calls) == 1 and ep.prefills == 1
     assert ep.turns_BG.max() >= 2, ep.turns_BG  # some episode took several turns

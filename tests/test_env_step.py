@@ -156,3 +156,74 @@ def test_retrieval_needs_two_hops_and_scores_the_conflict():
     assert env.score(final) == pytest.approx([1.0, 1.0, 1 / 3])
     env.reset({"person": person})  # a guess without searching: cheap, unbridged
     assert env.score([{"role": "assistant", "content": "answer: nowhere"}]) == [0.0, 0.0, 1.0]
+
+
+def _avals(tree):
+    return jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
+
+
+def test_plan_builds_the_programs_the_step_runs(monkeypatch):
+    """`vpo plan`'s environment programs (`vpo.accel.env_build`, from abstract inputs) take
+    the shapes, dtypes and static settings one environment step calls its jits with: the
+    episode prefill, every advance (at a queue width the plan lists) and the update."""
+    import jax.numpy as jnp
+
+    from vpo.accel import build, env_build
+    from vpo.env import episode
+    from vpo.launch.assemble import assemble_run
+    from vpo.model import sharding
+    from vpo.rl import step as step_lib
+    from vpo.rl.env_step import make_env_rl_step
+
+    B, G, T = 2, 4, 24
+    a = assemble_run(None, None, [f"model=hf:{FIXTURE}", f"train.batch_size={B}",
+                                  f"sampler.num_samples={G}", f"sampler.max_new_tokens={T}"],
+                     dataset={"env": "vpo.env.calculator:make_env"})
+    run, task = a.run, a.task
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    ctx, update = env_build.env_build(run, task, mesh)
+    calls: dict[str, list] = {"prefill_episodes": [], "advance_episodes": []}
+    for name, fn in ((n, getattr(episode, n)) for n in calls):
+        monkeypatch.setattr(episode, name, lambda *a, _n=name, _f=fn, **k: calls[_n].append(
+            (a, k)) or _f(*a, **k))
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.init_state(run.model, tx, mesh, seed=run.train.seed)
+    batch = jax.tree.map(jnp.asarray, build.rl_batch(run, task, B))
+    step = make_env_rl_step(graphdef, tx, task, step_lib.step_config(run, task),
+                            task.make_problems(run.train.seed, 64))
+    rollout = step.sample(state, batch)
+    rewards, smask, _ = step.score(batch, rollout)
+
+    prefill = env_build.prefill_program(ctx)
+    ((args, kw),) = calls["prefill_episodes"]
+    assert args[0] == prefill.args[0] and kw == prefill.kwargs
+    assert _avals(args[1:]) == _avals(prefill.args[1:])
+    carry = env_build.carry_of(ctx, build.Built("env_prefill"), mesh)
+    assert calls["advance_episodes"]
+    for args, kw in calls["advance_episodes"]:
+        width = args[3].shape[-1]
+        assert width in episode.queue_widths(T), width
+        advance = env_build.advance_program(ctx, carry, width, mesh)
+        assert args[0] == advance.args[0] and kw == advance.kwargs
+        assert _avals(args[1:]) == _avals(advance.args[1:])
+    assert ctx.shapes.widths == (8, 32) and episode.queue_widths(T) == (8, 16, 32)
+    assert _avals((state, batch, rollout, jnp.asarray(rewards), jnp.asarray(smask))) == (
+        _avals(update.args))
+
+
+def test_the_environment_step_builds_ahead_of_time():
+    """`vpo plan`'s environment step (`vpo.accel.build`, rl_step of an --env run) compiled
+    ahead of time for this host's 8 CPU devices (a data mesh; the advance takes the prefill's
+    compiled layout); the TPU / H100 builds are tests/test_accel.py's."""
+    from vpo.accel import build as build_lib
+    from vpo.launch.assemble import assemble_run
+    from vpo.model import sharding
+
+    a = assemble_run(None, None, [f"model=hf:{FIXTURE}", "train.batch_size=8",
+                                  "sampler.num_samples=2", "sampler.max_new_tokens=16"],
+                     dataset={"env": "vpo.env.calculator:make_env"})
+    mesh = sharding.make_mesh(devices=jax.devices()[:8])
+    built = build_lib.build("rl_step", a.run, a.task, mesh)
+    assert [b.name for b in built] == ["env_prefill", "env_advance (queue 8)",
+                                       "env_advance (queue 16)", "env_update"]
+    assert all(b.error is None for b in built), [b.error for b in built]

@@ -2,7 +2,8 @@
 the target's mesh (`jax.ShapeDtypeStruct` with a `NamedSharding`), never weights.
 
 Programs (`programs`): the fused RL step (or, for a task scored on the host, its sampling and
-update halves), the sampler alone, the SFT step, the in-graph island search, and the two Pallas
+update halves; for an environment, its episode programs and update: `vpo.accel.env_build`),
+the sampler alone, the SFT step, the in-graph island search, and the two Pallas
 kernels at the run's shapes. Each is `jax.jit(f).trace(*args).lower().compile()` under the
 target's mesh; `compile_program` returns the compiled program or the compiler's error.
 """
@@ -34,6 +35,7 @@ class Program:
     name: str
     fn: Callable  # a jax.jit-wrapped function
     args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)  # static arguments by name
 
 
 @dataclasses.dataclass
@@ -230,26 +232,30 @@ def _one_generation(step, state, key):
     return state, trace_point(state)
 
 
-def kernel_shapes(run: RunConfig, prompt_len: int) -> list[tuple]:
+def kernel_shapes(run: RunConfig, prompt_len: int, *, decode: bool = True) -> list[tuple]:
     """The two kernels' cells (`vpo.kernels.aot_check`) at the run's shapes: the log-prob
     forward and gradient on one micro-batch's completion rows, decode attention on the
-    sampler's batch."""
+    sampler's batch (`decode=False`: without it, for a run whose sampling does not use it)."""
     m, t, s = run.model, run.train, run.sampler
     B, G, T = t.batch_size, s.num_samples, s.max_new_tokens
     rows = (B // (t.num_minibatches * t.grad_accum)) * G * T
     dtype = m.dtype
-    return [("logprob_entropy", "fwd", (rows, m.dim, m.vocab_size), dtype),
-            ("logprob_entropy", "grad", (rows, m.dim, m.vocab_size), dtype),
-            ("decode_attention", "fwd", (B, G, m.num_kv_heads, m.num_heads // m.num_kv_heads,
-                                         m.head_dim, prompt_len, T), dtype)]
+    cells = [("logprob_entropy", "fwd", (rows, m.dim, m.vocab_size), dtype),
+             ("logprob_entropy", "grad", (rows, m.dim, m.vocab_size), dtype)]
+    if decode:
+        cells.append(("decode_attention", "fwd", (B, G, m.num_kv_heads,
+                                                  m.num_heads // m.num_kv_heads, m.head_dim,
+                                                  prompt_len, T), dtype))
+    return cells
 
 
 def compile_program(program: Program, mesh) -> Built:
-    """`program.fn.trace(*args).lower().compile()` under `mesh`; a failure is returned."""
+    """`program.fn.trace(*args, **kwargs).lower().compile()` under `mesh`; a failure is
+    returned."""
     t0 = time.perf_counter()
     try:
         with jax.set_mesh(mesh):
-            compiled = program.fn.trace(*program.args).lower().compile()
+            compiled = program.fn.trace(*program.args, **program.kwargs).lower().compile()
     except Exception as e:  # noqa: BLE001 - the compiler's error is the result
         return Built(program.name, error=e, seconds=time.perf_counter() - t0)
     return Built(program.name, compiled=compiled, seconds=time.perf_counter() - t0)
@@ -267,7 +273,14 @@ def make_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Prog
 
 def build(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Built]:
     """Make and compile the programs of `name`; an error while making the inputs (a setting
-    the mesh refuses) is a Built with stage "build"."""
+    the mesh refuses) is a Built with stage "build". The RL step of an environment run is the
+    episode programs and the update (`vpo.accel.env_build`)."""
+    from vpo.env.task import is_env_task
+
+    if name == "rl_step" and is_env_task(task):
+        from vpo.accel.env_build import build_env_step
+
+        return build_env_step(run, task, mesh)
     t0 = time.perf_counter()
     try:
         programs = make_programs(name, run, task, mesh)
@@ -276,11 +289,12 @@ def build(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Built]:
     return [compile_program(p, mesh) for p in programs]
 
 
-def build_kernels(run: RunConfig, task: BoundTask, devs, n_devices: int = 1) -> list[dict]:
+def build_kernels(run: RunConfig, task: BoundTask, devs, n_devices: int = 1, *,
+                  decode: bool = True) -> list[dict]:
     """The kernels alone at the run's shapes (`vpo.kernels.aot_check.compile_cell`) on the
-    target's first `n_devices` devices; one row per cell."""
+    target's first `n_devices` devices; one row per cell (`kernel_shapes`)."""
     from vpo.kernels.aot_check import compile_cell
 
     prompt_len = rl_batch(run, task, run.train.batch_size)["prompt_BP"].shape[1]
     return [compile_cell(devs, *cell, n_devices=n_devices)
-            for cell in kernel_shapes(run, prompt_len)]
+            for cell in kernel_shapes(run, prompt_len, decode=decode)]

@@ -14,6 +14,7 @@ import re
 from vpo.accel import build as build_lib
 from vpo.accel import targets as targets_lib
 from vpo.config import RunConfig
+from vpo.env.task import env_settings, is_env_task
 from vpo.tasks.bound import BoundTask
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -141,23 +142,29 @@ def advise(report: ProgramReport, run: RunConfig, n_devices: int) -> str | None:
     t, s = run.train, run.sampler
     options = []
     program = report.program
+    episodes = program.startswith(("env_prefill", "env_advance"))
     if n_devices > run.mesh_fsdp and program != "sampler" and not program.startswith("kernel"):
         options.append(f"mesh_fsdp={n_devices} (parameters and optimiser state sharded over "
                        "the devices)")
-    if run.model.lora_rank == 0 and program in ("rl_step", "rl_update", "sft_step"):
+    if run.model.lora_rank == 0 and program in ("rl_step", "rl_update", "env_update",
+                                                "sft_step"):
         options.append("model.lora_rank=16 (only adapters trained: no moments of the base)")
-    if program in ("rl_step", "rl_update"):
+    if program in ("rl_step", "rl_update", "env_update"):
         options.append(f"train.num_minibatches={2 * t.num_minibatches} (or train.grad_accum; "
                        "train.batch_size must stay divisible)")
         if not t.remat:
             options.append("train.remat=true")
-    if program in ("rl_step", "rl_sample", "sampler", "search") and s.num_samples > 2:
+    if (program in ("rl_step", "rl_sample", "sampler", "search") or episodes) and (
+            s.num_samples > 2):
         options.append(f"sampler.num_samples={s.num_samples // 2}")
+    if episodes and s.max_new_tokens > 16:
+        options.append(f"sampler.max_new_tokens={s.max_new_tokens // 2} (an episode's token "
+                       "budget; its cache holds twice as many slots)")
     rollouts = t.batch_size * s.num_samples
     if program == "sampler" and not 0 < s.num_slots < rollouts and rollouts >= 8:
         options.append(f"sampler.num_slots={rollouts // 4} (suffix caches for those rows, "
                        "not for every rollout)")
-    if program in ("sft_step", "sampler") or not options:
+    if program in ("sft_step", "sampler") or episodes or not options:
         options.append(f"train.batch_size={max(1, t.batch_size // 2)}")
     return "; or ".join(options)
 
@@ -185,6 +192,25 @@ def render(reports: list[ProgramReport]) -> str:
     return "\n".join(lines)
 
 
+def _env_run(task: BoundTask) -> str:
+    return f"an environment run (--env {env_settings(task.task).spec})"
+
+
+def not_applicable(name: str, task: BoundTask) -> str | None:
+    """Why program `name` does not exist for a run on `task`, or None when it does."""
+    if is_env_task(task):
+        why = {"sampler": "it samples in episodes (env_prefill, env_advance of rl_step)",
+               "sft_step": "an environment has no demonstrations (warm-start its policy with "
+                           "vpo sft --data)",
+               "search": "an environment scores whole episodes on the host (no in-graph "
+                         "search)"}
+        if name in why:
+            return f"{_env_run(task)}: {why[name]}"
+    if name == "search" and task.is_host:
+        return f"task {task.name!r} scores on the host (no in-graph search)"
+    return None
+
+
 def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
          progress=None) -> list[ProgramReport]:
     """Compile each of `programs` for `target` (a `vpo.accel.targets.Target` or its spelling)
@@ -205,13 +231,20 @@ def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
     for name in programs:
         if name == "kernels":
             devs = targets_lib.devices(target)
-            for row in build_lib.build_kernels(run, task, devs):
+            episodes = is_env_task(task)
+            for row in build_lib.build_kernels(run, task, devs, decode=not episodes):
                 add(from_kernel_row(row, target, hbm))
+            if episodes:
+                add(ProgramReport("kernel decode_attention", target.name, False, 0.0, hbm,
+                                  error_name=NOT_APPLICABLE, applicable=False,
+                                  error=f"{_env_run(task)}: episodes attend through XLA "
+                                        "(Decoder.extend_masked, a mask per episode), not "
+                                        "the decode kernel"))
             continue
-        if name == "search" and task.is_host:
+        why = not_applicable(name, task)
+        if why:
             add(ProgramReport(name, target.name, False, 0.0, hbm, error_name=NOT_APPLICABLE,
-                              error=f"task {task.name!r} scores on the host (no in-graph "
-                                    "search)", applicable=False))
+                              error=why, applicable=False))
             continue
         for built in build_lib.build(name, run, task, mesh):
             add(from_built(built, target, hbm))

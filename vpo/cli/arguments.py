@@ -174,7 +174,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_env_args(p: argparse.ArgumentParser) -> None:
-    """`--env MODULE:FACTORY` and its episode settings (`vpo train`)."""
+    """`--env MODULE:FACTORY` and its episode settings (`vpo train`, `vpo plan`)."""
     p.add_argument("--env", default=None, metavar="MODULE:FACTORY",
                    help="train on a multi-turn environment: FACTORY() returns an environment "
                    "with reset / step / score, reward_names and weights "
@@ -199,9 +199,10 @@ def env_kwargs(args: argparse.Namespace) -> dict | None:
             if value != default:
                 raise ConfigError(f"{flag} needs --env MODULE:FACTORY")
         return None
-    for flag, given in (("--reward", args.reward), ("--weights", args.weights),
-                        ("--reward-range", args.reward_range),
-                        ("--reward-workers", args.reward_workers),
+    for flag, given in (("--reward", getattr(args, "reward", None)),
+                        ("--weights", getattr(args, "weights", None)),
+                        ("--reward-range", getattr(args, "reward_range", None)),
+                        ("--reward-workers", getattr(args, "reward_workers", None)),
                         ("--eval-fraction", getattr(args, "eval_fraction", None) is not None),
                         ("--split-seed", getattr(args, "split_seed", None) is not None)):
         if given:

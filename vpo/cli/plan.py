@@ -2,6 +2,7 @@
 built ahead of time on this host (`vpo.accel`; no accelerator, no weights).
 
     vpo plan --target v5e:2x2 [--preset NAME | --config FILE] [section.key=value ...]
+             [--env MODULE:FACTORY [--data FILE] [--env-turns N] [--env-set m]]
              [--programs rl_step,sampler,sft_step,kernels] [--json FILE]
 """
 
@@ -21,8 +22,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     device against the chip's memory, its collectives and, when it does not compile or fit, the
     error and the setting to change. Exit status 0 when every program fits, 1 otherwise."""
     from vpo.accel import targets
+    from vpo.cli.arguments import env_kwargs
     from vpo.config import ConfigError
 
+    if args.data and not args.env:
+        raise ConfigError("--data in vpo plan: the rows of an --env run; give --env "
+                          "MODULE:FACTORY (plan a --data/--reward run from its config.json "
+                          "with --config)")
+    dataset = env_kwargs(args)
     target = targets.parse_target(args.target)
     missing = targets.missing_wheels(target.platform)
     if missing:
@@ -38,7 +45,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from vpo.accel import program_report
     from vpo.launch.assemble import assemble_run
 
-    assembled = assemble_run(args.preset, args.config, args.overrides)
+    assembled = assemble_run(args.preset, args.config, args.overrides, dataset=dataset)
     run, task = assembled.run, assembled.task
     m = run.model
     rollouts = run.train.batch_size * run.sampler.num_samples
@@ -48,8 +55,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"parameters ({m.param_dtype}), "
           + (f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tune")
           + f"; task {run.task}, batch {run.train.batch_size} x {run.sampler.num_samples} "
-          f"samples x {run.sampler.max_new_tokens} tokens, decoded in "
-          + _decode_rows(run.sampler.num_slots, rollouts), flush=True)
+          f"samples x {run.sampler.max_new_tokens} tokens, "
+          + (_episodes(run, task) if run.task == "env"
+             else "decoded in " + _decode_rows(run.sampler.num_slots, rollouts)), flush=True)
     header = program_report.render([]).splitlines()[0]
     print(header, flush=True)
     reports = program_report.plan(
@@ -63,6 +71,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"{n - len(bad)} of {n} programs compile and fit on "
           f"{target.name}" + (f"; not: {', '.join(r.program for r in bad)}" if bad else ""))
     return 1 if bad else 0
+
+
+def _episodes(run, task) -> str:
+    """An environment run's episodes as the plan builds them (`vpo.accel.env_build`)."""
+    from vpo.accel.env_build import episode_shapes
+    from vpo.env.episode import queue_widths
+    from vpo.env.task import env_settings
+
+    s, settings = episode_shapes(run), env_settings(task.task)
+    return (f"in episodes of {settings.spec}: up to {settings.max_turns} turns, "
+            f"{s.budget} tokens each (assistant and observations) in a cache of {s.slots} "
+            f"slots, observation queues of {' and '.join(map(str, s.widths))} tokens built "
+            f"(a run compiles each of {', '.join(map(str, queue_widths(s.budget)))}); "
+            "the environment's calls run on the host between the programs")
 
 
 def _decode_rows(num_slots: int, rollouts: int) -> str:
@@ -89,6 +111,7 @@ def _programs(text: str) -> tuple[str, ...]:
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
+    from vpo.cli.arguments import add_env_args
     from vpo.launch import presets
 
     p.add_argument("overrides", nargs="*", help="section.key=value, e.g. model=qwen2.5-0.5b "
@@ -103,3 +126,6 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: rl_step, sampler, sft_step, search, kernels; or all "
                         f"(default {','.join(DEFAULT_PROGRAMS)})")
     p.add_argument("--json", default=None, help="also write the reports to this JSON file")
+    add_env_args(p)
+    p.add_argument("--data", default=None, help="with --env: the rows (JSONL / Parquet) of an "
+                   "environment without problems(seed, n)")

@@ -5,9 +5,9 @@ messages are rendered through the checkpoint's chat template and prefilled once,
 row's G episodes (as `vpo.rollout.sampler.generate` shares a prompt). Then, until every
 episode is over:
 
-1. `_advance` (one jitted `lax.while_loop`) decodes every episode whose turn is on until it
-   emits a stop token (the end of its assistant message); observation tokens queued for an
-   episode are fed through the same decode step first (forced, not sampled), so the
+1. `advance_episodes` (one jitted `lax.while_loop`) decodes every episode whose turn is on
+   until it emits a stop token (the end of its assistant message); observation tokens queued
+   for an episode are fed through the same decode step first (forced, not sampled), so the
    conversation is never prefilled again: each token of every turn enters the cache once.
 2. On the host, each episode that ended its turn hands its messages to `env.step`: the
    observation messages (tool output, a user's reply) are rendered through the chat template
@@ -61,7 +61,7 @@ class _Carry(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "group", "slots"))
-def _start(graphdef, params, prompts_BP, mask_BP, *, group: int, slots: int) -> _Carry:
+def prefill_episodes(graphdef, params, prompts_BP, mask_BP, *, group: int, slots: int) -> _Carry:
     """Prefill the B prompts once → the loop's carry with an empty cache of `slots` slots."""
     model = nnx.merge(graphdef, params)
     hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
@@ -83,8 +83,9 @@ def _start(graphdef, params, prompts_BP, mask_BP, *, group: int, slots: int) -> 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "stop_ids", "pad_id", "budget"),
                    donate_argnums=(2,))
-def _advance(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG, keys_BG, temperature,
-             top_p, top_k, *, stop_ids: tuple[int, ...], pad_id: int, budget: int) -> _Carry:
+def advance_episodes(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG, keys_BG,
+                     temperature, top_p, top_k, *, stop_ids: tuple[int, ...], pad_id: int,
+                     budget: int) -> _Carry:
     """Decode until no episode is generating or has queued tokens left (or the slots run out).
 
     Per step, each episode: feeds its next queued observation token (not sampled, not the
@@ -178,6 +179,17 @@ def _bucket(n: int) -> int:
     return max(8, 1 << max(n - 1, 0).bit_length())
 
 
+def queue_widths(max_tokens: int) -> tuple[int, ...]:
+    """The queued-observation widths `advance_episodes` is compiled for under a token budget of
+    `max_tokens` (each is its own compile): 8 on the first turn, then `_bucket` of the turn's
+    longest observation, which is queued only with room to answer after it (at most
+    max_tokens − 2 tokens: its turn's answer held one at least)."""
+    widths = [_bucket(1)]
+    while widths[-1] < _bucket(max(max_tokens - 2, 1)):
+        widths.append(2 * widths[-1])
+    return tuple(widths)
+
+
 def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environment]],
                  rows: Sequence[dict[str, Any]], keys_BG, *, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, max_tokens: int, max_turns: int,
@@ -219,7 +231,7 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     else:
         prompt_BP, prompt_mask_BP = prompts
     graphdef, params = nnx.split(model)
-    carry = _start(graphdef, params, jnp.asarray(prompt_BP, jnp.int32),
+    carry = prefill_episodes(graphdef, params, jnp.asarray(prompt_BP, jnp.int32),
                    jnp.asarray(prompt_mask_BP, bool), group=G, slots=C)
     queued = np.zeros((B, G, 8), np.int32)
     queued_len = np.zeros((B, G), np.int32)
@@ -230,10 +242,10 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     stop_ids = tuple(int(i) for i in tokenizer.stop_ids)
     start_t = 0
     while True:
-        carry = _advance(graphdef, params, carry, jnp.asarray(queued), jnp.asarray(queued_len),
-                         keys_BG, jnp.float32(temperature), jnp.float32(top_p),
-                         jnp.int32(top_k), stop_ids=stop_ids, pad_id=int(tokenizer.pad_id),
-                         budget=T)
+        carry = advance_episodes(graphdef, params, carry, jnp.asarray(queued),
+                                 jnp.asarray(queued_len), keys_BG, jnp.float32(temperature),
+                                 jnp.float32(top_p), jnp.int32(top_k), stop_ids=stop_ids,
+                                 pad_id=int(tokenizer.pad_id), budget=T)
         t = int(carry.t)
         status = np.asarray(carry.status_BG).copy()
         pos = np.asarray(carry.pos_BG)

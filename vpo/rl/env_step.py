@@ -75,6 +75,14 @@ class EnvRLStep(HostRLStep):
         return rows
 
 
+def make_env_update(graphdef, tx, task: BoundTask, cfg: StepConfig):
+    """The step's one jitted program, the state donated: (state, batch, rollout [B, G, T],
+    rewards_BGMR, solution_mask_BGM) → (state, metrics) (`update_from_rollout`)."""
+    return jax.jit(lambda state, batch, rollout, rewards, smask: update_from_rollout(
+        state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
+        donate_argnums=0)
+
+
 def make_env_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -> EnvRLStep:
     """The environment step (see the module docstring). `records`: the rows that
     batch["problems"]["index"] points into."""
@@ -107,9 +115,7 @@ def make_env_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) ->
         ep = last["episodes"]
         return episode_sets(ep.rewards_BGR, ep.applies_BGR, m)
 
-    jitted = jax.jit(lambda state, batch, rollout, rewards, smask: update_from_rollout(
-        state, batch, rollout, rewards, smask, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
-        donate_argnums=0)
+    jitted = make_env_update(graphdef, tx, task, cfg)
 
     def update(state, batch, rollout, rewards, smask):
         state, metrics = jitted(state, batch, rollout, jnp.asarray(rewards), jnp.asarray(smask))
