@@ -211,6 +211,7 @@ def test_plan_builds_the_programs_the_step_runs(monkeypatch):
         _avals(update.args))
 
 
+@pytest.mark.slow
 def test_the_environment_step_builds_ahead_of_time():
     """`vpo plan`'s environment step (`vpo.accel.build`, rl_step of an --env run) compiled
     ahead of time for this host's 8 CPU devices (a data mesh; the advance takes the prefill's
