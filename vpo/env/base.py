@@ -53,7 +53,8 @@ def load_env_factory(spec: str) -> Callable[[], Environment]:
     """`MODULE:FACTORY` (MODULE dotted or a .py path) → the factory, after building one
     environment and checking that it has reset / step / score, reward_names and weights. A
     factory that returns a `verifiers` environment (a hub module's `load_environment`) gives
-    `vpo.env.from_verifiers.from_verifiers` of the one it returned."""
+    `vpo.env.from_verifiers.from_verifiers` of the one it returned; one that returns an OpenEnv
+    Environment gives `vpo.env.from_openenv.from_openenv(factory)` (one per episode)."""
     from vpo.tasks.reward_calls import load_callable  # the same module loading as --reward
 
     module, sep, attr = spec.rpartition(":")
@@ -67,6 +68,9 @@ def load_env_factory(spec: str) -> Callable[[], Environment]:
     if any(c.__module__.startswith("verifiers.") for c in type(env).__mro__):
         factory = call_env(spec, "from_verifiers", _from_verifiers, env)
         env = factory()
+    elif any(c.__module__.startswith("openenv.") for c in type(env).__mro__):
+        factory = call_env(spec, "from_openenv", _from_openenv, factory)
+        env = factory()
     check_environment(env, spec)
     return factory
 
@@ -75,6 +79,12 @@ def _from_verifiers(env: Any) -> Callable[[], Environment]:
     from vpo.env.from_verifiers import from_verifiers  # imports verifiers
 
     return from_verifiers(env)
+
+
+def _from_openenv(make: Callable[[], Any]) -> Callable[[], Environment]:
+    from vpo.env.from_openenv import from_openenv  # imports openenv
+
+    return from_openenv(make)
 
 
 def check_environment(env: Any, where: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
