@@ -141,7 +141,7 @@ def test_a_signal_stops_the_run_with_its_last_row_checkpointed(finished, tmp_pat
     p = vpo("train", "--preset", "smoke", *RUN6, "--out", out, VPO_KILL_AT="logged:2",
             VPO_KILL_SIGNAL=sig)
     assert p.returncode == 128 + getattr(signal, f"SIG{sig}"), p.stderr[-2000:]
-    assert time.perf_counter() - t0 < 60
+    assert time.perf_counter() - t0 < 180  # not stuck after it (62 s on a loaded machine)
     assert "Traceback" not in p.stderr and f"SIG{sig}: stopping after the step" in p.stderr
     assert steps(out) == [1, 2] and checkpoints(out) == [2]
     if sig == "INT":
