@@ -352,7 +352,7 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
             assert f"Answer {k}: {d} | scores:" in text
 
 
-def test_lm_end_to_end_on_program_task(program_task, tmp_path, monkeypatch):
+def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     task = program_task
     cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
                               migration_interval=1, num_answers=2, temperature=1.0)
@@ -380,18 +380,6 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path, monkeypatch):
         host, ok = task.task.score([records[0]], [[task.symbols_text(tok[i, q], msk[i, q])]])
         assert ok[0, 0]
         np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_XR[i, q]))
-    from vpo.rollout import slots
-
-    traced = []  # 1 slot for the 2 rows: refilled, the same draws
-    real = slots.generate_slots
-    monkeypatch.setattr(slots, "generate_slots", lambda *a, **k: traced.append(
-        k["num_slots"]) or real(*a, **k))
-    _, slot_state, _, _ = search.run_search(key, model, task,
-                                            jax.tree.map(lambda x: x[0], problems),
-                                            dataclasses.replace(cfg, num_slots=1))
-    assert traced and set(traced) == {1}
-    np.testing.assert_array_equal(np.asarray(slot_state.population.tokens_XA),
-                                  np.asarray(pop.tokens_XA))
     json_path, png = search.write_search_traces(str(tmp_path), traces)
     with open(json_path) as fh:
         summary = json.load(fh)
@@ -403,3 +391,28 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path, monkeypatch):
         search.run_method(key, "search", small, task, problems, cfg)
 
 
+@pytest.mark.slow
+def test_lm_search_through_refilled_slots_gives_the_same_population(program_task, monkeypatch):
+    """`search.num_slots` reaches the mutation operator's sampler: 1 slot for the 2 rows of a
+    generation is refilled and gives the population of every row at once."""
+    from vpo.rollout import slots
+
+    task = program_task
+    cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
+                              migration_interval=1, num_answers=2, temperature=1.0)
+    records = task.make_problems(0, 2)
+    problems = jax.tree.map(lambda x: x[0], search.search_problems(task, records,
+                                                                   cfg.num_answers))
+    need = seq_len_for(task, records, cfg.num_answers, num_parents=cfg.parents)
+    model = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need),
+                    rngs=nnx.Rngs(0))
+    key = jax.random.key(0)
+    pop = search.run_search(key, model, task, problems, cfg)[1].population
+    traced = []
+    real = slots.generate_slots
+    monkeypatch.setattr(slots, "generate_slots", lambda *a, **k: traced.append(
+        k["num_slots"]) or real(*a, **k))
+    slot_pop = search.run_search(key, model, task, problems,
+                                 dataclasses.replace(cfg, num_slots=1))[1].population
+    assert traced and set(traced) == {1}
+    np.testing.assert_array_equal(np.asarray(slot_pop.tokens_XA), np.asarray(pop.tokens_XA))
