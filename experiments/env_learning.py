@@ -1,18 +1,26 @@
-"""Does a shipped environment learn on SmolLM2-135M-Instruct with LoRA on a CPU? The calculator
-environment (`vpo.env.calculator`), end to end through the commands a user types:
+"""Do the shipped environments learn on SmolLM2-135M-Instruct with LoRA on a CPU? The calculator
+(`vpo.env.calculator`) and the retrieval environment (`vpo.env.retrieval`), end to end through
+the commands a user types:
 
-1. a warm start that teaches the format, not the answers: `vpo sft --data` on demonstrations
-   whose prompt is the environment's own first message and whose completion is one line
-   `answer: <expression>` over some of the given numbers; a share `--correct` of them reach
-   the target, the others are well-formed misses (so the warm start hits sometimes and RL has
-   something to reinforce);
-2. `vpo train --env vpo.env.calculator:make_env --init <warm start> model.lora_rank=8` (GRPO);
+1. a tool-use warm start that teaches the formats and the tool calls, not the answers:
+   `vpo sft --data` on conversations in the environment's own messages, one row per assistant
+   turn (the prompt is the conversation so far, ending with the user's or the tool's message;
+   the completion is that turn). Conversation styles are mixed, so the warm start sometimes
+   calls the tool and sometimes guesses, and RL has something to reinforce:
+   - calculator: answer at once; check one expression with `calc:` and answer it; check a miss,
+     then a hit, and answer the hit. A share `--correct` of the checked expressions reach the
+     target (the others are well-formed misses);
+   - retrieval: guess a country; search the person and guess; search the person, then the city,
+     and answer the country naming the city (the full two hops);
+2. `vpo train --env vpo.env.<env>:make_env --init <warm start> model.lora_rank=8` (GRPO);
 3. the test, decided before the run: Kendall's τ of the training reward (w*ᵀr per episode,
    averaged over the step's episodes) against the step over every logged step, one-sided
    (rising) p < 0.025 (`vpo.eval.claims.kendall`); the unit is the step of one run, so the
-   verdict is about this run, not about seeds. Also printed: the same for `reward/hit`.
+   verdict is about this run, not about seeds. Also printed: the same for each component and
+   the turns per episode.
 
-    python experiments/env_learning.py --out runs/env_learning   # ~30-40 min on 2 CPU cores
+    python experiments/env_learning.py --env calculator --out runs/env_calculator
+    python experiments/env_learning.py --env retrieval --out runs/env_retrieval
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import sys
 import numpy as np
 
 from vpo.env.calculator import CalculatorEnv, evaluate
+from vpo.env.retrieval import RetrievalEnv
 from vpo.eval.claims import kendall
 
 
@@ -44,17 +53,61 @@ def expressions(numbers: list[int]) -> list[str]:
     return out
 
 
-def demonstrations(num: int, correct: float, seed: int) -> list[dict]:
-    """`num` rows {prompt, completion}: the environment's first message and one answer line."""
-    env, rng = CalculatorEnv(), np.random.default_rng(seed)
+def play(env, row: dict, turns: list[str]) -> list[dict]:
+    """The conversation of `turns` (the assistant's messages) in `env`, its observations
+    included: [first messages, assistant, observation..., assistant, ...]."""
+    messages = list(env.reset(row))
+    for said in turns:
+        messages.append({"role": "assistant", "content": said})
+        seen = env.step(messages)
+        if seen is None:
+            break
+        messages += seen
+    return messages
+
+
+def calculator_turns(row: dict, correct: float, rng: np.random.Generator) -> list[str]:
+    exprs = expressions(row["numbers"])
+    hits = [e for e in exprs if evaluate(e)[0] == row["target"]]
+    misses = [e for e in exprs if evaluate(e)[0] != row["target"]]
+    hit = hits and rng.random() < correct
+    pick = hits[rng.integers(len(hits))] if hit else misses[rng.integers(len(misses))]
+    style = rng.integers(3)
+    if style == 0:
+        return [f"answer: {pick}"]
+    if style == 1 or not hit:
+        return [f"calc: {pick}", f"answer: {pick}"]
+    miss = misses[rng.integers(len(misses))]
+    return [f"calc: {miss}", f"calc: {pick}", f"answer: {pick}"]
+
+
+def retrieval_turns(env: RetrievalEnv, row: dict, rng: np.random.Generator) -> list[str]:
+    person = row["person"]
+    city, country = env.facts[person]
+    countries = sorted({k for _, k in env.facts.values()})
+    guess = countries[rng.integers(len(countries))]
+    style = rng.integers(3)
+    if style == 0:
+        return [f"answer: {guess}"]
+    if style == 1:
+        return [f"search: {person}", f"{person} was born in {city}.\nanswer: {guess}"]
+    return [f"search: {person}", f"search: {city} city",
+            f"{person} was born in {city}, a city in {country}.\nanswer: {country}"]
+
+
+def demonstrations(env_name: str, num: int, correct: float, seed: int) -> list[dict]:
+    """SFT rows {prompt, completion} of `num` demonstrated conversations, a row per assistant
+    turn: the prompt is the conversation before that turn."""
+    env = CalculatorEnv() if env_name == "calculator" else RetrievalEnv()
+    rng = np.random.default_rng(seed)
     rows = []
     for row in env.problems(seed, num):
-        prompt = env.reset(row)[0]["content"]
-        exprs = expressions(row["numbers"])
-        hits = [e for e in exprs if evaluate(e)[0] == row["target"]]
-        misses = [e for e in exprs if evaluate(e)[0] != row["target"]]
-        pick = hits if hits and rng.random() < correct else misses
-        rows.append({"prompt": prompt, "completion": f"answer: {pick[rng.integers(len(pick))]}"})
+        turns = (calculator_turns(row, correct, rng) if env_name == "calculator"
+                 else retrieval_turns(env, row, rng))
+        messages = play(env, row, turns)
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant":
+                rows.append({"prompt": messages[:i], "completion": m["content"]})
     return rows
 
 
@@ -65,20 +118,25 @@ def run(cmd: list[str]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/env_learning")
+    p.add_argument("--env", choices=("calculator", "retrieval"), default="calculator")
+    p.add_argument("--out", default=None, help="default: runs/env_<env>")
     p.add_argument("--demos", type=int, default=512)
     p.add_argument("--correct", type=float, default=0.3)
-    p.add_argument("--sft-steps", type=int, default=60)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--sft-steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    args.out = args.out or f"runs/env_{args.env}"
     os.makedirs(args.out, exist_ok=True)
     vpo = [sys.executable, "-m", "vpo.cli.main"]
     demos = os.path.join(args.out, "demos.jsonl")
     with open(demos, "w") as f:
-        for row in demonstrations(args.demos, args.correct, seed=10_000 + args.seed):
+        for row in demonstrations(args.env, args.demos, args.correct,
+                                  seed=10_000 + args.seed):
             f.write(json.dumps(row) + "\n")
     reward = os.path.join(args.out, "format.py")  # `--data` reads rewards; SFT does not use it
     with open(reward, "w") as f:
@@ -90,15 +148,17 @@ def main() -> int:
              "smollm2", "--answers", "1", "--steps", str(args.sft_steps), "--batch", "8", "--seed",
              str(args.seed), "--out", sft, "--overwrite"])
     rl = os.path.join(args.out, "grpo")
-    run([*vpo, "train", "--env", "vpo.env.calculator:make_env", "--env-turns", "2",
-         "--init", sft, "model.lora_rank=8", f"train.steps={args.steps}",
+    run([*vpo, "train", "--env", f"vpo.env.{args.env}:make_env", "--env-turns",
+         str(args.turns), "--init", sft, "model.lora_rank=8", f"train.steps={args.steps}",
          f"train.batch_size={args.batch}", f"sampler.num_samples={args.samples}",
-         "sampler.max_new_tokens=64", f"train.seed={args.seed}", "--out", rl, "--overwrite"])
+         f"sampler.max_new_tokens={args.max_new_tokens}", f"train.seed={args.seed}", "--out", rl,
+         "--overwrite"])
     with open(os.path.join(rl, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     steps = [r["step"] for r in rows]
     print(f"{len(rows)} steps")
-    for key in ("reward", "reward/hit", "reward/given_only", "reward/few_calls", "env/turns"):
+    names = CalculatorEnv.reward_names if args.env == "calculator" else RetrievalEnv.reward_names
+    for key in ("reward", *(f"reward/{n}" for n in names), "env/turns", "env/observation_tokens"):
         values = [r.get(key, np.nan) for r in rows]
         tau, p_up, p_down = kendall(steps, values)
         first, last = np.nanmean(values[:5]), np.nanmean(values[-5:])

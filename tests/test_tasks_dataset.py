@@ -123,6 +123,30 @@ def test_parquet_rows_read_like_jsonl(files, tmp_path):
     assert t.reward_names == ("correct",)
 
 
+def test_a_prompt_ending_with_a_tool_message_is_the_episodes_next_turn(files, tmp_path):
+    """An SFT row per assistant turn of a tool conversation: the prompt [user, assistant's call,
+    tool's result] reads what a multi-turn episode has in its cache before its second turn (the
+    first prompt, the assistant's message and end of turn, then `observation_ids`)."""
+    from vpo.env.episode import observation_ids
+
+    user = {"role": "user", "content": "Reach 5 from 2, 3."}
+    call = {"role": "assistant", "content": "calc: 2 + 3"}
+    result = {"role": "tool", "content": "= 5"}
+    path = tmp_path / "turns.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"prompt": [user], "completion": "calc: 2 + 3"},
+        {"prompt": [user, call, result], "completion": "answer: 2 + 3"})))
+    t = bind(make_task("dataset", path=str(path), rewards=[f"{files}/rewards.py:short"]),
+             load_tokenizer(BPE))
+    tok = t.tokenizer
+    first, second = t.make_problems(0, 2)
+    stop = "<|im_end|>"
+    episode = (tok.decode(t.prompt_ids(first, 1), skip_special_tokens=False) + call["content"]
+               + stop + tok.decode(observation_ids(tok, [user, call], [result], stop),
+                                   skip_special_tokens=False))
+    assert tok.decode(t.prompt_ids(second, 1), skip_special_tokens=False) == episode
+
+
 @pytest.mark.parametrize("row, message", [
     ({"question": "hi"}, r"bad.jsonl:2: prompt: missing \(columns: answer, completion, "
                          r"question\)"),

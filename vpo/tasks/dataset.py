@@ -4,7 +4,9 @@
                              weights=[0.7, 0.3])
 
 Rows (JSONL, or Parquet through pyarrow) need a `prompt`: text, or a list of chat messages
-(`{"role": ..., "content": ...}`) that the checkpoint's chat template renders. The reward
+(`{"role": ..., "content": ...}`) that the checkpoint's chat template renders, ending with a
+user message or a tool message (a conversation with tool turns, for the assistant's next turn:
+an SFT row per assistant turn warm-starts a tool-using policy). The reward
 functions are called as TRL's GRPOTrainer calls them (`vpo.tasks.reward_fns`): by keyword, every
 other column by name, and, for a chat prompt, each completion as an assistant message list; an
 optional `completion` column (text, or a list of m answer texts) gives SFT demonstrations.
@@ -125,10 +127,11 @@ def _check_prompt(prompt: Any, where: str) -> None:
     if isinstance(prompt, list) and prompt and all(
             isinstance(m, dict) and isinstance(m.get("role"), str)
             and isinstance(m.get("content"), str) for m in prompt):
-        if prompt[-1]["role"] == "user":
+        if prompt[-1]["role"] in ("user", "tool"):
             return
         raise ConfigError(f"{where}: prompt: the last chat message has role "
-                          f"{short(prompt[-1]['role'])}; end the prompt with a user message")
+                          f"{short(prompt[-1]['role'])}; end the prompt with a user message "
+                          "(or a tool message: the assistant's turn after a tool call)")
     raise ConfigError(f"{where}: prompt: must be text or a non-empty list of "
                       "{'role': ..., 'content': ...} messages; got "
                       f"{type(prompt).__name__} {short(prompt)}")
