@@ -73,11 +73,12 @@ def _rows(out):
 @pytest.mark.slow
 def test_train_on_an_environment_resumes_exactly(tmp_path):
     """GRPO on the calculator: 3 straight steps equal 2 steps then --resume to 3 (the same
-    episodes, rewards and loss); the metrics carry the episodes' turns; VPO runs over sets
-    of 2 episodes."""
+    episodes, rewards and loss), the second run with its environments in 2 worker processes
+    (`--env-workers 2`, kept on resume); the metrics carry the episodes' turns; VPO runs over
+    sets of 2 episodes."""
     straight = _train(tmp_path / "a", "train.steps=3")
     assert straight.returncode == 0, straight.stderr[-2000:]
-    part = _train(tmp_path / "b", "train.steps=2")
+    part = _train(tmp_path / "b", "train.steps=2", "--env-workers", "2")
     assert part.returncode == 0, part.stderr[-2000:]
     resumed = subprocess.run([sys.executable, "-m", "vpo.cli.main", "train", "--out",
                               str(tmp_path / "b"), "--resume", "train.steps=3"],

@@ -185,6 +185,9 @@ def add_env_args(p: argparse.ArgumentParser) -> None:
                    help="seconds per environment call (default: none)")
     p.add_argument("--env-set", type=int, default=1, help="VPO's m over episodes: the G "
                    "episodes of a row form G/m sets of m (default 1: GRPO family)")
+    p.add_argument("--env-workers", type=int, default=0, help="hold the environments in this "
+                   "many worker processes: a turn's calls run in parallel, a call past "
+                   "--env-timeout is killed (default 0: in this process)")
 
 
 def env_kwargs(args: argparse.Namespace) -> dict | None:
@@ -195,7 +198,8 @@ def env_kwargs(args: argparse.Namespace) -> dict | None:
     if not getattr(args, "env", None):
         for flag, value, default in (("--env-turns", getattr(args, "env_turns", 4), 4),
                                      ("--env-timeout", getattr(args, "env_timeout", None), None),
-                                     ("--env-set", getattr(args, "env_set", 1), 1)):
+                                     ("--env-set", getattr(args, "env_set", 1), 1),
+                                     ("--env-workers", getattr(args, "env_workers", 0), 0)):
             if value != default:
                 raise ConfigError(f"{flag} needs --env MODULE:FACTORY")
         return None
@@ -214,6 +218,8 @@ def env_kwargs(args: argparse.Namespace) -> dict | None:
     kw = {"env": spec, "max_turns": args.env_turns, "episodes_per_set": args.env_set}
     if args.env_timeout is not None:
         kw["timeout"] = args.env_timeout
+    if getattr(args, "env_workers", 0):
+        kw["workers"] = args.env_workers
     if args.data:
         kw["path"] = os.path.abspath(args.data)
     return kw

@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from vpo import prng as _prng
-from vpo.env.base import Environment, Message, call_env, check_messages, check_scores
+from vpo.env.base import Environment, Message, call_envs, check_messages, check_scores
 from vpo.errors import ConfigError, EnvError
 from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.rollout.sampler import choose_tokens
@@ -204,9 +204,10 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     slots: cache slots shared by the episodes in lock step (default 2·max_tokens): an episode
     idles while others finish their turn, so a conversation may use fewer than max_tokens
     tokens before the slots run out (it is then cut off, `finished_BG` False).
-    keys_BG: one key per episode. Every environment call goes through `call_env` (named
-    errors, `timeout`). prompts: (prompt_BP, mask_BP) already rendered from the rows' first
-    messages (the RL step's batch); default: rendered here from `reset`."""
+    keys_BG: one key per episode. Every environment call goes through `call_envs` (named
+    errors, `timeout`; a turn's calls run in parallel for environments in worker processes).
+    prompts: (prompt_BP, mask_BP) already rendered from the rows' first messages (the RL
+    step's batch); default: rendered here from `reset`."""
     if max_turns < 1 or max_tokens < 1:
         raise ConfigError(f"env: max_turns and max_tokens must be >= 1, got {max_turns}, "
                           f"{max_tokens}")
@@ -216,9 +217,9 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     messages: list[list[list[Message]]] = []
     prompt_ids = []
     for b, row in enumerate(rows):
-        first = [check_messages(call_env(where, "reset", env.reset, row, timeout=timeout,
-                                         row=row_ids[b]), where, "reset", row_ids[b], False)
-                 for env in envs[b]]
+        first = [check_messages(m, where, "reset", row_ids[b], False)
+                 for m in call_envs(where, "reset", envs[b], [(row,)] * len(envs[b]),
+                                    timeout=timeout, rows=[row_ids[b]] * len(envs[b]))]
         if any(f != first[0] for f in first[1:]):
             raise EnvError(f"{where}: reset on dataset row {row_ids[b]} gave different first "
                            "messages to the episodes of one row; reset must depend on the row "
@@ -263,13 +264,15 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
         if not waiting:
             break
         queue: dict[tuple[int, int], list[int]] = {}
+        asked = [(b, g) for b, g in waiting if turns[b, g] < max_turns]
+        answers = dict(zip(asked, call_envs(
+            where, "step", [envs[b][g] for b, g in asked],
+            [([dict(m) for m in messages[b][g]],) for b, g in asked], timeout=timeout,
+            rows=[row_ids[b] for b, _ in asked]), strict=True))
         for b, g in waiting:
             obs = None
-            if turns[b, g] < max_turns:
-                obs = check_messages(call_env(where, "step", envs[b][g].step,
-                                              [dict(m) for m in messages[b][g]],
-                                              timeout=timeout, row=row_ids[b]),
-                                     where, "step", row_ids[b], True)
+            if (b, g) in answers:
+                obs = check_messages(answers[b, g], where, "step", row_ids[b], True)
             if obs is None:
                 status[b, g], ended[b, g] = DONE, True
                 continue
@@ -295,14 +298,14 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     R = len(reward_names)
     rewards = np.zeros((B, G, R), np.float32)
     applies = np.zeros((B, G, R), bool)
-    for b in range(B):
-        for g in range(G):
-            values = check_scores(call_env(where, "score", envs[b][g].score,
-                                           [dict(m) for m in messages[b][g]], timeout=timeout,
-                                           row=row_ids[b]), reward_names, where, row_ids[b])
-            for r, v in enumerate(values):
-                if v is not None:
-                    rewards[b, g, r], applies[b, g, r] = v, True
+    every = list(np.ndindex(B, G))
+    scores = call_envs(where, "score", [envs[b][g] for b, g in every],
+                       [([dict(m) for m in messages[b][g]],) for b, g in every],
+                       timeout=timeout, rows=[row_ids[b] for b, _ in every])
+    for (b, g), value in zip(every, scores, strict=True):
+        for r, v in enumerate(check_scores(value, reward_names, where, row_ids[b])):
+            if v is not None:
+                rewards[b, g, r], applies[b, g, r] = v, True
     return Episodes(rollout, prompt_BP, prompt_mask_BP, messages, rewards, applies, turns,
                     obs_tokens, prefills=1)
 

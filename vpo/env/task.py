@@ -29,12 +29,14 @@ ROW = "_row"  # a row's index in its file (or in the environment's problems)
 class EnvSettings:
     """How episodes run: `max_turns` assistant messages, `timeout` seconds per environment
     call (None: none), `episodes_per_set` m: VPO's set of m answers is a set of m episodes of
-    the same row (the G episodes of a group form G/m sets)."""
+    the same row (the G episodes of a group form G/m sets), `workers`: the environments live
+    in this many worker processes (0: in this one; `vpo.env.workers`)."""
 
     spec: str
     max_turns: int = 4
     timeout: float | None = None
     episodes_per_set: int = 1
+    workers: int = 0
 
 
 def env_settings(task: Task) -> EnvSettings:
@@ -51,10 +53,26 @@ def is_env_task(task: Any) -> bool:
     return getattr(task.statement, "env_settings", None) is not None
 
 
+_POOLS: dict[tuple, Any] = {}
+
+
 def env_factory(task: Any) -> Callable[[], env_base.Environment]:
-    """The environment factory of an environment task."""
+    """The environment factory of an environment task: in this process, or, with `workers`,
+    the factory of its `EnvWorkers` pool (started once per settings, stopped at exit)."""
     task = getattr(task, "task", task)
-    return load_env_factory(env_settings(task).spec)
+    settings = env_settings(task)
+    if not settings.workers:
+        return load_env_factory(settings.spec)
+    key = (settings.spec, settings.workers, settings.timeout)
+    if key not in _POOLS or _POOLS[key]._stopped:
+        import atexit
+
+        from vpo.env.workers import EnvWorkers
+
+        pool = EnvWorkers(settings.spec, settings.workers, settings.timeout)
+        atexit.register(pool.close)
+        _POOLS[key] = pool
+    return _POOLS[key].factory
 
 
 def _rows(path: str | None, factory, spec: str, seed: int, num: int) -> list[dict[str, Any]]:
@@ -76,7 +94,8 @@ def _rows(path: str | None, factory, spec: str, seed: int, num: int) -> list[dic
 
 
 def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
-                  timeout: float | None = None, episodes_per_set: int = 1) -> Task:
+                  timeout: float | None = None, episodes_per_set: int = 1,
+                  workers: int = 0) -> Task:
     """The task of environment `env` (`MODULE:FACTORY`) over the rows of `path` (or its own
     problems). The keyword arguments are `EnvSettings`."""
     if not isinstance(max_turns, int) or max_turns < 1:
@@ -87,10 +106,12 @@ def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
     if not isinstance(episodes_per_set, int) or not 1 <= episodes_per_set <= 9:
         raise ConfigError(f"task_kwargs.episodes_per_set: must be an integer in 1..9, got "
                           f"{episodes_per_set!r}")
+    if not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f"task_kwargs.workers: must be an integer >= 0, got {workers!r}")
     factory = load_env_factory(env)
     names, weights = check_environment(call_env(env, "make_env", factory), env)
     w_R = np.asarray(weights, np.float32) / np.float32(sum(weights))
-    settings = EnvSettings(env, max_turns, timeout, episodes_per_set)
+    settings = EnvSettings(env, max_turns, timeout, episodes_per_set, workers)
     firsts: dict[int, list] = {}
 
     def statement(record):

@@ -1,0 +1,147 @@
+"""Environments in worker processes (`vpo.env.workers`, `--env-workers`): each environment keeps
+its state in the worker it was placed on, a turn's calls run in parallel, a hung call is killed
+at the timeout, a dying worker and a raising environment are named, and episodes run through
+workers equal episodes run in this process."""
+
+import os
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from vpo.env import episode as episode_lib
+from vpo.env.base import call_envs
+from vpo.env.workers import EnvWorkers
+from vpo.errors import ConfigError, EnvError
+
+ENV = '''
+import os, time
+
+class Probe:
+    reward_names = ("turns",)
+    weights = (1.0,)
+
+    def reset(self, row):
+        self.n = 0
+        return [{"role": "user", "content": f"row {row['i']}"}]
+
+    def step(self, messages):
+        said = messages[-1]["content"]
+        if "hang" in said:
+            time.sleep(600)
+        if "die" in said:
+            os._exit(3)
+        if "raise" in said:
+            raise RuntimeError("boom")
+        start = time.time()
+        if "wait" in said:
+            time.sleep(0.5)
+        self.n += 1
+        return [{"role": "tool", "content": f"{os.getpid()} {self.n} {start} {time.time()}"}]
+
+    def score(self, messages):
+        return [min(1.0, self.n / 3)]
+
+def make_env():
+    return Probe()
+'''
+
+
+@pytest.fixture
+def spec(tmp_path):
+    (tmp_path / "probe_env.py").write_text(ENV)
+    return f"{tmp_path / 'probe_env.py'}:make_env"
+
+
+def _say(text):
+    return ([{"role": "user", "content": "x"}, {"role": "assistant", "content": text}],)
+
+
+def test_state_stays_with_each_environment_and_a_turns_calls_overlap(spec):
+    pool = EnvWorkers(spec, 3, timeout=30.0)
+    try:
+        assert pool.reward_names == ("turns",) and pool.weights == (1.0,)
+        envs = [pool.factory() for _ in range(3)]
+        for i, env in enumerate(envs):
+            assert env.reset({"i": i}) == [{"role": "user", "content": f"row {i}"}]
+        envs[0].step(*_say("go"))  # only the first environment has taken a step
+        out = call_envs(spec, "step", envs, [_say("wait")] * 3, rows=[0, 1, 2])
+        pids, counts, starts, ends = zip(*[
+            (int(p), int(n), float(a), float(b))
+            for p, n, a, b in (o[0]["content"].split() for o in out)], strict=True)
+        assert len(set(pids)) == 3 and os.getpid() not in pids  # one worker each
+        assert counts == (2, 1, 1)  # each instance kept its own count
+        assert max(starts) < min(ends)  # the three calls were running at the same time
+        assert call_envs(spec, "score", envs, [_say("")] * 3, rows=[0, 1, 2]) == [
+            [2 / 3], [1 / 3], [1 / 3]]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("said, words", [
+    ("hang", r"step on dataset row 7 took longer than 1 s \(--env-timeout\); its worker was "
+             r"stopped"),
+    ("die", r"step on dataset row 7: its worker process died"),
+    ("raise", r"step on dataset row 7 raised RuntimeError: boom"),
+])
+def test_a_hung_dying_or_raising_call_is_named_and_stops_the_workers(spec, said, words):
+    pool = EnvWorkers(spec, 2, timeout=1.0)
+    try:
+        envs = [pool.factory() for _ in range(2)]
+        for env in envs:
+            env.reset({"i": 0})
+        t0 = time.time()
+        with pytest.raises(EnvError, match=words):
+            call_envs(spec, "step", envs, [_say("go"), _say(said)], rows=[6, 7])
+        assert time.time() - t0 < 30  # the hang was not waited out
+        assert not any(p.is_alive() for p in pool._procs)  # the hung call is killed
+        with pytest.raises(EnvError, match="stopped after an earlier failure"):
+            envs[0].step(*_say("go"))
+    finally:
+        pool.close()
+
+
+def test_a_factory_that_fails_in_the_worker_is_named(tmp_path):
+    (tmp_path / "bad_env.py").write_text("def make_env():\n    raise ValueError('no index')\n")
+    with pytest.raises(EnvError, match=r"make_env raised .*no index"):
+        EnvWorkers(f"{tmp_path / 'bad_env.py'}:make_env", 1, timeout=None)
+
+
+def test_episodes_through_workers_equal_episodes_in_process():
+    """The calculator environment, the tiny fixture policy, the same keys: the same messages,
+    rewards and tokens with the environments in 2 workers as in this process."""
+    import pathlib
+
+    from vpo.env.calculator import CalculatorEnv
+    from vpo.io import hf
+
+    fixture = pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2_tied"
+    model, tok = hf.from_pretrained(fixture, dtype="float32"), hf.load_tokenizer(fixture)
+    rows = CalculatorEnv().problems(0, 2)
+    keys = jax.random.split(jax.random.key(0), 6).reshape(2, 3)
+    pool = EnvWorkers("vpo.env.calculator:make_env", 2, timeout=60.0)
+
+    def run(make):
+        return episode_lib.run_episodes(
+            model, tok, [[make() for _ in range(3)] for _ in rows], rows, keys, max_tokens=48,
+            max_turns=3, reward_names=CalculatorEnv.reward_names)
+
+    try:
+        here, there = run(CalculatorEnv), run(pool.factory)
+    finally:
+        pool.close()
+    assert here.messages == there.messages
+    np.testing.assert_array_equal(here.rewards_BGR, there.rewards_BGR)
+    np.testing.assert_array_equal(np.asarray(here.rollout.tokens_BGT),
+                                  np.asarray(there.rollout.tokens_BGT))
+
+
+def test_env_workers_flag_needs_env_and_a_count(capsys):
+    from vpo.cli.main import main
+    from vpo.env.task import make_env_task
+
+    with pytest.raises(ConfigError, match="task_kwargs.workers: must be an integer >= 0"):
+        make_env_task("vpo.env.calculator:make_env", workers=-1)
+    assert main(["train", "--env-workers", "2", "--out", "/tmp/never"]) != 0
+    assert "--env-workers needs --env MODULE:FACTORY" in capsys.readouterr().err
