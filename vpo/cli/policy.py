@@ -346,7 +346,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Evolutionary search (islands, the policy as mutation operator) vs best-of-N vs sequential
     revision at an equal candidate budget; writes search_traces.json and search_solved.png.
     Built-in tasks search in one jit; `--data/--reward` (and arithmetic) score on the host
-    between generations, with the parents and their scores written into the prompt."""
+    between generations, with the parents and their scores written into the prompt; on an
+    environment (`--env`, or a policy trained on one) each candidate is one episode and a
+    mutation is an episode whose first message shows the parents (`vpo.search.episodes`)."""
     import jax
 
     from vpo.config import ConfigError
@@ -357,12 +359,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
                finite=("temperature",))
     check_out(args.out)
-    dataset = dataset_kwargs(args)
+    env = env_kwargs(args)
+    dataset = None if env else dataset_kwargs(args)
     for flag, value in (("--task", args.task), ("--difficulty", args.difficulty)):
-        if value and dataset is not None:
-            raise ConfigError(f"{flag} {value}: --data makes your data the task; drop {flag}")
+        if value and (dataset is not None or env is not None):
+            what = "--env makes the environment" if env else "--data makes your data"
+            raise ConfigError(f"{flag} {value}: {what} the task; drop {flag}")
     model, info, task = policy_and_task(args.policy, args.task, dataset, default="program",
-                                        max_seq_len=4096, difficulty=args.difficulty)
+                                        max_seq_len=4096, difficulty=args.difficulty, env=env)
     if args.max_new_tokens is not None and not task.is_host:
         raise ConfigError(f"--max-new-tokens: the {task.name} task searches in one jit with its "
                           "own answer budget; the flag sets the budget of host-scored tasks "
@@ -402,7 +406,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                     rewards = None if b is None else dict(zip(task.reward_names, b["rewards"],
                                                               strict=True))
                     f.write(json.dumps({"method": method, "problem": n,
-                                        "prompt": records[n].get("prompt"),
+                                        "prompt": records[n].get(
+                                            "prompt", task.task.statement(records[n])),
                                         "answer": None if b is None else b["answer"],
                                         "fitness": None if b is None else b["fitness"],
                                         "rewards": rewards}, ensure_ascii=False) + "\n")
@@ -435,4 +440,5 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
     p.add_argument("--seed", type=int, default=4242)
     add_data_args(p)
+    add_env_args(p)
     p.add_argument("--out", required=True)

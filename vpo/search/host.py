@@ -31,6 +31,7 @@ from vpo.eval import metrics
 from vpo.rollout.sampler import sample_with_keys
 from vpo.search import population as ops
 from vpo.search.ingraph import SearchConfig, SearchResult, SearchTrace, check_method
+from vpo.search.padding import left_pad_rows
 from vpo.search.population import Population
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask
@@ -52,10 +53,6 @@ class TextTable:
             self.texts.append(text)
         return self._ids[text]
 
-
-def _bucket(n: int) -> int:
-    """Prompt lengths rounded up to a power of two (≥ 32), so the sampler compiles a few times."""
-    return max(32, 1 << (n - 1).bit_length())
 
 
 class Proposer:
@@ -82,19 +79,9 @@ class Proposer:
     def __call__(self, records: Sequence[Record], parents: Sequence[Parents], key):
         m, tok = self.cfg.num_answers, self.task.tokenizer
         rows = [self.prompt(r, p) for r, p in zip(records, parents, strict=True)]
-        longest = max(len(r) for r in rows)
-        room = self.model.cfg.max_seq_len - self.sampler.max_new_tokens
-        if longest > room:
-            raise ConfigError(f"model.max_seq_len: a search prompt of {longest} tokens plus "
-                              f"{self.sampler.max_new_tokens} new tokens exceeds "
-                              f"{self.model.cfg.max_seq_len}; lower search.parents or the "
-                              "generation budget")
-        P = min(_bucket(longest), room)
+        prompts_BP, mask_BP = left_pad_rows(rows, tok.pad_id, self.model.cfg.max_seq_len,
+                                            self.sampler.max_new_tokens)
         B = len(rows)
-        prompts_BP = np.full((B, P), tok.pad_id, np.int32)
-        mask_BP = np.zeros((B, P), bool)
-        for b, r in enumerate(rows):
-            prompts_BP[b, P - len(r):], mask_BP[b, P - len(r):] = r, True
         keys_B1 = jax.random.split(key, B).reshape(B, 1)
         roll = sample_with_keys(self.model, prompts_BP, mask_BP, keys_B1, self.sampler,
                                 stop_ids=tok.stop_ids, pad_id=tok.pad_id)
@@ -314,16 +301,28 @@ def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[
     reward vector, w*ᵀr; None when none was valid).
 
     `max_new_tokens`: the generation budget (default: the task's budget for m answers;
-    `vpo.launch.rules.completion_budget` is the commands' rule). `progress`: a bar over the
-    generations on stderr (the initial population counts as one).
+    `vpo.launch.rules.completion_budget` is the commands' rule; on an environment task
+    (`vpo.search.episodes`) an episode's token budget, each candidate one episode).
+    `progress`: a bar over the generations on stderr (the initial population counts as one).
     """
     import tqdm
 
+    from vpo.env.task import is_env_task
+
     check_method(method)
+    if is_env_task(task):
+        from vpo.search.episodes import check_one_episode
+
+        check_one_episode(cfg.num_answers)
     task.check_num_answers(cfg.num_answers)
     T = max_new_tokens or task.completion_len(cfg.num_answers)
     table = TextTable()
-    propose = Proposer(model, task, table, cfg, T)
+    if is_env_task(task):  # a candidate is one episode (`vpo.search.episodes`)
+        from vpo.search.episodes import EpisodeProposer
+
+        propose = EpisodeProposer(model, task, table, cfg, T)
+    else:
+        propose = Proposer(model, task, table, cfg, T)
     # a parent is an answer the policy wrote (≤ T tokens), so this bounds every prompt
     empty = [("", [0.0] * task.num_rewards)] * cfg.parents
     need = max(len(propose.prompt(r, empty)) for r in records) + cfg.parents * T + T
