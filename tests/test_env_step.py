@@ -229,3 +229,16 @@ def test_the_environment_step_builds_ahead_of_time():
     assert [b.name for b in built] == ["env_prefill", "env_advance (queue 8)",
                                        "env_advance (queue 16)", "env_update"]
     assert all(b.error is None for b in built), [b.error for b in built]
+
+
+def test_sample_prints_episodes_turn_by_turn(capsys):
+    from vpo.cli.main import main
+
+    rc = main(["sample", "--policy", f"hf:{FIXTURE}", "--env", "vpo.env.calculator:make_env",
+               "--env-turns", "2", "--prompts", "1", "--samples", "2", "--max-new-tokens", "16"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-2000:]
+    assert out.out.count('[user] "Reach') == 2 and "[assistant]" in out.out
+    assert out.out.count("w*·r") == 2 and "given_only" in out.out
+    assert main(["sample", "--env", "vpo.env.calculator:make_env"]) != 0
+    assert "pass --policy" in capsys.readouterr().err

@@ -157,14 +157,20 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from vpo.rollout import sampler
 
     check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
-    dataset = dataset_kwargs(args)
+    env = env_kwargs(args)
+    dataset = None if env else dataset_kwargs(args)
     if args.policy is None:
-        if dataset is not None:
-            raise ConfigError("--data: your text is read through a checkpoint's tokenizer; "
-                              "pass --policy (a policy folder, hf:PATH or smollm2)")
+        if dataset is not None or env is not None:
+            raise ConfigError(f"{'--env' if env else '--data'}: your text is read through a "
+                              "checkpoint's tokenizer; pass --policy (a policy folder, hf:PATH "
+                              "or smollm2)")
         task, model, info = load_task(args.task or "maze", args.preset), None, {}
     else:
-        model, info, task = policy_and_task(args.policy, args.task, dataset)
+        model, info, task = policy_and_task(args.policy, args.task, dataset, env=env)
+    from vpo.env.task import is_env_task
+
+    if is_env_task(task):
+        return _sample_episodes(args, model, task)
     M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
     records = task.make_problems(args.seed, args.prompts)
     prompts, mask = task.prompt_arrays(records, M)
@@ -215,6 +221,52 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample_episodes(args: argparse.Namespace, model, task) -> int:
+    """`vpo sample` on an environment: --samples episodes of each of --prompts rows, printed
+    turn by turn with the environment's reward vector."""
+    import jax
+    import numpy as np
+
+    from vpo.config import ConfigError
+    from vpo.env.episode import run_episodes
+    from vpo.env.task import env_factory, env_settings
+
+    if args.answers not in (None, 1):
+        raise ConfigError(f"--answers {args.answers}: on an environment a sample is one "
+                          "episode (m = 1); drop --answers")
+    settings, factory = env_settings(task.task), env_factory(task)
+    records = problems_of(task, args.seed, args.prompts)
+    T = budget_of(task, 1, args.policy, args.max_new_tokens, records=records)
+    keys = jax.random.split(jax.random.key(args.seed), len(records) * args.samples)
+    t0 = time.perf_counter()
+    ep = run_episodes(model, task.tokenizer, [[factory() for _ in range(args.samples)]
+                                              for _ in records],
+                      [dict(r) for r in records], keys.reshape(len(records), args.samples),
+                      temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                      max_tokens=T, max_turns=settings.max_turns,
+                      reward_names=task.reward_names, where=settings.spec,
+                      timeout=settings.timeout,
+                      row_ids=[int(r.get("_row", b)) for b, r in enumerate(records)])
+    seconds = time.perf_counter() - t0
+    print(f"environment {settings.spec}: {len(records)} rows x {args.samples} episodes, up to "
+          f"{settings.max_turns} turns and {T} tokens each, policy {args.policy}")
+    w_R = np.asarray(task.eval_weights_R)
+    for b in range(len(records)):
+        for g in range(args.samples):
+            msgs = ep.messages[b][g]
+            print(f"\nrow {b}, episode {g}:")
+            for m in msgs:
+                print(f"  [{m['role']}] {m['content']!r}")
+            r = ep.rewards_BGR[b, g]
+            vector = ", ".join(f"{n} {v:.2f}" for n, v in zip(task.reward_names, r, strict=True))
+            print(f"  turns {int(ep.turns_BG[b, g])}, observation tokens "
+                  f"{int(ep.observation_tokens_BG[b, g])}, w*·r {float(r @ w_R):.2f} ({vector})")
+    n_tok = int(np.asarray(ep.rollout.mask_BGT).sum())
+    print(f"\n{n_tok} assistant tokens in {seconds:.2f}s with compilation "
+          f"({n_tok / seconds:,.0f} tokens/s)")
+    return 0
+
+
 def add_sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default=None, help="policy folder (vpo sft / vpo train --out), "
                    "hf:PATH or smollm2; default: a random --preset model")
@@ -233,6 +285,7 @@ def add_sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
     p.add_argument("--seed", type=int, default=0)
     add_data_args(p)
+    add_env_args(p)
 
 
 # -- eval -----------------------------------------------------------------------------------
