@@ -30,13 +30,12 @@ from vpo.cli.export import add_export_args, cmd_export
 from vpo.cli.plan import add_plan_args, cmd_plan
 from vpo.cli.policy import (
     add_eval_args,
-    add_sample_args,
     add_search_args,
     cmd_eval,
-    cmd_sample,
     cmd_search,
     load_task,
 )
+from vpo.cli.sample import add_sample_args, cmd_sample
 from vpo.launch import presets
 from vpo.rl import run_folder
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task

@@ -1,0 +1,172 @@
+"""`vpo sample`: a policy's answers (or an environment's episodes) on a few prompts, scored,
+with tokens/s (`vpo.cli.policy` holds what it shares with `vpo eval` and `vpo search`)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from vpo.cli.arguments import (
+    add_data_args,
+    add_env_args,
+    check_args,
+    check_fit,
+    dataset_kwargs,
+    env_kwargs,
+)
+from vpo.cli.policy import (
+    BUDGET_HELP,
+    SLOTS_HELP,
+    TASKS,
+    budget_of,
+    load_policy_model,
+    load_task,
+    policy_and_task,
+    problems_of,
+)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """Sample answers from a policy and score them with the task's vector reward; prints
+    completions, rewards and tokens/s. --policy is a trained policy or a checkpoint (its own
+    task and m by default; --data/--reward for your prompts); without it, a randomly
+    initialised --preset model (a speed check)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from vpo.config import ConfigError, SamplerConfig, model_preset
+    from vpo.launch.rules import fit_seq_len
+    from vpo.model.decoder import Decoder
+    from vpo.rollout import sampler
+
+    check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
+    env = env_kwargs(args)
+    dataset = None if env else dataset_kwargs(args)
+    if args.policy is None:
+        if dataset is not None or env is not None:
+            raise ConfigError(f"{'--env' if env else '--data'}: your text is read through a "
+                              "checkpoint's tokenizer; pass --policy (a policy folder, hf:PATH "
+                              "or smollm2)")
+        task, model, info = load_task(args.task or "maze", args.preset), None, {}
+    else:
+        model, info, task = policy_and_task(args.policy, args.task, dataset, env=env)
+    from vpo.env.task import is_env_task
+
+    if is_env_task(task):
+        return _sample_episodes(args, model, task)
+    M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
+    records = task.make_problems(args.seed, args.prompts)
+    prompts, mask = task.prompt_arrays(records, M)
+    T = budget_of(task, M, args.policy, args.max_new_tokens, records=records)
+    need = fit_seq_len(task, M, records=records, max_new_tokens=T,
+                       at_least=0 if model is None else model.cfg.max_seq_len)
+    if model is None:
+        model = Decoder(model_preset(args.preset, vocab_size=task.tokenizer.size,
+                                     max_seq_len=need), rngs=nnx.Rngs(args.seed))
+        source = (f"policy '{args.preset}' ({model.cfg.num_params:,} params, random init, "
+                  f"seed {args.seed})")
+    else:
+        check_fit(model.cfg, task, records, M, args.policy)
+        if need > model.cfg.max_seq_len:  # room for the prompts and the budget
+            model, _ = load_policy_model(args.policy, max_seq_len=need)
+        source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
+    tok = task.tokenizer
+    cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
+                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        num_slots=args.num_slots)
+    key = jax.random.key(args.seed)
+    kw = dict(stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    t0 = time.perf_counter()
+    rollout = jax.block_until_ready(sampler.sample(model, prompts, mask, key, cfg, **kw))
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jax.block_until_ready(sampler.sample(model, prompts, mask, jax.random.fold_in(key, 1), cfg,
+                                         **kw))
+    warm = time.perf_counter() - t0
+    print(f"task {task.name}: {len(records)} prompts x {args.samples} samples x {M} answers, "
+          f"{source}")
+    tokens = np.asarray(rollout.tokens_BGT)
+    gmask = np.asarray(rollout.mask_BGT)
+    for b in range(len(records)):
+        print(f"\nprompt {b}: {tok.decode(prompts[b][mask[b]])}")
+        texts = task.completion_texts(tokens[b], gmask[b])
+        rewards, valid = task.host_score([records[b]] * args.samples, tokens[b], gmask[b], M)
+        for g in range(args.samples):
+            scores = np.where(valid[g], rewards[g] @ task.eval_weights_R, 0.0)
+            r = rewards[g][int(np.argmax(scores))]
+            vector = ", ".join(f"{n} {v:.2f}" for n, v in zip(task.reward_names, r, strict=True))
+            print(f"  sample {g}: {texts[g]!r}\n    valid answers {int(np.sum(valid[g]))}/{M}, "
+                  f"best w*·r {float(np.max(scores)):.2f} (its rewards: {vector})")
+    n_tok = int(gmask.sum())
+    print(f"\ncompile + first call {first:.2f}s; warm call {warm * 1e3:.1f} ms "
+          f"({len(records) * args.samples * T / warm:,.0f} tokens/s at the full budget T={T}; "
+          f"{n_tok} tokens before a stop token)")
+    return 0
+
+
+def _sample_episodes(args: argparse.Namespace, model, task) -> int:
+    """`vpo sample` on an environment: --samples episodes of each of --prompts rows, printed
+    turn by turn with the environment's reward vector."""
+    import jax
+    import numpy as np
+
+    from vpo.config import ConfigError
+    from vpo.env.episode import run_episodes
+    from vpo.env.task import env_factory, env_settings
+
+    if args.answers not in (None, 1):
+        raise ConfigError(f"--answers {args.answers}: on an environment a sample is one "
+                          "episode (m = 1); drop --answers")
+    settings, factory = env_settings(task.task), env_factory(task)
+    records = problems_of(task, args.seed, args.prompts)
+    T = budget_of(task, 1, args.policy, args.max_new_tokens, records=records)
+    keys = jax.random.split(jax.random.key(args.seed), len(records) * args.samples)
+    t0 = time.perf_counter()
+    ep = run_episodes(model, task.tokenizer, [[factory() for _ in range(args.samples)]
+                                              for _ in records],
+                      [dict(r) for r in records], keys.reshape(len(records), args.samples),
+                      temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                      max_tokens=T, max_turns=settings.max_turns,
+                      reward_names=task.reward_names, where=settings.spec,
+                      timeout=settings.timeout,
+                      row_ids=[int(r.get("_row", b)) for b, r in enumerate(records)])
+    seconds = time.perf_counter() - t0
+    print(f"environment {settings.spec}: {len(records)} rows x {args.samples} episodes, up to "
+          f"{settings.max_turns} turns and {T} tokens each, policy {args.policy}")
+    w_R = np.asarray(task.eval_weights_R)
+    for b in range(len(records)):
+        for g in range(args.samples):
+            msgs = ep.messages[b][g]
+            print(f"\nrow {b}, episode {g}:")
+            for m in msgs:
+                print(f"  [{m['role']}] {m['content']!r}")
+            r = ep.rewards_BGR[b, g]
+            vector = ", ".join(f"{n} {v:.2f}" for n, v in zip(task.reward_names, r, strict=True))
+            print(f"  turns {int(ep.turns_BG[b, g])}, observation tokens "
+                  f"{int(ep.observation_tokens_BG[b, g])}, w*·r {float(r @ w_R):.2f} ({vector})")
+    n_tok = int(np.asarray(ep.rollout.mask_BGT).sum())
+    print(f"\n{n_tok} assistant tokens in {seconds:.2f}s with compilation "
+          f"({n_tok / seconds:,.0f} tokens/s)")
+    return 0
+
+
+def add_sample_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default=None, help="policy folder (vpo sft / vpo train --out), "
+                   "hf:PATH or smollm2; default: a random --preset model")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="default: the policy's task (maze without --policy)")
+    p.add_argument("--preset", default="tiny", help="model preset without --policy "
+                   "(vpo.config.MODEL_PRESETS)")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--answers", type=int, default=None, help="answers per generation (VPO's "
+                   "m); default: the policy's (3 without --policy)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
+    p.add_argument("--seed", type=int, default=0)
+    add_data_args(p)
+    add_env_args(p)
