@@ -40,6 +40,7 @@ def policy_and_task():
 
 def test_every_method_scores_episodes_at_the_same_budget(policy_and_task, monkeypatch):
     model, task = policy_and_task
+    assert task.name == "calculator"  # named by the module, as reports and tables show it
     shown, fed = [], []
     write, run = episodes_lib.mutation_messages, episodes_lib.run_episodes
 

@@ -135,9 +135,11 @@ def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
         raise ConfigError(f"--env {env}: SFT needs demonstrations; an environment has none "
                           "(warm-start the policy with vpo sft --data first)")
 
-    module = env.rpartition(":")[0]
+    module = env.rpartition(":")[0]  # a .py path (its file name) or a dotted module (its last)
+    name = (os.path.splitext(os.path.basename(module))[0] if module.endswith(".py")
+            else module.rpartition(".")[2])
     return Task(
-        name=os.path.splitext(os.path.basename(module))[0].replace(".", "_") or "env",
+        name=name.replace(".", "_") or "env",
         reward_names=names, eval_weights_R=w_R, make_problems=make_problems,
         statement=statement, answer_hint="", score=score,
         solved=lambda r: jnp.dot(jnp.asarray(r, jnp.float32), jnp.asarray(w_R)) >= 1.0 - 1e-6,
