@@ -12,7 +12,8 @@ the commands a user types:
      target (the others are well-formed misses);
    - retrieval: guess a country; search the person and guess; search the person, then the city,
      and answer the country naming the city (the full two hops);
-2. `vpo train --env vpo.env.<env>:make_env --init <warm start> model.lora_rank=8` (GRPO);
+2. `vpo train --env vpo.env.<env>:make_env --init <warm start> model.lora_rank=8` (GRPO; with
+   `--objective vpo`, VPO over sets of 2 episodes from the same warm start);
 3. the test, decided before the run: Kendall's τ of the training reward (w*ᵀr per episode,
    averaged over the step's episodes) against the step over every logged step, one-sided
    (rising) p < 0.025 (`vpo.eval.claims.kendall`); the unit is the step of one run, so the
@@ -129,6 +130,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--objective", choices=("grpo", "vpo"), default="grpo",
+                   help="vpo: objective.advantage=vpo over sets of --env-set 2 episodes, from "
+                   "the same warm start (out/vpo beside out/grpo)")
     args = p.parse_args()
     args.out = args.out or f"runs/env_{args.env}"
     os.makedirs(args.out, exist_ok=True)
@@ -147,9 +151,10 @@ def main() -> int:
         run([*vpo, "sft", "--data", demos, "--reward", f"{reward}:answered", "--model",
              "smollm2", "--answers", "1", "--steps", str(args.sft_steps), "--batch", "8", "--seed",
              str(args.seed), "--out", sft, "--overwrite"])
-    rl = os.path.join(args.out, "grpo")
+    rl = os.path.join(args.out, args.objective)
+    arm = ["objective.advantage=vpo", "--env-set", "2"] if args.objective == "vpo" else []
     run([*vpo, "train", "--env", f"vpo.env.{args.env}:make_env", "--env-turns",
-         str(args.turns), "--init", sft, "model.lora_rank=8", f"train.steps={args.steps}",
+         str(args.turns), "--init", sft, *arm, "model.lora_rank=8", f"train.steps={args.steps}",
          f"train.batch_size={args.batch}", f"sampler.num_samples={args.samples}",
          f"sampler.max_new_tokens={args.max_new_tokens}", f"train.seed={args.seed}", "--out", rl,
          "--overwrite"])
