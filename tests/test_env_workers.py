@@ -37,6 +37,8 @@ class Probe:
         start = time.time()
         if "wait" in said:
             time.sleep(0.5)
+        if "big" in said:
+            return [{"role": "tool", "content": "x" * 4096}]
         self.n += 1
         return [{"role": "tool", "content": f"{os.getpid()} {self.n} {start} {time.time()}"}]
 
@@ -83,7 +85,7 @@ def test_state_stays_with_each_environment_and_a_turns_calls_overlap(spec):
     ("hang", r"step on dataset row 7 took longer than 1 s \(--env-timeout\); its worker was "
              r"stopped"),
     ("die", r"step on dataset row 7: its worker process died"),
-    ("raise", r"step on dataset row 7 raised RuntimeError: boom"),
+    ("raise", r"step on dataset row 7 raised RuntimeError: boom \(at .*probe_env.py:\d+\)"),
 ])
 def test_a_hung_dying_or_raising_call_is_named_and_stops_the_workers(spec, said, words):
     pool = EnvWorkers(spec, 2, timeout=1.0)
@@ -96,16 +98,56 @@ def test_a_hung_dying_or_raising_call_is_named_and_stops_the_workers(spec, said,
             call_envs(spec, "step", envs, [_say("go"), _say(said)], rows=[6, 7])
         assert time.time() - t0 < 30  # the hang was not waited out
         assert not any(p.is_alive() for p in pool._procs)  # the hung call is killed
-        with pytest.raises(EnvError, match="stopped after an earlier failure"):
+        with pytest.raises(EnvError, match="the environment workers were stopped: step on "
+                                           "dataset row 7"):
             envs[0].step(*_say("go"))
     finally:
         pool.close()
+
+
+def test_many_large_messages_do_not_fill_the_pipes(spec):
+    """200 calls of 4 KB conversations answered by 4 KB observations on one worker: more than
+    a pipe holds, one call in flight at a time, so nothing blocks."""
+    pool = EnvWorkers(spec, 1, timeout=30.0)
+    try:
+        envs = [pool.factory() for _ in range(200)]
+        call_envs(spec, "reset", envs, [({"i": 0},)] * 200, rows=[0] * 200)
+        messages = ([{"role": "user", "content": "y" * 4096},
+                     {"role": "assistant", "content": "big"}],)
+        out = call_envs(spec, "step", envs, [messages] * 200, rows=list(range(200)))
+        assert [len(o[0]["content"]) for o in out] == [4096] * 200
+    finally:
+        pool.close()
+
+
+def test_a_closed_pool_refuses_calls_by_name(spec):
+    pool = EnvWorkers(spec, 1, timeout=None)
+    env = pool.factory()
+    pool.close()
+    pool.close()  # twice is fine
+    with pytest.raises(EnvError, match="the environment workers were stopped: they were closed"):
+        env.reset({"i": 0})
+    with pytest.raises(EnvError, match="were stopped"):
+        pool.factory()
 
 
 def test_a_factory_that_fails_in_the_worker_is_named(tmp_path):
     (tmp_path / "bad_env.py").write_text("def make_env():\n    raise ValueError('no index')\n")
     with pytest.raises(EnvError, match=r"make_env raised .*no index"):
         EnvWorkers(f"{tmp_path / 'bad_env.py'}:make_env", 1, timeout=None)
+    # built without a round trip: a later environment that fails is named at its first call
+    (tmp_path / "third_env.py").write_text(ENV + (
+        "\nBUILT = []\n\ndef third():\n    BUILT.append(1)\n    if len(BUILT) == 4:\n"
+        "        raise ValueError('the fourth')\n    return Probe()\n"))
+    pool = EnvWorkers(f"{tmp_path / 'third_env.py'}:third", 1, timeout=None)
+    try:
+        first, second = pool.factory(), pool.factory()  # the load check and the probe: 2
+        assert first.reset({"i": 0})
+        with pytest.raises(EnvError, match=r"make_env on dataset row 5 raised ValueError: the "
+                                           r"fourth \(at .*third_env.py:\d+\)"):
+            call_envs("third", "reset", [second], [({"i": 0},)], rows=[5])
+    finally:
+        pool.close()
 
 
 def test_episodes_through_workers_equal_episodes_in_process():

@@ -142,7 +142,8 @@ def _sample_episodes(args: argparse.Namespace, model, task) -> int:
             for m in msgs:
                 print(f"  [{m['role']}] {m['content']!r}")
             r = ep.rewards_BGR[b, g]
-            vector = ", ".join(f"{n} {v:.2f}" for n, v in zip(task.reward_names, r, strict=True))
+            vector = ", ".join(f"{n} {v:.2f}" if a else f"{n} n/a" for n, v, a in zip(
+                task.reward_names, r, ep.applies_BGR[b, g], strict=True))
             print(f"  turns {int(ep.turns_BG[b, g])}, observation tokens "
                   f"{int(ep.observation_tokens_BG[b, g])}, w*·r {float(r @ w_R):.2f} ({vector})")
     n_tok = int(np.asarray(ep.rollout.mask_BGT).sum())

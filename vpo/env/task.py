@@ -67,6 +67,9 @@ def env_factory(task: Any) -> Callable[[], env_base.Environment]:
     if key not in _POOLS or _POOLS[key]._stopped:
         import atexit
 
+        if key in _POOLS:  # stopped by a failure: its processes are gone, its pipes not yet
+            _POOLS[key].close()
+
         from vpo.env.workers import EnvWorkers
 
         pool = EnvWorkers(settings.spec, settings.workers, settings.timeout)
