@@ -67,13 +67,14 @@ def play(env, row: dict, turns: list[str]) -> list[dict]:
     return messages
 
 
-def calculator_turns(row: dict, correct: float, rng: np.random.Generator) -> list[str]:
+def calculator_turns(row: dict, correct: float, rng: np.random.Generator,
+                     tools: bool = True) -> list[str]:
     exprs = expressions(row["numbers"])
     hits = [e for e in exprs if evaluate(e)[0] == row["target"]]
     misses = [e for e in exprs if evaluate(e)[0] != row["target"]]
     hit = hits and rng.random() < correct
     pick = hits[rng.integers(len(hits))] if hit else misses[rng.integers(len(misses))]
-    style = rng.integers(3)
+    style = rng.integers(3) if tools else 0
     if style == 0:
         return [f"answer: {pick}"]
     if style == 1 or not hit:
@@ -82,12 +83,13 @@ def calculator_turns(row: dict, correct: float, rng: np.random.Generator) -> lis
     return [f"calc: {miss}", f"calc: {pick}", f"answer: {pick}"]
 
 
-def retrieval_turns(env: RetrievalEnv, row: dict, rng: np.random.Generator) -> list[str]:
+def retrieval_turns(env: RetrievalEnv, row: dict, rng: np.random.Generator,
+                    tools: bool = True) -> list[str]:
     person = row["person"]
     city, country = env.facts[person]
     countries = sorted({k for _, k in env.facts.values()})
     guess = countries[rng.integers(len(countries))]
-    style = rng.integers(3)
+    style = rng.integers(3) if tools else 0
     if style == 0:
         return [f"answer: {guess}"]
     if style == 1:
@@ -96,15 +98,17 @@ def retrieval_turns(env: RetrievalEnv, row: dict, rng: np.random.Generator) -> l
             f"{person} was born in {city}, a city in {country}.\nanswer: {country}"]
 
 
-def demonstrations(env_name: str, num: int, correct: float, seed: int) -> list[dict]:
+def demonstrations(env_name: str, num: int, correct: float, seed: int, tools: bool = True
+                   ) -> list[dict]:
     """SFT rows {prompt, completion} of `num` demonstrated conversations, a row per assistant
-    turn: the prompt is the conversation before that turn."""
+    turn: the prompt is the conversation before that turn. `tools=False`: one-line answers
+    only (a format-only warm start that never shows the tool)."""
     env = CalculatorEnv() if env_name == "calculator" else RetrievalEnv()
     rng = np.random.default_rng(seed)
     rows = []
     for row in env.problems(seed, num):
-        turns = (calculator_turns(row, correct, rng) if env_name == "calculator"
-                 else retrieval_turns(env, row, rng))
+        turns = (calculator_turns(row, correct, rng, tools) if env_name == "calculator"
+                 else retrieval_turns(env, row, rng, tools))
         messages = play(env, row, turns)
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
@@ -130,6 +134,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-start", choices=("tools", "format"), default="tools",
+                   help="format: one-line answer demonstrations only, never the tool")
     p.add_argument("--objective", choices=("grpo", "vpo"), default="grpo",
                    help="vpo: objective.advantage=vpo over sets of --env-set 2 episodes, from "
                    "the same warm start (out/vpo beside out/grpo)")
@@ -140,7 +146,7 @@ def main() -> int:
     demos = os.path.join(args.out, "demos.jsonl")
     with open(demos, "w") as f:
         for row in demonstrations(args.env, args.demos, args.correct,
-                                  seed=10_000 + args.seed):
+                                  seed=10_000 + args.seed, tools=args.warm_start == "tools"):
             f.write(json.dumps(row) + "\n")
     reward = os.path.join(args.out, "format.py")  # `--data` reads rewards; SFT does not use it
     with open(reward, "w") as f:
