@@ -30,7 +30,8 @@ class EnvSettings:
     """How episodes run: `max_turns` assistant messages, `timeout` seconds per environment
     call (None: none), `episodes_per_set` m: VPO's set of m answers is a set of m episodes of
     the same row (the G episodes of a group form G/m sets), `workers`: the environments live
-    in this many worker processes (0: in this one; `vpo.env.workers`)."""
+    in this many worker processes (0: in this one; `vpo.env.workers`); a row's prompt, its first
+    messages, still comes from one `reset` in this process (`statement`)."""
 
     spec: str
     max_turns: int = 4
