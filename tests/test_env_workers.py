@@ -187,3 +187,44 @@ def test_env_workers_flag_needs_env_and_a_count(capsys):
         make_env_task("vpo.env.calculator:make_env", workers=-1)
     assert main(["train", "--env-workers", "2", "--out", "/tmp/never"]) != 0
     assert "--env-workers needs --env MODULE:FACTORY" in capsys.readouterr().err
+
+
+def test_an_in_process_call_past_its_timeout_does_not_keep_the_process_alive():
+    """Without workers a hung call cannot be stopped, but the run that ends with its error
+    exits: the call's thread is a daemon. (An environment's own TimeoutError is its error.)"""
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom vpo.env.base import call_env\nfrom vpo.errors import EnvError\n"
+            "try:\n    call_env('e', 'step', time.sleep, 120, timeout=0.2, row=3)\n"
+            "except EnvError as e:\n    print(e)\n")
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=100)
+    assert "e: step on dataset row 3 took longer than 0.2 s" in out.stdout, out.stderr
+    assert time.time() - t0 < 60  # not the 120 s of the hung call
+
+    def own():
+        raise TimeoutError("the index did not answer")
+
+    from vpo.env.base import call_env
+
+    with pytest.raises(EnvError, match="raised TimeoutError: the index did not answer"):
+        call_env("e", "step", own, timeout=5.0)
+
+
+def test_an_environment_file_imports_the_modules_beside_it(tmp_path):
+    """`--env folder/my_env.py:make_env` whose file imports `helpers` from its own folder, in
+    this process and in a worker, as Python runs a script."""
+    from vpo.env.base import load_env_factory
+
+    (tmp_path / "probe_helpers.py").write_text(ENV)
+    (tmp_path / "my_env.py").write_text("from probe_helpers import Probe\n\n"
+                                        "def make_env():\n    return Probe()\n")
+    spec = f"{tmp_path / 'my_env.py'}:make_env"
+    assert load_env_factory(spec)().reset({"i": 4}) == [{"role": "user", "content": "row 4"}]
+    pool = EnvWorkers(spec, 1, timeout=30.0)
+    try:
+        assert pool.factory().reset({"i": 5}) == [{"role": "user", "content": "row 5"}]
+    finally:
+        pool.close()

@@ -68,7 +68,12 @@ def test_resume_extends_exactly_and_guards_the_folder(straight, tmp_path, capsys
     # torn final metrics line (a kill mid-write) is dropped; the run extends to 5 steps
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         f.write('{"step": 4, "loss": 0.1')
-    assert cli.main(["train", "--out", out, "--resume", "train.steps=5"]) == 0
+    # the command that started it, with --resume: its overrides must build the recorded run
+    assert cli.main(["train", *SMOKE, "sampler.temperature=0.5", "--out", out, "--resume",
+                     "train.steps=5"]) == 2
+    assert "sampler.temperature differ" in capsys.readouterr().err
+    assert cli.main(["train", *SMOKE, "sampler.temperature=1.0", "--out", out, "--resume",
+                     "train.steps=5"]) == 0
     assert metrics(out) == metrics(straight)
     for a, b in zip(policy_params(out), policy_params(straight), strict=True):
         np.testing.assert_array_equal(a, b)

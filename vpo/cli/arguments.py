@@ -174,9 +174,9 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_env_args(p: argparse.ArgumentParser) -> None:
-    """`--env MODULE:FACTORY` and its episode settings (`vpo train`, `vpo plan`)."""
+    """`--env MODULE:FACTORY` and its episode settings (train, plan, sample, eval, search)."""
     p.add_argument("--env", default=None, metavar="MODULE:FACTORY",
-                   help="train on a multi-turn environment: FACTORY() returns an environment "
+                   help="a multi-turn environment as the task: FACTORY() returns an environment "
                    "with reset / step / score, reward_names and weights "
                    "(vpo.env.base.Environment); rows from --data FILE or its problems(seed, n)")
     p.add_argument("--env-turns", type=int, default=4,

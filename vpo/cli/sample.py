@@ -144,7 +144,8 @@ def _sample_episodes(args: argparse.Namespace, model, task) -> int:
             r = ep.rewards_BGR[b, g]
             vector = ", ".join(f"{n} {v:.2f}" if a else f"{n} n/a" for n, v, a in zip(
                 task.reward_names, r, ep.applies_BGR[b, g], strict=True))
-            print(f"  turns {int(ep.turns_BG[b, g])}, observation tokens "
+            cut = "" if ep.rollout.finished_BG[b, g] else " (cut off: the token budget ran out)"
+            print(f"  turns {int(ep.turns_BG[b, g])}{cut}, observation tokens "
                   f"{int(ep.observation_tokens_BG[b, g])}, w*·r {float(r @ w_R):.2f} ({vector})")
     n_tok = int(np.asarray(ep.rollout.mask_BGT).sum())
     print(f"\n{n_tok} assistant tokens in {seconds:.2f}s with compilation "

@@ -18,8 +18,8 @@ or a non-finite reward is an `EnvError` naming the environment, the call and the
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -108,22 +108,46 @@ def check_environment(env: Any, where: str) -> tuple[tuple[str, ...], tuple[floa
     return names, tuple(float(w) for w in weights)
 
 
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vpo-env")
+class _TimedOutError(Exception):
+    """A call past its timeout (not the environment's own TimeoutError)."""
+
+
+def _within(timeout: float, fn: Callable[..., Any], *args) -> Any:
+    """`fn(*args)` on a daemon thread, `_TimedOutError` when it has not returned in `timeout`
+    seconds: the thread cannot be stopped, but as a daemon it does not keep the process alive
+    after the run ends with the error (`--env-workers` kills a hung call outright)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="vpo-env-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise _TimedOutError
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def call_env(where: str, call: str, fn: Callable[..., Any], *args,
              timeout: float | None = None, row: int | None = None) -> Any:
     """`fn(*args)`, with its failure as an `EnvError` naming `where` (the --env spec), the call
-    and the dataset row. With `timeout` (seconds) the call runs on a worker thread and a call
-    past it is an `EnvError` (the thread cannot be stopped: the run ends with the error)."""
+    and the dataset row. With `timeout` (seconds) the call runs on a daemon thread and a call
+    past it is an `EnvError` (the run ends with it; the thread is left behind, not stopped)."""
     at = f" on dataset row {row}" if row is not None else ""
     try:
         if timeout is None:
             return fn(*args)
-        return _POOL.submit(fn, *args).result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
+        return _within(timeout, fn, *args)
+    except _TimedOutError:
         raise EnvError(f"{where}: {call}{at} took longer than {timeout:g} s (--env-timeout); "
-                       "make it faster or raise the timeout") from None
+                       "make it faster or raise the timeout, or hold the environments in "
+                       "worker processes (--env-workers N), where a hung call is killed") from None
     except EnvError:
         raise
     except Exception as e:  # noqa: BLE001 -- the user's code: any failure is named

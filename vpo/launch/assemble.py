@@ -316,12 +316,14 @@ def resume_differences(out_dir: str, preset: str | None, config_file: str | None
                        overrides=(), *, init: str | None = None,
                        dataset: dict | None = None) -> list[str]:
     """The `section.key` names where the run a command would start differs from the run recorded
-    in `out_dir` (what `--resume` continues), the overrides `--resume` applies left out; the
-    model section is compared only when no checkpoint is loaded (a checkpoint's shapes are read
-    from its weights). `--init` must name the recorded starting policy."""
+    in `out_dir` (what `--resume` continues), the overrides `--resume` applies
+    (`run_folder.RESUME_SAFE`) left out; the model section is compared only when no checkpoint
+    is loaded (a checkpoint's shapes are read from its weights). `--init` must name the recorded
+    starting policy."""
     fresh = assemble_run(preset, config_file, overrides, init=init, dataset=dataset)
     recorded = run_folder.read_run_config(out_dir)
-    skip = {item.partition("=")[0] for item in overrides}
+    skip = {key for key in (item.partition("=")[0] for item in overrides)
+            if key in run_folder.RESUME_SAFE}
     flat = lambda run: {f"{section}.{key}": value  # noqa: E731
                         for section, fields in dataclasses.asdict(run).items()
                         for key, value in (fields.items() if isinstance(fields, dict)

@@ -81,6 +81,8 @@ def start_resume(out_dir: str, *, preset: str | None = None, config_file: str | 
                               f"started with other settings ({', '.join(differ)} differ); "
                               "resume it with the command that started it (or with --resume "
                               "alone), or start a new run with another --out")
+        # the command's other overrides build the recorded run (checked just above)
+        overrides = [o for o in overrides if o.partition("=")[0] in run_folder.RESUME_SAFE]
     plan = assemble.assemble_resume(out_dir, overrides, data_changed_ok=data_changed_ok)
     keep_freed_memory_for(plan.run.model.num_params)  # before jax starts its threads
     model = None

@@ -27,10 +27,15 @@ KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_ex
 
 
 def _exec_module(path: str):
-    """Import the .py file `path` under a name derived from it (a worker imports the same)."""
+    """Import the .py file `path` under a name derived from it (a worker imports the same),
+    its folder on sys.path first, as Python runs a script: it may import the modules beside
+    it."""
     name = "vpo_rewards_" + "".join(c if c.isalnum() else "_" for c in path)
     if name in sys.modules:
         return sys.modules[name]
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
@@ -39,7 +44,7 @@ def _exec_module(path: str):
     except (Exception, SystemExit) as e:
         del sys.modules[name]
         raise ConfigError(f"--reward: importing {path} failed: {type(e).__name__}: {e}; "
-                          "a reward module must import without exiting or raising") from None
+                          "the module must import without exiting or raising") from None
     return mod
 
 
@@ -57,8 +62,8 @@ def _import_module(module: str):
         raise ConfigError(f"--reward: cannot import module {module!r} ({e}); give a dotted "
                           "module path on sys.path or a path to a .py file") from e
     except SystemExit as e:
-        raise ConfigError(f"--reward: importing {module} called sys.exit({e.code!r}); a "
-                          "reward module must import without exiting") from None
+        raise ConfigError(f"--reward: importing {module} called sys.exit({e.code!r}); the "
+                          "module must import without exiting") from None
 
 
 @functools.cache
