@@ -4,7 +4,12 @@ it, the importance weights' formulas, the overlapped run's data flow, metrics an
 Shares the RL step tests' tiny shape (test_rl_step.py), so the compiles are reused.
 
 `python tests/test_rl_offpolicy.py OUT.json COMMIT` rewrites the reference
-(tests/fixtures/rl_k0_reference.json: written at commit a6c5b36, before the overlapped mode).
+(tests/fixtures/rl_k0_reference.json: its rows written at commit a6c5b36, before the overlapped
+mode, on an AMD EPYC (AVX2); the per-leaf parameter norms added at b28208b on the same machine,
+where the run still matched a6c5b36's parameter checksum bit for bit). Another CPU rounds
+differently (an AVX-512 Intel, or `XLA_FLAGS=--xla_cpu_max_isa=SSE4_2`: relative differences
+up to ~1e-6 in the metrics and ~1e-5 in a parameter after 3 steps), so the run is compared with
+the reference within `RTOL` / `ATOL`; comparisons of two runs of this process stay exact.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from vpo.rl import offpolicy
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "fixtures", "rl_k0_reference.json")
 TIMING = ("step_time_s", "tokens_per_s", "sampling_time_s", "update_time_s")
+# Cross-machine tolerance of the reference: 100x the largest relative difference seen between
+# AVX2 and SSE4.2 code generation; ATOL for metrics that are rounding noise around 0 (adv_mean,
+# rollout/mismatch_*).
+RTOL, ATOL = 1e-4, 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +62,15 @@ def with_train(run, **kw):
     return dataclasses.replace(run, train=dataclasses.replace(run.train, **kw))
 
 
+def leaf_norms(tree) -> dict[str, float]:
+    """{path: L2 norm} of every leaf, in float64: a summary of the parameters that another CPU's
+    rounding moves by ~1e-7 relative (a checksum would change in every bit)."""
+    return {jax.tree_util.keystr(p): float(np.linalg.norm(np.asarray(x, np.float64)))
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def write_reference(out: str, commit: str) -> None:
-    """Run the reference (3 steps of the tiny bandit run) and write its rows and checksums."""
+    """Run the reference (3 steps of the tiny bandit run) and write its rows and leaf norms."""
     import tempfile
 
     task = compact_bandit()
@@ -64,38 +80,69 @@ def write_reference(out: str, commit: str) -> None:
         got = rows(d)
     with open(out, "w") as f:
         json.dump({"commit": commit, "jax": jax.__version__, "rows": got,
-                   "params": base_checksum(state.params),
-                   "opt_state": base_checksum(state.opt_state)}, f, indent=1, sort_keys=True)
+                   "params_norms": leaf_norms(state.params),
+                   "opt_state_norms": leaf_norms(state.opt_state)}, f, indent=1, sort_keys=True)
+
+
+def assert_rows_close(got: list[dict], want: list[dict]) -> None:
+    """Same steps and keys; integer counts (sampled token counts, skipped updates) equal, floats
+    within RTOL / ATOL."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert sorted(g) == sorted(w)
+        for k, v in w.items():
+            if isinstance(v, int) and isinstance(g[k], int):
+                assert g[k] == v, (g["step"], k)
+            else:
+                np.testing.assert_allclose(g[k], v, rtol=RTOL, atol=ATOL,
+                                           err_msg=f"step {g['step']}: {k}")
+
+
+def assert_norms_close(got: dict[str, float], want: dict[str, float]) -> None:
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def synchronous_run(task, tmp_path_factory):
+    """The reference's 3 steps, run once in this process: (rows, final state)."""
+    d = tmp_path_factory.mktemp("synchronous")
+    _, state = loop_lib.train(reference_run(task), str(d), task=task, mesh=one_device(),
+                              progress=False)
+    return rows(d), state
 
 
 # -- the synchronous path is unchanged -----------------------------------------------------------
 
-def test_synchronous_run_equals_the_reference_bit_for_bit(task, tmp_path):
+def test_synchronous_run_matches_the_reference(synchronous_run):
+    """The run of today's code against the rows of a6c5b36 (before the overlapped mode), within
+    the cross-machine tolerance."""
     with open(REFERENCE) as f:
         ref = json.load(f)
     if ref.get("jax") != jax.__version__:  # another XLA rounds otherwise: rewrite the reference
         pytest.skip(f"the reference was written with jax {ref.get('jax')}, this is "
                     f"{jax.__version__}; rewrite it at the commit before a change")
-    _, state = loop_lib.train(reference_run(task), str(tmp_path), task=task, mesh=one_device(),
-                              progress=False)
-    assert rows(tmp_path) == ref["rows"]
-    assert base_checksum(state.params) == ref["params"]
-    assert base_checksum(state.opt_state) == ref["opt_state"]
+    got, state = synchronous_run
+    assert_rows_close(got, ref["rows"])
+    assert_norms_close(leaf_norms(state.params), ref["params_norms"])
+    assert_norms_close(leaf_norms(state.opt_state), ref["opt_state_norms"])
     assert state.pending is None
 
 
 @pytest.mark.parametrize("mode", ["token_tis", "seq_mis"])
-def test_on_policy_weights_are_one_and_change_nothing(task, tmp_path, mode):
-    with open(REFERENCE) as f:
-        ref = json.load(f)
+def test_on_policy_weights_are_one_and_change_nothing(task, tmp_path, mode, synchronous_run):
+    """On policy (k = 0) every importance weight is 1: the corrected run equals the
+    uncorrected one of this process bit for bit, rows and parameters."""
+    want, sync_state = synchronous_run
     run = with_objective(reference_run(task), rollout_is=mode)
     _, state = loop_lib.train(run, str(tmp_path), task=task, mesh=one_device(), progress=False)
     got = rows(tmp_path)
-    for r, want in zip(got, ref["rows"], strict=True):
+    for r, w in zip(got, want, strict=True):
         assert r.pop("offpolicy/is_weight_mean") == 1.0
         assert r.pop("offpolicy/is_clipped_frac") == 0.0
-        assert r == want
-    assert base_checksum(state.params) == ref["params"]
+        assert r == w
+    assert base_checksum(state.params) == base_checksum(sync_state.params)
 
 
 # -- the weights ---------------------------------------------------------------------------------
