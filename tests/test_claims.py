@@ -241,3 +241,24 @@ def test_a_gap_that_fails_one_part_is_refuted_only_after_both_chances_are_correc
     assert claims.verdict(-0.1 * np.ones(6)) == claims.REFUTED  # the growth alone, 6 seeds
     assert six["p_other"] == 2 * 2.0 ** -6 and six["verdict"] == claims.INCONCLUSIVE
     assert seven["p_other"] == 2 * 2.0 ** -7 and seven["verdict"] == claims.REFUTED
+
+
+def test_association_is_an_exact_permutation_test_up_to_8_runs():
+    from vpo.eval import association
+
+    x = np.arange(8.0)
+    c = association.association("y rises with x", x, x ** 2)  # ρ = 1: only the identity order
+    assert c["rho"] == pytest.approx(1.0) and c["verdict"] == claims.REPRODUCED
+    assert c["p"] == pytest.approx(1 / 40320) and "exact over all 40320 orders" in c["evidence"]
+    down = association.association("y rises with x", x, -x)
+    assert down["verdict"] == claims.REFUTED and down["p_other"] == pytest.approx(1 / 40320)
+    flat = association.association("y rises with x", x, np.zeros(8))  # constant: no evidence
+    assert flat["verdict"] == claims.INCONCLUSIVE and flat["p"] == 1.0
+    # ties take average ranks; beyond 8 runs a fixed-seed Monte Carlo over random orders
+    rng = np.random.default_rng(0)
+    a = rng.random(24)
+    big = association.association("y rises with x", a, np.round(a * 3))
+    assert big["verdict"] == claims.REPRODUCED and "100000 random orders" in big["evidence"]
+    assert big["p"] == association.association("y rises with x", a, np.round(a * 3))["p"]
+    noise = association.association("y rises with x", a, rng.random(24))
+    assert noise["verdict"] == claims.INCONCLUSIVE

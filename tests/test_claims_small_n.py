@@ -11,7 +11,7 @@ import pytest
 
 from vpo.compare import config as compare_config
 from vpo.compare import report as compare_report
-from vpo.compare import verdicts
+from vpo.compare import search_leg, verdicts
 from vpo.eval import claims
 
 
@@ -104,11 +104,27 @@ def _eval_row(seed, m, level):
 
 
 def _search_row(seed, m, rate):
+    """A row seed's searches as `search_leg.search_arms` records them: 2 searches x 3 problems,
+    budget points [4, 8], the calibrated point 1."""
     r = np.random.default_rng(7 * seed + m)
-    solved_SP = r.random((2, 3)) < rate
-    return {"seed": seed, "m": m, "solved_SP": solved_SP.tolist(),
-            "best_of_n_SP": (r.random((2, 3)) < rate / 2).tolist(),
-            "solved_SG": [[0.0, float(s.sum())] for s in solved_SP], "evaluated": [4, 8]}
+    first = {method: np.where(r.random((2, 3)) < rate * f, r.integers(0, 2, (2, 3)), -1)
+             for method, f in (("search", 1.0), ("best_of_n", 0.5), ("revision", 0.7))}
+    solved_SP = search_leg.solved_at(first["search"], 1)
+    return {"seed": seed, "m": m, "first_SP": {k: v.tolist() for k, v in first.items()},
+            "solved_SP": solved_SP.tolist(),
+            "best_of_n_SP": search_leg.solved_at(first["best_of_n"], 1).tolist(),
+            "solved_SG": [[int(search_leg.solved_at(first["search"], g)[s].sum())
+                           for g in (0, 1)] for s in range(2)], "evaluated": [4, 8]}
+
+
+def _arm_run(arm, seed, m, level):
+    """A trained (arm, seed) as the driver returns it: 5 logged steps, no policy."""
+    from vpo.compare.driver import ArmRun
+
+    r = np.random.default_rng(11 * seed + m)
+    metrics = [{"step": t, "entropy": level + 0.1 * r.random(), "diversity": r.random(),
+                "reward": level * t, "grad_norm": 1.0} for t in range(1, 6)]
+    return ArmRun(arm, seed, m, f"arms/{arm}/seed{seed}", None, metrics)
 
 
 def _probe_row(seed, improve):
@@ -124,12 +140,16 @@ def test_every_family_in_the_report_is_holm_corrected(tmp_path):
                                 for n, (m, lv) in rows.items()}}
     searches = {"problems": [0, 1, 2], "seeds": 2, "split_seed": 5, "pool": 10,
                 "warm_start_solved": [0.1, 0.2, 0.1], "pool_solved_mean": 0.3, "budget": 8,
+                "point": 1, "max_budget": 8, "per_seed_keys": True,
+                "methods": ["search", "best_of_n", "revision"],
                 "rows": {n: [_search_row(s, m, lv) for s in SEEDS] for n, (m, lv) in
                          rows.items()}}
     probes = {n: [_probe_row(s, 0.5 if n == "vpo_mut" else 0.1) for s in SEEDS]
               for n in rows}
+    runs = {n: [_arm_run(n, s, m, lv) for s in SEEDS] for n, (m, lv) in rows.items()
+            if not n.startswith("sft")}  # end-of-training entropy and diversity: the bridge
     summary = compare_report.write_report(str(tmp_path), cfg, command="vpo compare", wall={
-        "total": 1.0}, runs={}, evals=evals, searches=searches, probes=probes)
+        "total": 1.0}, runs=runs, evals=evals, searches=searches, probes=probes)
     with open(os.path.join(tmp_path, "report.md")) as f:
         text = f.read()
     with open(os.path.join(tmp_path, "summary.json")) as f:
@@ -215,12 +235,14 @@ def test_primary_keys_are_checked_and_the_config_names_them():
 def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():
     head = {"sft (m=1)": {"m": 1, "seeds": [0, 1, 2], "values": {}},
             "grpo": {"m": 1, "seeds": [0, 1, 2], "values": {"search solved": [0.0, 1.0, 0.5]}}}
-    searches = {"seeds": 2, "rows": {"sft (m=1)": [{"seed": s, "solved_SP": [[1, 0], [1, 1]]}
-                                                   for s in (0, 1, 2)]}}
-    c = next(c for c in compare_report.against_warm_start(head, 6, searches)
-             if "search" in c["claim"])
+    head["sft (m=1)"]["values"]["search solved"] = [1.5, 1.0, 2.0]  # each seed its own keys
+    searches = {"seeds": 2, "per_seed_keys": True, "rows": {}}
+    (c,) = compare_report.against_warm_start(head, 6, searches, "search solved")
     assert c["n"] == 3 and "over 3 paired seeds" in c["evidence"]
-    assert c["diff"] == pytest.approx(0.5 - 1.5)
+    assert c["diff"] == pytest.approx(np.mean([0.0 - 1.5, 1.0 - 1.0, 0.5 - 2.0]))
+    # one set of warm-start searches for every seed is not a unit per seed: no claim
+    assert compare_report.against_warm_start(head, 6, {"seeds": 2, "rows": {}},
+                                             "search solved") == []
 
 
 def test_the_report_is_what_its_summary_json_renders_to(tmp_path):

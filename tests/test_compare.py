@@ -65,8 +65,8 @@ def test_bad_compare_config_names_the_field(override, message):
 
 def test_overrides_an_arm_or_init_would_replace_are_refused():
     """An override takes effect in every arm, or is refused naming what sets it instead."""
-    cfg = make_config("default", ["objective.cov_control=clip_cov"])  # no arm sets it
-    assert cfg.objective.cov_control == "clip_cov"
+    cfg = make_config("default", ["arms=grpo,vpo", "objective.cov_control=clip_cov"])
+    assert cfg.objective.cov_control == "clip_cov"  # no arm of these sets it
     with pytest.raises(ConfigError, match="arm clip_cov sets cov_control='clip_cov'"):
         make_config("default", ["arms=grpo,clip_cov", "objective.cov_control=kl_cov"])
     with pytest.raises(ConfigError, match="arm grpo_mut sets mutation_fraction"):
@@ -91,10 +91,12 @@ def test_presets_and_arm_configs(tmp_path):
     assert full.task == "maze9" and full.num_seeds >= 5 and full.search_seeds >= 5
     assert set(full.arm_names) == set(compare_config.ARMS)
     default = make_config("default")
-    assert default.arm_names == ["grpo", "vpo"] and default.num_seeds >= 8
+    assert default.arm_names == ["grpo", "clip_cov", "multi_rlvr", "vpo"]
+    assert default.num_seeds >= 8 and default.search_problems >= 32
+    assert default.primary.split(",")[0] == "vpo-grpo:search"
     assert default.task_kwargs == {"size": 7, "demos": "partial"}
     cfg = make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
-    assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 3
+    assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 1
     task = load_task(cfg.task, None, cfg.task_kwargs)
     spec, policy = _saved_tiny_policy(tmp_path, task)
     runs = {a: compare.arm_run_config(cfg, task, a, 3, spec, policy)[0] for a in cfg.arm_names}
@@ -114,7 +116,8 @@ def test_presets_and_arm_configs(tmp_path):
     est = compare.estimate_seconds(cfg, task)
     assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
     full_task = load_task(full.task, None, full.task_kwargs or None)
-    assert compare.estimate_seconds(full, full_task)["total"] > 2 * est["total"]
+    quick = compare.estimate_seconds(default, task)["total"]
+    assert compare.estimate_seconds(full, full_task)["total"] > 2 * quick
 
 
 def _saved_tiny_policy(tmp_path, task):

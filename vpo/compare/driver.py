@@ -13,13 +13,14 @@ Stages (one function each; every stage calls the library, nothing is re-implemen
                     (`vpo.eval.policies`): N candidates per problem for every row (N/m
                     generations of m answers, or N single answers), every parsed answer scored
                     the same way; seed i of every row (warm starts included) uses the same key.
-  4. `hard_problems` the search problems: the `search_problems` hardest for the warm start on
-                    a split of their own (`search_split_seed`), which no arm is evaluated or
-                    chosen on.
-  5. `search_arms`  island search (`vpo.search`) with each row's policy as mutation
-                    operator, `search_seeds` search seeds per policy, equal candidate budget,
-                    the same search keys for every row; `probe_arms` measures each policy as a
-                    mutation operator on its own (`policy_eval.mutation_probe`).
+  4. search leg     (`vpo.compare.search_leg`) before RL: the search problems (the
+                    `search_problems` hardest for the warm start on a split of their own, which
+                    no arm is evaluated or chosen on) and the calibrated budget (the warm
+                    start's island search solving `search_band_lo`-`search_band_hi` of them);
+                    after RL: island search, best-of-N and revision with each row's policy
+                    (`search_methods`), `search_seeds` searches per problem and training seed,
+                    seed i of every row with the same keys; `probe_arms` measures each policy
+                    as a mutation operator on its own (`policy_eval.mutation_probe`).
   6. report        `vpo.compare.report`: paired 95% intervals over seeds and three-way verdicts
                     (`vpo.eval.claims`).
 
@@ -53,7 +54,7 @@ from flax import nnx
 
 from vpo.compare import data as compare_data
 from vpo.compare import report as compare_report
-from vpo.compare import verdicts
+from vpo.compare import search_leg, verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import ConfigError, ModelConfig, RunConfig, from_dict
 from vpo.eval import policies as policy_eval
@@ -67,8 +68,6 @@ from vpo.rl.loop import train
 from vpo.rl.metrics_log import JSONL
 from vpo.rl.run_folder import policy_complete, write_json_atomic
 from vpo.rl.step import model_of
-from vpo.search import ingraph
-from vpo.search.host import run_host_method
 
 # Seconds per token on 2 CPU cores, tiny policy, measured on the quickstart (7x7 mazes, 8 seeds x
 # GRPO / VPO) at commit 407630f, a cold compile cache, the machine loaded by other jobs: an SFT
@@ -94,14 +93,17 @@ def estimate_seconds(cfg: CompareConfig, task) -> dict[str, float]:
     ev = sum(cfg.num_seeds * cfg.eval_problems * cfg.eval_budget // m * tok[m]
              for m in arms + cfg.all_answers)
     ev += sum(cfg.search_pool * cfg.eval_budget // m * tok[m] for m in cfg.all_answers)
-    policies = [(m, cfg.num_seeds) for m in arms] + [(m, 1) for m in cfg.all_answers]
+    # every row and seed (the warm start's too, each seed its own keys) and the calibration
+    policies = ([(m, cfg.num_seeds * len(cfg.search_method_names)) for m in arms]
+                + [(m, cfg.num_seeds * len(cfg.search_method_names) + 1)
+                   for m in cfg.all_answers])
     srch = sum(n * cfg.search_seeds * cfg.search_problems * cfg.search.budget // m
                * (tok[m] + P) for m, n in policies)
     out = {"warm start": 0.0 if cfg.init else _COST["sft"] * cfg.sft_steps * cfg.sft_batch
            * max(tok.values()),
            "RL": _COST["rl"] * (rl + law) + _COST["fixed_per_run"] * len(arms) * cfg.num_seeds,
            "evaluation": _COST["eval"] * ev,
-           "search": _COST["search"] * srch * (1.5 if cfg.search_best_of_n else 1.0)}
+           "search": _COST["search"] * srch}
     out["total"] = sum(out.values())
     return out
 
@@ -217,7 +219,7 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
     out["checks"] = {
         "headroom": ev[f"pass@{N}"] <= cfg.gate_pass_max,
         "solves": ev[f"pass@{N}"] >= cfg.gate_pass_min,
-        "signal": spread >= cfg.gate_spread_min}
+        "signal": spread >= cfg.spread_min}
     return out
 
 
@@ -233,7 +235,7 @@ def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
                      f"{cfg.gate_pass_min:g}): it solves almost nothing, so RL has no solution "
                      "to reinforce; train the warm start longer or use easier problems",
            "signal": f"only {s:.0%} of the step-0 groups of G={gate['G']} have unequal rewards "
-                     f"(< gate_spread_min {cfg.gate_spread_min:g}): most steps would learn "
+                     f"(< gate_spread_min {cfg.spread_min:g}): most steps would learn "
                      "nothing; raise sampler.num_samples or sampler.temperature"}
     return [why[k] for k, ok in gate["checks"].items() if not ok]
 
@@ -484,69 +486,6 @@ def evaluate_arms(cfg: CompareConfig, task, policy, runs, log=print) -> dict[str
     return out
 
 
-def hard_problems(cfg: CompareConfig, task, policy) -> dict[str, Any]:
-    """The search problems: of `search_pool` problems from the split `search_split_seed` (your
-    data: its search rows; used by no other stage), the `search_problems` the warm start found
-    hardest at the evaluation budget, over its m modes: fewest solved, then lowest best score;
-    ties keep the order."""
-    records = compare_data.search_pool(cfg, task)
-    solved, best = [], []
-    for m in cfg.all_answers:
-        _, per = policy_eval.evaluate_policy_per_problem(
-            policy, task, records, num_answers=m, budget=cfg.eval_budget, ks=[1],
-            key=jax.random.key(cfg.search_split_seed), temperature=cfg.eval_temperature)
-        solved.append(per["solved_P"])
-        best.append(per["best_P"])
-    s, b = np.mean(solved, axis=0), np.mean(best, axis=0)
-    idx = [int(i) for i in np.lexsort((np.arange(b.size), b, s))[:cfg.search_problems]]
-    return {"split_seed": cfg.search_split_seed, "pool": cfg.search_pool, "problems": idx,
-            "warm_start_solved": s[idx].tolist(), "warm_start_best": b[idx].tolist(),
-            "pool_solved_mean": float(s.mean())}
-
-
-def _search_trace(task, model, records, scfg, method: str, split_seed: int):
-    """One search method over `records` (search copies repeated: each its own key): in one jit
-    for in-graph tasks, on the host between generations for host-scored ones."""
-    key = jax.random.key(split_seed + 1)
-    if task.is_host:
-        return run_host_method(key, method, model, task, records, scfg).trace
-    return ingraph.run_method(key, method, model, task,
-                              ingraph.search_problems(task, records, scfg.num_answers),
-                              scfg).trace
-
-
-def search_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any], log=print
-                ) -> dict[str, Any]:
-    """Island search (`vpo.search.ingraph.run_method`; `run_host_method` on host-scored tasks)
-    with each row's policy as mutation operator on the chosen problems, `search_seeds` searches
-    each (the problems repeated, every copy its own key), the same keys for every row and seed.
-    Per row and seed: solved_SP [search seed, problem] at the end, solved_SG [search seed,
-    point] counts over the budget and, with `search_best_of_n`, best_of_n_SP: best-of-N with the
-    same policy, budget and keys."""
-    records = compare_data.search_pool(cfg, task)
-    sub = [records[i] for i in chosen["problems"]]
-    S, P = cfg.search_seeds, len(sub)
-    out: dict[str, Any] = {**chosen, "budget": cfg.search.budget, "seeds": S, "rows": {}}
-    seen: dict[tuple[int, int], dict[str, Any]] = {}
-    rows, t0 = policy_rows(cfg, policy, runs), time.perf_counter()
-    for i, (name, seed, m, model) in enumerate(rows):
-        if (id(model), m) not in seen:  # the warm start's rows share one policy and the keys
-            scfg = dataclasses.replace(cfg.search, num_answers=m)
-            trace = _search_trace(task, model, sub * S, scfg, "search", cfg.search_split_seed)
-            solved = np.asarray(trace.solved).reshape(S, P, -1)
-            seen[id(model), m] = {"evaluated": np.asarray(trace.evaluated)[0].tolist(),
-                                  "solved_SP": solved[:, :, -1].tolist(),
-                                  "solved_SG": solved.sum(1).tolist()}
-            if cfg.search_best_of_n:
-                bon = _search_trace(task, model, sub * S, scfg, "best_of_n",
-                                    cfg.search_split_seed)
-                seen[id(model), m]["best_of_n_SP"] = np.asarray(bon.solved).reshape(
-                    S, P, -1)[:, :, -1].tolist()
-        out["rows"].setdefault(name, []).append({"seed": seed, "m": m, **seen[id(model), m]})
-        _progress(log, "search", i + 1, len(rows), t0, f"{name} seed {seed}")
-    return out
-
-
 def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
                ) -> dict[str, list[dict[str, float]]]:
     """`policy_eval.mutation_probe` for every row and seed on the search's hard problems (the
@@ -554,8 +493,7 @@ def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     all; {} for tasks without mutation demonstrations."""
     if task.is_host or not task.has_mutation_demonstrations:
         return {}
-    records = compare_data.search_pool(cfg, task)
-    records = [records[i] for i in chosen["problems"]]
+    records = search_leg.search_records(cfg, task, chosen)
     inputs = {m: policy_eval.mutation_probe_inputs(task, records, num_answers=m,
                                                    num_parents=cfg.search.parents,
                                                    seed=cfg.search_split_seed)
@@ -691,6 +629,25 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
             f"diversity {div}" + (f" -- not above in {', '.join(below)}: the set-level claims "
                                   "may not show" if below else ""))
 
+    chosen = calibration = None
+    if with_search:  # the search leg's problems and budget, before any RL
+        chosen = stage("hard problems", lambda: search_leg.hard_problems(cfg, task, policy))
+        calibration = stage("search calibration",
+                            lambda: search_leg.calibrate(cfg, task, policy, chosen))
+        miss = search_leg.calibration_failure(cfg, calibration)
+        log(f"search calibration: the warm start (m={calibration['mode']}) solves "
+            f"{calibration['fraction']:.0%} of {calibration['problems']} problems at "
+            f"{calibration['budget']} candidates (of "
+            + ", ".join(f"{f:.0%}" for f in calibration["fractions"][str(calibration["mode"])])
+            + f" at {calibration['evaluated']})" + (f" -- {miss}" if miss else ""))
+        gate["search"] = {k: calibration[k] for k in ("mode", "budget", "fraction", "in_band",
+                                                      "band", "problems", "searches")}
+        if miss:
+            failed.append(miss)
+            if cfg.gate:
+                raise GateError(f"pilot gate: the design cannot show an effect: {miss}. The "
+                                f"numbers are in {os.path.join(out_dir, 'stages')}; fix the "
+                                "design, or pass gate=false to run anyway")
     runs = stage("RL", lambda: train_arms(cfg, task, policy, out_dir, log, resume=resume,
                                           progress=progress, on_pilot=on_pilot), cached=False)
     if resume:  # the RL stage's time: every run's own, whichever session trained it
@@ -698,8 +655,10 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs, log))
     searches = probes = None
     if with_search:
-        chosen = stage("hard problems", lambda: hard_problems(cfg, task, policy))
-        searches = stage("search", lambda: search_arms(cfg, task, policy, runs, chosen, log))
+        rows = policy_rows(cfg, policy, runs)
+        searches = stage("search", lambda: search_leg.search_arms(
+            cfg, task, rows, chosen, calibration, log,
+            progress=lambda i, n, t0, what: _progress(log, "search", i, n, t0, what)))
         probes = stage("mutation probe", lambda: probe_arms(cfg, task, policy, runs, chosen))
     wall["total"] = sum(wall.values())
     loads.append(compare_report.machine_load())

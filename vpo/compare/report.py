@@ -30,7 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vpo.compare import data as compare_data
-from vpo.compare import verdicts
+from vpo.compare import search_report, verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import from_dict
 from vpo.eval import claims, entropy_law, plots
@@ -135,32 +135,31 @@ def _per_search(searches, row: str) -> np.ndarray:
     return np.mean([np.sum(r["solved_SP"], -1) for r in searches["rows"][row]], axis=0)
 
 
-def against_warm_start(head, N: int, searches=None) -> list[dict[str, Any]]:
-    """Every arm against the warm start in its m: claim "RL improves on its warm start" per
-    metric, three-way; evaluation metrics paired by seed id (same evaluation keys); search
-    solved at the unit of training seeds: each seed's mean over the searches against the warm
-    start's mean over the same search keys (one checkpoint, so a statement conditional on its
-    searches). Not yet Holm-adjusted (`verdict_families`)."""
+def against_warm_start(head, N: int, searches=None, metric: str | None = None
+                       ) -> list[dict[str, Any]]:
+    """Every arm against its warm start on one metric (`metric`: pass@N by default, or "search
+    solved"; one family per metric, so four arms can still decide at 8 seeds: 4 · 2^-8 <
+    0.025): claim "RL improves on its warm start", paired by seed id against the warm start's
+    stronger mode on that metric (`verdicts.stronger_warm_start`: the better of its
+    single-answer and m-answer pools, named in the evidence). Summaries written before the
+    warm start was searched with every seed's keys have no search claim here: one set of
+    warm-start searches is not a unit per seed, and treating its mean as a constant would hide
+    its variance.
+    Not yet Holm-adjusted (`verdict_families`)."""
     out = []
+    per_seed = searches is None or searches.get("per_seed_keys", False)
+    metric = metric or f"pass@{N}"
+    sft = verdicts.stronger_warm_start(head, metric)
+    if sft is None or (metric == "search solved" and not per_seed):
+        return []
     for arm, h in head.items():
-        sft = f"sft (m={h['m']})"
-        if arm.startswith("sft") or sft not in head:
+        if arm.startswith("sft") or metric not in h["values"]:
             continue
-        for metric in ("best@1", f"best@{N}", "diversity", "search solved"):
-            if (metric == "search solved" and searches is not None
-                    and metric in h["values"]):
-                warm = float(np.mean(_per_search(searches, sft)))
-                c = claims.compare_values(
-                    f"{arm} {metric} above its warm start's", h["values"][metric],
-                    [warm] * len(h["values"][metric]), names=(arm, sft))
-                c["evidence"] += (f"; the warm start is one checkpoint: its mean over the "
-                                  f"same {searches['seeds']} search keys")
-                out.append(c)
-            elif metric in h["values"] and metric in head[sft]["values"]:
-                out.append(claims.compare_values(
-                    f"{arm} {metric} above its warm start's", h["values"][metric],
-                    head[sft]["values"][metric], names=(arm, sft),
-                    seeds=(h["seeds"], head[sft]["seeds"])))
+        c = claims.compare_values(f"{arm} {metric} above its warm start's", h["values"][metric],
+                                  head[sft]["values"][metric], names=(arm, sft),
+                                  seeds=(h["seeds"], head[sft]["seeds"]))
+        c["evidence"] += f"; {sft} is the warm start's stronger mode on {metric}"
+        out.append(c)
     return out
 
 
@@ -219,9 +218,12 @@ def search_vs_best_of_n(searches, checkpoints: bool = False) -> list[dict[str, A
 
 # Each printed family of verdicts: (summary key, section heading's words for its claims).
 FAMILIES = (("claims", "exploratory claims of this section"),
-            ("against_warm_start", "exploratory RL-against-warm-start claims"),
+            ("against_warm_start", "exploratory RL-against-warm-start claims on solving"),
             ("search_vs_best_of_n", "exploratory search-against-best-of-N claims"),
-            ("remedies", "exploratory mutation-prompt claims"))
+            ("remedies", "exploratory mutation-prompt claims"),
+            ("budget", "exploratory budget-curve claims"),
+            ("bridge", "exploratory training-to-search association claims"),
+            ("warm_search", "exploratory RL-against-warm-start claims on search"))
 PRIMARY = ("primary", "primary claims")
 CHECKPOINTS = ("checkpoint_search_vs_best_of_n",
                "exploratory statements about the warm-start checkpoints")
@@ -262,9 +264,15 @@ def verdict_families(cfg: CompareConfig, head, ks, law, searches, probes, train=
     def rest(family):
         return claims.holm([c for c in family if c["claim"] not in texts])
 
+    curves = search_report.has_curves(searches)
+    rl = [a for a in head if not a.startswith("sft")]
     return {PRIMARY[0]: primary,
+            "budget": claims.holm(search_report.budget_claims(searches) if curves else []),
+            "bridge": claims.holm(search_report.bridge_claims(head, rl) if curves else []),
             "claims": rest(verdicts.check(head, ks, law=law, search=solved)),
             "against_warm_start": rest(against_warm_start(head, cfg.eval_budget, searches)),
+            "warm_search": rest(against_warm_start(head, cfg.eval_budget, searches,
+                                                   "search solved")),
             "search_vs_best_of_n": claims.holm(search_vs_best_of_n(searches)),
             CHECKPOINTS[0]: claims.holm(search_vs_best_of_n(searches, checkpoints=True)),
             "remedies": claims.holm(remedies(head, probes)),
@@ -276,7 +284,7 @@ def correction_text(family: list[dict[str, Any]], what: str) -> str:
     one-sided level in both directions, which reproduced or refuted claims survive, and when
     the seeds cannot reach it at all (smallest adjusted p C·2^-n, n the most paired units of
     any claim in the family)."""
-    C, n = len(family), max((c["n"] for c in family), default=0)
+    C = len(family)
     won = [c for c in family if c["verdict"] in (claims.REPRODUCED, claims.REFUTED)]
     lost = [c["claim"] for c in won if not c["survives_holm"]]
     text = (f"Multiplicity: Holm's step-down correction (Holm 1979) over the {C} {what}, one "
@@ -289,11 +297,24 @@ def correction_text(family: list[dict[str, Any]], what: str) -> str:
         text += (f"{len(won) - len(lost)} of the {len(won)} reproduced or refuted claims survive "
                  "it" + (": all do." if not lost else
                          "; these do not: " + "; ".join(lost) + "."))
-    floor = C * claims.smallest_p(n)
-    if C and floor >= claims.LEVEL:
-        text += (f" With at most {n} paired units per claim none can: the smallest possible "
-                 f"adjusted p is {C} × 2^-{n} = {min(1.0, floor):.3g}.")
     return text
+
+
+def floor_text(family: list[dict[str, Any]], what: str) -> str:
+    """The sentence a family that cannot decide opens with ("" when it can): with C claims and
+    at most n paired units per claim, the smallest Holm-adjusted p is C · 2^-n (C times the
+    smallest p of its claims' tests)."""
+    C = len(family)
+    if not C:
+        return ""
+    floor = C * min(c.get("smallest_p", claims.smallest_p(c["n"])) for c in family)
+    if floor < claims.LEVEL:
+        return ""
+    n = max(c["n"] for c in family)
+    return (f"**Not testable as a family**: {C} {what} with at most {n} paired units each: the "
+            f"smallest possible Holm-adjusted p is {C} × 2^-{n} = {min(1.0, floor):.3g} >= "
+            f"{claims.LEVEL:g}, so no verdict below can survive the correction; each line is a "
+            "description.")
 
 
 def plot_bands(path: str, curves: dict[str, tuple], *, xlabel: str, ylabel: str, title: str,
@@ -379,7 +400,10 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                     xlabel="training token entropy H", ylabel="held-out score R (best@1)",
                     title="held-out score against entropy over training (mean over seeds)")
         pngs[0].append("entropy_law.png")
-    if searches is not None:
+    if searches is not None and search_report.has_curves(searches):
+        pngs.append(search_report.write_figures(
+            out_dir, searches, head, [a for a in head if not a.startswith("sft")]))
+    elif searches is not None:
         plot_bands(os.path.join(out_dir, "search_solved.png"), _search_curves(searches),
                     xlabel="candidates evaluated per problem",
                     ylabel=f"solved (of {len(searches['problems'])})",
@@ -450,8 +474,11 @@ def _verdict_line(c: dict[str, Any], label: str = "exploratory") -> str:
 
 def _family_lines(family: list[dict[str, Any]], what: str, label: str = "exploratory"
                   ) -> list[str]:
-    """A family's verdict lines and the paragraph stating its correction."""
-    return [_verdict_line(c, label) for c in family] + ["", correction_text(family, what)]
+    """A family's verdict lines and the paragraph stating its correction, after the sentence
+    saying it cannot decide when its Holm floor is above the level (`floor_text`)."""
+    first = floor_text(family, what)
+    return (([first, ""] if first else []) + [_verdict_line(c, label) for c in family]
+            + ["", correction_text(family, what)])
 
 
 def _design_lines(cfg, primary: list[dict[str, Any]], preregistered: bool) -> list[str]:
@@ -471,8 +498,11 @@ def _design_lines(cfg, primary: list[dict[str, Any]], preregistered: bool) -> li
              "directions.",
              f"- **What the seeds can decide**: {text}.",
              "- Every other comparison in this report is **exploratory**: its own Holm family, "
-             "labelled so, not a test of the design.", ""]
-    return lines
+             "labelled so, not a test of the design."]
+    if cfg.design_notes:
+        lines.append(f"- **Changes after a look at results** (pre-registration on the record): "
+                     f"{cfg.design_notes}")
+    return lines + [""]
 
 
 def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
@@ -490,7 +520,18 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
              f"{gate[f'pass@{N}']:.3f}, best@{N} {gate[f'best@{N}']:.3f}; "
              f"{gate['group_spread']:.0%} of step-0 groups (G = {gate['G']}) have unequal "
              f"rewards. Headroom band pass@{N} in [{cfg.gate_pass_min:g}, "
-             f"{cfg.gate_pass_max:g}], signal at least {cfg.gate_spread_min:.0%}: {verdict}.", ""]
+             f"{cfg.gate_pass_max:g}], signal at least {cfg.spread_min:.0%}"
+             + (f" (one learning group per step: 1/{cfg.train.batch_size})"
+                if cfg.gate_spread_min is None else "") + f": {verdict}.", ""]
+    cal = gate.get("search")
+    if cal:
+        lines += [f"**Search calibration** (before RL, the warm start's island search in its "
+                  f"stronger mode m={cal['mode']}, {cal['searches']} searches on each of the "
+                  f"{cal['problems']} search problems with calibration keys of their own): "
+                  f"solves {cal['fraction']:.1%} at {cal['budget']} candidates, the largest "
+                  f"budget at which it solves at most {cal['band'][1]:.0%}; band "
+                  f"[{cal['band'][0]:.0%}, {cal['band'][1]:.0%}]: "
+                  + ("in band." if cal["in_band"] else "OUT of band."), ""]
     pilot = gate.get("pilot")
     if pilot:  # the first seed of every arm, before the other seeds trained
         div = ", ".join(f"{a} {v:.3f}" for a, v in pilot["diversity"].items())
@@ -550,7 +591,8 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
              "|---|---|---|" + "---|" * len(metrics)]
     for name, h in head.items():
         cells = [fmt(h["values"][k]) if k in h["values"] else "" for k in metrics]
-        if name.startswith("sft") and searches is not None and "search solved" in metrics:
+        if (name.startswith("sft") and searches is not None and "search solved" in metrics
+                and not searches.get("per_seed_keys")):
             # one policy searched with the shared keys: its interval is over the searches
             cells[metrics.index("search solved")] = fmt(_per_search(searches, name))
         lines.append(f"| {name} | {h['m']} | {len(h['seeds'])} | " + " | ".join(cells) + " |")
@@ -586,13 +628,20 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
         lines += ["(no claim applies to these arms)"]
     if warm:
         lines += ["", "## RL against its warm start (exploratory)", "",
-                  "Same m, paired by seed id (the warm start evaluated with each seed's key); "
-                  "search solved per training seed against the warm start's mean over the same "
-                  "search keys.", ""]
+                  "Each arm against the warm start's stronger mode on the metric (the better of "
+                  "its single-answer and m-answer pools, named in each line), paired by seed id "
+                  "(the warm start evaluated, and searched, with each seed's keys)."
+                  + ("" if searches is None or searches.get("per_seed_keys") else
+                     " This run searched the warm start with one set of keys for every seed, "
+                     "so its search is not compared here."), ""]
         lines += _family_lines(warm, FAMILIES[1][1])
+        if families.get("warm_search"):
+            lines += [""] + _family_lines(families["warm_search"], FAMILIES[6][1])
     if searches is not None:
         lines += _search_text(cfg, searches, head, families["search_vs_best_of_n"],
                               families.get(CHECKPOINTS[0], []))
+    if families.get("budget") or families.get("bridge"):
+        lines += _curves_text(cfg, searches, head, families)
     if probes:
         lines += _probe_text(cfg, head, probes, families["remedies"])
     if families.get(TRENDS[0]):
@@ -621,7 +670,9 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
               "![training](training.png)", ""]
     if laws:
         lines += ["![entropy law](entropy_law.png)", ""]
-    if searches:
+    if searches and search_report.has_curves(searches):
+        lines += ["![budget curves](budget_curves.png)", "", "![bridge](bridge.png)", ""]
+    elif searches:
         lines += ["![search](search_solved.png)", ""]
     lines += ["## Wall time", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in wall.items()]
@@ -635,16 +686,29 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
 def _search_text(cfg, searches, head, bon: list[dict[str, Any]],
                  checkpoints: list[dict[str, Any]] = ()) -> list[str]:
     P, S = len(searches["problems"]), searches["seeds"]
-    lines = ["", "## Search", "",
-             f"The {P} problems of split {searches['split_seed']} (of {searches['pool']}, which "
-             "no arm is trained, evaluated or chosen on) that the warm start found hardest "
-             f"(solved fraction {np.mean(searches['warm_start_solved']):.2f} over its m modes, "
-             f"pool mean {searches['pool_solved_mean']:.2f}). Each policy is the mutation "
-             f"operator of {S} island searches per problem, {searches['budget']} candidates "
-             "each, the same search keys for every policy. Because the problems are chosen as "
-             "hard for the warm start, warm start vs RL comparisons on them lean against the "
-             "warm start; arm vs arm comparisons do not.", "",
-             "Solve matrix: the fraction of (policy seed, search) runs that solve each problem.",
+    chosen = (f"The {P} problems of split {searches['split_seed']} (of {searches['pool']}, "
+              "which no arm is trained, evaluated or chosen on) that the warm start found "
+              f"hardest (solved fraction {np.mean(searches['warm_start_solved']):.2f} at "
+              f"pass@{cfg.eval_budget} over its m modes, pool mean "
+              f"{searches['pool_solved_mean']:.2f}). ")
+    if searches.get("per_seed_keys"):
+        how = (f"Each policy is the mutation operator of {S} island searches per problem and "
+               f"training seed, up to {searches['max_budget']} candidates each; seed i of "
+               "every row searches with the same keys (the warm start's rows too, so its "
+               "searches vary as the arms' do). Problems and budget were fixed before RL; the "
+               f"claims read the solved count at the calibrated budget, {searches['budget']} "
+               "candidates. Because the problems are chosen as hard for the warm start, warm "
+               "start vs RL comparisons on them lean against the warm start; arm vs arm "
+               "comparisons do not.")
+    else:
+        how = (f"Each policy is the mutation operator of {S} island searches per problem, "
+               f"{searches['budget']} candidates each, the same search keys for every policy. "
+               "Because the problems are chosen as hard for the warm start, warm start vs RL "
+               "comparisons on them lean against the warm start; arm vs arm comparisons do "
+               "not.")
+    lines = ["", "## Search", "", chosen + how, "",
+             "Solve matrix: the fraction of (policy seed, search) runs that solve each problem"
+             + (" at the calibrated budget." if searches.get("per_seed_keys") else "."),
              "", "| policy | " + " | ".join(f"p{i}" for i in searches["problems"]) + " | solved "
              "(mean ± 95%) |", "|---|" + "---|" * (P + 1)]
     for name, rows in searches["rows"].items():
@@ -675,6 +739,59 @@ def _search_text(cfg, searches, head, bon: list[dict[str, Any]],
                   "not about training; a family of their own.", ""]
         lines += _family_lines(checkpoints, CHECKPOINTS[1])
     return lines
+
+
+def _curves_text(cfg, searches, head, families) -> list[str]:
+    """Budget curves (table, gap claims) and the bridge from training to search, opened by the
+    paragraph that answers the comparison's question with its numbers."""
+    P = len(searches["problems"])
+    lines = ["", "## Does search track what training keeps? (the question)", "",
+             _answer(cfg, searches, head, families), "",
+             "### Budget curves", "",
+             f"Solved fraction of the {P} search problems against the candidate budget, for "
+             "every search method and policy (mean over training seeds and their searches); "
+             "every method spends the same candidates at each point, with the same keys.", ""]
+    lines += search_report.budget_table(searches)
+    if families.get("budget"):
+        lines += ["", "Does the VPO - GRPO gap grow with the budget? Per seed, the gap at the "
+                  "largest budget minus the gap at the smallest, and the gap at the largest "
+                  "(both must hold):", ""]
+        lines += _family_lines(families["budget"], FAMILIES[4][1])
+    if families.get("bridge"):
+        lines += ["", "### The bridge: search against what training kept", "",
+                  "Each RL run (arm x seed) is a unit: its end-of-training token entropy and "
+                  "reward-space diversity (mean of the last 20% of steps) against its search "
+                  "solve count at the calibrated budget. Across arms the runs differ in "
+                  "objective too, so the pooled association is not a causal effect of entropy; "
+                  "the within-arm lines hold the objective fixed.", ""]
+        lines += _family_lines(families["bridge"], FAMILIES[5][1])
+    return lines
+
+
+def _answer(cfg, searches, head, families) -> str:
+    """One paragraph with numbers: search success against training entropy / diversity across
+    runs, and VPO's search against GRPO's and the warm start's."""
+    P, B = len(searches["problems"]), searches["budget"]
+    parts = []
+    pooled = [c for c in families.get("bridge", []) if c["claim"].startswith("across")]
+    for c in pooled:
+        what = "entropy" if "entropy" in c["claim"] else "diversity"
+        parts.append(f"with end-of-training {what} ρ = {c['rho']:+.2f} "
+                     f"(p {c['p']:.2g}, {c['family_verdict']} after Holm)")
+    text = ""
+    if pooled:
+        text += (f"Across the {pooled[0]['n']} RL runs, the search solve rate's rank "
+                 "correlation " + " and ".join(parts) + ". ")
+    means = {r: float(np.mean(head[r]["values"]["search solved"])) for r in head
+             if "search solved" in head[r]["values"]}
+    if means:
+        text += (f"At the calibrated budget ({B} candidates per problem), the island search "
+                 "solves on average " + ", ".join(f"{v:.1f} of {P} with {r}"
+                                                  for r, v in means.items()) + ". ")
+    prim = [c for c in families.get(PRIMARY[0], []) if c.get("key", "").endswith(":search")]
+    for c in prim:
+        text += (f"Primary claim `{c['key']}`: **{c['family_verdict']}** ({c['evidence']}).")
+    return text.strip()
 
 
 def _probe_text(cfg, head, probes, fixes) -> list[str]:

@@ -292,7 +292,7 @@ def _fmt(diffs: Sequence[float]) -> str:
     return f"{mean:+.3f}" if math.isnan(half) else f"{mean:+.3f} ± {half:.3f}"
 
 
-def _p_text(p: float, p_other: float) -> str:
+def p_text(p: float, p_other: float) -> str:
     """"p = x" in the claimed direction, and the other side's p when the data lean that way."""
     return f"p = {p:.3g}" + (f" (the other way: p = {p_other:.3g})" if p_other < p else "")
 
@@ -321,7 +321,7 @@ def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=(
     d, p = a - b, p_value(a - b, higher=higher)
     p_other = p_value(d, higher=not higher)
     ev = (f"{names[0]} - {names[1]} = {_fmt(d)} over {d.size} paired seeds "
-          f"({np.mean(a):.3f} vs {np.mean(b):.3f}), {_p_text(p, p_other)}")
+          f"({np.mean(a):.3f} vs {np.mean(b):.3f}), {p_text(p, p_other)}")
     return make_claim(text, verdict(d, higher=higher), d.tolist(), ev, p, p_other)
 
 
@@ -344,7 +344,7 @@ def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
     result = REPRODUCED if p < LEVEL else REFUTED if p_other < LEVEL else INCONCLUSIVE
     curve = ", ".join(f"k={k}: {g:+.3f}" for k, g in zip(ks, gap.mean(0), strict=True))
     ev = (f"{names[0]} - {names[1]} by k: {curve}; growth k={ks[0]}->{ks[-1]} {_fmt(growth)} "
-          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]}), {_p_text(p, p_other)}")
+          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]}), {p_text(p, p_other)}")
     return make_claim(text, result, growth.tolist(), ev, p, p_other)
 
 
@@ -372,7 +372,7 @@ def entropy_law_claim(text: str, trajectories: Sequence[Mapping[str, Sequence[fl
     mean = {k: float(np.mean([f["rmse"][k] for f in fits])) for k in entropy_law.MODELS}
     ev = (f"held-out RMSE law {mean['law']:.4f}, linear in H {mean['linear_h']:.4f}, trend in "
           f"steps {mean['trend']:.4f}, constant {mean['constant']:.4f} (mean of {len(fits)} "
-          f"seeds); law - best alternative {_fmt(d)}, {_p_text(p, p_other)}; law's held-out "
+          f"seeds); law - best alternative {_fmt(d)}, {p_text(p, p_other)}; law's held-out "
           f"bias {_fmt(bias)}; a = " + ", ".join(f"{f['a']:.3f}" for f in fits))
     return make_claim(text, result, d, ev, p, p_other)
 
@@ -421,7 +421,8 @@ def trend(text: str, runs: Sequence[tuple[Sequence[float], Sequence[float]]]
     ev = (f"Kendall τ against the step over all {len(runs[0][0]) if runs else 0} logged steps "
           f"per run: {per}; τ > 0 in {pos} of {len(runs)} runs; a rise significant within the "
           f"run (one-sided p < {LEVEL:g}) in {up}, a fall in {down}; sign test across runs "
-          f"{_p_text(p, p_other)}")
+          f"{p_text(p, p_other)}")
     c = make_claim(text, result, taus, ev, p, p_other)
     return {**c, "trend": ROSE if result == REPRODUCED else FELL if result == REFUTED
             else NO_TREND}
+
