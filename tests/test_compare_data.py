@@ -197,6 +197,9 @@ def test_compare_reads_each_part_where_it_belongs(files):
                           r"20 rows of .*, 2 of them the search pool .* 3 are left to evaluate "
                           r"on; lower eval_problems to at most 3 \(or search_pool\)"),
     (["law_problems=4"], r"law_problems=4: .*lower law_problems to at most 3.*law_points=0"),
+    # every unmet size in one message
+    (["eval_problems=5", "gate_problems=4"], r"eval_problems=5, gate_problems=4: .*lower "
+                                             r"eval_problems and gate_problems to at most 3"),
     (["search_pool=6", "eval_problems=1"], r"a search pool of 6 of them leaves none to "
                                            r"evaluate on; lower search_pool"),
 ])

@@ -146,10 +146,35 @@ def test_bandit_reward_improves(task, advantage):
     """From a random init few generations hold a well-formed answer (reward ~0.2); both
     objectives learn to fill the answer slots within a few dozen steps."""
     _, history = run_steps(task, run_config(task, advantage, steps=40), 40)
-    reward = np.array([h["reward"] for h in history])
+    reward = np.array([h["set_reward"] for h in history])  # the M answers' sum
     assert reward[-10:].mean() > reward[:10].mean() + 0.1, reward
+    np.testing.assert_allclose([h["reward"] * M for h in history], reward, rtol=1e-6)
     assert all(np.isfinite(h["loss"]) for h in history)
     assert sum(int(h["skipped_updates"]) for h in history) == 0
+
+
+def test_logged_reward_is_per_answer_for_every_m(task):
+    """`reward` is w*ᵀr per answer slot, the mean over the m answers (0 for an unparsed one),
+    so m = 1 and m = 3 runs share a scale; the set's sum is `set_reward` (m > 1 only)."""
+    from vpo.types import Rollout
+
+    w = np.asarray(task.eval_weights_R, np.float32)
+    R = w.size
+    rng = np.random.default_rng(0)
+    for m in (1, 3):
+        r_BGMR = rng.random((2, 4, m, R)).astype(np.float32)
+        mask_BGM = rng.random((2, 4, m)) < 0.7
+        T = 5
+        rollout = Rollout(**dict.fromkeys(Rollout._fields))._replace(
+            entropy_BGT=jnp.ones((2, 4, T)), mask_BGT=jnp.ones((2, 4, T), bool),
+            length_BG=jnp.full((2, 4), T), finished_BG=jnp.ones((2, 4), bool))
+        out = train_lib.rollout_metrics(task, rollout, jnp.asarray(r_BGMR), jnp.asarray(mask_BGM))
+        per_answer = np.where(mask_BGM, r_BGMR @ w, 0.0)
+        np.testing.assert_allclose(out["reward"], per_answer.mean(), rtol=1e-5)
+        if m == 1:
+            assert "set_reward" not in out
+        else:
+            np.testing.assert_allclose(out["set_reward"], per_answer.sum(-1).mean(), rtol=1e-5)
 
 
 class NanRewardTask(BoundTask):

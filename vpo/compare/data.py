@@ -184,16 +184,18 @@ def check_sizes(cfg, task: DataPart) -> None:
     asks = [("eval_problems", cfg.eval_problems), ("gate_problems", cfg.gate_problems)]
     if cfg.law_points:
         asks.append(("law_problems", cfg.law_problems))
-    for name, n in asks:
-        if n > n_eval:
-            search = (f", {n_search} of them the search pool (search_pool={n_search})"
-                      if n_search else "")
-            raise ConfigError(
-                f"{name}={n}: {held} rows are held out ({_held_out_text(cfg.task_kwargs, total)})"
-                f"{search}, so {n_eval} are left to evaluate on; lower {name} to at most "
-                f"{n_eval}" + (" (or search_pool)" if n_search else "") + ", or hold out more "
-                "rows (raise --eval-fraction, or pass --eval-data FILE)"
-                + ("; law_points=0 turns the entropy law off" if name == "law_problems" else ""))
+    unmet = [(name, n) for name, n in asks if n > n_eval]
+    if unmet:  # every unmet size at once, so one fix covers them
+        search = (f", {n_search} of them the search pool (search_pool={n_search})"
+                  if n_search else "")
+        raise ConfigError(
+            ", ".join(f"{name}={n}" for name, n in unmet) + f": {held} rows are held out "
+            f"({_held_out_text(cfg.task_kwargs, total)}){search}, so {n_eval} are left to "
+            "evaluate on; lower " + " and ".join(name for name, _ in unmet) + f" to at most "
+            f"{n_eval}" + (" (or search_pool)" if n_search else "") + ", or hold out more "
+            "rows (raise --eval-fraction, or pass --eval-data FILE)"
+            + ("; law_points=0 turns the entropy law off"
+               if any(name == "law_problems" for name, _ in unmet) else ""))
 
 
 def _prompt_key(row: dict[str, Any]) -> str:

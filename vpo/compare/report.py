@@ -363,7 +363,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
     head = headline(cfg, runs, evals, searches)
     ks, N = evals["ks"], cfg.eval_budget
     law = law_trajectories(runs)
-    kept = ("step", "grad_norm", *TREND_METRICS)  # what the report reads (the run folders hold all)
+    # what the report reads (the run folders hold all); set_reward marks the per-answer scale
+    kept = ("step", "grad_norm", "set_reward", *TREND_METRICS)
     train = {arm: [{"seed": r.seed, "dir": os.path.relpath(r.out_dir, out_dir),
                     "metrics": [{k: row[k] for k in kept if k in row} for row in r.metrics]}
                    for r in rs] for arm, rs in runs.items()}
@@ -385,7 +386,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
         for metric, key in (("entropy", "entropy"), ("diversity", "diversity"),
                             ("reward per answer slot", "reward")):
             ys = np.mean([[r[key] for r in s.metrics] for s in seed_runs], axis=0)
-            ys = ys / seed_runs[0].num_answers if key == "reward" else ys
+            if key == "reward" and "set_reward" not in seed_runs[0].metrics[0]:
+                ys = ys / seed_runs[0].num_answers  # logged before the per-answer scale: Σ_j
             panels[metric][arm] = (steps, smooth(ys, window))
     pngs = [["best_at_k.png", "pass_at_k.png"]]
     if runs:
@@ -448,7 +450,7 @@ def render(summary: dict[str, Any]) -> str:
     return report_text(cfg, summary["command"], summary["wall_s"], head, families,
                        law_table(law), searches, probes, summary.get("load", ""), static=static,
                        preregistered="primary" in summary["config"], gate=summary.get("gate"),
-                       data=summary.get("data"))
+                       data=summary.get("data"), per_answer_reward=_per_answer(train))
 
 
 def static_arms(runs) -> list[str]:
@@ -546,7 +548,7 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
 def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
                 static: list[str] | None = None, preregistered: bool = True,
                 gate: dict[str, Any] | None = None,
-                data: dict[str, Any] | None = None) -> str:
+                data: dict[str, Any] | None = None, per_answer_reward: bool = False) -> str:
     """report.md: `families` as from `verdict_families` (each printed with its correction),
     the design lines first; `data`: your data's record (`vpo.compare.data.describe`)."""
     N = cfg.eval_budget
@@ -646,7 +648,9 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
         lines += _probe_text(cfg, head, probes, families["remedies"])
     if families.get(TRENDS[0]):
         lines += ["", "## Trends over training (exploratory)", "",
-                  "Does a per-step training metric (reward: w*ᵀr summed over the m answers; "
+                  "Does a per-step training metric (reward: w*ᵀr "
+                  + ("per answer slot, the mean over the m answers" if per_answer_reward else
+                     "summed over the m answers") + "; "
                   "token entropy; reward-space diversity of the group) rise over training? Per "
                   "run, Kendall's τ against the step over every logged step; across the seeds, "
                   "the exact sign test of the τ's signs (the runs are the units, so it cannot "
@@ -792,6 +796,14 @@ def _answer(cfg, searches, head, families) -> str:
     for c in prim:
         text += (f"Primary claim `{c['key']}`: **{c['family_verdict']}** ({c['evidence']}).")
     return text.strip()
+
+
+def _per_answer(train) -> bool:
+    """Whether the runs logged `reward` per answer slot (with `set_reward` beside it for m > 1)
+    rather than as the set's sum, as runs before that scale did: told by any run's first row
+    holding `set_reward`."""
+    return any("set_reward" in row for rs in (train or {}).values() for r in rs
+               for row in r["metrics"][:1])
 
 
 def _probe_text(cfg, head, probes, fixes) -> list[str]:

@@ -530,13 +530,18 @@ def mismatch_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
 def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM,
                     solved_BG=None):
     """Scalar metrics of one batch of rollouts (rewards, entropy, lengths, diversity, solved);
-    `solved_BG` (`vpo.rollout.rewards.solved`) is computed when not given."""
+    `solved_BG` (`vpo.rollout.rewards.solved`) is computed when not given.
+
+    `reward` is on one scale for every objective: w*ᵀr per answer slot (0 for an answer that
+    does not parse), the mean over the m answers of a generation, so GRPO (m = 1) and VPO or
+    Multi-RLVR (m > 1) curves compare; with m > 1 the set's sum Σ_j w*ᵀr_j (what Multi-RLVR
+    trains on) is logged as `set_reward`."""
     B, G, M, R = rewards_BGMR.shape
-    reward_BG = rewards_lib.scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
+    set_BG = rewards_lib.scalarize(rewards_BGMR, solution_mask_BGM, task.eval_weights_R)
     if solved_BG is None:
         solved_BG = rewards_lib.solved(task, rewards_BGMR, solution_mask_BGM)
     out = {
-        "reward": jnp.mean(reward_BG),
+        "reward": jnp.mean(set_BG) / M,
         "entropy": masked_mean(rollout.entropy_BGT, rollout.mask_BGT),
         "response_length": jnp.mean(rollout.length_BG.astype(jnp.float32)),
         "generated_tokens": jnp.sum(rollout.mask_BGT.astype(jnp.int32)),
@@ -546,6 +551,8 @@ def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_ma
         "diversity": jnp.mean(reward_diversity(
             rewards_BGMR.reshape(B, G * M, R), solution_mask_BGM.reshape(B, G * M))),
     }
+    if M > 1:
+        out["set_reward"] = jnp.mean(set_BG)
     for r, name in enumerate(task.reward_names):
         out[f"reward/{name}"] = jnp.mean(rewards_BGMR[..., r])
     return out
