@@ -207,7 +207,7 @@ def test_train_on_your_data_and_reward_functions(tmp_path, capsys):
     (["--data", "x.jsonl", "--out", "o"], "--data needs at least one --reward"),
     (["--reward", "r.py:f", "--out", "o"], "--reward needs --data FILE"),
     (["--data", "{data}", "--reward", "{rewards}:short", "--out", "o"],
-     "--data: your text is read through a checkpoint's tokenizer"),
+     "--data: your text is read through a pretrained checkpoint's tokenizer"),
     (["--data", "{data}", "--reward", "{rewards}:short", "--weights", "a,b", "--out", "o"],
      "--weights 'a,b': expected comma-separated numbers"),
     (["--data", "{data}", "--reward", "{rewards}:nope", "model=hf:{bpe}", "--out", "o"],

@@ -306,6 +306,11 @@ def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
                        "checks": {"headroom": False, "solves": True, "signal": False}}
     text = " ".join(compare.gate_failures(cfg, roomless))
     assert "no headroom" in text and "sampler.num_samples" in text
+    # a weighted component that never reaches full marks is named, with the way to say which
+    # components define solved
+    never = gate | {"full_marks": {"correct": 0.4, "brevity": 0.0}}
+    text = " ".join(compare.gate_failures(cfg, never))
+    assert "the component(s) brevity never reach full marks" in text and "--solved NAMES" in text
 
 
 def test_the_diversity_pilot_reads_the_first_seed_of_each_arm_and_reaches_the_report():

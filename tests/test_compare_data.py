@@ -132,6 +132,12 @@ def test_split_flags(files):
             arguments.dataset_kwargs(_args("compare", *data, *argv))
     with pytest.raises(ConfigError, match="--eval-fraction needs --data"):
         arguments.dataset_kwargs(_args("compare", "--eval-fraction", "0.2"))
+    # --solved NAMES: the components that define solved, round-tripped through an arm's flags
+    kw = arguments.dataset_kwargs(_args("compare", *data, "--solved", "correct"))
+    assert kw["solved_by"] == ["correct"]
+    assert compare_data.flags(kw)[-2:] == ["--solved", "correct"]
+    with pytest.raises(ConfigError, match="--solved needs --data"):
+        arguments.dataset_kwargs(_args("compare", "--solved", "correct"))
     assert compare_data.compare_kwargs(arguments.dataset_kwargs(_args("compare", *data))) == {
         **_kw(files)} | {"rewards": [f"{files}/rewards.py:correct"], "eval_fraction": 0.2,
                          "split_seed": 0}

@@ -128,7 +128,7 @@ class Varies(CountEnv):
 
 
 @pytest.mark.parametrize("env_cls, words", [
-    (Broken, "step on dataset row 0 raised KeyError"),
+    (Broken, "step on dataset row 0 raised KeyError: 'tool' (at "),
     (OutOfRange, "component 'turns' is 1.5"),
     (WrongShape, "step on dataset row 0 must return a non-empty list of messages"),
     (Hangs, "took longer than 0.5 s"),
@@ -173,3 +173,86 @@ def test_a_tool_observation_continues_the_chatml_conversation():
                                       "<|im_end|>")
     assert tok.decode(ids, skip_special_tokens=False) == (
         "\n<|im_start|>tool\n= 5<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_an_exception_in_process_names_the_environments_file_and_line(policy):
+    """As through worker processes: the line the environment raised at."""
+    line = Broken.step.__code__.co_firstlineno + 1
+    with pytest.raises(EnvError, match=rf"raised KeyError: 'tool' \(at .*test_env_episode\.py:"
+                                       rf"{line}\)"):
+        _run(policy, Broken)
+
+
+class Told(CountEnv):
+    """Records what score was told; its observation never fits a small budget when `long`."""
+
+    long = False
+
+    def step(self, messages):
+        self.stepped = True
+        if self.long:
+            return [{"role": "user", "content": "more " * 300}]
+        return super().step(messages)
+
+    def score(self, messages, truncated=False):
+        self.truncated, self.messages = truncated, messages
+        return super().score(messages)
+
+
+def _run_kept(policy, env_cls, T, turns=4, B=2, G=3):
+    model, tok = policy
+    envs = [[env_cls() for _ in range(G)] for _ in range(B)]
+    keys = jax.random.split(jax.random.key(0), B * G).reshape(B, G)
+    ep = episode_lib.run_episodes(model, tok, envs, [{"n": 3 + b} for b in range(B)], keys,
+                                  max_tokens=T, max_turns=turns,
+                                  reward_names=env_cls.reward_names)
+    return ep, envs
+
+
+@pytest.mark.parametrize("T", [12, 96])
+def test_score_is_told_whether_the_budget_cut_the_episode_off(policy, T):
+    """truncated=True exactly for the episodes the budget cut off (neither the environment nor
+    the turn limit ended them); a score without the keyword is called as before (CountEnv)."""
+    ep, envs = _run_kept(policy, Told, T)
+    told = np.array([[e.truncated for e in row] for row in envs])
+    np.testing.assert_array_equal(told, ~np.asarray(ep.rollout.finished_BG))
+    if T == 12:
+        assert told.any()  # a 12-token budget cuts some episode off
+    assert all(e.messages == ep.messages[b][g] for b, row in enumerate(envs)
+               for g, e in enumerate(row))
+
+
+def test_an_observation_the_model_never_saw_is_not_in_the_conversation(policy):
+    """An observation with no room left to answer after it ends the episode cut off: the
+    conversation (what `vpo sample` prints, what score sees) ends with the assistant's message."""
+    Told.long = True
+    try:
+        ep, envs = _run_kept(policy, Told, T=96)
+    finally:
+        Told.long = False
+    stepped = np.array([[getattr(e, "stepped", False) for e in row] for row in envs])
+    assert stepped.any()
+    for b, g in zip(*np.nonzero(stepped), strict=True):
+        assert ep.messages[b][g][-1]["role"] == "assistant"
+        assert [m["role"] for m in ep.messages[b][g]].count("user") == 1  # the first message
+        assert not ep.rollout.finished_BG[b, g] and envs[b][g].truncated
+        assert ep.observation_tokens_BG[b, g] == 0
+
+
+def test_a_row_of_the_environments_problems_is_named_by_its_origin(policy):
+    """No --data: errors say which of problems(seed, num) the row is and show it, not 'dataset
+    row 3746'; a --data row keeps its index."""
+    from vpo.env.base import on_row, row_label
+    from vpo.env.task import make_env_task
+
+    rows = make_env_task("vpo.env.calculator:make_env").make_problems(5, 2)
+    label = row_label(rows[1], rows[1]["_row"])
+    assert label.startswith("problem 1 of the environment's problems(seed=5), {'numbers': ")
+    assert on_row(7) == " on dataset row 7" and on_row(None) == ""
+    model, tok = policy
+    keys = jax.random.split(jax.random.key(0), 2).reshape(1, 2)
+    with pytest.raises(EnvError, match=r"step on problem 3746 of the environment's "
+                                       r"problems\(seed=0\), \{'n': 3\} raised KeyError"):
+        episode_lib.run_episodes(model, tok, [[Broken(), Broken()]],
+                                 [{"n": 3, "_row": 3746, "_seed": 0}], keys, max_tokens=96,
+                                 max_turns=4, reward_names=Broken.reward_names, row_ids=[3746])

@@ -242,3 +242,41 @@ def test_sample_prints_episodes_turn_by_turn(capsys):
     assert out.out.count("w*·r") == 2 and "given_only" in out.out
     assert main(["sample", "--env", "vpo.env.calculator:make_env"]) != 0
     assert "pass --policy" in capsys.readouterr().err
+
+
+LONG_REPLY_ENV = '''
+class LongReply:
+    reward_names, weights = ("said",), (1.0,)
+
+    def problems(self, seed, n):
+        return [{"i": i} for i in range(n)]
+
+    def reset(self, row):
+        return [{"role": "user", "content": "Say something."}]
+
+    def step(self, messages):
+        return [{"role": "user", "content": "REPLY " * 300}]
+
+    def score(self, messages, truncated=False):
+        return [0.0 if truncated else 1.0]
+
+def make_env():
+    return LongReply()
+'''
+
+
+def test_sample_prints_no_observation_the_model_never_saw(capsys, tmp_path):
+    """An observation too long to answer after (the budget is 24 tokens) cuts the episode off:
+    `vpo sample` prints the conversation the model saw, ending with its message, and the
+    environment's score was told (truncated=True scores 0)."""
+    from vpo.cli.main import main
+
+    (tmp_path / "long_env.py").write_text(LONG_REPLY_ENV)
+    rc = main(["sample", "--policy", f"hf:{FIXTURE}", "--env",
+               f"{tmp_path / 'long_env.py'}:make_env", "--env-turns", "3", "--prompts", "1",
+               "--samples", "4", "--max-new-tokens", "24"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-2000:]
+    assert "REPLY" not in out.out
+    cut = [line for line in out.out.splitlines() if "(cut off" in line]
+    assert cut and all("w*·r 0.00" in line for line in cut)

@@ -228,3 +228,26 @@ def test_an_environment_file_imports_the_modules_beside_it(tmp_path):
         assert pool.factory().reset({"i": 5}) == [{"role": "user", "content": "row 5"}]
     finally:
         pool.close()
+
+
+def test_score_in_a_worker_is_told_truncated_when_it_takes_it(tmp_path):
+    """`truncated=` reaches a worker's environment whose score takes it; one without it is
+    called with the messages alone (the Probe above, `test_state_stays_...`)."""
+    (tmp_path / "told_env.py").write_text(ENV + '''
+class Told(Probe):
+    def score(self, messages, truncated=False):
+        return [1.0 if truncated else 0.0]
+
+def make_told():
+    return Told()
+''')
+    spec = f"{tmp_path / 'told_env.py'}:make_told"
+    pool = EnvWorkers(spec, 1, timeout=30.0)
+    try:
+        envs = [pool.factory() for _ in range(2)]
+        call_envs(spec, "reset", envs, [({"i": 0},)] * 2, rows=[0, 0])
+        said = _say("go")[0]
+        assert call_envs(spec, "score", envs, [(said, True), (said, False)],
+                         rows=[0, 0]) == [[1.0], [0.0]]
+    finally:
+        pool.close()

@@ -273,3 +273,63 @@ def test_the_decoder_is_a_sampler_model():
     model = Decoder(model_preset("tiny"), rngs=nnx.Rngs(0))
     assert isinstance(model, SamplerModel)
     check_sampler_model(model)
+
+
+def test_one_mask_convention_for_vpo_function_and_estimator():
+    """The answer mask is optional in `vpo_advantages` and its estimator form; None = all valid."""
+    key, r = jax.random.key(0), rewards()
+    full, _ = obj.vpo_advantages(key, r, jnp.ones((3, 4, 2), bool))
+    for adv in (obj.vpo_advantages(key, r)[0], obj.vpo_advantages(key, r, None)[0],
+                obj.get_estimator("vpo")(key, r)[0], obj.get_estimator("vpo")(key, r, None)[0],
+                obj.vpo_advantages(key, r, mask_BG=None)[0]):
+        np.testing.assert_array_equal(adv, full)
+    np.testing.assert_allclose(jax.jit(obj.vpo_advantages)(key, r)[0], full, atol=1e-5)
+    w = obj.dirichlet_weights(key, 3, 8, 2)
+    np.testing.assert_array_equal(obj.vpo_advantages(r, weights_BKR=w)[0],
+                                  obj.vpo_advantages(None, r, None, weights_BKR=w)[0])
+    np.testing.assert_array_equal(obj.expected_max(r, None, w),
+                                  obj.expected_max(r, jnp.ones((3, 4, 2), bool), w))
+
+
+def test_a_missing_key_names_the_first_argument():
+    r = rewards()
+    with pytest.raises(TypeError, match=r"first argument; got a float32 array of shape "
+                                        r"\(3, 4, 2, 2\).*jax.random.key"):
+        obj.vpo_advantages(r, jnp.ones((3, 4, 2), bool))
+    with pytest.raises(TypeError, match="the key and 1 to 2 array"):
+        obj.vpo_advantages(jax.random.key(0))
+    # a raw uint32[2] key (jax.random.PRNGKey) is a key too
+    raw, _ = obj.vpo_advantages(jax.random.PRNGKey(0), r)
+    assert raw.shape == (3, 4)
+
+
+@pytest.mark.parametrize("fn", [obj.grpo_advantages, obj.rloo_advantages, obj.maxrl_advantages,
+                                obj.max_at_k_advantages, obj.best_of_group_advantages,
+                                obj.pass_at_k_advantages, obj.gdpo_advantages])
+def test_a_key_passed_to_a_deterministic_estimator_says_it_takes_none(fn):
+    x = rewards()[:, :, 0] if fn is obj.gdpo_advantages else rewards()[:, :, 0, 0]
+    with pytest.raises(TypeError, match=rf"{fn.__name__}\(\) got a PRNG key .*takes no key"):
+        fn(jax.random.key(0), x)
+
+
+@pytest.mark.parametrize("name", obj.estimator_names())
+def test_flat_rewards_name_to_groups(name):
+    est = obj.get_estimator(name)
+    x, smask = INPUTS[est.sees]()
+    flat = jnp.reshape(x, (12,) + x.shape[2:])
+    with pytest.raises(ValueError, match=r"has shape \(12,.*to_groups\(x, G\)"):
+        est(jax.random.key(0), flat, smask)
+
+
+def test_flat_policy_loss_inputs_name_to_groups():
+    z_BGT, m_BGT = jnp.zeros((2, 4, 5)), jnp.ones((2, 4, 5), bool)
+    for adv in (jnp.zeros((8,)), jnp.zeros((8, 5))):
+        with pytest.raises(ValueError, match=r"expected adv_BG \(2, 4\) or adv_BGT \(2, 4, 5\).*"
+                                             r"to_groups\(x, 4\)"):
+            obj.policy_loss(z_BGT, z_BGT, adv, m_BGT)
+    with pytest.raises(ValueError, match=r"shape \(3, 4\); expected adv_BG") as e:
+        obj.policy_loss(z_BGT, z_BGT, jnp.zeros((3, 4)), m_BGT)
+    assert "to_groups" not in str(e.value)  # not flat: no reshape suggested
+    with pytest.raises(ValueError, match=r"logp_BGT has shape \(8, 5\).*to_groups\(x, G\)"):
+        obj.policy_loss(z_BGT.reshape(8, 5), z_BGT.reshape(8, 5), jnp.zeros((8,)),
+                        m_BGT.reshape(8, 5))

@@ -172,3 +172,14 @@ def test_mutation_prompts_need_an_in_graph_task():
     with pytest.raises(ValueError, match="mutation_fraction"):
         data_lib.problem_iterator(bound("arithmetic"), 4, 1, num_problems=8,
                                   mutation_fraction=0.5)
+
+
+def test_fewer_rows_than_a_batch_print_a_one_line_notice(bandit, capsys):
+    """2 rows for a batch of 8: each batch draws each row 4 times, said once on stderr."""
+    it = data_lib.problem_iterator(bandit, 8, 1, records=bandit.make_problems(0, 2))
+    assert sorted(next(it)["problems"]["index"].tolist()) == [0] * 4 + [1] * 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("notice: 2 problem row(s) for a batch of 8 ")
+    assert "about 4 times" in err and "train.batch_size to 2 or fewer" in err
+    data_lib.problem_iterator(bandit, 8, 1, records=bandit.make_problems(0, 8))
+    assert capsys.readouterr().err == ""

@@ -395,3 +395,99 @@ def test_mutation_demonstrations_improve_on_their_parents(task):
         prew, pvalid = task.score([r] * len(parents), [[p] for p in parents])
         assert pvalid.all()
         assert (crew[0] @ task.eval_weights_R).min() > (prew[:, 0] @ task.eval_weights_R).max()
+
+
+# -- a custom task's outputs, checked where they are called -------------------------------------
+
+def _bandit_with(**fields):
+    import dataclasses
+
+    task = dataclasses.replace(make_task("bandit"), **fields)
+    return bind(task, task_word_tokenizer(task))
+
+
+@pytest.mark.parametrize("symbol_reward, words", [
+    (lambda p, s, m: jnp.zeros((3, 2)), r"returned shape \(3, 2\) for one answer"),
+    (lambda p, s, m: jnp.zeros(()), r"returned shape \(\) for one answer"),
+    (lambda p, s, m: [jnp.zeros(()), jnp.zeros(())], "returned list, not an array"),
+    (lambda p, s, m: jnp.zeros((2,), jnp.complex64), "returned dtype complex64"),
+])
+def test_a_bad_symbol_reward_is_named_at_trace_time(symbol_reward, words):
+    """Not "dot_general requires contracting dimensions" deep inside the step's jit."""
+    from vpo.errors import RewardError
+
+    bound = _bandit_with(symbol_reward=symbol_reward)
+    problem = jax.tree.map(lambda x: x[0], bound.problem_arrays(bound.make_problems(0, 1))["task"])
+    T = bound.completion_len(1)
+    with pytest.raises(RewardError, match=rf"task 'bandit': symbol_reward {words}.*shape \(2,\), "
+                                          r"\(first, second\)"):
+        jax.jit(lambda t, m: bound.reward(problem, t, m, 1))(jnp.zeros((T,), jnp.int32),
+                                                             jnp.ones((T,), bool))
+
+
+@pytest.mark.parametrize("score, words", [
+    (lambda r, a: None, "it returned None"),
+    (lambda r, a: (np.zeros((len(r), 1)),), r"it returned \(array"),
+    (lambda r, a: (np.zeros((len(r), 2)), np.ones((len(r), 1), bool)),
+     r"its rewards_NMR has shape \(2, 2\)"),
+    (lambda r, a: (np.zeros((len(r), 1, 2)), np.ones((len(r), 3), bool)),
+     r"its valid_NM has shape \(2, 3\)"),
+    (lambda r, a: ([["x", "y"]] * len(r), np.ones((len(r), 1), bool)),
+     "its rewards_NMR is not numeric"),
+])
+def test_a_bad_host_score_is_named(score, words):
+    from vpo.errors import RewardError
+
+    bound = _bandit_with(score=score)
+    records = bound.make_problems(0, 2)
+    with pytest.raises(RewardError, match=r"task 'bandit': score\(records, answers\) for 2 "
+                                          r"problems x 1 answer slots must return \(rewards_NMR "
+                                          rf"\(2, 1, 2\), valid_NM \(2, 1\)\).*; {words}"):
+        bound.host_score(records, np.zeros((2, 4), np.int32), np.ones((2, 4), bool), 1)
+
+
+def test_a_non_finite_host_score_names_the_problem_and_slot():
+    from vpo.errors import RewardError
+
+    def score(records, answers):
+        rewards = np.zeros((len(records), 2, 2), np.float32)
+        rewards[1, 1, 0] = np.inf
+        return rewards, np.ones((len(records), 2), bool)
+
+    bound = _bandit_with(score=score)
+    with pytest.raises(RewardError, match=r"score gave a non-finite reward inf for component "
+                                          r"'first' of answer slot 2 of problem \{'index': 1\}"):
+        bound.host_score(bound.make_problems(0, 2), np.zeros((2, 4), np.int32),
+                         np.ones((2, 4), bool), 2)
+    # an invalid slot may hold anything (it is masked)
+    bound = _bandit_with(score=lambda r, a: (np.full((len(r), 1, 2), np.nan),
+                                             np.zeros((len(r), 1), bool)))
+    rewards, valid = bound.host_score(bound.make_problems(0, 2), np.zeros((2, 4), np.int32),
+                                      np.ones((2, 4), bool), 1)
+    assert not valid.any()
+
+
+def test_problem_files_are_checked_against_the_task(tmp_path, bpe_tokenizer):
+    """A maze grid of another size, numbers the word-level tokenizer cannot write: refused at the
+    file's line, not mid-run ("all input arrays must have the same shape") or as a silent <unk>."""
+    from vpo.errors import ConfigError
+    from vpo.rl.data import load_jsonl_records
+
+    maze = make_task("maze")
+    maze_file = tmp_path / "maze.jsonl"
+    maze_file.write_text(json.dumps(maze.make_problems(0, 1)[0]) + "\n"
+                         + json.dumps(make_task("maze9").make_problems(0, 1)[0]) + "\n")
+    with pytest.raises(ConfigError, match=r"maze.jsonl:2: maze\w* reads this problem's grid with "
+                                          r"shape \(9, 9\), its own problems' with \(\d, \d\)"):
+        load_jsonl_records(str(maze_file), maze)
+    arithmetic = make_task("arithmetic")
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"numbers": [3, 4, 5], "target": 35}\n'
+                       '{"numbers": [3, 4, 500], "target": 1234}\n')
+    with pytest.raises(ConfigError, match=r"numbers.jsonl:2: arithmetic: '500', '1234' are not "
+                                          r"in the tokenizer's vocabulary \(the task's own words; "
+                                          r"its numbers are 0..99\) and would reach the model as "
+                                          r"<unk>"):
+        load_jsonl_records(str(numbers), bind(arithmetic, task_word_tokenizer(arithmetic)))
+    # a byte-level BPE writes any number
+    assert len(load_jsonl_records(str(numbers), bind(arithmetic, bpe_tokenizer))) == 2

@@ -210,3 +210,20 @@ def test_bad_weights_and_missing_file(files):
         make_task("dataset", weights=[-1], **kw)
     with pytest.raises(ConfigError, match="--data: no file"):
         make_task("dataset", path=str(files / "nope.jsonl"), rewards=kw["rewards"])
+
+
+def test_solved_by_names_the_components_that_define_solved(files):
+    """By default solved is w*ᵀr = 1, so a continuous component that never reaches 1 (short:
+    1 - len/10) makes every answer unsolved; --solved correct makes correctness alone decide."""
+    from vpo.config import ConfigError
+
+    kw = dict(path=str(files / "rows.jsonl"),
+              rewards=[f"{files}/rewards.py:correct", f"{files}/rewards.py:short"])
+    right_but_long = np.array([1.0, 0.6], np.float32)
+    assert not bool(make_task("dataset", **kw).solved(right_but_long))
+    by_correct = make_task("dataset", **kw, solved_by=["correct"])
+    assert bool(by_correct.solved(right_but_long))
+    assert not bool(by_correct.solved(np.array([0.0, 1.0], np.float32)))
+    with pytest.raises(ConfigError, match="no component named brevity; the components are "
+                                          "correct, short"):
+        make_task("dataset", **kw, solved_by=["brevity"])

@@ -85,6 +85,7 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
                             ("--weights", getattr(args, "weights", None)),
                             ("--reward-workers", getattr(args, "reward_workers", None)),
                             ("--reward-range", getattr(args, "reward_range", None)),
+                            ("--solved", getattr(args, "solved", None)),
                             ("--eval-data", getattr(args, "eval_data", None)),
                             ("--eval-fraction", getattr(args, "eval_fraction", None)),
                             ("--split-seed", getattr(args, "split_seed", None))):
@@ -105,6 +106,8 @@ def dataset_kwargs(args: argparse.Namespace) -> dict | None:
                               "e.g. 0.7,0.3") from None
     if getattr(args, "reward_range", None):
         kw["reward_ranges"] = parse_reward_ranges(args.reward_range)
+    if getattr(args, "solved", None):
+        kw["solved_by"] = [x.strip() for x in args.solved.split(",") if x.strip()]
     if args.reward_workers:
         kw["reward_workers"] = args.reward_workers
         kw["reward_timeout"] = args.reward_timeout
@@ -167,6 +170,9 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
                    help="a component's scale when its function returns values outside [0, 1] "
                    "(TRL's -abs(20 - len(c)): reward_len=-50:0): mapped to [0, 1], clipped; "
                    "repeat per component")
+    p.add_argument("--solved", default=None, metavar="NAMES", help="the components that "
+                   "define solved (pass@k, the gate), each at full marks, e.g. accuracy "
+                   "(default: every weighted component, w*ᵀr = 1)")
     p.add_argument("--reward-workers", type=int, default=0, help="run reward functions in "
                    "this many worker processes (slow verifiers)")
     p.add_argument("--reward-timeout", type=float, default=None,
@@ -206,6 +212,7 @@ def env_kwargs(args: argparse.Namespace) -> dict | None:
     for flag, given in (("--reward", getattr(args, "reward", None)),
                         ("--weights", getattr(args, "weights", None)),
                         ("--reward-range", getattr(args, "reward_range", None)),
+                        ("--solved", getattr(args, "solved", None)),
                         ("--reward-workers", getattr(args, "reward_workers", None)),
                         ("--eval-fraction", getattr(args, "eval_fraction", None) is not None),
                         ("--split-seed", getattr(args, "split_seed", None) is not None)):

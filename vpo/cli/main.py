@@ -46,7 +46,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start on a task's demonstrations; writes a policy folder (weights and
     the tokenizer) to --out. --model is a preset (trained from scratch on the task's word-level
     tokenizer), a policy folder or hf:/path (fine-tuned in its own tokenizer and chat format)."""
-    from vpo.config import MODEL_PRESETS, ConfigError, ModelConfig
+    from vpo.config import (
+        MODEL_PRESETS,
+        PRETRAINED_CHOICES,
+        ConfigError,
+        ModelConfig,
+        preset_list,
+    )
+    from vpo.launch.rules import checkpoint_needed
     from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))
@@ -57,11 +64,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
     spec = args.model or args.preset or "tiny"
     dataset = dataset_kwargs(args)
     if dataset is not None and spec in MODEL_PRESETS:
-        raise ConfigError("--data: SFT on your text needs a checkpoint's tokenizer; pass "
-                          "--model hf:PATH or a policy folder")
+        raise checkpoint_needed("--data", args.model or args.preset, opt="--model ",
+                                folder="--model POLICY_DIR")
     if args.model is None and spec not in MODEL_PRESETS:
+        hint = (f"; a pretrained checkpoint is --model, not --preset: "
+                f"{PRETRAINED_CHOICES.format(opt='--model ')}"
+                if spec == "smollm2" or spec.startswith("hf:") else "")
         raise ConfigError(f"--preset: unknown model preset {args.preset!r}; choose one of "
-                          f"{', '.join(MODEL_PRESETS)}")
+                          f"{preset_list()}{hint}")
     task = load_task("dataset", spec, dataset) if dataset else load_task(args.task, spec)
     task.check_num_answers(args.answers)
     plan = assemble_sft(task, spec, num_answers=args.answers, seed=args.seed, num_parents=2,
@@ -84,8 +94,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def _add_sft(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default="maze")
-    p.add_argument("--preset", default=None, help="model preset (vpo.config.MODEL_PRESETS; "
-                   "default tiny)")
+    p.add_argument("--preset", default=None, help="model preset trained from scratch on a "
+                   "built-in task (docs/usage.md#model-presets; default tiny)")
     p.add_argument("--model", default=None, help="instead of --preset: a policy folder or "
                    "hf:/path/to/checkpoint (its own tokenizer and chat template)")
     p.add_argument("--steps", type=int, default=300)

@@ -35,8 +35,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import numpy as np
     from flax import nnx
 
-    from vpo.config import ConfigError, SamplerConfig, model_preset
-    from vpo.launch.rules import fit_seq_len
+    from vpo.config import SamplerConfig, model_preset
+    from vpo.launch.rules import checkpoint_needed, fit_seq_len
     from vpo.model.decoder import Decoder
     from vpo.rollout import sampler
 
@@ -45,9 +45,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     dataset = None if env else dataset_kwargs(args)
     if args.policy is None:
         if dataset is not None or env is not None:
-            raise ConfigError(f"{'--env' if env else '--data'}: your text is read through a "
-                              "checkpoint's tokenizer; pass --policy (a policy folder, hf:PATH "
-                              "or smollm2)")
+            raise checkpoint_needed("--env" if env else "--data", args.preset, opt="--policy ",
+                                    folder="--policy POLICY_DIR")
         task, model, info = load_task(args.task or "maze", args.preset), None, {}
     else:
         model, info, task = policy_and_task(args.policy, args.task, dataset, env=env)
@@ -158,8 +157,8 @@ def add_sample_args(p: argparse.ArgumentParser) -> None:
                    "hf:PATH or smollm2; default: a random --preset model")
     p.add_argument("--task", choices=TASKS, default=None,
                    help="default: the policy's task (maze without --policy)")
-    p.add_argument("--preset", default="tiny", help="model preset without --policy "
-                   "(vpo.config.MODEL_PRESETS)")
+    p.add_argument("--preset", default="tiny", help="model preset without --policy: random "
+                   "weights, built-in tasks (docs/usage.md#model-presets)")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--answers", type=int, default=None, help="answers per generation (VPO's "

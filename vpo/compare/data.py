@@ -39,7 +39,7 @@ from vpo.tasks.bound import BoundTask
 
 # the dataset task's keyword arguments the `vpo train` / `vpo compare` flags give
 _FLAG_KWARGS = {"path", "rewards", "weights", "reward_ranges", "reward_workers", "reward_timeout",
-                "split", "eval_fraction", "split_seed", "eval_path"}
+                "split", "eval_fraction", "split_seed", "eval_path", "solved_by"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -111,6 +111,8 @@ def flags(kwargs: dict[str, Any]) -> list[str]:
         out += ["--weights", ",".join(repr(float(w)) for w in kwargs["weights"])]
     for name, (lo, hi) in (kwargs.get("reward_ranges") or {}).items():
         out += ["--reward-range", f"{name}={float(lo)!r}:{float(hi)!r}"]
+    if kwargs.get("solved_by"):
+        out += ["--solved", ",".join(kwargs["solved_by"])]
     if kwargs.get("reward_workers"):
         out += ["--reward-workers", str(kwargs["reward_workers"])]
         if kwargs.get("reward_timeout") is not None:

@@ -213,9 +213,14 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
                                    top_p=cfg.sampler.top_p)[0]
     scores_PG = np.asarray(pool.scores_PN, float)
     spread = float(np.mean(scores_PG.max(-1) - scores_PG.min(-1) > 1e-6))
+    # per weighted component, the share of scored candidates at full marks (what "solved" needs
+    # of each, on a task whose solved is every weighted component at 1)
+    rewards = np.asarray(pool.rewards_PNR, float)[np.asarray(pool.valid_PN, bool)]
+    full = {name: float(np.mean(rewards[:, r] >= 1.0 - 1e-6)) if rewards.size else 0.0
+            for r, name in enumerate(task.reward_names) if task.eval_weights_R[r] > 0}
     out = {"problems": cfg.gate_problems, "pass@1": ev["pass@1"], f"pass@{N}": ev[f"pass@{N}"],
            "best@1": ev["best@1"], f"best@{N}": ev[f"best@{N}"], "group_spread": spread,
-           "G": G, "enforced": cfg.gate}
+           "G": G, "enforced": cfg.gate, "full_marks": full}
     out["checks"] = {
         "headroom": ev[f"pass@{N}"] <= cfg.gate_pass_max,
         "solves": ev[f"pass@{N}"] >= cfg.gate_pass_min,
@@ -233,11 +238,25 @@ def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
                        "use harder problems or a warm start that covers fewer modes",
            "solves": f"the warm start's pass@{N} is {p:.3f} (< gate_pass_min "
                      f"{cfg.gate_pass_min:g}): it solves almost nothing, so RL has no solution "
-                     "to reinforce; train the warm start longer or use easier problems",
+                     "to reinforce; " + (_never_full(gate) or "train the warm start longer or "
+                                         "use easier problems"),
            "signal": f"only {s:.0%} of the step-0 groups of G={gate['G']} have unequal rewards "
                      f"(< gate_spread_min {cfg.spread_min:g}): most steps would learn "
                      "nothing; raise sampler.num_samples or sampler.temperature"}
     return [why[k] for k, ok in gate["checks"].items() if not ok]
+
+
+def _never_full(gate: dict[str, Any]) -> str:
+    """The gate's advice when some weighted reward component never reaches full marks in the
+    warm start's step-0 candidates ("" when each does, or the gate predates the count): a task
+    whose "solved" needs every weighted component at 1 then solves nothing by construction."""
+    never = [name for name, frac in (gate.get("full_marks") or {}).items() if frac == 0.0]
+    if not never:
+        return ""
+    return (f"the component(s) {', '.join(never)} never reach full marks (1.0) in any of its "
+            f"{gate['G']} candidates per training prompt, and solved needs every weighted "
+            "component at 1: say which components define solved (--solved NAMES on your data), "
+            "or make those components reachable")
 
 
 def _copy(model):

@@ -199,10 +199,13 @@ def search_vs_best_of_n(searches, checkpoints: bool = False) -> list[dict[str, A
     over the shared search keys, so statements about that checkpoint (their own family). Not
     yet Holm-adjusted."""
     out = []
+    per_seed = bool((searches or {}).get("per_seed_keys"))
     for name, rows in (searches or {"rows": {}})["rows"].items():
-        if "best_of_n_SP" not in rows[0] or name.startswith("sft") != checkpoints:
+        # with every seed's own keys the warm start's rows pair over seeds like the arms'
+        checkpoint = name.startswith("sft") and not per_seed
+        if "best_of_n_SP" not in rows[0] or checkpoint != checkpoints:
             continue
-        if name.startswith("sft"):
+        if checkpoint:
             a = np.sum(rows[0]["solved_SP"], -1).tolist()
             b = np.sum(rows[0]["best_of_n_SP"], -1).tolist()
             unit = "searches"
@@ -403,8 +406,14 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                     title="held-out score against entropy over training (mean over seeds)")
         pngs[0].append("entropy_law.png")
     if searches is not None and search_report.has_curves(searches):
-        pngs.append(search_report.write_figures(
-            out_dir, searches, head, [a for a in head if not a.startswith("sft")]))
+        names = search_report.write_figures(
+            out_dir, searches, head, [a for a in head if not a.startswith("sft")])
+        pngs.append(names[:1])  # the budget curves: a row of their own
+        if law and len(names) > 1:  # the bridge beside the entropy law: training -> outcome
+            pngs[0].remove("entropy_law.png")
+            pngs.append([names[1], "entropy_law.png"])
+        else:
+            pngs.append(names[1:])
     elif searches is not None:
         plot_bands(os.path.join(out_dir, "search_solved.png"), _search_curves(searches),
                     xlabel="candidates evaluated per problem",
@@ -696,8 +705,9 @@ def _search_text(cfg, searches, head, bon: list[dict[str, Any]],
               f"pass@{cfg.eval_budget} over its m modes, pool mean "
               f"{searches['pool_solved_mean']:.2f}). ")
     if searches.get("per_seed_keys"):
-        how = (f"Each policy is the mutation operator of {S} island searches per problem and "
-               f"training seed, up to {searches['max_budget']} candidates each; seed i of "
+        how = (f"Each policy is the mutation operator of {S} island search"
+               f"{'es' if S > 1 else ''} per problem and training seed, up to "
+               f"{searches['max_budget']} candidates each; seed i of "
                "every row searches with the same keys (the warm start's rows too, so its "
                "searches vary as the arms' do). Problems and budget were fixed before RL; the "
                f"claims read the solved count at the calibrated budget, {searches['budget']} "
@@ -792,6 +802,12 @@ def _answer(cfg, searches, head, families) -> str:
         text += (f"At the calibrated budget ({B} candidates per problem), the island search "
                  "solves on average " + ", ".join(f"{v:.1f} of {P} with {r}"
                                                   for r, v in means.items()) + ". ")
+    curves = search_report.budget_curves(searches).get("search", {})
+    if curves:
+        rise = {r: c[1][-1] - c[1][0] for r, c in curves.items()}
+        budgets = next(iter(curves.values()))[0]
+        text += (f"From {budgets[0]} to {budgets[-1]} candidates its solved fraction rises by "
+                 + ", ".join(f"{v:+.3f} ({r})" for r, v in rise.items()) + ". ")
     prim = [c for c in families.get(PRIMARY[0], []) if c.get("key", "").endswith(":search")]
     for c in prim:
         text += (f"Primary claim `{c['key']}`: **{c['family_verdict']}** ({c['evidence']}).")

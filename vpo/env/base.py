@@ -18,6 +18,7 @@ or a non-finite reward is an `EnvError` naming the environment, the call and the
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -30,7 +31,11 @@ Message = dict[str, Any]  # {"role": ..., "content": ...} as chat templates read
 
 @runtime_checkable
 class Environment(Protocol):
-    """What `vpo train --env module.py:make_env` needs from `make_env()`'s return value."""
+    """What `vpo train --env module.py:make_env` needs from `make_env()`'s return value.
+
+    Optional: `problems(seed, num) -> list[dict]`, the rows to run without `--data`: up to
+    `num` JSON-able dicts, deterministic in `seed` (docs/usage.md, Environments). Each row
+    reaches `reset` with vpo's keys `_row` (its index) and `_seed` added."""
 
     reward_names: Sequence[str]  # R component names
     weights: Sequence[float]  # w*, R non-negative weights (normalised by vpo)
@@ -43,10 +48,71 @@ class Environment(Protocol):
         messages to append (role "tool" or "user"), or None when the episode is over."""
 
     def score(self, messages: list[Message]) -> Sequence[float | None]:
-        """The finished conversation → R reward components in [0, 1] (None: does not apply)."""
+        """The finished conversation → R reward components in [0, 1] (None: does not apply).
+        A score that takes a `truncated` keyword (`def score(self, messages, truncated=False)`)
+        is told whether the token budget cut the episode off (`score_episode`)."""
 
 
 ENV_METHODS = ("reset", "step", "score")
+
+
+def takes_truncated(score: Callable[..., Any]) -> bool:
+    """True when `score` accepts the `truncated=` keyword (a parameter of that name, or
+    `**kwargs`)."""
+    try:
+        params = inspect.signature(score).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_KEYWORD or (p.name == "truncated" and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) for p in params)
+
+
+def score_episode(env: Any, messages: list[Message], truncated: bool | None = None) -> Any:
+    """`env.score(messages)`, with `truncated=` when given and the environment's score takes
+    it (`takes_truncated`): True when the token budget (or the cache slots) cut the episode off
+    before the environment or the turn limit ended it. Other environments are called as
+    before."""
+    if truncated is not None and takes_truncated(env.score):
+        return env.score(messages, truncated=bool(truncated))
+    return env.score(messages)
+
+
+def env_method(env: Any, call: str) -> Callable[..., Any]:
+    """What `env.<call>(*args)` runs: `score` through `score_episode`, the rest as they are."""
+    if call == "score":
+        return lambda *args: score_episode(env, *args)
+    return getattr(env, call)
+
+
+SEED = "_seed"  # set on rows from an environment's problems(seed, num): which seed drew them
+
+
+def row_label(record: dict[str, Any], row: int) -> int | str:
+    """How errors name the row `record` (index `row`): the int of a `--data` row, or, for a row
+    drawn by the environment's `problems(seed, num)`, that origin and the row itself."""
+    if SEED not in record:
+        return row
+    shown = {k: v for k, v in record.items() if not k.startswith("_")}
+    text = repr(shown)
+    text = text if len(text) <= 120 else text[:120] + "..."
+    return f"problem {row} of the environment's problems(seed={record[SEED]}), {text}"
+
+
+def on_row(row: int | str | None) -> str:
+    """" on dataset row N" for a `--data` row, " on <label>" for a `row_label`, "" for none."""
+    if row is None:
+        return ""
+    return f" on dataset row {row}" if isinstance(row, int) else f" on {row}"
+
+
+def describe_failure(e: BaseException) -> str:
+    """`Type: message (at file:line)`, the line the environment's code raised at (the last
+    frame of its traceback)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {e}{at}"
 
 
 def load_env_factory(spec: str) -> Callable[[], Environment]:
@@ -135,11 +201,11 @@ def _within(timeout: float, fn: Callable[..., Any], *args) -> Any:
 
 
 def call_env(where: str, call: str, fn: Callable[..., Any], *args,
-             timeout: float | None = None, row: int | None = None) -> Any:
+             timeout: float | None = None, row: int | str | None = None) -> Any:
     """`fn(*args)`, with its failure as an `EnvError` naming `where` (the --env spec), the call
     and the dataset row. With `timeout` (seconds) the call runs on a daemon thread and a call
     past it is an `EnvError` (the run ends with it; the thread is left behind, not stopped)."""
-    at = f" on dataset row {row}" if row is not None else ""
+    at = on_row(row)
     try:
         if timeout is None:
             return fn(*args)
@@ -151,11 +217,11 @@ def call_env(where: str, call: str, fn: Callable[..., Any], *args,
     except EnvError:
         raise
     except Exception as e:  # noqa: BLE001 -- the user's code: any failure is named
-        raise EnvError(f"{where}: {call}{at} raised {type(e).__name__}: {e}") from e
+        raise EnvError(f"{where}: {call}{at} raised {describe_failure(e)}") from e
 
 
 def call_envs(where: str, call: str, envs: Sequence[Any], args: Sequence[tuple], *,
-              timeout: float | None = None, rows: Sequence[int | None]) -> list[Any]:
+              timeout: float | None = None, rows: Sequence[int | str | None]) -> list[Any]:
     """`env.<call>(*a)` for each env and its arguments (`call_env` for each, in turn); the
     environments of one `vpo.env.workers.EnvWorkers` pool are called in parallel there."""
     from vpo.env.workers import RemoteEnv
@@ -163,15 +229,15 @@ def call_envs(where: str, call: str, envs: Sequence[Any], args: Sequence[tuple],
     pools = {id(e._pool) for e in envs if isinstance(e, RemoteEnv)}
     if envs and len(pools) == 1 and all(isinstance(e, RemoteEnv) for e in envs):
         return envs[0]._pool.call_many(call, list(zip(envs, args, strict=True)), rows)
-    return [call_env(where, call, getattr(env, call), *a, timeout=timeout, row=row)
+    return [call_env(where, call, env_method(env, call), *a, timeout=timeout, row=row)
             for env, a, row in zip(envs, args, rows, strict=True)]
 
 
-def check_messages(value: Any, where: str, call: str, row: int | None,
+def check_messages(value: Any, where: str, call: str, row: int | str | None,
                    allow_none: bool) -> list[Message] | None:
     """`value` as a list of {"role", "content"} messages (None when `allow_none`), or an
     `EnvError` naming the first bad item."""
-    at = f" on dataset row {row}" if row is not None else ""
+    at = on_row(row)
     if value is None and allow_none:
         return None
     if not isinstance(value, (list, tuple)) or not value:
@@ -186,10 +252,10 @@ def check_messages(value: Any, where: str, call: str, row: int | None,
     return [dict(m) for m in value]
 
 
-def check_scores(value: Any, names: Sequence[str], where: str, row: int | None
+def check_scores(value: Any, names: Sequence[str], where: str, row: int | str | None
                  ) -> list[float | None]:
     """`score`'s return as R values in [0, 1] or None, or an `EnvError` naming the component."""
-    at = f" on dataset row {row}" if row is not None else ""
+    at = on_row(row)
     if isinstance(value, dict):
         value = [value.get(n) for n in names]
     if not isinstance(value, (list, tuple)) or len(value) != len(names):

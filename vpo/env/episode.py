@@ -13,6 +13,10 @@ episode is over:
    observation messages (tool output, a user's reply) are rendered through the chat template
    (the text the template adds after the assistant message, generation prompt included) and
    queued; `None`, the turn limit or the token budget ends the episode.
+3. `score` sees the conversation the model saw: an observation the budget left no room for
+   (or the cache slots ran out before it was fed in full) is not in `messages`; a score that
+   takes `truncated=` (`vpo.env.base.score_episode`) learns whether the token budget cut the
+   episode off (True) or the environment or the turn limit ended it (False).
 
 Episodes advance in lock step over cache slots but not over positions: a slot where an
 episode idled (its turn over, another's still running) is left out of its attention mask and
@@ -35,7 +39,15 @@ import numpy as np
 from flax import nnx
 
 from vpo import prng as _prng
-from vpo.env.base import Environment, Message, call_envs, check_messages, check_scores
+from vpo.env.base import (
+    Environment,
+    Message,
+    call_envs,
+    check_messages,
+    check_scores,
+    on_row,
+    row_label,
+)
 from vpo.errors import ConfigError, EnvError
 from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.rollout.sampler import choose_tokens
@@ -145,7 +157,7 @@ class Episodes(NamedTuple):
     #                   the assistant's tokens; finished_BG: ended by the environment
     prompt_BP: np.ndarray  # the rendered first messages, left-padded
     prompt_mask_BP: np.ndarray
-    messages: list[list[list[Message]]]  # [B][G]: every message of the episode
+    messages: list[list[list[Message]]]  # [B][G]: every message the model saw
     rewards_BGR: np.ndarray  # float32, 0 where a component did not apply
     applies_BGR: np.ndarray  # bool
     turns_BG: np.ndarray  # assistant messages
@@ -204,6 +216,9 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     slots: cache slots shared by the episodes in lock step (default 2·max_tokens): an episode
     idles while others finish their turn, so a conversation may use fewer than max_tokens
     tokens before the slots run out (it is then cut off, `finished_BG` False).
+    A cut-off episode's `messages` end with what the model saw (an observation it was never
+    fed is left out) and its score is called with `truncated=True` where the environment's
+    score takes that keyword.
     keys_BG: one key per episode. Every environment call goes through `call_envs` (named
     errors, `timeout`; a turn's calls run in parallel for environments in worker processes).
     prompts: (prompt_BP, mask_BP) already rendered from the rows' first messages (the RL
@@ -213,7 +228,8 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                           f"{max_tokens}")
     B, G = len(rows), len(envs[0])
     T, C = max_tokens, slots or 2 * max_tokens
-    row_ids = list(range(B)) if row_ids is None else list(row_ids)
+    row_ids = [row_label(r, i) for r, i in zip(
+        rows, range(B) if row_ids is None else row_ids, strict=True)]
     messages: list[list[list[Message]]] = []
     prompt_ids = []
     for b, row in enumerate(rows):
@@ -221,7 +237,7 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                  for m in call_envs(where, "reset", envs[b], [(row,)] * len(envs[b]),
                                     timeout=timeout, rows=[row_ids[b]] * len(envs[b]))]
         if any(f != first[0] for f in first[1:]):
-            raise EnvError(f"{where}: reset on dataset row {row_ids[b]} gave different first "
+            raise EnvError(f"{where}: reset{on_row(row_ids[b])} gave different first "
                            "messages to the episodes of one row; reset must depend on the row "
                            "only (the episodes share its prompt)")
         messages.append([list(f) for f in first])
@@ -239,6 +255,7 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
     turns = np.zeros((B, G), np.int32)
     obs_tokens = np.zeros((B, G), np.int32)
     ended = np.zeros((B, G), bool)  # by the environment or the turn limit
+    unseen: dict[tuple[int, int], int] = {}  # observation messages queued, not yet fed in full
     last = np.full((B, G), "", object)  # the stop token that ended each episode's last turn
     stop_ids = tuple(int(i) for i in tokenizer.stop_ids)
     start_t = 0
@@ -248,6 +265,7 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                                  jnp.float32(top_p), jnp.int32(top_k), stop_ids=stop_ids,
                                  pad_id=int(tokenizer.pad_id), budget=T)
         t = int(carry.t)
+        unseen = _still_unseen(unseen, np.asarray(carry.fed_BG), queued_len)
         status = np.asarray(carry.status_BG).copy()
         pos = np.asarray(carry.pos_BG)
         tokens = np.asarray(carry.tokens_BGC)
@@ -277,10 +295,11 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                 status[b, g], ended[b, g] = DONE, True
                 continue
             ids = observation_ids(tokenizer, messages[b][g], obs, last[b, g])
-            messages[b][g].extend(obs)
-            if pos[b, g] + len(ids) >= T:  # no room to answer after it: cut off
+            if pos[b, g] + len(ids) >= T:  # no room to answer after it: cut off, not shown
                 status[b, g] = DONE
                 continue
+            messages[b][g].extend(obs)
+            unseen[(b, g)] = len(obs)
             queue[(b, g)] = ids
             status[b, g] = GENERATING
         width = _bucket(max((len(v) for v in queue.values()), default=1))
@@ -294,13 +313,17 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                                fed_BG=jnp.zeros((B, G), jnp.int32))
         if t >= C or not queue:
             break
+    fed_BG = np.asarray(carry.fed_BG)
+    for (b, g), n in _still_unseen(unseen, fed_BG, queued_len).items():  # the slots ran out
+        del messages[b][g][-n:]
+        obs_tokens[b, g] -= queued_len[b, g] - fed_BG[b, g]
     rollout = _contiguous(carry, T, ended, int(tokenizer.pad_id))
     R = len(reward_names)
     rewards = np.zeros((B, G, R), np.float32)
     applies = np.zeros((B, G, R), bool)
     every = list(np.ndindex(B, G))
     scores = call_envs(where, "score", [envs[b][g] for b, g in every],
-                       [([dict(m) for m in messages[b][g]],) for b, g in every],
+                       [([dict(m) for m in messages[b][g]], not ended[b, g]) for b, g in every],
                        timeout=timeout, rows=[row_ids[b] for b, _ in every])
     for (b, g), value in zip(every, scores, strict=True):
         for r, v in enumerate(check_scores(value, reward_names, where, row_ids[b])):
@@ -308,6 +331,13 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                 rewards[b, g, r], applies[b, g, r] = v, True
     return Episodes(rollout, prompt_BP, prompt_mask_BP, messages, rewards, applies, turns,
                     obs_tokens, prefills=1)
+
+
+def _still_unseen(unseen: dict[tuple[int, int], int], fed_BG: np.ndarray,
+                  queued_len_BG: np.ndarray) -> dict[tuple[int, int], int]:
+    """The entries of `unseen` (episode → its last observation's message count) whose queued
+    tokens the cache has not yet taken in full."""
+    return {bg: n for bg, n in unseen.items() if fed_BG[bg] < queued_len_BG[bg]}
 
 
 def _contiguous(carry: _Carry, T: int, ended_BG: np.ndarray, pad_id: int) -> Rollout:

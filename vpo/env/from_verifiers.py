@@ -27,7 +27,9 @@ What maps to what:
   verifiers' metrics (num_turns, tool-call counts), left out.
 - an episode vpo ends first (`--env-turns`, the token budget) is ended as verifiers ends an
   overlong one: its pending model request raises `vf.OverlongPromptError` (stop condition
-  prompt_too_long), then it is scored.
+  prompt_too_long), then it is scored. The environment's own `max_turns` and `--env-turns`
+  both apply, so the smaller wins: the environment's ends the rollout (`step` gets None), vpo's
+  hands the rollout its last message at `score`, where it ends on its own or as overlong.
 
 Refused by name, where verifiers would log and score 0 or go on: a negative weight (w* is
 non-negative: reward `1 - f` with weight |w| instead), a group reward function (vpo scores

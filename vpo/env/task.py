@@ -22,7 +22,8 @@ from vpo.env.base import call_env, check_environment, check_messages, load_env_f
 from vpo.errors import ConfigError
 from vpo.tasks.base import Task
 
-ROW = "_row"  # a row's index in its file (or in the environment's problems)
+ROW = "_row"  # a row's index in its file (or in the environment's problems, whose rows also
+#               carry `vpo.env.base.SEED`: errors name them as "problem i of problems(seed=s)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,7 @@ def _rows(path: str | None, factory, spec: str, seed: int, num: int) -> list[dic
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise ConfigError(f"--env {spec}: problems(seed, num) must return a non-empty list of "
                           f"dicts, got {str(rows)[:80]}")
-    return [{**r, ROW: i} for i, r in enumerate(rows[:num])]
+    return [{**r, ROW: i, env_base.SEED: seed} for i, r in enumerate(rows[:num])]
 
 
 def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
@@ -122,8 +123,10 @@ def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
         """The row's first messages (`reset` on a new environment, once per row)."""
         i = record[ROW]
         if i not in firsts:
+            label = env_base.row_label(record, i)
             firsts[i] = check_messages(call_env(env, "reset", factory().reset, dict(record),
-                                                timeout=timeout, row=i), env, "reset", i, False)
+                                                timeout=timeout, row=label), env, "reset", label,
+                                       False)
         return firsts[i]
 
     statement.env_settings = settings

@@ -25,21 +25,14 @@ import multiprocessing.connection
 import os
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from vpo.env.base import on_row
 from vpo.errors import EnvError
 
 STARTUP_SECONDS = 600.0  # importing the environment's module and building one, per worker
-
-
-def _failure(e: BaseException) -> str:
-    """`Type: message (at file:line)`, the line the user's code raised at."""
-    frames = traceback.extract_tb(e.__traceback__)
-    at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {e}{at}"
 
 
 def _serve(spec: str, conn) -> None:
@@ -49,7 +42,7 @@ def _serve(spec: str, conn) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers itself
-    from vpo.env.base import load_env_factory
+    from vpo.env.base import describe_failure, env_method, load_env_factory
 
     def send(msg) -> bool:
         try:
@@ -66,7 +59,7 @@ def _serve(spec: str, conn) -> None:
         probe = factory()
         first = (tuple(probe.reward_names), tuple(probe.weights))
     except BaseException as e:  # noqa: BLE001 -- reported to the parent, which names it
-        send((0, False, _failure(e), "make_env"))
+        send((0, False, describe_failure(e), "make_env"))
         return
     if not send((0, True, first, "")):
         return
@@ -84,7 +77,7 @@ def _serve(spec: str, conn) -> None:
             try:
                 envs[key] = factory()
             except BaseException as e:  # noqa: BLE001
-                broken[key] = _failure(e)
+                broken[key] = describe_failure(e)
             continue
         if op == "drop":
             envs.pop(key, None)
@@ -94,9 +87,9 @@ def _serve(spec: str, conn) -> None:
             answer = (tag, False, broken[key], "make_env")
         else:
             try:
-                answer = (tag, True, getattr(envs[key], op)(*args), "")
+                answer = (tag, True, env_method(envs[key], op)(*args), "")
             except BaseException as e:  # noqa: BLE001 -- the user's code: any failure is named
-                answer = (tag, False, _failure(e), "")
+                answer = (tag, False, describe_failure(e), "")
         if not send(answer):
             return
 
@@ -115,8 +108,8 @@ class RemoteEnv:
     def step(self, messages):
         return self._pool.call_many("step", [(self, (messages,))])[0]
 
-    def score(self, messages):
-        return self._pool.call_many("score", [(self, (messages,))])[0]
+    def score(self, messages, truncated=None):
+        return self._pool.call_many("score", [(self, (messages, truncated))])[0]
 
 
 class EnvWorkers:
@@ -160,7 +153,7 @@ class EnvWorkers:
         return RemoteEnv(self, key, self.reward_names, self.weights)
 
     def call_many(self, call: str, calls: Sequence[tuple[RemoteEnv, tuple]],
-                  rows: Sequence[int | None] | None = None) -> list[Any]:
+                  rows: Sequence[int | str | None] | None = None) -> list[Any]:
         """`env.<call>(*args)` for each (env, args), one call in flight per worker; the
         results in the order given. `rows`: the dataset row of each call, for errors."""
         rows = list(rows) if rows is not None else [None] * len(calls)
@@ -214,7 +207,7 @@ class EnvWorkers:
             raise
 
     def _exchange(self, jobs: Sequence[tuple[int, int, tuple | None]], call: str,
-                  rows: Sequence[int | None], timeout: float | None) -> list[Any]:
+                  rows: Sequence[int | str | None], timeout: float | None) -> list[Any]:
         """Run `jobs` (worker, key, args; args None: read the worker's start-up answer), one in
         flight per worker, each within `timeout` seconds of being sent → their values."""
         queues: dict[int, collections.deque[int]] = collections.defaultdict(collections.deque)
@@ -246,7 +239,7 @@ class EnvWorkers:
             now = time.monotonic()
             for i, _, deadline in flight.values():
                 if deadline is not None and now >= deadline:
-                    at = f" on dataset row {rows[i]}" if rows[i] is not None else ""
+                    at = on_row(rows[i])
                     self._fail(f"{call}{at} took longer than {timeout:g} s (--env-timeout); "
                                "its worker was stopped. Make it faster or raise the timeout")
         return results
@@ -257,8 +250,8 @@ class EnvWorkers:
         except (OSError, ValueError):
             self._fail(f"{msg[1]}: its worker process is gone (it died earlier)")
 
-    def _read(self, worker: int, tag: int, call: str, row: int | None) -> Any:
-        at = f" on dataset row {row}" if row is not None else ""
+    def _read(self, worker: int, tag: int, call: str, row: int | str | None) -> Any:
+        at = on_row(row)
         try:
             got, ok, value, what = self._conns[worker].recv()
         except (EOFError, OSError):

@@ -325,14 +325,15 @@ def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=(
     return make_claim(text, verdict(d, higher=higher), d.tolist(), ev, p, p_other)
 
 
-def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
-              ) -> dict[str, Any]:
+def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B"),
+              label: str = "k") -> dict[str, Any]:
     """Claim "the gap a - b grows with k and is positive at the largest k": reproduced iff the
     growth gap(k_max) - gap(k_1) and the gap at k_max are both reproduced (> 0): its p is the
     larger of the two (an intersection-union test: both must hold); refuted iff either is
     shown < 0 with Bonferroni over the two: p_other = 2 · min of their other-side p's (one
     failing part suffices, so the two chances are corrected); inconclusive otherwise. a_SK,
-    b_SK: [seed, k], rows already paired by seed."""
+    b_SK: [seed, k], rows already paired by seed; `label` names k in the evidence (e.g.
+    "budget")."""
     gap = np.asarray(a_SK, float) - np.asarray(b_SK, float)
     if gap.ndim != 2 or gap.shape[1] != len(ks):
         raise ValueError(f"{text}: want [seed, k] arrays with {len(ks)} k values; got "
@@ -342,9 +343,11 @@ def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B")
     p = max(p_value(growth), p_value(last))
     p_other = min(1.0, 2 * min(p_value(growth, higher=False), p_value(last, higher=False)))
     result = REPRODUCED if p < LEVEL else REFUTED if p_other < LEVEL else INCONCLUSIVE
-    curve = ", ".join(f"k={k}: {g:+.3f}" for k, g in zip(ks, gap.mean(0), strict=True))
-    ev = (f"{names[0]} - {names[1]} by k: {curve}; growth k={ks[0]}->{ks[-1]} {_fmt(growth)} "
-          f"({both[0]}), gap at k={ks[-1]} {_fmt(last)} ({both[1]}), {p_text(p, p_other)}")
+    k = label
+    curve = ", ".join(f"{k}={x}: {g:+.3f}" for x, g in zip(ks, gap.mean(0), strict=True))
+    ev = (f"{names[0]} - {names[1]} by {k}: {curve}; growth {k}={ks[0]}->{ks[-1]} "
+          f"{_fmt(growth)} ({both[0]}), gap at {k}={ks[-1]} {_fmt(last)} ({both[1]}), "
+          f"{p_text(p, p_other)}")
     return make_claim(text, result, growth.tolist(), ev, p, p_other)
 
 

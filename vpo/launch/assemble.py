@@ -12,12 +12,14 @@ from typing import Any
 
 from vpo.config import (
     MODEL_PRESETS,
+    PRETRAINED_CHOICES,
     ConfigError,
     ObjectiveConfig,
     RunConfig,
     apply_overrides,
     from_dict,
     model_preset,
+    preset_list,
 )
 from vpo.io import hf
 from vpo.io.checkpoint import SHAPE_FIELDS, load_model, resolve_model_spec
@@ -107,9 +109,8 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
                                   task_kwargs=dataset)
     init_spec = init or init_spec
     if run.task in ("dataset", "env") and init_spec is None:
-        flag = "--env" if run.task == "env" else "--data"
-        raise ConfigError(f"{flag}: your text is read through a checkpoint's tokenizer; pass "
-                          "model=hf:PATH (a folder or .gguf file) or --init POLICY_DIR")
+        preset = next((v for k, v in reversed(base_pairs + given_pairs) if k == "model"), None)
+        raise rules.checkpoint_needed("--env" if run.task == "env" else "--data", preset)
     model_fields = frozenset(file_data.get("model", {})) if "model" not in given else frozenset()
     plan = assemble_config(run, frozenset(given), init_spec=init_spec,
                            chosen=frozenset(given | {key for key, _ in base_pairs}))
@@ -155,9 +156,9 @@ def _with_model(run: RunConfig, value: str) -> tuple[RunConfig, str | None]:
     if value not in MODEL_PRESETS:
         hint = (f"; to start from the vpo policy there pass --init {value}"
                 if os.path.isdir(value) else "")
-        raise ConfigError(f"model={value}: not a model; give a preset "
-                          f"({', '.join(MODEL_PRESETS)}), smollm2, or hf:PATH (a Hugging "
-                          f"Face checkpoint folder or .gguf file){hint}")
+        raise ConfigError(f"model={value}: not a model; give a preset ({preset_list()}: "
+                          f"random weights, built-in tasks), or a pretrained checkpoint: "
+                          f"{PRETRAINED_CHOICES.format(opt='model=')}{hint}")
     return dataclasses.replace(run, model=model_preset(value)), None
 
 

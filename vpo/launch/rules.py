@@ -9,6 +9,7 @@
     the learning rate of a run that sets none (`FROM_SCRATCH_LR`, `PRETRAINED_LR`) `learning_rate`
     the packed update's rows of a run that sets none (`PACK_MIN_BUDGET`)             `pack_rows`
     the pretrained weights a policy comes from, and their context    `source_of`, `context_of`
+    the refusal of a model preset where text needs a checkpoint's tokenizer `checkpoint_needed`
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 
-from vpo.config import MODEL_PRESETS, TrainConfig
+from vpo.config import MODEL_PRESETS, PRESETS_DOC, PRETRAINED_CHOICES, TrainConfig
 from vpo.errors import CheckpointError, ConfigError
 from vpo.io import hf
 from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
@@ -174,6 +175,23 @@ def pack_rows(task: BoundTask, num_samples: int, max_new_tokens: int) -> int:
     if task.is_host and num_samples >= 4 and max_new_tokens >= PACK_MIN_BUDGET:
         return num_samples // 2
     return 0
+
+
+def checkpoint_needed(flag: str, preset: str | None, *, opt: str = "model=",
+                      folder: str = "--init POLICY_DIR") -> ConfigError:
+    """The refusal of `flag` (--data, --env) on model preset `preset` (random weights, the
+    built-in tasks' word-level tokenizer): what the text needs and every way to give it. `opt`:
+    how the command names a checkpoint (`model=`, `--model `, `--policy `); `folder`: how it
+    names a vpo policy folder."""
+    which = (f"{opt}{preset} is a model preset" if preset else "a model preset (the default)")
+    twin = ("; smollm2-135m is SmolLM2-135M's shapes with random weights, the pretrained "
+            "checkpoint is smollm2" if preset == "smollm2-135m" else "")
+    lora = "; add model.lora_rank=8 to train LoRA adapters" if opt == "model=" else ""
+    return ConfigError(
+        f"{flag}: your text is read through a pretrained checkpoint's tokenizer, and {which}: "
+        f"random weights that read only the built-in tasks{twin}; pass "
+        f"{PRETRAINED_CHOICES.format(opt=opt)} or {folder} (a vpo sft / vpo train policy)"
+        f"{lora}. The model presets and what each can do: {PRESETS_DOC}")
 
 
 def source_of(model_spec: str | None) -> str | None:

@@ -12,7 +12,11 @@ Conventions:
   `dirichlet_weights(key, ...)`, `vpo_advantages(key, ...)`,
   `random_weight_grpo_advantages(key, ...)` and every `get_estimator(...)` function
   `(key, rewards, ...)`. `policy_loss` draws only with `cov_control="clip_cov"` and takes the
-  key as `key=`.
+  key as `key=`. The deterministic estimators take no key.
+- Masks are optional, None meaning every entry is valid: `mask_BG` of every estimator and VPO's
+  answer mask `solution_mask_BGM` (`vpo_advantages(key, rewards_BGMR)`, and its estimator form).
+- Arrays are grouped, `[B, G, ...]`; a flat `[B·G, ...]` one (TRL's rows) is refused with the fix,
+  `to_groups(x, G)`.
 - Bad values, the same in every estimator: a non-finite reward of a valid rollout raises
   `vpo.errors.RewardError` in an eager call; under jit / vmap / grad that group's advantages
   are NaN and `metrics["adv/nonfinite_rewards"]` counts them. Padding (mask False) is ignored.

@@ -26,6 +26,7 @@ from vpo.objectives.common import (
     as_float,
     batch_stats,
     check_choice,
+    check_not_key,
     check_shape,
     group_stats,
     nan_groups,
@@ -65,10 +66,7 @@ def grpo_advantages(
     """
     check_choice("scale", scale, GRPO_SCALES)
     check_choice("std", std, STD_MODES)
-    rewards_BG = as_float(rewards_BG)
-    check_shape("rewards_BG", rewards_BG, (None, None))
-    m_BG = rollout_mask(rewards_BG, mask_BG)
-    rewards_BG, bad_BG = screen_rewards("rewards_BG", rewards_BG, m_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input("grpo_advantages", rewards_BG, mask_BG)
     return _grpo(rewards_BG, m_BG, bad_BG, scale, std, eps), nonfinite_metric(bad_BG)
 
 
@@ -94,15 +92,17 @@ def rloo_advantages(rewards_BG: Array, mask_BG: Array | None = None) -> tuple[Ar
     References: Ahmadian et al., arXiv 2402.14740; Kool et al. 2019.
     Returns (adv_BG, metrics).
     """
-    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input("rloo_advantages", rewards_BG, mask_BG)
     mean_B, _, n_B = group_stats(rewards_BG, m_BG, 0)
     adv_BG = (n_B / jnp.maximum(n_B - 1.0, 1.0))[:, None] * (rewards_BG - mean_B[:, None])
     adv_BG = jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
     return nan_groups(adv_BG, jnp.any(bad_BG, -1), m_BG), nonfinite_metric(bad_BG)
 
 
-def _scalar_input(rewards_BG, mask_BG, name: str = "rewards_BG"):
-    """(screened rewards_BG, m_BG, bad_BG) of a scalar estimator's input."""
+def _scalar_input(fn: str, rewards_BG, mask_BG, name: str = "rewards_BG"):
+    """(screened rewards_BG, m_BG, bad_BG) of scalar estimator `fn`'s input."""
+    check_not_key(fn, name, rewards_BG)
+    check_not_key(fn, "mask_BG", mask_BG)
     rewards_BG = as_float(rewards_BG)
     check_shape(name, rewards_BG, (None, None))
     m_BG = rollout_mask(rewards_BG, mask_BG)
@@ -119,7 +119,7 @@ def maxrl_advantages(
     update; rewards of mixed sign are not checked and can make `mu_b` ~ 0 and the advantages
     huge. References: Tajwar & Zeng, arXiv 2602.02710. Returns (adv_BG, metrics).
     """
-    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input("maxrl_advantages", rewards_BG, mask_BG)
     mean_B, _, n_B = group_stats(rewards_BG, m_BG, 0)
     adv_BG = (rewards_BG - mean_B[:, None]) / (mean_B[:, None] + eps)
     adv_BG = jnp.where(m_BG & (n_B >= 2)[:, None], adv_BG, 0.0)
@@ -167,7 +167,7 @@ def max_at_k_advantages(
     `compute_max_at_k_outcome_advantage`). Returns (adv_BG, metrics).
     """
     check_choice("std", std, STD_MODES)
-    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input("max_at_k_advantages", rewards_BG, mask_BG)
     G = rewards_BG.shape[1]
     k = max(2, G // 2) if k is None else int(k)
     if not 1 <= k <= G:
@@ -242,6 +242,8 @@ def pass_at_k_advantages(
     Returns:
         (adv_BG, metrics).
     """
+    check_not_key("pass_at_k_advantages", "correct_BG", correct_BG)
+    check_not_key("pass_at_k_advantages", "mask_BG", mask_BG)
     correct_BG = jnp.asarray(correct_BG)
     check_shape("correct_BG", correct_BG, (None, None))
     G = correct_BG.shape[1]
@@ -279,7 +281,7 @@ def best_of_group_advantages(
     Groups with fewer than two valid rollouts get 0. References: arXiv 2503.19595.
     Returns (adv_BG, metrics).
     """
-    rewards_BG, m_BG, bad_BG = _scalar_input(rewards_BG, mask_BG)
+    rewards_BG, m_BG, bad_BG = _scalar_input("best_of_group_advantages", rewards_BG, mask_BG)
     G = rewards_BG.shape[1]
     if G < 2:
         return nan_groups(jnp.zeros_like(rewards_BG), bad_BG[:, 0], m_BG), nonfinite_metric(bad_BG)
@@ -314,6 +316,8 @@ def gdpo_advantages(
     (not a simplex). References: GDPO, NVlabs, arXiv 2601.05242. Returns (adv_BG, metrics).
     """
     check_choice("std", std, STD_MODES)
+    check_not_key("gdpo_advantages", "rewards_BGR", rewards_BGR)
+    check_not_key("gdpo_advantages", "mask_BG", mask_BG)
     rewards_BGR = as_float(rewards_BGR)
     check_shape("rewards_BGR", rewards_BGR, (None, None, None))
     B, G, R = rewards_BGR.shape

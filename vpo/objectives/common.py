@@ -20,12 +20,50 @@ def check_choice(name: str, value, allowed) -> None:
 
 
 def check_shape(name: str, x, shape: tuple) -> None:
-    """Raises a ValueError unless `x.shape == shape` (None in `shape` matches any size)."""
+    """Raises a ValueError unless `x.shape == shape` (None in `shape` matches any size); for a
+    grouped name (`..._BG...`) given one dim too few, the error names `to_groups`."""
     if len(x.shape) != len(shape) or any(
         s is not None and s != t for s, t in zip(shape, x.shape, strict=True)
     ):
         want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
-        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {want}")
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {want}"
+                         + flat_hint(name, len(x.shape), len(shape), shape[1:2]))
+
+
+def flat_hint(name: str, ndim: int, want_ndim: int, g: tuple = ()) -> str:
+    """The fix for a flat `[B·G, ...]` array (TRL's rows) where `[B, G, ...]` is expected, or ""."""
+    letters = name.rsplit("_", 1)[-1]
+    if ndim != want_ndim - 1 or not letters.startswith("BG"):
+        return ""
+    G = str(g[0]) if g and g[0] is not None else "G"
+    return (f"; a flat [B*G, ...] array (one row per completion, as TRL's) is reshaped per "
+            f"prompt with vpo.objectives.to_groups(x, {G}) (G = samples per prompt)")
+
+
+def describe(x) -> str:
+    """`x`'s dtype and shape, or its type, for an error message."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"a {x.dtype} array of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+def is_prng_key(x) -> bool:
+    """True for a typed key (`jax.random.key`) or a raw uint32[2] key (`jax.random.PRNGKey`)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return False
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return True
+    return dtype == jnp.uint32 and tuple(getattr(x, "shape", ())) == (2,)
+
+
+def check_not_key(fn: str, name: str, x) -> None:
+    """A TypeError when a PRNG key is passed where `name` (an array of values) goes."""
+    if is_prng_key(x):
+        raise TypeError(
+            f"{fn}() got a PRNG key as {name}: it takes no key ({fn}({name}, mask_BG=None, ...)). "
+            "Only vpo_advantages and random_weight_grpo_advantages draw random numbers and take "
+            "the key first; get_estimator(name) functions take (key, rewards) for every name")
 
 
 def as_float(x) -> Array:
@@ -35,6 +73,7 @@ def as_float(x) -> Array:
 
 
 def rollout_mask(rewards_BG: Array, mask_BG) -> Array:
+    """mask_BG as bool, all True when None."""
     if mask_BG is None:
         return jnp.ones(rewards_BG.shape, bool)
     check_shape("mask_BG", mask_BG, rewards_BG.shape)
@@ -124,27 +163,39 @@ def nonfinite_metric(bad) -> dict[str, Array]:
 _MISSING = object()
 
 
-def key_first_args(fn: str, args: tuple, legacy: dict, n_data: int,
-                   key_optional: bool) -> tuple:
+def key_first_args(fn: str, args: tuple, legacy: dict, n_data: int, key_optional: bool,
+                   n_required: int | None = None) -> tuple:
     """(key, *data) from a key-first call `fn(key, *data)`, or from the earlier form
-    `fn(*data, key=key)` (a DeprecationWarning; removed in the next release). `legacy` holds the
-    keyword arguments the signature did not name (only `key` is accepted there)."""
+    `fn(*data, key=key)` (a DeprecationWarning; removed in the next release). The first argument
+    is the key when it is None or a PRNG key array. `legacy` holds the keyword arguments the
+    signature did not name (only `key` is accepted there). Data past `n_required` are optional
+    (None when left out)."""
     import warnings
 
+    n_required = n_data if n_required is None else n_required
     unknown = set(legacy) - {"key"}
     if unknown:
         raise TypeError(f"{fn}() got unexpected keyword argument(s) {sorted(unknown)}")
     args = tuple(a for a in args if a is not _MISSING)
-    if len(args) == n_data + 1 and "key" not in legacy:
-        return args
-    if len(args) == n_data:
+    usage = f"{fn}(key, ...) with key = jax.random.key(seed)"
+    if args and (args[0] is None or is_prng_key(args[0])):
+        if "key" in legacy:
+            raise TypeError(f"{fn}() got key= and a positional key together: pass the key "
+                            f"positionally only, {usage}")
+        key, data = args[0], args[1:]
+    else:
+        key, data = legacy.get("key"), args
         if "key" in legacy:
             warnings.warn(
                 f"{fn}(..., key=key) is deprecated: pass the key first, {fn}(key, ...) (as "
                 "jax.random and vpo.objectives.dirichlet_weights do)", DeprecationWarning,
                 stacklevel=3)
         elif not key_optional:
-            raise TypeError(f"{fn}() needs a PRNG key first: {fn}(key, ...)")
-        return (legacy.get("key"),) + args
-    raise TypeError(f"{fn}() takes the key and {n_data} array(s) positionally: {fn}(key, ...)"
-                    + ("; key= and a positional key together" if "key" in legacy else ""))
+            got = describe(args[0]) if args else "nothing"
+            raise TypeError(f"{fn}() needs a PRNG key as its first argument; got {got}. Call "
+                            f"{usage}")
+    if not n_required <= len(data) <= n_data:
+        count = str(n_data) if n_required == n_data else f"{n_required} to {n_data}"
+        raise TypeError(f"{fn}() takes the key and {count} array(s) positionally; got "
+                        f"{len(data)} after the key: {usage}")
+    return (key,) + data + (None,) * (n_data - len(data))

@@ -68,8 +68,7 @@ _SPECS: dict[str, _Spec] = {
     # VPO, arXiv 2605.22817
     "vpo": _Spec("vectors",
                  lambda key, x, smask, mask_BG, **o: vpo_advantages(
-                     key if o.get("weights_BKR") is None else None, x,
-                     jnp.ones(x.shape[:3], bool) if smask is None else smask,
+                     key if o.get("weights_BKR") is None else None, x, smask,
                      mask_BG=mask_BG, **o),
                  vpo_advantages, ("num_weights", "alpha", "sampler", "weights_BKR", "eps"),
                  fields=MappingProxyType({"num_weights": "num_weights", "alpha": "alpha",

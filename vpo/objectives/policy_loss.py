@@ -143,6 +143,23 @@ def _maybe_nonzero(coef) -> bool:
     return not isinstance(coef, int | float) or coef != 0.0
 
 
+def _checked_advantages(advantages, shape: tuple) -> Array:
+    """adv_BG (as [B, G, 1]) or adv_BGT checked against the log-probs' [B, G, T] `shape`; a flat
+    [B·G] or [B·G, T] array (TRL's rows) is refused with the reshape that fixes it."""
+    advantages = jnp.asarray(advantages)
+    B, G, T = shape
+    if advantages.shape == (B, G):
+        return advantages[..., None]
+    if advantages.shape == (B, G, T):
+        return advantages
+    flat = advantages.shape in ((B * G,), (B * G, T))
+    raise ValueError(
+        f"advantages has shape {tuple(advantages.shape)}; expected adv_BG ({B}, {G}) or adv_BGT "
+        f"({B}, {G}, {T}) (the log-probs' [B, G, T])"
+        + (f"; a flat [B*G, ...] array (one row per completion, as TRL's) is reshaped per prompt "
+           f"with vpo.objectives.to_groups(x, {G})" if flat else ""))
+
+
 def policy_loss(
     logp_BGT: Array,
     old_logp_BGT: Array,
@@ -241,12 +258,7 @@ def policy_loss(
     shape = logp_BGT.shape
     check_shape("old_logp_BGT", old_logp_BGT, shape)
     check_shape("mask_BGT", mask_BGT, shape)
-    advantages = jnp.asarray(advantages)
-    if advantages.ndim == 2:
-        check_shape("advantages", advantages, shape[:2])
-        advantages = advantages[..., None]
-    else:
-        check_shape("advantages", advantages, shape)
+    advantages = _checked_advantages(advantages, shape)
     for name, x in (("ref_logp_BGT", ref_logp_BGT), ("entropy_BGT", entropy_BGT),
                     ("is_weight_BGT", is_weight_BGT)):
         if x is not None:

@@ -176,7 +176,8 @@ def expected_max(rewards_BGMR: Array, solution_mask_BGM: Array, weights_BKR: Arr
 
     Args:
         rewards_BGMR: reward vectors of M answers of G samples of B prompts.
-        solution_mask_BGM: bool, True where answer j of sample g is a valid (parsed) answer.
+        solution_mask_BGM: bool, True where answer j of sample g is a valid (parsed) answer;
+            None: every answer is valid.
         weights_BKR: K weight vectors per prompt group (leading dim B, or 1 to share across groups).
 
     Returns:
@@ -189,7 +190,11 @@ def expected_max(rewards_BGMR: Array, solution_mask_BGM: Array, weights_BKR: Arr
 
 
 def _check_answers(rewards_BGMR, solution_mask_BGM) -> tuple[Array, Array]:
+    """(rewards_BGMR as float, the bool answer mask); a None mask means every answer is valid."""
+    rewards_BGMR = jnp.asarray(rewards_BGMR)
     check_shape("rewards_BGMR", rewards_BGMR, (None, None, None, None))
+    if solution_mask_BGM is None:
+        return as_float(rewards_BGMR), jnp.ones(rewards_BGMR.shape[:3], bool)
     check_shape("solution_mask_BGM", solution_mask_BGM, rewards_BGMR.shape[:3])
     return as_float(rewards_BGMR), jnp.asarray(solution_mask_BGM, bool)
 
@@ -235,7 +240,7 @@ def _mean_or_zero(best_XK: Array, nonempty_X: Array) -> Array:
 
 def vpo_advantages(
     key: Array | None,
-    rewards_BGMR: Array,
+    rewards_BGMR: Array = _MISSING,
     solution_mask_BGM: Array = _MISSING,
     /,
     *,
@@ -258,7 +263,8 @@ def vpo_advantages(
     Empty answer sets still count in the group mean and std. Broadcast `A_bg` to every response
     token. With M = 1, `raw -> mean(r)` as K grows: GRPO on the component mean.
 
-    Call it as `vpo_advantages(key, rewards_BGMR, solution_mask_BGM)`, or with explicit weights as
+    Call it as `vpo_advantages(key, rewards_BGMR, solution_mask_BGM)` (the mask is optional:
+    left out or None, every answer is valid), or with explicit weights as
     `vpo_advantages(None, rewards_BGMR, solution_mask_BGM, weights_BKR=w)` (the key may then be
     left out: `vpo_advantages(rewards_BGMR, solution_mask_BGM, weights_BKR=w)`). The earlier
     form `vpo_advantages(rewards_BGMR, solution_mask_BGM, key=key)` still works and warns
@@ -275,7 +281,7 @@ def vpo_advantages(
     Args:
         key: PRNG key for the weights (exactly one of `key`, `weights_BKR`).
         rewards_BGMR: reward vectors, components in [0, 1] by convention, higher is better.
-        solution_mask_BGM: bool mask of valid answers.
+        solution_mask_BGM: bool mask of valid answers; left out or None: every answer is valid.
         weights_BKR: explicit weights (rows on the simplex; leading dim B or 1).
         num_weights: K when drawing (static). alpha: Dirichlet concentration.
         eps: z-score epsilon and zero-std threshold (authors: 1e-6).
@@ -295,7 +301,7 @@ def vpo_advantages(
     """
     key, rewards_BGMR, solution_mask_BGM = key_first_args(
         "vpo_advantages", (key, rewards_BGMR, solution_mask_BGM), deprecated, 2,
-        key_optional=weights_BKR is not None)
+        key_optional=weights_BKR is not None, n_required=1)
     rewards_BGMR, smask_BGM = _check_answers(rewards_BGMR, solution_mask_BGM)
     B, G, M, R = rewards_BGMR.shape
     if (key is None) == (weights_BKR is None):

@@ -15,6 +15,7 @@ Problems are JSON-able records; `load_jsonl_records` reads them from a file.
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import grain
@@ -100,6 +101,9 @@ def problem_dataset(task: BoundTask, batch_size: int, num_answers: int, *,
     n = len(records)
     if n == 0:
         raise ValueError("the problem set is empty; give at least one problem")
+    notice = few_rows_notice(n, batch_size)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     problems = task.problem_arrays(records)
     if tables is None:
         tables = prompt_tables(task, records, num_answers, mutation_fraction=mutation_fraction,
@@ -124,6 +128,16 @@ def problem_dataset(task: BoundTask, batch_size: int, num_answers: int, *,
     return ds.to_iter_dataset()
 
 
+def few_rows_notice(num_rows: int, batch_size: int) -> str | None:
+    """The one-line notice of a problem set smaller than a batch (each batch then holds every
+    row about batch_size / num_rows times), or None."""
+    if num_rows >= batch_size:
+        return None
+    return (f"notice: {num_rows} problem row(s) for a batch of {batch_size} prompts: every batch "
+            f"draws each row about {batch_size / num_rows:.3g} times; give more rows, or set "
+            f"train.batch_size to {num_rows} or fewer to draw each once per batch")
+
+
 def _left_pad(tokens_NP, mask_NP, length: int, pad_id: int):
     extra = length - tokens_NP.shape[1]
     return (np.pad(tokens_NP, ((0, 0), (extra, 0)), constant_values=pad_id),
@@ -141,7 +155,10 @@ def load_jsonl_records(path: str, task: BoundTask | Task | None = None) -> list[
     also read as the task reads it (its statement, and its arrays for in-graph tasks), so a
     record with a missing or ill-typed field fails here, at its line, not mid-run: each field
     must have the type of the task's own generated problems (an int is not a float or a
-    bool), ints must fit int32 and stay >= 0 where the task's own are."""
+    bool), ints must fit int32 and stay >= 0 where the task's own are; an in-graph task's arrays
+    must have the shapes its own problems give (a maze grid of the task's size), and with a
+    `BoundTask` every word of the statement must be one its tokenizer can write (the word-level
+    tokenizer of a model preset knows the task's own words only: no silent `<unk>`)."""
     from vpo.tasks.dataset import read_jsonl
 
     try:
@@ -151,12 +168,13 @@ def load_jsonl_records(path: str, task: BoundTask | Task | None = None) -> list[
     if task is not None:
         base = task.task if isinstance(task, BoundTask) else task
         templates = base.make_problems(0, 16)
+        shapes = _array_shapes(base, templates[:1])
         for lineno, row in lines:
             for key, value in row.items():
                 like = [t[key] for t in templates if key in t]
                 if like:
                     _check_like(value, like, f"{path}:{lineno}: {key}")
-            _check_record(task, row, f"{path}:{lineno}")
+            _check_record(task, row, f"{path}:{lineno}", shapes)
     return [row for _, row in lines]
 
 
@@ -193,17 +211,67 @@ def _check_like(value, like: list, where: str) -> None:
                 _check_like(x, sub, f"{where}.{k}")
 
 
-def _check_record(task: BoundTask | Task, record: Record, where: str) -> None:
-    """Read `record` as `task` does (statement; arrays of in-graph tasks); any failure is a
-    ValueError naming `where` and the task."""
+def _check_record(task: BoundTask | Task, record: Record, where: str,
+                  shapes: list[tuple[str, tuple]] | None = None) -> None:
+    """Read `record` as `task` does (statement; arrays of in-graph tasks, of the `shapes` its
+    own problems have); with a `BoundTask`, its statement's words must be ones the tokenizer
+    writes. Any failure is a ConfigError naming `where` and the task."""
     base = task.task if isinstance(task, BoundTask) else task
     try:
-        base.statement(record)
-        if base.arrays is not None:
-            base.arrays([record])
+        statement = base.statement(record)
+        got = _array_shapes(base, [record])
     except KeyError as e:
         raise ConfigError(f"{where}: {base.name} cannot read this problem: missing field "
                          f"{e.args[0]!r}") from None
     except Exception as e:  # noqa: BLE001  (the task's own error, reported at the line)
         raise ConfigError(f"{where}: {base.name} cannot read this problem: "
                          f"{type(e).__name__}: {e}") from None
+    for (name, shape), (_, want) in zip(got or (), shapes or (), strict=False):
+        if shape != want:
+            raise ConfigError(f"{where}: {base.name} reads this problem's {name.lstrip('.')} "
+                              f"with shape {shape}, its own problems' with {want}; a run stacks "
+                              "every problem into one array: give problems of the task's size, "
+                              "or build the task for this one (task_kwargs, e.g. size)")
+    if isinstance(task, BoundTask):
+        unknown = unwritable_words(task.tokenizer, _text_of(statement))
+        if unknown:
+            raise ConfigError(f"{where}: {base.name}: {', '.join(map(repr, unknown[:5]))} "
+                              f"{'is' if len(unknown) == 1 else 'are'} not in the tokenizer's "
+                              f"vocabulary ({_vocabulary_hint(base)}) and would reach the model as "
+                              "<unk>; keep the problem within the task's range, or read it with "
+                              "a pretrained checkpoint's tokenizer (model=smollm2, model=hf:PATH)")
+
+
+def _array_shapes(base: Task, records: list[Record]) -> list[tuple[str, tuple]] | None:
+    """(leaf path, per-problem shape) of the task's arrays of `records`; None for a host task."""
+    if base.arrays is None:
+        return None
+    leaves = jax.tree_util.tree_leaves_with_path(base.arrays(records))
+    return [(jax.tree_util.keystr(path), tuple(np.shape(x))[1:]) for path, x in leaves]
+
+
+def _text_of(statement) -> str:
+    """A statement's text: the string, or its messages' contents one per line."""
+    if isinstance(statement, str):
+        return statement
+    return "\n".join(str(m.get("content", "")) for m in statement)
+
+
+def unwritable_words(tokenizer, text: str) -> list[str]:
+    """The distinct pieces of `text` the tokenizer encodes as its unknown token (a word-level
+    vocabulary; a byte-level BPE writes any text, so none)."""
+    unk = tokenizer.special_tokens.get("unk_token")
+    unk_id = tokenizer.backend.token_to_id(unk) if unk else None
+    if unk_id is None:
+        return []
+    enc = tokenizer.backend.encode(text, add_special_tokens=False)
+    return list(dict.fromkeys(text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True)
+                              if i == unk_id and text[a:b] != unk))
+
+
+def _vocabulary_hint(base: Task) -> str:
+    """What the task's word-level vocabulary holds, e.g. "its numbers are 0..99"."""
+    numbers = sorted(int(w) for w in base.words if w.isdigit())
+    if numbers:
+        return f"the task's own words; its numbers are {numbers[0]}..{numbers[-1]}"
+    return "the task's own words"

@@ -138,6 +138,73 @@ class Task:
                              f"{self.max_answers}; build the task with a larger max_answers")
 
 
+def check_symbol_rewards(task: Task, rewards_NR: Any, n: int) -> None:
+    """`symbol_reward`'s output for n answers (vmapped: [n, R]) checked at trace time, where its
+    shape and dtype are known: a `RewardError` naming the task, the function and the shape one
+    answer must give (its values are traced: a non-finite one makes that group's advantages NaN,
+    and the step skips the update)."""
+    from vpo.errors import RewardError
+
+    R = task.num_rewards
+    fix = (f"symbol_reward(problem, symbols_A, mask_A) must return one float per reward "
+           f"component for ONE answer: shape ({R},), ({', '.join(task.reward_names)})")
+    if not hasattr(rewards_NR, "shape") or not hasattr(rewards_NR, "dtype"):
+        raise RewardError(f"task {task.name!r}: symbol_reward returned {type(rewards_NR).__name__}"
+                          f", not an array; {fix} (jnp.stack a list)")
+    if tuple(rewards_NR.shape) != (n, R):
+        raise RewardError(f"task {task.name!r}: symbol_reward returned shape "
+                          f"{tuple(rewards_NR.shape)[1:]} for one answer; {fix}")
+    if not (np.issubdtype(rewards_NR.dtype, np.floating) or np.issubdtype(rewards_NR.dtype,
+                                                                          np.integer)
+            or rewards_NR.dtype == bool):
+        raise RewardError(f"task {task.name!r}: symbol_reward returned dtype {rewards_NR.dtype}; "
+                          f"{fix}")
+
+
+def check_score_output(task: Task, out: Any, records: Sequence[Record], num_answers: int, *,
+                       applies: bool = False) -> tuple[np.ndarray, ...]:
+    """`score`'s (or `score_applies`') return for `records` × `num_answers` slots as
+    (rewards_NMR float32, valid_NM bool[, applies_NMR bool]), or a `RewardError` naming the task,
+    the function, what it returned and the shapes expected; a non-finite reward of a valid answer
+    names the problem and its answer slot."""
+    from vpo.errors import RewardError
+
+    fn = "score_applies" if applies else "score"
+    N, M, R = len(records), num_answers, task.num_rewards
+    want = ((N, M, R), (N, M)) + (((N, M, R),) if applies else ())
+    names = ("rewards_NMR", "valid_NM", "applies_NMR")[:len(want)]
+    shapes = ", ".join(f"{n} {s}" for n, s in zip(names, want, strict=True))
+    fix = (f"task {task.name!r}: {fn}(records, answers) for {N} problems x {M} answer slots "
+           f"must return ({shapes}), R = {R} ({', '.join(task.reward_names)})")
+    if not isinstance(out, (tuple, list)) or len(out) != len(want):
+        raise RewardError(f"{fix}; it returned {_short_value(out)}")
+    if N == 0:  # nothing to score: the slot count of an empty batch is the caller's
+        return tuple(np.zeros(w, np.float32 if i == 0 else bool) for i, w in enumerate(want))
+    arrays = []
+    for name, x, shape in zip(names, out, want, strict=True):
+        try:
+            a = np.asarray(x, np.float32 if name == "rewards_NMR" else bool)
+        except (TypeError, ValueError) as e:
+            raise RewardError(f"{fix}; its {name} is not numeric ({type(e).__name__}: {e}): "
+                              f"{_short_value(x)}") from None
+        if a.shape != shape:
+            raise RewardError(f"{fix}; its {name} has shape {a.shape}")
+        arrays.append(a)
+    bad = arrays[1][..., None] & ~np.isfinite(arrays[0])
+    if bad.any():
+        n, m, r = (int(i) for i in np.argwhere(bad)[0])
+        raise RewardError(f"task {task.name!r}: {fn} gave a non-finite reward "
+                          f"{arrays[0][n, m, r]} for component {task.reward_names[r]!r} of "
+                          f"answer slot {m + 1} of problem {_short_value(records[n])}; return "
+                          "finite values in [0, 1] (an invalid answer: valid False, zero row)")
+    return tuple(arrays)
+
+
+def _short_value(x: Any, limit: int = 120) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def symbol_words(answer: str | None, symbols: Sequence[str], answer_len: int
                  ) -> list[str] | None:
     """The words of one answer if it is well formed for a symbol alphabet, else None.

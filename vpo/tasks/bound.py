@@ -37,7 +37,13 @@ import numpy as np
 
 from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.tasks import answers as answers_lib
-from vpo.tasks.base import Record, Task, symbol_words
+from vpo.tasks.base import (
+    Record,
+    Task,
+    check_score_output,
+    check_symbol_rewards,
+    symbol_words,
+)
 from vpo.tasks.prompts import (
     answer_instruction,
     mutation_text,
@@ -322,6 +328,7 @@ class BoundTask:
         valid_N = jnp.any(mask_NA, axis=-1)
         rewards_NR = jax.vmap(self.task.symbol_reward, in_axes=(None, 0, 0))(
             problem, symbols_NA, mask_NA)
+        check_symbol_rewards(self.task, rewards_NR, symbols_NA.shape[0])
         return jnp.where(valid_N[:, None], rewards_NR, 0.0).astype(jnp.float32), valid_N
 
     def reward(self, problem, completion_T, mask_T, num_answers: int):
@@ -351,13 +358,13 @@ class BoundTask:
         apply to a valid answer; all True for a task without it)."""
         parsed = [self.parse_text(t, num_answers)
                   for t in self.completion_texts(tokens_NT, mask_NT)]
+        records = list(records)
         if self.task.score_applies is not None:
-            rewards, valid, applies = self.task.score_applies(list(records), parsed)
-        else:
-            rewards, valid = self.task.score(list(records), parsed)
-            applies = np.ones(np.shape(rewards), bool)
-        return (np.asarray(rewards, np.float32), np.asarray(valid, bool),
-                np.asarray(applies, bool))
+            return check_score_output(self.task, self.task.score_applies(records, parsed),
+                                      records, num_answers, applies=True)
+        rewards, valid = check_score_output(self.task, self.task.score(records, parsed),
+                                            records, num_answers)
+        return rewards, valid, np.ones(rewards.shape, bool)
 
     def symbols_text(self, symbols_A, mask_A) -> str:
         """An answer given as symbol ids, as text (words joined by single spaces)."""

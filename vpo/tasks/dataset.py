@@ -17,7 +17,9 @@ is one completion for the reward functions. Empty answers and later duplicates o
 answer (same words) are invalid slots: never passed, zero reward, masked.
 
 Reward components are the functions' outputs, in [0, 1]; w* = `weights` normalised to sum 1
-(default: equal); solved = w*ᵀr = 1 (full marks on every weighted component). A function's None
+(default: equal); solved = w*ᵀr = 1 (full marks on every weighted component), or full marks on
+the components named in `solved_by` (`--solved NAMES`: e.g. correctness alone, when a
+continuous component such as brevity never reaches 1). A function's None
 ("does not apply") scores 0 in its component (TRL's nansum); an answer that no function applies
 to is unscorable: an invalid slot, like an empty answer.
 
@@ -243,20 +245,23 @@ def make_dataset_task(path: str, rewards: Sequence[str], weights: Sequence[float
                       reward_ranges: dict[str, Sequence[float]] | None = None,
                       name: str | None = None, split: str | None = None,
                       eval_fraction: float | None = None, split_seed: int | None = None,
-                      eval_path: str | None = None, search_rows: int = 0) -> Task:
+                      eval_path: str | None = None, search_rows: int = 0,
+                      solved_by: Sequence[str] | None = None) -> Task:
     """The task of a dataset file and reward functions (see the module docstring).
 
     `rewards`: `MODULE:FUNCTION` specs. `reward_workers` > 0 runs the functions in a process
     pool with `reward_timeout` seconds per call. `reward_ranges`: {component: (lo, hi)}, the
     declared scale of components not in [0, 1] (`vpo.tasks.reward_fns`). `split` (with
     `eval_fraction` or `eval_path`, `split_seed`, `search_rows`): one part of the rows
-    (`split_rows`); None: every row.
+    (`split_rows`); None: every row. `solved_by`: the components that define solved (each at
+    full marks); None: every weighted component (w*ᵀr = 1).
     """
     return dataset_tasks(
         path, rewards, weights, splits=(split,), max_answers=max_answers,
         answer_hint=answer_hint, reward_workers=reward_workers, reward_timeout=reward_timeout,
         reward_ranges=reward_ranges, name=name, eval_fraction=eval_fraction,
-        split_seed=split_seed, eval_path=eval_path, search_rows=search_rows)[split]
+        split_seed=split_seed, eval_path=eval_path, search_rows=search_rows,
+        solved_by=solved_by)[split]
 
 
 def dataset_tasks(path: str, rewards: Sequence[str], weights: Sequence[float] | None = None,
@@ -266,7 +271,8 @@ def dataset_tasks(path: str, rewards: Sequence[str], weights: Sequence[float] | 
                   reward_ranges: dict[str, Sequence[float]] | None = None,
                   name: str | None = None, eval_fraction: float | None = None,
                   split_seed: int | None = None, eval_path: str | None = None,
-                  search_rows: int = 0) -> dict[str | None, Task]:
+                  search_rows: int = 0, solved_by: Sequence[str] | None = None
+                  ) -> dict[str | None, Task]:
     """{split: the task of that part of the rows} (`make_dataset_task`'s arguments), sharing one
     read of the file and one set of loaded reward functions (one worker pool)."""
     rows = check_rows(read_rows(path), path)
@@ -295,9 +301,25 @@ def dataset_tasks(path: str, rewards: Sequence[str], weights: Sequence[float] | 
         parts = {}
     base = _dataset_task(path, rows, rewards, weights, max_answers=max_answers,
                          answer_hint=answer_hint, reward_workers=reward_workers,
-                         reward_timeout=reward_timeout, reward_ranges=reward_ranges, name=name)
+                         reward_timeout=reward_timeout, reward_ranges=reward_ranges, name=name,
+                         solved_by=solved_by)
     return {s: base if s is None else dataclasses.replace(base, make_problems=_first(parts[s]))
             for s in splits}
+
+
+def _solved_rule(names: Sequence[str], w_R, solved_by: Sequence[str] | None):
+    """solved(rewards_R) -> bool: full marks (>= 1 - 1e-6) on each component of `solved_by`, or
+    w*ᵀr = 1 (every weighted component at full marks) when it is None; an unknown name is a
+    ConfigError listing the components."""
+    if solved_by is None:
+        return lambda r: jnp.dot(jnp.asarray(r, jnp.float32), jnp.asarray(w_R)) >= 1.0 - 1e-6
+    unknown = [s for s in solved_by if s not in names]
+    if unknown or not solved_by:
+        raise ConfigError(f"--solved {','.join(solved_by)}: "
+                          + (f"no component named {', '.join(unknown)}" if unknown else "empty")
+                          + f"; the components are {', '.join(names)}")
+    idx = np.array([list(names).index(s) for s in solved_by])
+    return lambda r: jnp.all(jnp.asarray(r, jnp.float32)[idx] >= 1.0 - 1e-6)
 
 
 def _first(rows: list[Record]):
@@ -311,12 +333,14 @@ def _first(rows: list[Record]):
 def _dataset_task(path: str, rows: list[Record], rewards: Sequence[str],
                   weights: Sequence[float] | None, *, max_answers: int, answer_hint: str,
                   reward_workers: int, reward_timeout: float | None,
-                  reward_ranges: dict[str, Sequence[float]] | None, name: str | None) -> Task:
+                  reward_ranges: dict[str, Sequence[float]] | None, name: str | None,
+                  solved_by: Sequence[str] | None = None) -> Task:
     """The task of every row of `path` (already read and checked)."""
     scorer = RewardScorer.load(list(rewards), rows[0], workers=reward_workers,
                                timeout=reward_timeout, ranges=reward_ranges)
     names = scorer.names
     w_R = _weights(weights, names)
+    solved = _solved_rule(names, w_R, solved_by)
     make_problems = _first(rows)  # in file order
 
     def score_applies(records, answers, answer_ids=None):
@@ -369,7 +393,7 @@ def _dataset_task(path: str, rows: list[Record], rewards: Sequence[str],
         statement=lambda record: record["prompt"],
         answer_hint=answer_hint,
         score=score,
-        solved=lambda r: jnp.dot(jnp.asarray(r, jnp.float32), jnp.asarray(w_R)) >= 1.0 - 1e-6,
+        solved=solved,
         demonstrations=demonstrations,
         max_answers=max_answers,
         tagless_single=True,
