@@ -117,6 +117,7 @@ def test_sample_reads_a_trained_policy_with_its_own_task_and_m(tmp_path, capsys)
     assert out.count("its rewards: ") == 6 and "random init" not in out
 
 
+@pytest.mark.slow  # ~22 s: the slow set (the lean run stays under 15 min)
 def test_search_writes_curves(tmp_path):
     sft = str(tmp_path / "sft")
     assert cli.main(["sft", "--task", "program", "--steps", "5", "--batch", "8", "--answers",
@@ -163,6 +164,7 @@ flaky.reward_names = ("flaky",)
 '''
 
 
+@pytest.mark.slow  # ~29 s: the slow set (the lean run stays under 15 min)
 def test_train_on_your_data_and_reward_functions(tmp_path, capsys):
     """`vpo train --data FILE --reward MODULE:FUNCTION ...` on a fixture checkpoint: metrics
     named after the functions, samples.jsonl, resume; a reward function that returns NaN at

@@ -112,6 +112,7 @@ def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
         rl_checks.check_run(host, arith, prompt_len(arith))
 
 
+@pytest.mark.slow  # ~21 s: the slow set (the lean run stays under 15 min)
 @pytest.mark.skipif(not os.path.isdir(BPE_FIXTURE),
                     reason="no tests/fixtures/hf/qwen2_bpe/; write it with "
                            ".venv/bin/python tests/fixtures/make_bpe_fixture.py")

@@ -352,6 +352,7 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
             assert f"Answer {k}: {d} | scores:" in text
 
 
+@pytest.mark.slow  # ~22 s: the slow set (the lean run stays under 15 min)
 def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     task = program_task
     cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,

@@ -226,3 +226,33 @@ def test_bad_arguments_name_the_field():
 
 def test_uses_the_arithmetic_grammar():
     assert countdown2.parse is arithmetic.parse
+
+
+def test_one_operation_variant_targets_pairs_and_scores_hits_only():
+    """countdown2_1op: four numbers in 2..12, t1 = a ∘ b and t2 = c ∘ d on the first two disjoint
+    pairs (∘ in + *), reward (hit1, hit2) with w* = (1/2, 1/2); demonstrations are m distinct
+    one-operation answers aimed at one target."""
+    task = make_task("countdown2_1op")
+    assert task.reward_names == ("hit1", "hit2")
+    np.testing.assert_allclose(task.eval_weights_R, [0.5, 0.5])
+    records = task.make_problems(0, 200)
+    assert records == task.make_problems(0, 200)
+    for r in records:
+        a, b, c, d = r["numbers"]
+        t1, t2 = r["targets"]
+        assert all(2 <= n <= 12 for n in r["numbers"]) and len(set(r["numbers"])) == 4
+        assert t1 in (a + b, a * b) and t2 in (c + d, c * d) and t1 != t2
+        assert t1 not in r["numbers"] and t2 not in r["numbers"]
+    rec = {"numbers": [3, 4, 5, 6], "targets": [7, 30]}
+    rewards, valid = task.score([rec], [["3 + 4", "5 * 6", "4 + 3 + 0", "7", None]])
+    np.testing.assert_array_equal(rewards[0, :4], [[1, 0], [0, 1], [0, 0], [0, 0]])
+    assert valid[0].tolist() == [True, True, True, True, False]
+    assert bool(task.solved(rewards[0, 0])) and not bool(task.solved(rewards[0, 2]))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        demo = task.demonstrations(rec, rng, 2)
+        values = {arithmetic.parse(x.split())[0] for x in demo}
+        assert len(set(demo)) == 2 and len(values) == 1 and values <= {7, 30}
+        assert all(len(x.split()) == 3 for x in demo)
+    with pytest.raises(ValueError, match="num_numbers=3 must be in 4..6"):
+        make_task("countdown2_1op", num_numbers=3)

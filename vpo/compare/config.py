@@ -43,7 +43,7 @@ ARMS: dict[str, Arm] = {
 }
 # arithmetic and countdown2: host-scored, any tokenizer; dataset: your data (`vpo compare
 # --data`, task_kwargs)
-TASKS = ("maze", "maze9", "program", "arithmetic", "countdown2", "dataset")
+TASKS = ("maze", "maze9", "program", "arithmetic", "countdown2", "countdown2_1op", "dataset")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ tokenizer (`vpo.tasks.bound`). `make_task(name, **kwargs)` is the one table of b
     bandit        in-graph; the three-armed vector bandit toy, R = 2
     arithmetic    host-scored; reach a target with + - *, R = 3
     countdown2    host-scored; reach one of two targets with + - * (no answer hits both), R = 3
+    countdown2_1op  host-scored; the same with targets one operation each (a small model's), R = 2
     dataset       host-scored; a user's JSONL/Parquet file and reward functions
                   (`dataset.make_dataset_task(path, rewards, weights)`; not in TASK_NAMES)
 
@@ -16,7 +17,7 @@ Shared pieces: `answers` (the `<answer k>` format, read from text and from token
 
 from __future__ import annotations
 
-TASK_NAMES = ("maze", "maze9", "program", "bandit", "arithmetic", "countdown2")
+TASK_NAMES = ("maze", "maze9", "program", "bandit", "arithmetic", "countdown2", "countdown2_1op")
 
 
 def make_task(name: str, **kwargs):
@@ -28,6 +29,7 @@ def make_task(name: str, **kwargs):
                  "program": program.make_program_task, "bandit": bandit.make_bandit_task,
                  "arithmetic": arithmetic.make_arithmetic_task,
                  "countdown2": countdown2.make_countdown2_task,
+                 "countdown2_1op": countdown2.make_countdown2_1op_task,
                  "dataset": dataset.make_dataset_task}
     if name not in factories:
         raise ValueError(f"task: unknown task {name!r}; choose one of {', '.join(factories)}")

@@ -43,6 +43,13 @@ random and returns m distinct expressions that all reach it (drawn uniformly fro
 that do), so a demonstration never hedges and the warm start is not taught to cover both targets.
 
 Record: {"numbers": [n_1..n_K], "targets": [t1, t2]}.
+
+The one-operation variant (`make_countdown2_1op_task`, task "countdown2_1op") is sized for a
+small pretrained model: four numbers from 2..12, t1 = a ∘ b and t2 = c ∘ d on disjoint pairs
+(∘ in + or *), reward (hit1, hit2) with w* = (1/2, 1/2) and no valid-answer component, so every
+reward is a hit and a set covering both targets is worth E[max(w1, w2)] = 3/4 under Dir(1, 1)
+against 1/2 for either target alone.
+
 Statement: `Use some of the numbers n_1 .. n_K each at most once with + - * ( ) to reach t1 or
 t2`.
 """
@@ -62,6 +69,7 @@ from vpo.tasks.arithmetic import ANSWER_HINT, OPS, PARENS, parse
 
 REWARD_NAMES = ("hit1", "hit2", "given_only")
 EVAL_WEIGHTS = (0.4, 0.4, 0.2)
+ONE_OP_OPS = ("+", "*")  # commutative: a target of a ∘ b has at least two expressions
 # E_{w ~ Dir(1,1,1)}[max_{j in S} wᵀ r_j] of a set S that hits both targets / one / none but has
 # a miss over given numbers: 1/3 + E[max(w1, w2)] = 1/3 + 1/2, 2/3, 1/3.
 COVER = (0, 1)  # the components a set must both hit: hit1 and hit2
@@ -304,6 +312,84 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
     return base.Task(
         name="countdown2", reward_names=REWARD_NAMES,
         eval_weights_R=np.array(EVAL_WEIGHTS, np.float32), make_problems=make_problems,
+        statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers,
+        cover_components=COVER)
+
+
+def make_countdown2_1op_task(*, num_numbers: int = 4, min_number: int = 2, max_number: int = 12,
+                             ops: Sequence[str] = ONE_OP_OPS, max_answers: int = 2,
+                             max_tries: int = 100) -> base.Task:
+    """Two-target countdown with one operation per target (see the module docstring): R = 2
+    (hit1, hit2), w* = (1/2, 1/2), solved = hit1 or hit2, cover = both.
+
+    Args:
+      num_numbers: K >= 4, the given numbers (distinct, min_number..max_number); the first
+        four (after a shuffle) make the targets.
+      ops: the operations a target is made with (+ and * by default: each target then has at
+        least two expressions, `a ∘ b` and `b ∘ a`, for m = 2 demonstrations).
+      max_answers: the most answers per generation.
+      max_tries: draws per problem before a RuntimeError naming the knobs.
+    """
+    K, A = num_numbers, 4 * num_numbers - 1
+    if K < 4 or K > 6:
+        raise ValueError(f"num_numbers={K} must be in 4..6 (two disjoint pairs; the generator "
+                         "enumerates every expression)")
+    if not (min_number >= 1 and max_number - min_number + 1 >= K):
+        raise ValueError(f"numbers {min_number}..{max_number}: need >= 1 and room for {K} "
+                         "distinct numbers")
+    if not ops or any(op not in OPS for op in ops):
+        raise ValueError(f"ops={tuple(ops)}: choose from {OPS}")
+
+    def make_problems(seed: int, num: int) -> list[base.Record]:
+        rng = np.random.default_rng(seed)
+        records = []
+        for _ in range(num):
+            for _ in range(max_tries):
+                nums = [int(v) for v in rng.choice(np.arange(min_number, max_number + 1), K,
+                                                   replace=False)]
+                op1, op2 = (str(o) for o in rng.choice(list(ops), 2))
+                t1, t2 = _apply(op1, nums[0], nums[1]), _apply(op2, nums[2], nums[3])
+                if t1 != t2 and t1 > 0 and t2 > 0 and t1 not in nums and t2 not in nums:
+                    break
+            else:
+                raise RuntimeError(f"countdown2_1op: no two distinct targets in {max_tries} "
+                                   "draws; widen min_number..max_number")
+            records.append({"numbers": nums, "targets": [int(t1), int(t2)]})
+        return records
+
+    def score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]]
+              ) -> tuple[np.ndarray, np.ndarray]:
+        return base.score_word_answers(
+            records, answers, 2,
+            lambda rec, words: score_expression(words, rec["numbers"], rec["targets"])[:2],
+            functools.partial(answers_lib.expression_words, max_words=A))
+
+    def solved(rewards_R):
+        r = jnp.asarray(rewards_R)
+        return jnp.maximum(r[0], r[1]) >= 1.0 - 1e-6
+
+    def demonstrations(record: base.Record, rng: np.random.Generator,
+                       num_answers: int) -> list[str]:
+        """m distinct one-operation answers `a ∘ b` that all reach one target (t1 or t2 at
+        random): the format and the aim, never a hedge over both targets."""
+        nums = [int(v) for v in record["numbers"]]
+        target = int(record["targets"][int(rng.integers(2))])
+        simple = [f"{a} {op} {b}" for a in nums for b in nums if a != b for op in OPS
+                  if _apply(op, a, b) == target]
+        if len(simple) < num_answers:
+            raise RuntimeError(f"countdown2_1op: fewer than {num_answers} one-operation "
+                               f"answers reach {target} from {nums}")
+        return [simple[i] for i in rng.choice(len(simple), num_answers, replace=False)]
+
+    example = {"numbers": [1] * K, "targets": [1, 2]}
+    top = max(max_number * max_number, max_number)
+    words = tuple(dict.fromkeys([*countdown2_statement(example).split(),
+                                 *(str(i) for i in range(top + 1)),
+                                 *OPS, *PARENS, *ANSWER_HINT.split()]))
+    return base.Task(
+        name="countdown2_1op", reward_names=REWARD_NAMES[:2],
+        eval_weights_R=np.array([0.5, 0.5], np.float32), make_problems=make_problems,
         statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
         demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers,
         cover_components=COVER)
