@@ -164,7 +164,7 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
                      "train.steps=2", "law_points=2", "--compile-cache", "", "--out", out]) == 0
     for name in ("report.md", "summary.json", "best_at_k.png", "pass_at_k.png", "training.png",
-                 "search_solved.png", "entropy_law.png", "eval.md", "report.png"):
+                 "budget_curves.png", "bridge.png", "entropy_law.png", "eval.md", "report.png"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
@@ -179,10 +179,13 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
             assert len(r["best_P"]) == s["config"]["eval_problems"]
     search = s["search"]
     assert len(search["problems"]) == s["config"]["search_problems"]
+    assert search["budget"] == search["calibration"]["budget"]  # fixed before RL
     for name, rows in search["rows"].items():
-        assert rows[0]["evaluated"][-1] == search["budget"], name  # equal candidate budget
+        assert rows[0]["evaluated"][-1] == search["max_budget"], name  # equal candidate budget
+        assert rows[0]["evaluated"][search["point"]] == search["budget"]
         assert np.shape(rows[0]["solved_SP"]) == (s["config"]["search_seeds"],
                                                   len(search["problems"]))
+        assert set(rows[0]["first_SP"]) == {"search", "best_of_n"}  # smoke: search_best_of_n
     for arm in ("multi_rlvr", "vpo"):
         rows = s["train"][arm][0]["metrics"]
         assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["reward"]) for r in rows)
@@ -194,6 +197,7 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
     assert "| vpo | 3 | 2 |" in report and "## Claims" in report and "Solve matrix" in report
+    assert "## Does search track what training keeps?" in report and "Budget curves" in report
     static = [a for a in ("multi_rlvr", "vpo")
               if all(m["grad_norm"] == 0 for r in s["train"][a] for m in r["metrics"])]
     assert ("No learning signal" in report) == bool(static)  # a vacuous comparison says so
@@ -311,6 +315,30 @@ def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
     never = gate | {"full_marks": {"correct": 0.4, "brevity": 0.0}}
     text = " ".join(compare.gate_failures(cfg, never))
     assert "the component(s) brevity never reach full marks" in text and "--solved NAMES" in text
+    # a cover task's gate: each target's hit rate, groups with a hit, cover@N in its band
+    strict = make_config("smoke", ["gate_hit_min=0.08", "gate_hit_groups_min=0.5",
+                                   "gate_cover_min=0.1", "gate_cover_max=0.5"])
+    cover = gate | {"hit_rates": {"hit1": 0.12, "hit2": 0.03}, "hit_groups": 0.4,
+                    f"cover@{N}": 0.02, "checks": {"headroom": True, "solves": True,
+                                                   "signal": True, "hits": False,
+                                                   "hit_groups": False, "cover": False}}
+    failed = compare.gate_failures(strict, cover)
+    assert len(failed) == 3 and "hit1 0.120, hit2 0.030" in failed[0]
+    assert "40% of the step-0 groups hold a hit" in failed[1] and "almost never covers" in failed[2]
+
+
+def test_the_pilot_gate_measures_each_target_on_a_cover_task(tmp_path):
+    """On countdown2_1op (cover components: the two targets) the gate reports each target's
+    step-0 hit rate, the groups with a hit and cover@N, and checks them."""
+    cfg = make_config("smoke", ["task=countdown2_1op", "num_answers=2", "search.members=4",
+                                "search.children=4", "gate_problems=4", "gate_hit_min=0.08"])
+    task = load_task(cfg.task, None, cfg.task_kwargs or None)
+    _, policy = _saved_tiny_policy(tmp_path, task)
+    gate = compare.pilot_gate(cfg, task, policy)
+    assert set(gate["hit_rates"]) == {"hit1", "hit2"}
+    assert all(0.0 <= v <= 1.0 for v in gate["hit_rates"].values())
+    assert 0.0 <= gate["hit_groups"] <= 1.0 and f"cover@{cfg.eval_budget}" in gate
+    assert gate["checks"]["hits"] == (min(gate["hit_rates"].values()) >= 0.08)
 
 
 def test_the_diversity_pilot_reads_the_first_seed_of_each_arm_and_reaches_the_report():

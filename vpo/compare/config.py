@@ -105,6 +105,14 @@ class CompareConfig:
     gate_pass_max: float = 0.9
     gate_pass_min: float = 0.02
     gate_spread_min: float | None = None
+    # On a task with cover components (countdown2: the targets), the signal the cover claims
+    # need: each component hit by at least gate_hit_min of the warm start's step-0 candidates,
+    # a hit in at least gate_hit_groups_min of the step-0 groups, and its cover@N in
+    # [gate_cover_min, gate_cover_max] (0, 0, 0, 1: off).
+    gate_hit_min: float = 0.0
+    gate_hit_groups_min: float = 0.0
+    gate_cover_min: float = 0.0
+    gate_cover_max: float = 1.0
     # the pre-registered primary claims (<= 3, `vpo.eval.verdicts.PRIMARY_KEYS`, A-B:metric: arm
     # A's metric@eval_budget above B's or, B = warm, above A's warm start), Holm as one family;
     # every preset keeps this default: VPO vs GRPO at best@N and pass@N, VPO vs its warm start
@@ -168,7 +176,8 @@ class CompareConfig:
             raise ConfigError(f"law_points: {self.law_points} checkpoints need train.steps >= "
                               f"{self.law_points}; got {self.train.steps} (or set law_points=0)")
         for f in ("gate_pass_max", "gate_pass_min", "gate_spread_min", "search_band_lo",
-                  "search_band_hi"):
+                  "search_band_hi", "gate_hit_min", "gate_hit_groups_min", "gate_cover_min",
+                  "gate_cover_max"):
             if getattr(self, f) is not None and not 0.0 <= getattr(self, f) <= 1.0:
                 raise ConfigError(f"{f}: must be in [0, 1]; got {getattr(self, f)}")
         if self.search_band_lo > self.search_band_hi:

@@ -225,6 +225,18 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
         "headroom": ev[f"pass@{N}"] <= cfg.gate_pass_max,
         "solves": ev[f"pass@{N}"] >= cfg.gate_pass_min,
         "signal": spread >= cfg.spread_min}
+    cover = task.task.cover_components
+    if cover:  # the signal a cover claim needs: hits of each component, not format spread
+        r_PGR = np.asarray(pool.rewards_PNR, float)
+        hit_PGC = r_PGR[..., list(cover)] >= 1.0 - 1e-6
+        out["hit_rates"] = {task.reward_names[c]: float(hit_PGC[..., i].mean())
+                            for i, c in enumerate(cover)}
+        out["hit_groups"] = float(np.mean(hit_PGC.any(-1).any(-1)))
+        out[f"cover@{N}"] = ev.get(f"cover@{N}", 0.0)
+        out["checks"] |= {
+            "hits": min(out["hit_rates"].values()) >= cfg.gate_hit_min,
+            "hit_groups": out["hit_groups"] >= cfg.gate_hit_groups_min,
+            "cover": cfg.gate_cover_min <= out[f"cover@{N}"] <= cfg.gate_cover_max}
     return out
 
 
@@ -243,6 +255,21 @@ def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
            "signal": f"only {s:.0%} of the step-0 groups of G={gate['G']} have unequal rewards "
                      f"(< gate_spread_min {cfg.spread_min:g}): most steps would learn "
                      "nothing; raise sampler.num_samples or sampler.temperature"}
+    if "hit_rates" in gate:
+        rates = ", ".join(f"{k} {v:.3f}" for k, v in gate["hit_rates"].items())
+        cov = gate[f"cover@{N}"]
+        why |= {
+            "hits": f"the warm start's step-0 hit rates are {rates} (< gate_hit_min "
+                    f"{cfg.gate_hit_min:g} for some component): a set rarely covers them all, so "
+                    "the cover claims' signal would not fire; train the warm start longer or "
+                    "use easier targets",
+            "hit_groups": f"only {gate['hit_groups']:.0%} of the step-0 groups hold a hit (< "
+                          f"gate_hit_groups_min {cfg.gate_hit_groups_min:g}): reward spread there "
+                          "is format, not hits",
+            "cover": f"the warm start's cover@{N} is {cov:.3f}, outside [gate_cover_min "
+                     f"{cfg.gate_cover_min:g}, gate_cover_max {cfg.gate_cover_max:g}]: "
+                     + ("no headroom for a cover claim" if cov > cfg.gate_cover_max else
+                        "it almost never covers, so cover@N cannot move")}
     return [why[k] for k, ok in gate["checks"].items() if not ok]
 
 

@@ -534,6 +534,13 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
              f"{cfg.gate_pass_max:g}], signal at least {cfg.spread_min:.0%}"
              + (f" (one learning group per step: 1/{cfg.train.batch_size})"
                 if cfg.gate_spread_min is None else "") + f": {verdict}.", ""]
+    if "hit_rates" in gate:
+        rates = ", ".join(f"{k} {v:.3f}" for k, v in gate["hit_rates"].items())
+        lines += [f"**The cover signal** (the same step-0 candidates): hit rates {rates} (each at "
+                  f"least {cfg.gate_hit_min:g}); a hit in {gate['hit_groups']:.0%} of the groups "
+                  f"(at least {cfg.gate_hit_groups_min:.0%}); warm-start cover@{N} "
+                  f"{gate[f'cover@{N}']:.3f} (band [{cfg.gate_cover_min:g}, "
+                  f"{cfg.gate_cover_max:g}]).", ""]
     cal = gate.get("search")
     if cal:
         lines += [f"**Search calibration** (before RL, the warm start's island search in its "
