@@ -4,6 +4,7 @@ same rows), its errors, the comparison's config and arm runs on the data (assemb
 training, each the run its recorded `vpo train` command starts), and the whole job on the tiny
 BPE fixture checkpoint."""
 
+import dataclasses
 import json
 import os
 import shlex
@@ -310,3 +311,29 @@ def _params(policy):
     from flax import nnx
 
     return nnx.state(policy, nnx.Param)
+
+
+def test_each_arm_must_parse_its_own_format_before_rl(files, tmp_path, monkeypatch):
+    """The warm-start check is per m: a pretrained policy whose single answers parse but whose
+    m-answer sets do not (VPO's format) gets the format SFT, and on data without demonstrations
+    the run stops naming the arm and its parse rate (an average over m would have passed it)."""
+    import json as json_lib
+
+    from vpo.compare import driver
+
+    cfg = _data_config(files, "parse_floor=0.5")
+    rates = {1: 1.0, 3: 0.0}
+    assert driver.format_gaps(cfg, rates) == ["vpo (m=3: 0% parse)"]
+    assert driver.format_gaps(cfg, {1: 1.0, 3: 0.6}) == []
+    task = compare_data.load_tasks(cfg, with_search=False)
+    assert driver.has_demonstrations(cfg, task)  # the rows carry a `completion` list
+    bare = tmp_path / "bare.jsonl"  # the same rows without demonstrations
+    bare.write_text("".join(json_lib.dumps({k: v for k, v in r.items() if k != "completion"})
+                            + "\n" for r in _rows(20)))
+    no_demos = dataclasses.replace(cfg, task_kwargs={**cfg.task_kwargs, "path": str(bare)})
+    bare_task = compare_data.load_tasks(no_demos, with_search=False)
+    assert not driver.has_demonstrations(no_demos, bare_task)
+    monkeypatch.setattr(driver, "parse_rates", lambda *a, **k: dict(rates))
+    with pytest.raises(ConfigError, match=r"vpo \(m=3: 0% parse\) cannot answer in their "
+                                          r"format before RL.*`completion` column"):
+        driver.warm_start(no_demos, bare_task, str(tmp_path / "out"), log=lambda *_: None)

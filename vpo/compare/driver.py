@@ -133,15 +133,39 @@ def _seq_len(cfg: CompareConfig, task, m: int) -> int:
                        num_problems=16, at_least=context_of(cfg.init) or ModelConfig.max_seq_len)
 
 
-def parse_rate(cfg: CompareConfig, task, model) -> float:
-    """The share of a policy's answer slots that parse (`valid_fraction`) on 8 held-out problems
-    at the evaluation temperature, over every m of the mixture."""
+def parse_rates(cfg: CompareConfig, task, model) -> dict[int, float]:
+    """{m: the share of a policy's answer slots that parse (`valid_fraction`)} on 8 held-out
+    problems at the evaluation temperature, for every m of the mixture (each arm answers in its
+    own m, so each format is measured on its own)."""
     records = task.make_problems(cfg.eval_seed + 2, 8)
-    rates = [policy_eval.evaluate_policy(
+    return {m: float(policy_eval.evaluate_policy(
         model, task, records, num_answers=m, budget=2 * m, ks=[1],
-        key=jax.random.key(cfg.eval_seed + 2), temperature=cfg.eval_temperature)["valid_fraction"]
-        for m in cfg.all_answers]
-    return float(np.mean(rates))
+        key=jax.random.key(cfg.eval_seed + 2),
+        temperature=cfg.eval_temperature)["valid_fraction"]) for m in cfg.all_answers}
+
+
+def parse_rate(cfg: CompareConfig, task, model) -> float:
+    """The lowest of `parse_rates`: the format the policy parses worst."""
+    return min(parse_rates(cfg, task, model).values())
+
+
+def format_gaps(cfg: CompareConfig, rates: dict[int, float]) -> list[str]:
+    """The arms whose answer format parses below `parse_floor`, each named with its m and rate
+    ("vpo (m=2: 0% parse)"); [] when every arm's format parses."""
+    return [f"{arm} (m={cfg.arm_answers(arm)}: {rates[cfg.arm_answers(arm)]:.0%} parse)"
+            for arm in cfg.arm_names if rates[cfg.arm_answers(arm)] < cfg.parse_floor]
+
+
+def has_demonstrations(cfg: CompareConfig, task) -> bool:
+    """Whether the task can make SFT demonstrations in every m of the mixture (your data: a
+    `completion` column with m answers)."""
+    record = compare_data.training(task).make_problems(cfg.train.seed, 1)[0]
+    try:
+        for m in cfg.all_answers:
+            task.task.demonstrations(record, np.random.default_rng(0), m)
+    except (ValueError, RuntimeError, KeyError, TypeError):
+        return False
+    return True
 
 
 def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool = False,
@@ -150,9 +174,10 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
     `vpo sft` runs it) on a mixture of 1-answer and m-answer demonstrations (a share
     `sft_mutation_fraction` of them search mutation prompts), saved to out_dir/sft. From an
     `init` policy, the SFT (LoRA adapters of `lora_rank`, folded in afterwards) runs only when
-    fewer than `parse_floor` of its answers parse (`parse_rate`): a pretrained chat model first
-    learns the answer format in its own chat template. `resume`: a complete out_dir/sft is
-    loaded, not redone; `progress`: the SFT step bar."""
+    fewer than `parse_floor` of some arm's answers parse in that arm's own m (`parse_rates`,
+    `format_gaps`; your data without demonstrations then stops, naming the arm and its rate): a
+    pretrained chat model first learns the answer format in its own chat template. `resume`: a
+    complete out_dir/sft is loaded, not redone; `progress`: the SFT step bar."""
     max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
     path = os.path.join(out_dir, "sft")
     if resume and policy_complete(path):
@@ -161,13 +186,22 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
     init = None
     if cfg.init:
         init = load_model(cfg.init, max_seq_len=max_len)[0]
-        rate = parse_rate(cfg, task, init)
-        enough = rate >= cfg.parse_floor
-        log(f"  {cfg.init}: {rate:.0%} of its answers parse ({'>=' if enough else '<'} "
-            f"parse_floor {cfg.parse_floor:.0%}): " + ("no warm start SFT" if enough else
-                                                       f"{cfg.sft_steps} SFT steps first"))
-        if enough or cfg.sft_steps < 1:
+        rates = parse_rates(cfg, task, init)
+        gaps = format_gaps(cfg, rates)
+        log(f"  {cfg.init}: " + ", ".join(f"{r:.0%} of its m={m} answers parse"
+                                          for m, r in rates.items())
+            + f" (parse_floor {cfg.parse_floor:.0%}): "
+            + (f"{cfg.sft_steps} SFT steps first for {', '.join(gaps)}" if gaps
+               else "no warm start SFT"))
+        if not gaps or cfg.sft_steps < 1:
             return init
+        if not has_demonstrations(cfg, task):
+            raise ConfigError(
+                f"the arm(s) {', '.join(gaps)} cannot answer in their format before RL, and "
+                f"your data has no demonstrations to teach it: below parse_floor "
+                f"{cfg.parse_floor:.0%} they would train without a reward. Give the rows a "
+                "`completion` column (a list of m answer texts), lower num_answers, or drop "
+                "those arms (arms=...)")
     plan = assemble_sft(compare_data.training(task), cfg.init or cfg.model,
                         num_answers=cfg.all_answers, seed=cfg.eval_seed,
                         num_parents=cfg.search.parents, num_problems=16,
@@ -178,14 +212,17 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                     num_demos=cfg.sft_demos,
                                     mutation_fraction=cfg.sft_mutation_fraction,
                                     mutation_parents=cfg.search.parents, progress=progress)
-    extra = {"parse_rate": parse_rate(cfg, task, policy)} if cfg.init else {}
+    rates = parse_rates(cfg, task, policy) if cfg.init else {}
+    extra = {"parse_rate": min(rates.values()), "parse_rates": rates} if rates else {}
     save_warm_start(path, plan, policy, losses, steps=cfg.sft_steps,
                     num_answers=cfg.all_answers, info={"task": cfg.task, **extra,
                                           **({"task_kwargs": cfg.task_kwargs}
                                              if cfg.task_kwargs else {})})
     log(f"  SFT m in {cfg.all_answers} at learning rate {plan.learning_rate:g}: loss "
         f"{losses[0]:.3f} -> {losses[-1]:.3f}"
-        + (f", {extra['parse_rate']:.0%} of its answers parse" if extra else "") + f" ({path})")
+        + (", " + ", ".join(f"{r:.0%} of its m={m} answers parse"
+                            for m, r in extra["parse_rates"].items()) if extra else "")
+        + f" ({path})")
     return policy
 
 
