@@ -256,3 +256,11 @@ def test_one_operation_variant_targets_pairs_and_scores_hits_only():
         assert all(len(x.split()) == 3 for x in demo)
     with pytest.raises(ValueError, match="num_numbers=3 must be in 4..6"):
         make_task("countdown2_1op", num_numbers=3)
+    # aim="each": every answer of a set draws its own target, so sets of 2 cover both about
+    # half the time (aim="one" never does)
+    each = make_task("countdown2_1op", aim="each")
+    covers = [len({arithmetic.parse(x.split())[0] for x in each.demonstrations(rec, rng, 2)})
+              == 2 for _ in range(400)]
+    assert 0.4 < np.mean(covers) < 0.7
+    with pytest.raises(ValueError, match="aim='both'"):
+        make_task("countdown2_1op", aim="both")

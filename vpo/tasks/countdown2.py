@@ -319,7 +319,7 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
 
 def make_countdown2_1op_task(*, num_numbers: int = 4, min_number: int = 2, max_number: int = 12,
                              ops: Sequence[str] = ONE_OP_OPS, max_answers: int = 2,
-                             max_tries: int = 100) -> base.Task:
+                             aim: str = "one", max_tries: int = 100) -> base.Task:
     """Two-target countdown with one operation per target (see the module docstring): R = 2
     (hit1, hit2), w* = (1/2, 1/2), solved = hit1 or hit2, cover = both.
 
@@ -329,9 +329,14 @@ def make_countdown2_1op_task(*, num_numbers: int = 4, min_number: int = 2, max_n
       ops: the operations a target is made with (+ and * by default: each target then has at
         least two expressions, `a ∘ b` and `b ∘ a`, for m = 2 demonstrations).
       max_answers: the most answers per generation.
+      aim: the demonstrations' aim: "one" (a set's m answers all reach one target, drawn per
+        set: the format without coverage) or "each" (every answer its own target, drawn
+        independently: a set of 2 covers both half the time).
       max_tries: draws per problem before a RuntimeError naming the knobs.
     """
     K, A = num_numbers, 4 * num_numbers - 1
+    if aim not in ("one", "each"):
+        raise ValueError(f"aim={aim!r}: choose 'one' (a set aims at one target) or 'each'")
     if K < 4 or K > 6:
         raise ValueError(f"num_numbers={K} must be in 4..6 (two disjoint pairs; the generator "
                          "enumerates every expression)")
@@ -371,16 +376,31 @@ def make_countdown2_1op_task(*, num_numbers: int = 4, min_number: int = 2, max_n
 
     def demonstrations(record: base.Record, rng: np.random.Generator,
                        num_answers: int) -> list[str]:
-        """m distinct one-operation answers `a ∘ b` that all reach one target (t1 or t2 at
-        random): the format and the aim, never a hedge over both targets."""
+        """m distinct one-operation answers `a ∘ b`: with aim "one" all reach one target (t1 or
+        t2 at random), never a hedge over both; with "each" every answer draws its own."""
         nums = [int(v) for v in record["numbers"]]
-        target = int(record["targets"][int(rng.integers(2))])
-        simple = [f"{a} {op} {b}" for a in nums for b in nums if a != b for op in OPS
-                  if _apply(op, a, b) == target]
-        if len(simple) < num_answers:
-            raise RuntimeError(f"countdown2_1op: fewer than {num_answers} one-operation "
-                               f"answers reach {target} from {nums}")
-        return [simple[i] for i in rng.choice(len(simple), num_answers, replace=False)]
+
+        def reaching(target: int) -> list[str]:
+            return [f"{a} {op} {b}" for a in nums for b in nums if a != b for op in OPS
+                    if _apply(op, a, b) == target]
+
+        if aim == "one":
+            target = int(record["targets"][int(rng.integers(2))])
+            simple = reaching(target)
+            if len(simple) < num_answers:
+                raise RuntimeError(f"countdown2_1op: fewer than {num_answers} one-operation "
+                                   f"answers reach {target} from {nums}")
+            return [simple[i] for i in rng.choice(len(simple), num_answers, replace=False)]
+        pools = [reaching(int(t)) for t in record["targets"]]
+        out: list[str] = []
+        for _ in range(num_answers):
+            left = [x for x in pools[int(rng.integers(2))] if x not in out]
+            left = left or [x for p in pools for x in p if x not in out]
+            if not left:
+                raise RuntimeError(f"countdown2_1op: fewer than {num_answers} one-operation "
+                                   f"answers reach a target of {nums}")
+            out.append(left[int(rng.integers(len(left)))])
+        return out
 
     example = {"numbers": [1] * K, "targets": [1, 2]}
     top = max(max_number * max_number, max_number)
