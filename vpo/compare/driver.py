@@ -144,11 +144,6 @@ def parse_rates(cfg: CompareConfig, task, model) -> dict[int, float]:
         temperature=cfg.eval_temperature)["valid_fraction"]) for m in cfg.all_answers}
 
 
-def parse_rate(cfg: CompareConfig, task, model) -> float:
-    """The lowest of `parse_rates`: the format the policy parses worst."""
-    return min(parse_rates(cfg, task, model).values())
-
-
 def format_gaps(cfg: CompareConfig, rates: dict[int, float]) -> list[str]:
     """The arms whose answer format parses below `parse_floor`, each named with its m and rate
     ("vpo (m=2: 0% parse)"); [] when every arm's format parses."""

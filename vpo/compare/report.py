@@ -734,7 +734,8 @@ def _search_text(cfg, searches, head, bon: list[dict[str, Any]],
              "(mean ± 95%) |", "|---|" + "---|" * (P + 1)]
     for name, rows in searches["rows"].items():
         rate = np.mean([np.mean(r["solved_SP"], axis=0) for r in rows], axis=0)
-        per = (_per_search(searches, name) if name.startswith("sft")
+        one_key_set = name.startswith("sft") and not searches.get("per_seed_keys")
+        per = (_per_search(searches, name) if one_key_set
                else head[name]["values"]["search solved"])
         lines.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in rate) + f" | {fmt(per)} |")
     arms = [a for a in searches["rows"] if not a.startswith("sft")]

@@ -215,6 +215,22 @@ def solve(numbers: Sequence[int], target: int) -> list[str] | None:
 
 # -- the task ---------------------------------------------------------------------------------
 
+def _score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]], *,
+           num_rewards: int, max_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rewards_NMR, valid_NM): `score_expression`'s first `num_rewards` components per slot."""
+    return base.score_word_answers(
+        records, answers, num_rewards,
+        lambda rec, words: score_expression(words, rec["numbers"],
+                                            rec["targets"])[:num_rewards],
+        functools.partial(answers_lib.expression_words, max_words=max_words))
+
+
+def _hit_either(rewards_R):
+    """solved: the answer hits t1 or t2."""
+    r = jnp.asarray(rewards_R)
+    return jnp.maximum(r[0], r[1]) >= 1.0 - 1e-6
+
+
 def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_target: int = 10,
                          max_target: int = 99, min_ops: int = 2, max_answers: int = 8,
                          max_tries: int = 100) -> base.Task:
@@ -277,16 +293,7 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
             records.append({"numbers": nums, "targets": [t1, t2]})
         return records
 
-    def score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]]
-              ) -> tuple[np.ndarray, np.ndarray]:
-        return base.score_word_answers(
-            records, answers, 3,
-            lambda rec, words: score_expression(words, rec["numbers"], rec["targets"]),
-            functools.partial(answers_lib.expression_words, max_words=A))
-
-    def solved(rewards_R):
-        r = jnp.asarray(rewards_R)
-        return jnp.maximum(r[0], r[1]) >= 1.0 - 1e-6
+    score = functools.partial(_score, num_rewards=3, max_words=A)
 
     def demonstrations(record: base.Record, rng: np.random.Generator,
                        num_answers: int) -> list[str]:
@@ -312,7 +319,7 @@ def make_countdown2_task(*, num_numbers: int = 4, max_number: int = 15, min_targ
     return base.Task(
         name="countdown2", reward_names=REWARD_NAMES,
         eval_weights_R=np.array(EVAL_WEIGHTS, np.float32), make_problems=make_problems,
-        statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=_hit_either,
         demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers,
         cover_components=COVER)
 
@@ -363,16 +370,7 @@ def make_countdown2_1op_task(*, num_numbers: int = 4, min_number: int = 2, max_n
             records.append({"numbers": nums, "targets": [int(t1), int(t2)]})
         return records
 
-    def score(records: Sequence[base.Record], answers: Sequence[Sequence[str | None]]
-              ) -> tuple[np.ndarray, np.ndarray]:
-        return base.score_word_answers(
-            records, answers, 2,
-            lambda rec, words: score_expression(words, rec["numbers"], rec["targets"])[:2],
-            functools.partial(answers_lib.expression_words, max_words=A))
-
-    def solved(rewards_R):
-        r = jnp.asarray(rewards_R)
-        return jnp.maximum(r[0], r[1]) >= 1.0 - 1e-6
+    score = functools.partial(_score, num_rewards=2, max_words=A)
 
     def demonstrations(record: base.Record, rng: np.random.Generator,
                        num_answers: int) -> list[str]:
@@ -410,6 +408,6 @@ def make_countdown2_1op_task(*, num_numbers: int = 4, min_number: int = 2, max_n
     return base.Task(
         name="countdown2_1op", reward_names=REWARD_NAMES[:2],
         eval_weights_R=np.array([0.5, 0.5], np.float32), make_problems=make_problems,
-        statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=solved,
+        statement=countdown2_statement, answer_hint=ANSWER_HINT, score=score, solved=_hit_either,
         demonstrations=demonstrations, answer_len=A, words=words, max_answers=max_answers,
         cover_components=COVER)
