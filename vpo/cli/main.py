@@ -346,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if not debug:  # a named error stays one paragraph: orbax may leave a metadata read of a
+        # damaged checkpoint un-awaited, which Python reports at exit ("coroutine ... was never
+        # awaited"); with --debug it shows
+        import warnings
+
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                                category=RuntimeWarning)
     from vpo.accel.targets import default_xla_flags
 
     default_xla_flags()  # before any command starts a backend
