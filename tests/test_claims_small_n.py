@@ -232,6 +232,40 @@ def test_primary_keys_are_checked_and_the_config_names_them():
     assert "can decide its primary claims" in text
 
 
+def test_a_primary_key_may_name_its_k_and_claim_diversity():
+    assert verdicts.parse_key("grpo-warm:pass@1") == ("grpo", "warm", "pass", 1)
+    assert verdicts.metric_key("grpo-warm:pass@1", 12) == "pass@1"
+    assert verdicts.metric_key("vpo-grpo:cover", 12) == "cover@12"
+    assert verdicts.metric_key("vpo-grpo:diversity", 12) == "diversity"
+    assert verdicts.primary_ks("vpo-grpo:cover@4,grpo-warm:pass@1,vpo-grpo:best") == [1, 4]
+    assert "pass@1 above its warm start" in verdicts.primary_text("grpo-warm:pass@1", 12)
+    for bad in ("vpo-grpo:diversity@4", "vpo-grpo:search@2", "vpo-grpo:pass@0",
+                "vpo-grpo:pass@", "vpo-grpo:cover@x"):
+        with pytest.raises(ValueError, match="primary claim"):
+            verdicts.parse_key(bad)
+    with pytest.raises(compare_config.ConfigError, match="eval_budget"):
+        compare_config.make_config("smoke", ["primary=vpo-grpo:cover@7"])  # budget 6
+    cfg = compare_config.make_config("smoke", ["primary=grpo-warm:pass@1,vpo-grpo:cover@4"])
+    assert cfg.claim_k("pass") == 1 and cfg.claim_k("cover") == 4 and cfg.claim_k("best") == 6
+    assert 4 in cfg.eval_ks and cfg.eval_ks[-1] == 6
+    with pytest.raises(compare_config.ConfigError, match="search_leg"):
+        compare_config.make_config("smoke", ["search_leg=false", "primary=vpo-grpo:search"])
+    # the claims read the headline at their own k; grpo against its stronger warm start
+    seeds = list(range(8))
+    head = {"sft (m=1)": {"m": 1, "seeds": seeds, "values": {"pass@1": [0.5] * 8,
+                                                             "diversity": [0.2] * 8}},
+            "sft (m=3)": {"m": 3, "seeds": seeds, "values": {"pass@1": [0.4] * 8,
+                                                             "diversity": [0.3] * 8}},
+            "grpo": {"m": 1, "seeds": seeds, "values": {"pass@1": [0.6 + 0.01 * s for s in seeds],
+                                                        "diversity": [0.1] * 8}},
+            "vpo": {"m": 3, "seeds": seeds, "values": {"diversity": [0.3 + 0.01 * s
+                                                                     for s in seeds]}}}
+    a, b = verdicts.primary_claims(head, ["grpo-warm:pass@1", "vpo-grpo:diversity"], 6)
+    assert a["verdict"] == b["verdict"] == "reproduced"
+    assert "sft (m=1) is the warm start's stronger mode on pass@1" in a["evidence"]
+    assert b["diff"] == pytest.approx(0.235)
+
+
 def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():
     head = {"sft (m=1)": {"m": 1, "seeds": [0, 1, 2], "values": {}},
             "grpo": {"m": 1, "seeds": [0, 1, 2], "values": {"search solved": [0.0, 1.0, 0.5]}}}

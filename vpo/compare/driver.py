@@ -233,9 +233,10 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
     equal: where they are all equal, group-normalised advantages are 0 and the step learns
     nothing. Returns the numbers and, per check, whether it passed."""
     N, G = cfg.eval_budget, cfg.sampler.num_samples
+    kp, kc = cfg.claim_k("pass"), cfg.claim_k("cover")
     records = task.make_problems(cfg.eval_seed, cfg.gate_problems)
     ev = policy_eval.evaluate_policy(
-        policy, task, records, num_answers=1, budget=N, ks=[1, N],
+        policy, task, records, num_answers=1, budget=N, ks=sorted({1, kp, kc, N}),
         key=jax.random.key(cfg.eval_seed + 5), temperature=cfg.eval_temperature)
     train_records = compare_data.training(task).make_problems(  # your data: its training rows
         cfg.train.seed, cfg.gate_problems)
@@ -251,11 +252,12 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
     full = {name: float(np.mean(rewards[:, r] >= 1.0 - 1e-6)) if rewards.size else 0.0
             for r, name in enumerate(task.reward_names) if task.eval_weights_R[r] > 0}
     out = {"problems": cfg.gate_problems, "pass@1": ev["pass@1"], f"pass@{N}": ev[f"pass@{N}"],
-           "best@1": ev["best@1"], f"best@{N}": ev[f"best@{N}"], "group_spread": spread,
-           "G": G, "enforced": cfg.gate, "full_marks": full}
+           f"pass@{kp}": ev[f"pass@{kp}"], "best@1": ev["best@1"], f"best@{N}": ev[f"best@{N}"],
+           "group_spread": spread, "G": G, "enforced": cfg.gate, "full_marks": full,
+           "k": {"pass": kp, "cover": kc}}
     out["checks"] = {
-        "headroom": ev[f"pass@{N}"] <= cfg.gate_pass_max,
-        "solves": ev[f"pass@{N}"] >= cfg.gate_pass_min,
+        "headroom": ev[f"pass@{kp}"] <= cfg.gate_pass_max,
+        "solves": ev[f"pass@{kp}"] >= cfg.gate_pass_min,
         "signal": spread >= cfg.spread_min}
     cover = task.task.cover_components
     if cover:  # the signal a cover claim needs: hits of each component, not format spread
@@ -264,18 +266,19 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
         out["hit_rates"] = {task.reward_names[c]: float(hit_PGC[..., i].mean())
                             for i, c in enumerate(cover)}
         out["hit_groups"] = float(np.mean(hit_PGC.any(-1).any(-1)))
-        out[f"cover@{N}"] = ev.get(f"cover@{N}", 0.0)
+        out[f"cover@{kc}"] = ev.get(f"cover@{kc}", 0.0)
         out["checks"] |= {
             "hits": min(out["hit_rates"].values()) >= cfg.gate_hit_min,
             "hit_groups": out["hit_groups"] >= cfg.gate_hit_groups_min,
-            "cover": cfg.gate_cover_min <= out[f"cover@{N}"] <= cfg.gate_cover_max}
+            "cover": cfg.gate_cover_min <= out[f"cover@{kc}"] <= cfg.gate_cover_max}
     return out
 
 
 def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
     """What the pilot gate's numbers say the design cannot show, one sentence per failed check
     with the setting that fixes it; [] when every check passed."""
-    N = cfg.eval_budget
+    k = gate.get("k", {})  # a gate recorded before claims named their k: at the budget
+    N, kc = k.get("pass", cfg.eval_budget), k.get("cover", cfg.eval_budget)
     p, s = gate[f"pass@{N}"], gate["group_spread"]
     why = {"headroom": f"the warm start's pass@{N} is {p:.3f} (> gate_pass_max "
                        f"{cfg.gate_pass_max:g}): no headroom for RL to show a gain at pass@{N}; "
@@ -289,7 +292,7 @@ def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
                      "nothing; raise sampler.num_samples or sampler.temperature"}
     if "hit_rates" in gate:
         rates = ", ".join(f"{k} {v:.3f}" for k, v in gate["hit_rates"].items())
-        cov = gate[f"cover@{N}"]
+        cov = gate[f"cover@{kc}"]
         why |= {
             "hits": f"the warm start's step-0 hit rates are {rates} (< gate_hit_min "
                     f"{cfg.gate_hit_min:g} for some component): a set rarely covers them all, so "
@@ -298,11 +301,20 @@ def gate_failures(cfg: CompareConfig, gate: dict[str, Any]) -> list[str]:
             "hit_groups": f"only {gate['hit_groups']:.0%} of the step-0 groups hold a hit (< "
                           f"gate_hit_groups_min {cfg.gate_hit_groups_min:g}): reward spread there "
                           "is format, not hits",
-            "cover": f"the warm start's cover@{N} is {cov:.3f}, outside [gate_cover_min "
+            "cover": f"the warm start's cover@{kc} is {cov:.3f}, outside [gate_cover_min "
                      f"{cfg.gate_cover_min:g}, gate_cover_max {cfg.gate_cover_max:g}]: "
                      + ("no headroom for a cover claim" if cov > cfg.gate_cover_max else
-                        "it almost never covers, so cover@N cannot move")}
+                        f"it almost never covers, so cover@{kc} cannot move")}
     return [why[k] for k, ok in gate["checks"].items() if not ok]
+
+
+def _cover_signal_text(cfg: CompareConfig, gate: dict[str, Any]) -> str:
+    """"; hit rates ..., cover@k ..." of a gate on a cover task ("" otherwise)."""
+    if "hit_rates" not in gate:
+        return ""
+    kc = gate.get("k", {}).get("cover", cfg.eval_budget)
+    return ("; hit rates " + ", ".join(f"{k} {v:.3f}" for k, v in gate["hit_rates"].items())
+            + f", cover@{kc} {gate[f'cover@{kc}']:.3f}")
 
 
 def _never_full(gate: dict[str, Any]) -> str:
@@ -550,7 +562,7 @@ def evaluate_arms(cfg: CompareConfig, task, policy, runs, log=print) -> dict[str
     metrics of `evaluation.summarize_pool` + entropy, and per-problem best score / solved.
     Seed s of every row is evaluated with the key fold_in(key(eval_seed), s)."""
     records = task.make_problems(cfg.eval_seed, cfg.eval_problems)
-    ks = policy_eval.default_ks(cfg.eval_budget)
+    ks = cfg.eval_ks
     out: dict[str, Any] = {"ks": ks, "temperature": cfg.eval_temperature, "rows": {}}
     rows, t0 = policy_rows(cfg, policy, runs), time.perf_counter()
     for i, (name, seed, m, model) in enumerate(rows):
@@ -644,6 +656,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     add up the time spent in every attempt. `log` gets a line per finished run, evaluated row
     and searched row with the estimate left; `progress`: the warm start's SFT bar and each RL
     run's step bar on stderr."""
+    with_search = with_search and cfg.search_leg
     # bound to the policy's tokenizer; your data: its evaluation rows, with the others beside
     task = compare_data.load_tasks(cfg, with_search=with_search)  # before the folder is made
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
@@ -692,6 +705,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     log(f"pilot gate: warm start pass@1 {gate['pass@1']:.3f}, pass@{cfg.eval_budget} "
         f"{gate[f'pass@{cfg.eval_budget}']:.3f} on {gate['problems']} held-out problems; "
         f"{gate['group_spread']:.0%} of step-0 groups with unequal rewards"
+        + _cover_signal_text(cfg, gate)
         + ("" if not failed else (" -- " + "; ".join(failed))))
     if failed and cfg.gate:
         raise GateError("pilot gate: the design cannot show an effect: " + "; ".join(failed)

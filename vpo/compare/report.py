@@ -522,6 +522,8 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
     if not gate:
         return []
     N = cfg.eval_budget
+    k = gate.get("k", {})  # the k the claims name (a gate recorded before them: N)
+    kp, kc = k.get("pass", N), k.get("cover", N)
     failed = gate.get("failed") or []
     verdict = ("every check passed" if not failed else
                ("failed and enforced: " if gate.get("enforced") else "failed (not enforced): ")
@@ -530,7 +532,7 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
              f"{N} candidates each): pass@1 {gate['pass@1']:.3f}, pass@{N} "
              f"{gate[f'pass@{N}']:.3f}, best@{N} {gate[f'best@{N}']:.3f}; "
              f"{gate['group_spread']:.0%} of step-0 groups (G = {gate['G']}) have unequal "
-             f"rewards. Headroom band pass@{N} in [{cfg.gate_pass_min:g}, "
+             f"rewards. Headroom band pass@{kp} in [{cfg.gate_pass_min:g}, "
              f"{cfg.gate_pass_max:g}], signal at least {cfg.spread_min:.0%}"
              + (f" (one learning group per step: 1/{cfg.train.batch_size})"
                 if cfg.gate_spread_min is None else "") + f": {verdict}.", ""]
@@ -538,8 +540,8 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
         rates = ", ".join(f"{k} {v:.3f}" for k, v in gate["hit_rates"].items())
         lines += [f"**The cover signal** (the same step-0 candidates): hit rates {rates} (each at "
                   f"least {cfg.gate_hit_min:g}); a hit in {gate['hit_groups']:.0%} of the groups "
-                  f"(at least {cfg.gate_hit_groups_min:.0%}); warm-start cover@{N} "
-                  f"{gate[f'cover@{N}']:.3f} (band [{cfg.gate_cover_min:g}, "
+                  f"(at least {cfg.gate_hit_groups_min:.0%}); warm-start cover@{kc} "
+                  f"{gate[f'cover@{kc}']:.3f} (band [{cfg.gate_cover_min:g}, "
                   f"{cfg.gate_cover_max:g}]).", ""]
     cal = gate.get("search")
     if cal:

@@ -6,8 +6,9 @@ built from `vpo.eval.claims`' tests.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -136,26 +137,48 @@ def search_claim_inputs(solved_RSX: Mapping[str, Any], seeds: Mapping[str, Seque
 # -- pre-registered primary claims ---------------------------------------------------------------
 
 PRIMARY_ARMS = ("vpo", *BASELINES)  # the arms a primary claim may name
-# best@N (partial credit), pass@N (solving), cover@N (a set hitting every mode), N the budget;
-# search: search problems solved by the policy's island search at the calibrated budget
-PRIMARY_METRICS = ("best", "pass", "cover", "search")
+# best@k (partial credit), pass@k (solving), cover@k (a set hitting every mode), k the budget N
+# or the key's own "@k"; diversity: mean pairwise reward-space distance of the held-out
+# candidates; search: search problems solved by the policy's island search at the calibrated
+# budget
+PRIMARY_METRICS = ("best", "pass", "cover", "diversity", "search")
+AT_K_METRICS = ("best", "pass", "cover")  # the metrics a key may evaluate at its own k
 SEARCH = "search solved"  # the headline's per-seed search value
 WARM = "warm"  # "A-warm:metric": arm A against its own warm start (same m)
-PRIMARY_KEYS = tuple(f"{a}-{b}:{m}" for a in PRIMARY_ARMS
-                     for b in (*PRIMARY_ARMS, WARM) if b != a for m in PRIMARY_METRICS)
 MAX_PRIMARY = 3
+_KEY = re.compile(r"^(?P<a>[a-z_]+)-(?P<b>[a-z_]+):(?P<metric>[a-z]+)(?:@(?P<k>[1-9][0-9]*))?$")
+
+
+class PrimaryKey(NamedTuple):
+    """One parsed primary key "A-B:metric[@k]" (k None: at the evaluation budget N)."""
+
+    a: str
+    b: str
+    metric: str
+    k: int | None
+
+
+def parse_key(key: str) -> PrimaryKey:
+    """"A-B:metric" or "A-B:metric@k" → PrimaryKey; a ValueError naming what is wrong."""
+    m = _KEY.match(key.strip())
+    if (not m or m["a"] not in PRIMARY_ARMS or m["b"] not in (*PRIMARY_ARMS, WARM)
+            or m["a"] == m["b"] or m["metric"] not in PRIMARY_METRICS
+            or (m["k"] and m["metric"] not in AT_K_METRICS)):
+        raise ValueError(
+            f"unknown primary claim {key!r}: write A-B:metric with A one of "
+            f"{', '.join(PRIMARY_ARMS)}, B another or {WARM!r} (A's warm start), metric one of "
+            f"{', '.join(PRIMARY_METRICS)}, and for {', '.join(AT_K_METRICS)} optionally @k "
+            "(at k candidates instead of the budget), e.g. vpo-grpo:best or grpo-warm:pass@1")
+    return PrimaryKey(m["a"], m["b"], m["metric"], int(m["k"]) if m["k"] else None)
 
 
 def primary_keys(text: str) -> list[str]:
-    """The comma-separated primary claim keys of a config, checked: each "A-B:metric" (claim: arm
-    A's metric@N above B's, B an arm or "warm" for A's warm start, metric best or pass) from
-    `PRIMARY_KEYS`, none twice, at most MAX_PRIMARY; a ValueError naming the problem."""
+    """The comma-separated primary claim keys of a config, checked: each "A-B:metric[@k]"
+    (claim: arm A's metric above B's, B an arm or "warm" for A's warm start; `parse_key`), none
+    twice, at most MAX_PRIMARY; a ValueError naming the problem."""
     keys = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in PRIMARY_KEYS]
-    if unknown:
-        raise ValueError(f"unknown primary claim(s) {', '.join(unknown)}: write A-B:metric with "
-                         f"A one of {', '.join(PRIMARY_ARMS)}, B another or {WARM!r} (A's warm "
-                         f"start), metric one of {', '.join(PRIMARY_METRICS)}, e.g. vpo-grpo:best")
+    for k in keys:
+        parse_key(k)
     if len(set(keys)) != len(keys):
         raise ValueError(f"{text!r} names a primary claim twice")
     if len(keys) > MAX_PRIMARY:
@@ -164,25 +187,38 @@ def primary_keys(text: str) -> list[str]:
     return keys
 
 
+def primary_ks(text: str) -> list[int]:
+    """The k the primary keys name with "@k" (the evaluation must measure them)."""
+    return sorted({p.k for p in map(parse_key, primary_keys(text)) if p.k})
+
+
 def primary_text(key: str, N: int) -> str:
     """The claim a primary key states (the same words as the exploratory claim it replaces)."""
-    ab, metric = key.split(":")
-    a, b = ab.split("-")
+    a, b, metric, k = parse_key(key)
     name = "VPO" if a == "vpo" else a
     if metric == "search":
         if b == WARM:
             return f"{a}'s island search solves more of the hard problems than its warm start's"
         return (f"in search at equal budget, {name}'s policy solves more of the hard problems "
                 f"than {b}'s")
+    if metric == "diversity":
+        if b == WARM:
+            return (f"{a}'s held-out candidates have higher reward-space diversity than its "
+                    "warm start's")
+        return (f"{name}'s held-out candidates have higher reward-space diversity than {b}'s "
+                f"({N} candidates per problem each)")
+    at = f"{metric}@{k or N}"
     if b == WARM:
-        return f"{a} {metric}@{N} above its warm start's"
-    return f"{name} {metric}@{N} > {b} {metric}@{N} (equal candidate budget)"
+        return f"{a} {at} above its warm start's"
+    return f"{name} {at} > {b} {at} (equal candidate budget)"
 
 
 def metric_key(key: str, N: int) -> str:
     """The headline metric a primary key compares ("pass@30", "search solved", ...)."""
-    metric = key.split(":")[1]
-    return SEARCH if metric == "search" else f"{metric}@{N}"
+    _, _, metric, k = parse_key(key)
+    if metric in ("search", "diversity"):
+        return SEARCH if metric == "search" else "diversity"
+    return f"{metric}@{k or N}"
 
 
 def stronger_warm_start(head: Mapping[str, Any], metric: str) -> str | None:
@@ -196,7 +232,7 @@ def stronger_warm_start(head: Mapping[str, Any], metric: str) -> str | None:
 def primary_rows(key: str, head: Mapping[str, Any], N: int = 0) -> tuple[str, str]:
     """The two headline rows a primary key compares; for "warm" the warm start's stronger
     mode on the key's metric (`stronger_warm_start`)."""
-    a, b = key.split(":")[0].split("-")
+    a, b = parse_key(key)[:2]
     if b == WARM:
         return a, stronger_warm_start(head, metric_key(key, N)) or "sft"
     return a, b
