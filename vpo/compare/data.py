@@ -58,14 +58,13 @@ class DataPart(BoundTask):
 
 
 def data_overrides(preset_primary: str, overrides: list[str]) -> list[str]:
-    """The overrides of `vpo compare --data` on a preset: its own, plus `primary=` the default's
-    claims (best@N, pass@N) when the preset's primary claims are on cover@N, which needs a
-    task's cover components (countdown2's two targets) that your data has not; added to the
-    command line, so the report's command shows it."""
-    from vpo.compare.config import CompareConfig
-
+    """The overrides of `vpo compare --data` on a preset: its own, plus `primary=` the preset's
+    claims with each cover claim made a best claim at the same k when the preset's primary
+    claims are on cover@k, which needs a task's cover components (countdown2's two targets)
+    that your data has not; added to the command line, so the report's command shows it."""
     if ":cover" in preset_primary and not any(o.startswith("primary=") for o in overrides):
-        return [*overrides, f"primary={CompareConfig.primary}"]
+        keys = [k.strip().replace(":cover", ":best") for k in preset_primary.split(",")]
+        return [*overrides, "primary=" + ",".join(keys)]
     return list(overrides)
 
 

@@ -54,7 +54,7 @@ from flax import nnx
 
 from vpo.compare import data as compare_data
 from vpo.compare import report as compare_report
-from vpo.compare import search_leg, verdicts
+from vpo.compare import search_leg, self_demos, verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import ConfigError, ModelConfig, RunConfig, from_dict
 from vpo.eval import policies as policy_eval
@@ -170,15 +170,16 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
     `sft_mutation_fraction` of them search mutation prompts), saved to out_dir/sft. From an
     `init` policy, the SFT (LoRA adapters of `lora_rank`, folded in afterwards) runs only when
     fewer than `parse_floor` of some arm's answers parse in that arm's own m (`parse_rates`,
-    `format_gaps`; your data without demonstrations then stops, naming the arm and its rate): a
-    pretrained chat model first learns the answer format in its own chat template. `resume`: a
+    `format_gaps`; on your data without demonstrations, from the model's own single answers
+    joined into sets, `own_demonstrations`): a pretrained chat model first learns the answer
+    format in its own chat template. `resume`: a
     complete out_dir/sft is loaded, not redone; `progress`: the SFT step bar."""
     max_len = max(_seq_len(cfg, task, m) for m in cfg.all_answers)
     path = os.path.join(out_dir, "sft")
     if resume and policy_complete(path):
         log(f"  resumed: the warm start in {path}")
         return load_model(path, max_seq_len=max_len)[0]
-    init = None
+    init, sft_task, self_info = None, compare_data.training(task), {}
     if cfg.init:
         init = load_model(cfg.init, max_seq_len=max_len)[0]
         rates = parse_rates(cfg, task, init)
@@ -191,13 +192,8 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
         if not gaps or cfg.sft_steps < 1:
             return init
         if not has_demonstrations(cfg, task):
-            raise ConfigError(
-                f"the arm(s) {', '.join(gaps)} cannot answer in their format before RL, and "
-                f"your data has no demonstrations to teach it: below parse_floor "
-                f"{cfg.parse_floor:.0%} they would train without a reward. Give the rows a "
-                "`completion` column (a list of m answer texts), lower num_answers, or drop "
-                "those arms (arms=...)")
-    plan = assemble_sft(compare_data.training(task), cfg.init or cfg.model,
+            sft_task, self_info = own_demonstrations(cfg, task, init, gaps, log)
+    plan = assemble_sft(sft_task, cfg.init or cfg.model,
                         num_answers=cfg.all_answers, seed=cfg.eval_seed,
                         num_parents=cfg.search.parents, num_problems=16,
                         lora_rank=cfg.lora_rank, learning_rate=cfg.sft_lr,
@@ -209,6 +205,7 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                     mutation_parents=cfg.search.parents, progress=progress)
     rates = parse_rates(cfg, task, policy) if cfg.init else {}
     extra = {"parse_rate": min(rates.values()), "parse_rates": rates} if rates else {}
+    extra |= {"self_demonstrations": self_info} if self_info else {}
     save_warm_start(path, plan, policy, losses, steps=cfg.sft_steps,
                     num_answers=cfg.all_answers, info={"task": cfg.task, **extra,
                                           **({"task_kwargs": cfg.task_kwargs}
@@ -219,6 +216,33 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                             for m, r in extra["parse_rates"].items()) if extra else "")
         + f" ({path})")
     return policy
+
+
+def own_demonstrations(cfg: CompareConfig, task, init, gaps: list[str], log=print):
+    """The format warm start's task when the data has no demonstrations: `init`'s own valid
+    single answers to the training rows (`self_demo_samples` each at the training
+    temperature), joined into the m-answer format (`vpo.compare.self_demos`) → (the training
+    task demonstrating them, a record of how many rows had m distinct valid answers). Fewer
+    such rows than one SFT batch is a ConfigError naming the arms and what to change."""
+    train = compare_data.training(task)
+    rows = train.make_problems(cfg.train.seed, cfg.sft_demos)
+    m = max(cfg.all_answers)
+    demos = self_demos.self_demonstrations(
+        init, train, rows, num_answers=m, samples=cfg.self_demo_samples,
+        key=jax.random.key(cfg.train.seed + 7), temperature=cfg.sampler.temperature)
+    info = {"rows": len(demos), "of": len(rows), "samples": cfg.self_demo_samples, "m": m}
+    log(f"  no demonstrations in your data: the format SFT joins {cfg.init}'s own single "
+        f"answers into sets of {m}; {len(demos)} of {len(rows)} training rows had {m} distinct "
+        f"valid answers among {cfg.self_demo_samples} samples")
+    if len(demos) < cfg.sft_batch:
+        raise ConfigError(
+            f"the arm(s) {', '.join(gaps)} cannot answer in their format before RL, your data "
+            f"has no demonstrations, and {cfg.init}'s own single answers gave {m} distinct valid "
+            f"answers on only {len(demos)} of {len(rows)} training rows (fewer than one SFT "
+            f"batch, sft_batch={cfg.sft_batch}): give the rows a `completion` column (a list "
+            f"of m answer texts), raise self_demo_samples, lower num_answers, or drop those "
+            "arms (arms=...)")
+    return self_demos.with_demonstrations(train, demos), info
 
 
 class GateError(ConfigError):
