@@ -98,7 +98,8 @@ class CompareConfig:
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
     # The pilot gate, before RL (`vpo.compare.driver.pilot_gate`): the warm start measured on
     # `gate_problems` held-out problems and as many training prompts; with `gate` on, the run
-    # stops with a named message when the design cannot show an effect: pass@N above
+    # stops with a named message when the design cannot show an effect: pass@N (N, or the k
+    # of a pass@k claim) above
     # `gate_pass_max` (no headroom), below `gate_pass_min` (nothing solved to reinforce), or
     # fewer than `gate_spread_min` of the step-0 groups with unequal rewards (no signal).
     # The thresholds' rules: pass@N at most 0.9 leaves a tenth of the scale to gain; at least
@@ -111,8 +112,8 @@ class CompareConfig:
     gate_spread_min: float | None = None
     # On a task with cover components (countdown2: the targets), the signal the cover claims
     # need: each component hit by at least gate_hit_min of the warm start's step-0 candidates,
-    # a hit in at least gate_hit_groups_min of the step-0 groups, and its cover@N in
-    # [gate_cover_min, gate_cover_max] (0, 0, 0, 1: off).
+    # a hit in at least gate_hit_groups_min of the step-0 groups, and its cover@k in
+    # [gate_cover_min, gate_cover_max], k the cover claim's (`claim_k`) (0, 0, 0, 1: off).
     gate_hit_min: float = 0.0
     gate_hit_groups_min: float = 0.0
     gate_cover_min: float = 0.0
