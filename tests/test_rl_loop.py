@@ -86,6 +86,35 @@ def test_smoke_train_writes_metrics(task, tmp_path):
     assert json.loads((tmp_path / "policy" / "policy.json").read_text())["steps"] == 3
 
 
+def test_runs_differing_only_in_seed_share_one_compiled_step(task, tmp_path, monkeypatch):
+    """`programs`: the second seed reuses the first's compiled step (no second compile) and
+    trains exactly as it does alone; another learning rate is another program."""
+    from vpo.rl import host_memory
+
+    compiles = []
+    real = host_memory.compile_now
+    monkeypatch.setattr(host_memory, "compile_now",
+                        lambda *a: compiles.append(1) or real(*a))
+    base = run_config(task, steps=2)
+    seeded = lambda seed, **kw: dataclasses.replace(  # noqa: E731
+        base, train=dataclasses.replace(base.train, seed=seed, **kw))
+    programs: dict = {}
+    mesh = one_device()
+    loop_lib.train(seeded(0), str(tmp_path / "s0"), task=task, mesh=mesh, progress=False,
+                   programs=programs)
+    first = len(compiles)
+    _, shared = loop_lib.train(seeded(1), str(tmp_path / "s1"), task=task, mesh=mesh,
+                               progress=False, programs=programs)
+    assert len(programs) == 1 and len(compiles) == first  # nothing compiled again
+    _, alone = loop_lib.train(seeded(1), str(tmp_path / "alone"), task=task, mesh=mesh,
+                              progress=False)
+    for a, b in zip(params_of(shared), params_of(alone), strict=True):
+        np.testing.assert_array_equal(a, b)
+    loop_lib.train(seeded(1, learning_rate=1e-3), str(tmp_path / "lr"), task=task, mesh=mesh,
+                   progress=False, programs=programs)
+    assert len(programs) == 2
+
+
 def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
     maze = bound("maze")
     records = maze.make_problems(0, 64)

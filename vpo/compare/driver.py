@@ -499,6 +499,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
     init_spec = os.path.abspath(sft) if policy_complete(sft) else cfg.init
     total, done, t_all = len(cfg.arm_names) * cfg.num_seeds, 0, time.perf_counter()
     train_task = compare_data.training(task)  # RL rows: your data's training part
+    programs: dict = {}  # each arm's step compiled once, reused by its other seeds
     for arm in cfg.arm_names:
         m = cfg.arm_answers(arm)
         if cfg.law_points and m not in start_scores:
@@ -522,7 +523,7 @@ def train_arms(cfg: CompareConfig, task, policy, out_dir: str, log=print,
             t0 = time.perf_counter()
             graphdef, state = train(run, path, resume=resume, task=train_task, mesh=mesh,
                                     progress=progress, init=_copy(policy),
-                                    bar_label=f"{arm} seed {seed}")
+                                    bar_label=f"{arm} seed {seed}", programs=programs)
             with open(os.path.join(path, JSONL)) as f:
                 rows = [json.loads(line) for line in f if line.strip()]
             law = (law_trajectory(cfg, task, path, graphdef, state, rows, start_scores[m], m)

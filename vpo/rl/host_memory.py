@@ -20,6 +20,8 @@ import ctypes
 import ctypes.util
 import functools
 
+import jax
+
 
 @functools.cache
 def _libc():
@@ -78,6 +80,29 @@ def compile_now(jitted, *args):
     compiled = jitted.lower(*args).compile()
     release_freed_memory()
     return compiled
+
+
+def _signature(args) -> tuple:
+    """The shapes, dtypes and shardings of a call's arguments (what an executable is for)."""
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))),
+                           getattr(x, "sharding", None)) for x in leaves)
+
+
+def compiled_per_signature(jitted):
+    """`compiled_on_first_call` for callers whose argument shapes may differ between calls (runs
+    of one process sharing a step whose prompt length depends on the run's problems): one
+    `compile_now` executable per distinct signature of shapes, dtypes and shardings, reused
+    for every later call with that signature."""
+    compiled: dict[tuple, object] = {}
+
+    def call(*args):
+        sig = _signature(args)
+        if sig not in compiled:
+            compiled[sig] = compile_now(jitted, *args)
+        return compiled[sig](*args)
+
+    return call
 
 
 def compiled_on_first_call(jitted):

@@ -33,7 +33,7 @@ from vpo.rl import data as data_lib
 from vpo.rl import overlap
 from vpo.rl.checks import check_run
 from vpo.rl.env_step import EnvRLStep, make_env_rl_step
-from vpo.rl.host_memory import compiled_on_first_call
+from vpo.rl.host_memory import compiled_per_signature
 from vpo.rl.run_folder import (  # the run folder the loop writes
     CONFIG,
     INIT_FILE,
@@ -92,8 +92,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
           mesh=None, progress: bool = True, init: Decoder | None = None,
           consume_init: bool = False, stop_at: int | None = None, report_to=None,
           bar_label: str | None = None,
-          on_event: Callable[[str, int], None] | None = None
-          ) -> tuple[nnx.GraphDef, TrainState]:
+          on_event: Callable[[str, int], None] | None = None,
+          programs: dict | None = None) -> tuple[nnx.GraphDef, TrainState]:
     """Train `config.train.steps` RL steps on `task`, logging to out_dir and checkpointing there.
 
     `resume=True` continues from the latest complete checkpoint in out_dir/checkpoints (state,
@@ -109,6 +109,8 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `bar_label` labels the bar of one run of several (a `vpo compare` arm), without sample lines.
     `on_event(point, step)`: called at each of the loop's named points (`EVENTS`); with it, the
     loop waits for each checkpoint save to complete before reporting "saved".
+    `programs`: a dict the runs of one process share, so a run differing from an earlier one
+    only in its seed reuses that run's compiled step (`_step_functions`; `vpo compare`'s seeds).
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
     a `RunFolderLockedError`. A new run that fails before its first step (a check that refuses
     it, an error setting it up) leaves nothing in out_dir (`run_folder.discard_start`): the
@@ -127,7 +129,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
         start = _open_folder(run, out_dir, resume)
         state = _run_steps(run, out_dir, start, progress=progress, stop_at=stop_at,
                            report_to=report_to, bar_label=bar_label,
-                           on_event=on_event or _no_events)
+                           on_event=on_event or _no_events, programs=programs)
         (on_event or _no_events)("policy", int(jax.device_get(state.step)))
         export_policy(os.path.join(out_dir, "policy"), config, run.graphdef, state, task)
         return run.graphdef, state
@@ -237,26 +239,39 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
     return 0
 
 
-def _step_functions(run: _Run):
+def _step_functions(run: _Run, programs: dict | None = None):
     """(the RL step, the sampling probe or None), each compiled ahead of its first call with
-    the compiler's freed memory given back first."""
+    the compiler's freed memory given back first. `programs`: a dict shared by the runs of one
+    process: a run with the same graphdef, task, mesh and step settings but for the seed (the
+    seed only enters the state) reuses the compiled sampler and update of the first such run,
+    per argument signature (`compiled_per_signature`), instead of tracing and compiling them
+    again."""
     cfg, tcfg = step_config(run.config, run.task), run.config.train
+    key = (run.graphdef, run.task, run.mesh,
+           dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=0)))
+    shared = programs.get(key) if programs is not None else None
     if is_env_task(run.task):  # episodes on the host: the update compiled on its first call
         step_fn = make_env_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
     elif run.task.is_host:
         step_fn = make_host_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
-        step_fn = dataclasses.replace(step_fn, sample=compiled_on_first_call(step_fn.sample),
-                                      update=compiled_on_first_call(step_fn.update))
+        if shared is None:
+            shared = (compiled_per_signature(step_fn.sample),
+                      compiled_per_signature(step_fn.update))
+        step_fn = dataclasses.replace(step_fn, sample=shared[0], update=shared[1])
     else:
-        step_fn = compiled_on_first_call(make_rl_step(run.graphdef, run.tx, run.task, cfg))
+        if shared is None:
+            shared = compiled_per_signature(make_rl_step(run.graphdef, run.tx, run.task, cfg))
+        step_fn = shared
+    if programs is not None and shared is not None:
+        programs[key] = shared
     probe_fn = (make_sample_step(run.graphdef, cfg)
                 if (tcfg.profile_every or tcfg.sample_every) and not run.task.is_host else None)
     return step_fn, probe_fn
 
 
 def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: int | None,
-               report_to, bar_label: str | None, on_event: Callable[[str, int], None]
-               ) -> TrainState:
+               report_to, bar_label: str | None, on_event: Callable[[str, int], None],
+               programs: dict | None = None) -> TrainState:
     """The steps from `start`: batches, the jitted step, metrics one step late, sample rows,
     checkpoints, the skip guard and the stop signals → the final state (all steps saved)."""
     import tqdm
@@ -266,7 +281,7 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     from vpo.rl.watch import RunWatch
 
     config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
-    step_fn, probe_fn = _step_functions(run)
+    step_fn, probe_fn = _step_functions(run, programs)
     state, data_it = run.state, run.data_it
     if tcfg.off_policy_steps and state.pending is None:  # the first rollout, by θ_0
         prime = overlap.make_prime_step(run.graphdef, task, step_config(config, task))

@@ -19,7 +19,7 @@ is move i in that order).
 
 Reward, R = 4 (`maze_world.route_reward`): completion * (1, gold, diamond, avoid_lava) with the
 fractions collected / total (avoid_lava = 1 - lava stepped / lava total) taken as they are
-(`scoring="linear"`, the shape the authors' ryanboldi/vpo PAPER_REPRO.md describes) or, the default
+(`scoring="linear"`, the plain fractions) or, the default
 and the authors' generated data, `scoring="convex_bonus"`: each fraction squared, x1.5 once the
 centre bonus tile is visited, clamped to 1 (the VPO paper's maze scoring). completion = 1 iff the
 route reaches E within the budget; items, lava and the bonus count only on tiles entered before E.
