@@ -572,6 +572,8 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
     N = cfg.eval_budget
     metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", f"cover@{N}", "diversity", "distinct",
                "valid_fraction", "entropy", "train entropy", "train diversity", "search solved"]
+    claimed = [verdicts.metric_key(c["key"], N) for c in families[PRIMARY[0]] if "key" in c]
+    metrics[2:2] = [k for k in dict.fromkeys(claimed) if k not in metrics]  # a claim's own k
     metrics = [k for k in metrics if any(k in h["values"] for h in head.values())]
     seeds = max(len(h["seeds"]) for h in head.values())
     level = f"{100 * claims.LEVEL:g}%"
