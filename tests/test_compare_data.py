@@ -416,7 +416,7 @@ def test_on_a_pretrained_checkpoint_every_arm_is_rewarded_from_its_first_step(tm
             f"{tmp_path}/rewards.py:accuracy", "--eval-fraction", "0.25", "init=smollm2",
             "lora_rank=8", "arms=grpo,vpo", "num_seeds=1", "train.steps=2", "sft_steps=30",
             "sft_demos=32", "eval_problems=8", "eval_budget=4", "gate=false", "gate_problems=4",
-            "answer_tokens=16", "--no-search", "--compile-cache", "", "--out", out]
+            "answer_tokens=24", "--no-search", "--compile-cache", "", "--out", out]
     assert cli.main(argv) == 0
     with open(os.path.join(out, "sft", "policy.json")) as f:
         info = json.load(f)
