@@ -36,20 +36,20 @@ def worker() -> None:
     from vpo.launch.assemble import assemble_run
     from vpo.model import sharding
     from vpo.rl import data as data_lib
-    from vpo.rl import step as train_lib
+    from vpo.rl import step as step_lib
     from vpo.rl.loop import shard_batch
 
     plan = assemble_run("maze", None, OVERRIDES)
     run, task = plan.run, plan.task
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)
-    cfg = train_lib.step_config(run, task)
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.init_state(run.model, tx, mesh)
+    cfg = step_lib.step_config(run, task)
     batch = shard_batch(next(data_lib.problem_iterator(
         task, run.train.batch_size, run.train.num_answers, num_problems=64, seed=0)), mesh)
-    fused = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
+    fused = jax.jit(functools.partial(step_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
                                       cfg=cfg))
-    sample = train_lib.make_sample_step(graphdef, cfg)
+    sample = step_lib.make_sample_step(graphdef, cfg)
     for _ in range(3):  # compile and warm both
         jax.block_until_ready(fused(state, batch))
         jax.block_until_ready(sample(state, batch))

@@ -115,7 +115,7 @@ from vpo.config import (  # noqa: E402
 )
 from vpo.model import sharding  # noqa: E402
 from vpo.model.decoder import decode_attention_impl  # noqa: E402
-from vpo.rl import step as train_lib  # noqa: E402
+from vpo.rl import step as step_lib  # noqa: E402
 from vpo.rollout import rewards as rewards_lib  # noqa: E402
 from vpo.rollout.sampler import sample_with_keys  # noqa: E402
 
@@ -233,14 +233,14 @@ class Bench:
         tcfg = TrainConfig(batch_size=a.B, num_answers=1, learning_rate=a.lr, steps=10**6,
                            grad_accum=grad_accum, vocab_block=a.vocab_block,
                            logprob_impl=a.logprob_impl)
-        step_cfg = train_lib.StepConfig(self.sampler_cfg, ObjectiveConfig(advantage="grpo"),
+        step_cfg = step_lib.StepConfig(self.sampler_cfg, ObjectiveConfig(advantage="grpo"),
                                         tcfg, stop_ids=(self.no_eos,), pad_id=PAD)
-        return train_lib.make_optimizer(tcfg), step_cfg
+        return step_lib.make_optimizer(tcfg), step_cfg
 
     def new_state(self):
         """(graphdef, TrainState) of a fresh random policy, born on the device (`init_state`;
         the optimiser state does not depend on grad_accum)."""
-        graphdef, state, _ = train_lib.init_state(self.cfg, self.step_setup(1)[0], self.mesh,
+        graphdef, state, _ = step_lib.init_state(self.cfg, self.step_setup(1)[0], self.mesh,
                                                   seed=0)
         return graphdef, state
 
@@ -259,7 +259,7 @@ class Bench:
         jax.block_until_ready(state)
         self.fresh = (graphdef, state)  # the first update attempt trains this same policy
         out["compile_s"]["init_state"] = time.perf_counter() - t0
-        model = train_lib.model_of(graphdef, state)
+        model = step_lib.model_of(graphdef, state)
         rollout, out["compile_s"]["sampling"] = _timed(lambda: self._sample(model))
         n = int(rollout.mask_BGT.sum())
         if n != B * G * T:
@@ -295,7 +295,7 @@ class Bench:
             rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"],
                                                           rollout.tokens_BGT, rollout.mask_BGT,
                                                           1)
-            return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+            return step_lib.update_from_rollout(state, batch, rollout, rewards, smask,
                                                  graphdef=graphdef, tx=tx, task=task,
                                                  cfg=step_cfg)
 
@@ -317,7 +317,7 @@ class Bench:
             raise RuntimeError(f"the update gave a non-finite loss: {metrics['loss']}")
         update_s = _median_s(one_update, reps)
 
-        step = train_lib.make_rl_step(graphdef, tx, task, step_cfg)
+        step = step_lib.make_rl_step(graphdef, tx, task, step_cfg)
 
         def one_step():
             holder["state"], metrics = step(holder["state"], self.batch)

@@ -34,7 +34,7 @@ from vpo.launch import assemble
 from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.rl.loop import shard_batch
 from vpo.rollout import rewards as rewards_lib
 
@@ -62,11 +62,11 @@ def build(cfg: dict, rank: int):
     plan = assemble.assemble_run("bandit", None, overrides)
     run, task = plan.run, plan.task
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    tx = train_lib.make_optimizer(run.train)
+    tx = step_lib.make_optimizer(run.train)
     base = Decoder(lora.base_config(run.model), rngs=nnx.Rngs(0))  # the same base for both arms
-    graphdef, state, _ = train_lib.state_from_model(
+    graphdef, state, _ = step_lib.state_from_model(
         lora.as_configured(base, run.model, seed=0), tx, mesh, with_ref=cfg["kl_coef"] > 0)
-    step_cfg = train_lib.step_config(run, task)
+    step_cfg = step_lib.step_config(run, task)
     it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers,
                                    num_problems=64, seed=0)
     batch = shard_batch(next(it), mesh)
@@ -74,12 +74,12 @@ def build(cfg: dict, rank: int):
     def update(state, batch, rollout):
         rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
                                                     rollout.mask_BGT, run.train.num_answers)
-        return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+        return step_lib.update_from_rollout(state, batch, rollout, rewards, smask,
                                              graphdef=graphdef, tx=tx, task=task, cfg=step_cfg)
 
-    fused = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
+    fused = jax.jit(functools.partial(step_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
                                       cfg=step_cfg))
-    rollout = jax.block_until_ready(train_lib.make_sample_step(graphdef, step_cfg)(state, batch))
+    rollout = jax.block_until_ready(step_lib.make_sample_step(graphdef, step_cfg)(state, batch))
     as_run = jax.jit(update, donate_argnums=0).lower(state, batch, rollout).compile()
     cost = as_run.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

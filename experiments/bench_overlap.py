@@ -44,7 +44,7 @@ def main(argv=None):
     from vpo.model import sharding
     from vpo.rl import data as data_lib
     from vpo.rl import overlap
-    from vpo.rl import step as train_lib
+    from vpo.rl import step as step_lib
     from vpo.rl.loop import shard_batch
 
     devices = jax.devices()[:args.devices]
@@ -55,12 +55,12 @@ def main(argv=None):
             f"model={args.model}", f"sampler.num_samples={args.G}",
             f"train.batch_size={args.batch}", f"train.off_policy_steps={k}"])
         run, task = plan.run, plan.task
-        tx = train_lib.make_optimizer(run.train)
-        graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)
-        cfg = train_lib.step_config(run, task)
+        tx = step_lib.make_optimizer(run.train)
+        graphdef, state, _ = step_lib.init_state(run.model, tx, mesh)
+        cfg = step_lib.step_config(run, task)
         it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers,
                                        num_problems=256, seed=0)
-        step = train_lib.make_rl_step(graphdef, tx, task, cfg)
+        step = step_lib.make_rl_step(graphdef, tx, task, cfg)
         if k:
             state = overlap.make_prime_step(graphdef, task, cfg)(state,
                                                                  shard_batch(next(it), mesh))
@@ -96,8 +96,8 @@ def main(argv=None):
 
     @jax.jit
     def proximal(state):
-        return train_lib.completion_logp(
-            train_lib.model_of(arm["graphdef"], state), pending["prompt_BP"],
+        return step_lib.completion_logp(
+            step_lib.model_of(arm["graphdef"], state), pending["prompt_BP"],
             pending["prompt_mask_BP"], pending["rollout"]["tokens_BGT"],
             vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl)[0]
 

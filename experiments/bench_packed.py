@@ -28,7 +28,7 @@ from vpo import objectives
 from vpo.config import model_preset
 from vpo.model.decoder import Decoder
 from vpo.rl import packing
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 
 
 def long_tail_lengths_BG(rng: np.random.Generator, B: int, G: int, lo: int, T: int):  # noqa: N802
@@ -46,9 +46,9 @@ def make_pass(model_cfg, inputs, pack_rows: int, vocab_block: int):
     def loss(params, plan=None):
         args = (nnx.merge(graphdef, params), prompt_BP, mask_BP, tokens_BGT)
         if plan is None:
-            logp, ent = train_lib.completion_logp(*args, vocab_block=vocab_block)
+            logp, ent = step_lib.completion_logp(*args, vocab_block=vocab_block)
         else:
-            logp, ent = train_lib.packed_completion_logp(*args, plan, pack_rows,
+            logp, ent = step_lib.packed_completion_logp(*args, plan, pack_rows,
                                                          vocab_block=vocab_block)
         value, _ = objectives.policy_loss(
             logp, old_logp_BGT, adv_BG, real_BGT, ref_logp_BGT=old_logp_BGT, entropy_BGT=ent,

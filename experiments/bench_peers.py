@@ -54,7 +54,7 @@ from vpo.config import ObjectiveConfig, SamplerConfig, TrainConfig
 from vpo.io import hf
 from vpo.io.tokenizer import left_pad
 from vpo.model import sharding
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.rl.host_memory import compile_now, keep_freed_memory_for
 from vpo.rollout import rewards as rewards_lib
 from vpo.rollout.sampler import sample_with_keys
@@ -174,7 +174,7 @@ class VpoSize:
         self.calls += 1
         B, G = self.B, self.G
         keys = jax.random.split(jax.random.key(self.calls), B * G).reshape(B, G)
-        model = train_lib.model_of(self.graphdef, self.state)  # the state's own weights
+        model = step_lib.model_of(self.graphdef, self.state)  # the state's own weights
         return sample_with_keys(model, self.prompts_BP, self.mask_BP, keys, self.cfg,
                                 stop_ids=(self.no_eos,), pad_id=self.tok.pad_id)
 
@@ -196,18 +196,18 @@ class VpoSize:
         self.task = CountATask(a_id, self.tok)
         tcfg = TrainConfig(batch_size=B, num_answers=1, learning_rate=1e-5, steps=10**6,
                            remat=self.remat)
-        self.step_cfg = train_lib.StepConfig(self.cfg, ObjectiveConfig(advantage="grpo"), tcfg,
+        self.step_cfg = step_lib.StepConfig(self.cfg, ObjectiveConfig(advantage="grpo"), tcfg,
                                              stop_ids=(self.no_eos,), pad_id=self.tok.pad_id)
-        self.tx = train_lib.make_optimizer(tcfg)
+        self.tx = step_lib.make_optimizer(tcfg)
         self.mesh = sharding.make_mesh(devices=jax.devices()[:1])
         # the state takes the loaded weights (`vpo train` does the same): not held twice
         self.model_cfg = self.model.cfg
-        self.graphdef, self.state, _ = train_lib.state_from_model(self.model, self.tx, self.mesh,
+        self.graphdef, self.state, _ = step_lib.state_from_model(self.model, self.tx, self.mesh,
                                                                   consume=True)
         self.model = None
         self.batch = dict(problems={"task": jnp.zeros((B,), jnp.int32)},
                           prompt_BP=jnp.asarray(prompts), prompt_mask_BP=jnp.asarray(pmask))
-        self.step_jit = train_lib.make_rl_step(self.graphdef, self.tx, self.task, self.step_cfg)
+        self.step_jit = step_lib.make_rl_step(self.graphdef, self.tx, self.task, self.step_cfg)
         self.step = None  # compiled on the first call, as `vpo train` does (`compile_now`)
 
     def _one_step(self):
@@ -237,14 +237,14 @@ class VpoSize:
     def step_split(self, reps: int) -> dict:
         """Where a step's time goes: the sampling jit alone and the update jit alone (reward,
         advantages, training forward/backward, optimiser), plus the update's XLA FLOP count."""
-        sample = train_lib.make_sample_step(self.graphdef, self.step_cfg)
+        sample = step_lib.make_sample_step(self.graphdef, self.step_cfg)
         task, cfg, graphdef, tx = self.task, self.step_cfg, self.graphdef, self.tx
 
         @jax.jit
         def update(state, batch, rollout):
             rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"],
                                                         rollout.tokens_BGT, rollout.mask_BGT, 1)
-            return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+            return step_lib.update_from_rollout(state, batch, rollout, rewards, smask,
                                                  graphdef=graphdef, tx=tx, task=task, cfg=cfg)
 
         rollout = jax.block_until_ready(sample(self.state, self.batch))

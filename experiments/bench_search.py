@@ -24,8 +24,7 @@ from flax import nnx
 from vpo.config import model_preset
 from vpo.model.decoder import Decoder
 from vpo.rollout.sampler import generate
-from vpo.search import ingraph as search
-from vpo.search import population as ops
+from vpo.search import ingraph, population
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer
@@ -36,7 +35,7 @@ def get_config(quick: bool):
     (so the host loop's per-generation dispatch and sync dominate)."""
     gens = 4 if quick else 16
     points = [dict(islands=4, members=8, children=8), dict(islands=2, members=2, children=2)]
-    return dict(searches=[search.SearchConfig(parents=2 if p["members"] > 2 else 1,
+    return dict(searches=[ingraph.SearchConfig(parents=2 if p["members"] > 2 else 1,
                                               generations=gens, migration_interval=2,
                                               migration_count=1, num_answers=2, **p)
                           for p in points[:1 if quick else 2]],
@@ -45,11 +44,11 @@ def get_config(quick: bool):
 
 @functools.partial(jax.jit, static_argnames=("task", "cfg"))
 def select_and_prompt(task, cfg, state, key, problem):
-    idx_IBK, present_IBK, fresh_IB, k_prop = search.select_step(cfg, state, key)
+    idx_IBK, present_IBK, fresh_IB, k_prop = ingraph.select_step(cfg, state, key)
     I, B, K = idx_IBK.shape
-    par = jax.vmap(ops.take)(state.population, idx_IBK)
+    par = jax.vmap(population.take)(state.population, idx_IBK)
     flat = lambda x: x.reshape((I * B,) + x.shape[2:])  # noqa: E731
-    prompts_BP, mask_BP = search.lm_prompts(
+    prompts_BP, mask_BP = ingraph.lm_prompts(
         task, cfg, problem, flat(par.tokens_XA), flat(par.mask_XA & present_IBK[..., None]),
         flat(par.rewards_XR), flat(fresh_IB))
     keys_B1 = jax.random.split(k_prop, I * B).reshape(I * B, 1)
@@ -59,17 +58,17 @@ def select_and_prompt(task, cfg, state, key, problem):
 @functools.partial(jax.jit, static_argnames=("task", "cfg"))
 def score_and_replace(task, cfg, state, idx_IBK, present_IBK, fresh_IB, tokens_BT, mask_BT,
                       problem):
-    answers = search.split_completions(task, cfg, tokens_BT, mask_BT)
-    state = search.absorb(task, cfg, None, lambda *a: answers, state, idx_IBK, present_IBK,
+    answers = ingraph.split_completions(task, cfg, tokens_BT, mask_BT)
+    state = ingraph.absorb(task, cfg, None, lambda *a: answers, state, idx_IBK, present_IBK,
                           fresh_IB, jax.random.key(0))
-    return search.island_step(cfg, state)
+    return ingraph.island_step(cfg, state)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "task", "cfg"))
 def init_jit(graphdef, params, task, cfg, problem, key):
-    propose = functools.partial(search.lm_propose, nnx.merge(graphdef, params), task=task,
+    propose = functools.partial(ingraph.lm_propose, nnx.merge(graphdef, params), task=task,
                                 cfg=cfg)
-    init, _ = search.make_search(task, cfg, propose)
+    init, _ = ingraph.make_search(task, cfg, propose)
     return init(key, problem)
 
 
@@ -136,13 +135,13 @@ def main():
     key = jax.random.key(0)
     rows = []
     for cfg in conf["searches"]:
-        problems = search.search_problems(task, records, cfg.num_answers)
+        problems = ingraph.search_problems(task, records, cfg.num_answers)
         problem = jax.tree.map(lambda x: jnp.asarray(x[0]), problems)
         print(f"device={jax.devices()[0].platform} preset={conf['preset']} I={cfg.islands} "
               f"Q={cfg.members} C={cfg.children} m={cfg.num_answers} G={cfg.generations} "
               f"budget={cfg.budget} candidates")
         (_, g_state, _, _), g_first, g_med = timed(
-            lambda cfg=cfg, problems=problems: search.run_method(key, "search", model, task,
+            lambda cfg=cfg, problems=problems: ingraph.run_method(key, "search", model, task,
                                                                  problems, cfg),
             conf["repeats"])
         h_state, h_first, h_med = timed(

@@ -22,7 +22,7 @@ import jax
 
 from vpo.model import sharding
 from vpo.rl import data as data_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.rl.loop import shard_batch
 from vpo.rollout import rewards as rewards_lib
 
@@ -60,24 +60,24 @@ def bench_point(preset: str, G: int, extra: list[str], cfg: dict):
                                              overrides + ["train.logprob_impl=reference"])
     ref_run, _ = plan.run, plan.task
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh)
-    step_cfg = train_lib.step_config(run, task)
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.init_state(run.model, tx, mesh)
+    step_cfg = step_lib.step_config(run, task)
     it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers,
                                    num_problems=64, seed=0)
     batch = shard_batch(next(it), mesh)
 
-    fused = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
+    fused = jax.jit(functools.partial(step_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
                                       cfg=step_cfg))
-    fused_ref = jax.jit(functools.partial(train_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
-                                          cfg=train_lib.step_config(ref_run, task)))
-    sample = train_lib.make_sample_step(graphdef, step_cfg)
+    fused_ref = jax.jit(functools.partial(step_lib.rl_step, graphdef=graphdef, tx=tx, task=task,
+                                          cfg=step_lib.step_config(ref_run, task)))
+    sample = step_lib.make_sample_step(graphdef, step_cfg)
 
     @jax.jit
     def update(state, batch, rollout):
         rewards, smask = rewards_lib.in_graph_rewards(task, batch["problems"], rollout.tokens_BGT,
                                                     rollout.mask_BGT, run.train.num_answers)
-        return train_lib.update_from_rollout(state, batch, rollout, rewards, smask,
+        return step_lib.update_from_rollout(state, batch, rollout, rewards, smask,
                                              graphdef=graphdef, tx=tx, task=task, cfg=step_cfg)
 
     t0 = time.perf_counter()

@@ -424,7 +424,7 @@ def part_overlap(s: dict, smoke: bool, deadline: float, started: float) -> dict:
 
     from vpo.config import ObjectiveConfig, TrainConfig
     from vpo.rl import overlap
-    from vpo.rl import step as train_lib
+    from vpo.rl import step as step_lib
 
     dev, data = _jax_backend(started)
     a = bench_accel.parse_args(s["argv"])
@@ -434,16 +434,16 @@ def part_overlap(s: dict, smoke: bool, deadline: float, started: float) -> dict:
         tcfg = TrainConfig(batch_size=a.B, num_answers=1, learning_rate=a.lr, steps=10**6,
                            grad_accum=a.grad_accum, vocab_block=a.vocab_block,
                            logprob_impl=a.logprob_impl, off_policy_steps=k)
-        step_cfg = train_lib.StepConfig(bench.sampler_cfg, ObjectiveConfig(advantage="grpo"),
+        step_cfg = step_lib.StepConfig(bench.sampler_cfg, ObjectiveConfig(advantage="grpo"),
                                         tcfg, stop_ids=(bench.no_eos,), pad_id=bench_accel.PAD)
-        tx = train_lib.make_optimizer(tcfg)  # the same optimiser state for both arms
+        tx = step_lib.make_optimizer(tcfg)  # the same optimiser state for both arms
         if first_state is None:
             t0 = time.perf_counter()
-            graphdef, first_state, _ = train_lib.init_state(bench.cfg, tx, bench.mesh, seed=0)
+            graphdef, first_state, _ = step_lib.init_state(bench.cfg, tx, bench.mesh, seed=0)
             jax.block_until_ready(first_state)
             compile_s["init_state"] = time.perf_counter() - t0
         state = jax.tree.map(jnp.copy, first_state)  # each arm's step donates its own
-        step = train_lib.make_rl_step(graphdef, tx, bench.task, step_cfg)
+        step = step_lib.make_rl_step(graphdef, tx, bench.task, step_cfg)
         if k:
             t0 = time.perf_counter()
             state = jax.block_until_ready(overlap.make_prime_step(graphdef, bench.task,

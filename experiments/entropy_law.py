@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from vpo.compare import config as compare_config
-from vpo.compare import driver as compare
+from vpo.compare import driver
 from vpo.compare import report as compare_report
 from vpo.eval import claims, entropy_law
 
@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = get_config(args.overrides)
     if not cfg.law_points:
         raise SystemExit("law_points=0 records no trajectory; give law_points >= 3")
-    task = compare.make_task(cfg)
+    task = driver.make_task(cfg)
     t0 = time.perf_counter()
-    policy = compare.warm_start(cfg, task, args.out)
-    runs = compare.train_arms(cfg, task, policy, args.out)
+    policy = driver.warm_start(cfg, task, args.out)
+    runs = driver.train_arms(cfg, task, policy, args.out)
     wall = time.perf_counter() - t0
     law = compare_report.law_trajectories(runs)
     table = compare_report.law_table(law)

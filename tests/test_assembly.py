@@ -8,7 +8,7 @@ import pytest
 
 from vpo.cli import main as cli
 from vpo.compare import config as compare_config
-from vpo.compare import driver as compare
+from vpo.compare import driver
 from vpo.launch import assemble, rules, warm_start
 
 BPE = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_bpe")
@@ -22,10 +22,10 @@ def test_the_sequence_length_fit_is_one_rule_every_entry_point_follows(monkeypat
     before = assemble.assemble_run("maze", None, ["model=tiny"]).run.model.max_seq_len
     task = rules.load_task(compare_config.make_config("smoke").task)
     cfg = compare_config.make_config("smoke")
-    compare_before = compare._seq_len(cfg, task, 1)
+    compare_before = driver._seq_len(cfg, task, 1)
     monkeypatch.setattr(rules, "SEQ_MARGIN", 5000)
     assert assemble.assemble_run("maze", None, ["model=tiny"]).run.model.max_seq_len > 5000 > before
-    assert compare._seq_len(cfg, task, 1) > 5000 > compare_before
+    assert driver._seq_len(cfg, task, 1) > 5000 > compare_before
 
     def spy(*args, **kwargs):
         raise _SeenError(kwargs)

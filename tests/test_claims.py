@@ -9,7 +9,7 @@ import pytest
 
 from vpo.compare import verdicts
 from vpo.eval import claims, entropy_law
-from vpo.eval import metrics as evaluation
+from vpo.eval import metrics as eval_metrics
 
 KS = [1, 2, 3, 5, 10, 20, 30]
 NOT_REPRODUCED = {claims.INCONCLUSIVE, claims.REFUTED}
@@ -17,7 +17,7 @@ NOT_REPRODUCED = {claims.INCONCLUSIVE, claims.REFUTED}
 
 def _best_at_ks(scores_PN) -> dict[str, float]:
     s = np.sort(scores_PN, axis=-1)
-    return {f"best@{k}": float(np.mean(s @ evaluation.best_at_k_weights(s.shape[1], k)))
+    return {f"best@{k}": float(np.mean(s @ eval_metrics.best_at_k_weights(s.shape[1], k)))
             for k in KS}
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from vpo.eval import metrics as evaluation
+from vpo.eval import metrics as eval_metrics
 from vpo.eval import plots
 from vpo.tasks import bandit
 
@@ -29,7 +29,7 @@ def test_pass_at_k_equals_enumeration_over_all_k_subsets():
     for n in (1, 4, 7):
         correct_PN = rng.random((6, n)) < rng.random((6, 1))
         for k in range(1, n + 1):
-            got = np.asarray(evaluation.pass_at_k(correct_PN, k))
+            got = np.asarray(eval_metrics.pass_at_k(correct_PN, k))
             want = [_brute_pass(row, k) for row in correct_PN]
             np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"n={n} k={k}")
 
@@ -38,7 +38,7 @@ def test_pass_at_k_reference_values():
     correct = np.zeros((3, 10), bool)
     correct[0, :3] = True  # n = 10, c = 3, k = 4: 1 - C(7,4)/C(10,4) = 0.8333 (Chen et al. 2021)
     correct[1, :7] = True  # n - c = 3 < k: certain
-    got = evaluation.pass_at_k(correct, 4)
+    got = eval_metrics.pass_at_k(correct, 4)
     np.testing.assert_allclose(got, [1 - 35 / 210, 1.0, 0.0], atol=1e-6)
 
 
@@ -46,42 +46,42 @@ def test_pass_at_k_reference_values():
 @given(st.lists(st.floats(0, 1, width=32), min_size=1, max_size=7), st.data())
 def test_best_at_k_equals_enumeration_over_all_k_subsets(scores, data):
     k = data.draw(st.integers(1, len(scores)))
-    got = float(evaluation.best_at_k(np.array([scores], np.float32), k)[0])
+    got = float(eval_metrics.best_at_k(np.array([scores], np.float32), k)[0])
     assert got == pytest.approx(_brute_best(scores, k), abs=1e-6)
 
 
 def test_best_at_k_weights_are_a_distribution_even_for_large_n():
     for n, k in [(5, 1), (5, 5), (10_000, 50), (3_000, 3_000)]:
-        w = evaluation.best_at_k_weights(n, k)
+        w = eval_metrics.best_at_k_weights(n, k)
         assert np.all(np.isfinite(w)) and w.sum() == pytest.approx(1.0)
         assert np.all(w[: k - 1] == 0)
-    np.testing.assert_allclose(evaluation.best_at_k_weights(4, 2), [0, 1 / 6, 2 / 6, 3 / 6])
+    np.testing.assert_allclose(eval_metrics.best_at_k_weights(4, 2), [0, 1 / 6, 2 / 6, 3 / 6])
 
 
 @pytest.mark.parametrize("k", [0, 4, 2.0])
 def test_bad_k_names_the_argument(k):
     with pytest.raises(ValueError, match="k="):
-        evaluation.best_at_k(np.zeros((1, 3)), k)
+        eval_metrics.best_at_k(np.zeros((1, 3)), k)
 
 
 def test_pool_shape_metrics_by_hand():
     r_PNR = jnp.array([[[1, 0], [0, 1], [0.6, 0.6], [0.5, 0.5], [0.9, 0.9]]], jnp.float32)
     valid_PN = jnp.array([[True, True, True, True, False]])
     # pairs: |A-B| = 2, |A-C| = |B-C| = |A-D| = |B-D| = 1, |C-D| = 0.2 -> mean 6.2 / 6
-    np.testing.assert_allclose(evaluation.reward_diversity(r_PNR, valid_PN), [6.2 / 6], atol=1e-6)
-    np.testing.assert_allclose(evaluation.pareto_fraction(r_PNR, valid_PN), [0.75])  # D dominated
-    np.testing.assert_allclose(evaluation.pareto_fraction(r_PNR, ~valid_PN), [1.0])
+    np.testing.assert_allclose(eval_metrics.reward_diversity(r_PNR, valid_PN), [6.2 / 6], atol=1e-6)
+    np.testing.assert_allclose(eval_metrics.pareto_fraction(r_PNR, valid_PN), [0.75])  # D dominated
+    np.testing.assert_allclose(eval_metrics.pareto_fraction(r_PNR, ~valid_PN), [1.0])
     none_PN = jnp.zeros_like(valid_PN)
-    assert float(evaluation.reward_diversity(r_PNR, none_PN)[0]) == 0.0
-    assert float(evaluation.pareto_fraction(r_PNR, none_PN)[0]) == 0.0
+    assert float(eval_metrics.reward_diversity(r_PNR, none_PN)[0]) == 0.0
+    assert float(eval_metrics.pareto_fraction(r_PNR, none_PN)[0]) == 0.0
 
 
 def test_expected_max_pool_reuses_the_vpo_set_score():
     r_PNR = jnp.array([[[1, 0], [0, 1], [0, 0]], [[0.6, 0.6], [0, 0], [1, 1]]], jnp.float32)
     valid_PN = jnp.array([[True, True, False], [True, False, False]])
-    got = evaluation.expected_max_pool(r_PNR, valid_PN, jax.random.key(0), num_weights=20_000)
+    got = eval_metrics.expected_max_pool(r_PNR, valid_PN, jax.random.key(0), num_weights=20_000)
     np.testing.assert_allclose(got, [0.75, 0.6], atol=0.01)
-    empty = evaluation.expected_max_pool(r_PNR, jnp.zeros_like(valid_PN), jax.random.key(0))
+    empty = eval_metrics.expected_max_pool(r_PNR, jnp.zeros_like(valid_PN), jax.random.key(0))
     np.testing.assert_array_equal(empty, [0.0, 0.0])
 
 
@@ -89,20 +89,20 @@ def test_distinct_solutions_counts_valid_token_sequences():
     answers_PNA = jnp.array([[[4, 5], [4, 5], [4, 0], [6, 6], [4, 5]]])
     mask_PNA = answers_PNA != 0
     valid_PN = jnp.array([[True, True, True, False, True]])
-    assert int(evaluation.distinct_solutions(answers_PNA, mask_PNA, valid_PN)[0]) == 2
+    assert int(eval_metrics.distinct_solutions(answers_PNA, mask_PNA, valid_PN)[0]) == 2
 
 
 def test_entropy_stats_match_numpy_on_the_masked_tokens():
     rng = np.random.default_rng(0)
     e_BT = rng.random((4, 9)).astype(np.float32)
     mask_BT = rng.random((4, 9)) < 0.6
-    stats = jax.jit(evaluation.entropy_stats)(e_BT, mask_BT)
+    stats = jax.jit(eval_metrics.entropy_stats)(e_BT, mask_BT)
     kept = e_BT[mask_BT]
     assert float(stats["mean"]) == pytest.approx(kept.mean(), abs=1e-6)
     assert float(stats["std"]) == pytest.approx(kept.std(), abs=1e-6)
     for q in (0.1, 0.5, 0.9):
         assert float(stats[f"q{round(100 * q)}"]) == pytest.approx(np.quantile(kept, q), abs=1e-6)
-    empty = evaluation.entropy_stats(e_BT, np.zeros_like(mask_BT))
+    empty = eval_metrics.entropy_stats(e_BT, np.zeros_like(mask_BT))
     assert all(float(v) == 0.0 for v in empty.values())
 
 
@@ -111,20 +111,20 @@ def test_budget_fair_pool_counts_every_slot_as_a_candidate():
     # One problem, G = 2 generations of M = 3 answers: (A, B, invalid) and (C, invalid, invalid).
     rewards_PGMR = jnp.array([[[[1, 0], [0, 1], [0, 0]], [[0.6, 0.6], [0, 0], [0, 0]]]])
     mask_PGM = jnp.array([[[True, True, False], [True, False, False]]])
-    pool = evaluation.pool_candidates(rewards_PGMR, mask_PGM, task.eval_weights_R, task.solved)
+    pool = eval_metrics.pool_candidates(rewards_PGMR, mask_PGM, task.eval_weights_R, task.solved)
     assert pool.scores_PN.shape == (1, 6)  # 2 generations x 3 answers = 6 candidates
     np.testing.assert_allclose(pool.scores_PN, [[0.5, 0.5, 0, 0.6, 0, 0]], atol=1e-6)
     np.testing.assert_array_equal(pool.correct_PN, [[False, False, False, True, False, False]])
     # The same candidates from 6 single-answer generations form the same pool.
-    single = evaluation.pool_candidates(rewards_PGMR.reshape(1, 6, 1, 2),
+    single = eval_metrics.pool_candidates(rewards_PGMR.reshape(1, 6, 1, 2),
                                         mask_PGM.reshape(1, 6, 1), task.eval_weights_R,
                                         task.solved)
     for a, b in zip(pool, single, strict=True):
         np.testing.assert_array_equal(a, b)
     # best@3 over 6 candidates: invalid slots count (they consumed budget) and score 0.
     want = _brute_best([0.5, 0.5, 0, 0.6, 0, 0], 3)
-    assert float(evaluation.best_at_k(pool.scores_PN, 3)[0]) == pytest.approx(want, abs=1e-6)
-    summary = evaluation.summarize_pool(pool, [1, 3, 6], key=jax.random.key(0))
+    assert float(eval_metrics.best_at_k(pool.scores_PN, 3)[0]) == pytest.approx(want, abs=1e-6)
+    summary = eval_metrics.summarize_pool(pool, [1, 3, 6], key=jax.random.key(0))
     assert summary["pass@6"] == 1.0 and summary["valid_fraction"] == pytest.approx(0.5)
     assert {"best@1", "pass@3", "diversity", "pareto_fraction", "emax"} <= set(summary)
 
@@ -214,7 +214,7 @@ def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host)
     else:
         arms = [task.task.symbols.index(a) for a in "ABC"]
         np.testing.assert_array_equal(np.asarray(answers)[:, :3, 0], [arms] * 3)
-        assert int(evaluation.distinct_solutions(answers, amask, pool.valid_PN)[0]) == 3
+        assert int(eval_metrics.distinct_solutions(answers, amask, pool.valid_PN)[0]) == 3
     out, per = policy_eval.evaluate_policy_per_problem(
         model, task, records, num_answers=2, budget=4, ks=[1, 4], key=jax.random.key(0))
     assert out["best@4"] == pytest.approx(0.6) and out["best@1"] == pytest.approx(0.55)
@@ -260,7 +260,7 @@ def test_evaluate_policy_samples_a_real_policy(tmp_path):
 def test_pass_at_k_refuses_scores_and_a_missing_axis():
     """Float scores would be truncated to 0 (0.9 "not correct"): refused, as is a 1-D input."""
     with pytest.raises(TypeError, match="threshold scores first"):
-        evaluation.pass_at_k(jnp.array([[0.5, 0.9]]), 1)
+        eval_metrics.pass_at_k(jnp.array([[0.5, 0.9]]), 1)
     with pytest.raises(ValueError, match=r"expected \[P problems, N candidates\]"):
-        evaluation.pass_at_k(jnp.array([True, False]), 1)
-    np.testing.assert_allclose(evaluation.pass_at_k(jnp.array([[1, 0]]), 1), [0.5])
+        eval_metrics.pass_at_k(jnp.array([True, False]), 1)
+    np.testing.assert_allclose(eval_metrics.pass_at_k(jnp.array([[1, 0]]), 1), [0.5])

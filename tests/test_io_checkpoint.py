@@ -19,7 +19,7 @@ from vpo.launch import assemble, rules
 from vpo.model import sharding
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer
@@ -77,8 +77,8 @@ def test_resume_is_exact(tmp_path):
 
 def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     task, run, mesh = setup()
-    tx = train_lib.make_optimizer(run.train)
-    _, state, _ = train_lib.init_state(run.model, tx, mesh)
+    tx = step_lib.make_optimizer(run.train)
+    _, state, _ = step_lib.init_state(run.model, tx, mesh)
     it = data_lib.problem_iterator(task, 4, M, num_problems=64)
     directory = str(tmp_path / "ckpt")
     mngr = ckpt_lib.CheckpointManager(directory, keep=3)

@@ -35,7 +35,7 @@ from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
 from vpo.tasks.bandit import ARMS
@@ -92,10 +92,10 @@ def rl(task):
     plain = Decoder(lora.base_config(run.model), rngs=nnx.Rngs(7))
     adapted = lora.as_configured(plain, run.model, seed=0)
     mesh = mesh1()
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.state_from_model(adapted, tx, mesh, seed=0, with_ref=True)
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.state_from_model(adapted, tx, mesh, seed=0, with_ref=True)
     init_adapters = arrays(state.params)
-    step = train_lib.make_rl_step(graphdef, tx, task, train_lib.step_config(run, task))
+    step = step_lib.make_rl_step(graphdef, tx, task, step_lib.step_config(run, task))
     it = data_lib.problem_iterator(task, 4, M, num_problems=64)
     history = []
     for _ in range(STEPS):
@@ -209,7 +209,7 @@ def test_kl_reference_is_the_base(rl):
     update the adapters move and KL > 0. The reference forward is the base's forward."""
     h = rl["history"]
     assert h[0]["kl"] == 0.0 and h[1]["kl"] > 0
-    model = train_lib.model_of(rl["graphdef"], rl["state"])
+    model = step_lib.model_of(rl["graphdef"], rl["state"])
     np.testing.assert_array_equal(logits(lora.base_model(model), TOKENS),
                                   logits(rl["plain"], TOKENS))
     assert np.abs(logits(model, TOKENS) - logits(rl["plain"], TOKENS)).max() > 0
@@ -229,7 +229,7 @@ def test_loop_resume_and_merged_export(task, tmp_path):
         np.testing.assert_array_equal(x, y)
     policy, info = ckpt_lib.load_policy(os.path.join(a, "policy"))
     assert policy.cfg == lora.base_config(run.model) and info["lora"]["lora_rank"] == RANK
-    adapted = train_lib.model_of(graphdef, s_straight)
+    adapted = step_lib.model_of(graphdef, s_straight)
     np.testing.assert_allclose(logits(policy, TOKENS), logits(adapted, TOKENS), atol=1e-5,
                                rtol=1e-5)
     assert np.abs(logits(policy, TOKENS)

@@ -38,7 +38,7 @@ from vpo.rl import checks as rl_checks
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
 from vpo.rl import sft as sft_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind
 
@@ -71,7 +71,7 @@ def test_smoke_train_writes_metrics(task, tmp_path):
     assert "sampling_time_s" not in rows[0]
     assert {r["step"] for r in read_jsonl(tmp_path / "samples.jsonl")} == {3}
     assert int(state.step) == 3
-    _, fresh, _ = train_lib.init_state(run.model, train_lib.make_optimizer(run.train),
+    _, fresh, _ = step_lib.init_state(run.model, step_lib.make_optimizer(run.train),
                                        one_device(), seed=run.train.seed)
     moved = [np.abs(a - b).max() for a, b in zip(params_of(state), params_of(fresh), strict=True)]
     assert max(moved) > 0
@@ -170,7 +170,7 @@ def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
                     task="maze")
     t0 = time.perf_counter()
     loop_lib.train(run, str(tmp_path), task=maze, mesh=one_device(), progress=False,
-                   init=train_lib.model_of(graphdef, state))
+                   init=step_lib.model_of(graphdef, state))
     t_rl = time.perf_counter() - t0
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]

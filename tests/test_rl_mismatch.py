@@ -14,7 +14,7 @@ from flax import nnx
 from test_rl_step import compact_bandit, run_config, run_steps
 
 from vpo.model.decoder import Decoder
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def test_mismatch_formula_on_known_log_probs():
     logp = jnp.log(jnp.array([[[0.5, 0.25, 0.9]]]))
     sampler = jnp.log(jnp.array([[[0.4, 0.25, 0.1]]]))
     real = jnp.array([[[True, True, False]]])
-    m = train_lib.mismatch_metrics(train_lib.combine_mismatch(
-        {k: v[None] for k, v in train_lib.mismatch_sums(logp, sampler, real).items()}))
+    m = step_lib.mismatch_metrics(step_lib.combine_mismatch(
+        {k: v[None] for k, v in step_lib.mismatch_sums(logp, sampler, real).items()}))
     d = np.log(0.5 / 0.4)
     np.testing.assert_allclose(m["rollout/mismatch_kl"], (np.exp(d) - 1 - d) / 2, rtol=1e-5)
     np.testing.assert_allclose(m["rollout/mismatch_max_abs_logp"], d, rtol=1e-5)

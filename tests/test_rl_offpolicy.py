@@ -261,7 +261,7 @@ def test_overlapped_first_step_trains_on_the_synchronous_first_rollout(task, tmp
 def test_overlapped_profiled_steps_log_the_rollout_they_sample(task, tmp_path):
     """A profiled step (sampling timed by the probe) and a sample row under k = 1: the probe
     draws the rollout the step samples (the next batch's, with step + 1's keys)."""
-    from vpo.rl import step as train_lib
+    from vpo.rl import step as step_lib
 
     run = with_train(run_config(task, steps=2, profile_every=1, sample_every=1),
                      off_policy_steps=1)
@@ -272,18 +272,18 @@ def test_overlapped_profiled_steps_log_the_rollout_they_sample(task, tmp_path):
         assert all("sampling_time_s" in json.loads(line) for line in f)
     assert (tmp_path / "samples.jsonl").stat().st_size > 0
     # the probe's rollout is the one the step leaves pending
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.init_state(run.model, tx, one_device(), seed=0)
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.init_state(run.model, tx, one_device(), seed=0)
     from vpo.rl import data as data_lib
     from vpo.rl import overlap
 
-    cfg = train_lib.step_config(run, task)
+    cfg = step_lib.step_config(run, task)
     it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers, seed=0,
                                    num_problems=run.train.num_problems)
     batches = [loop_lib.shard_batch(next(it), one_device()) for _ in range(2)]
     state = overlap.make_prime_step(graphdef, task, cfg)(state, batches[0])
-    probe = train_lib.make_sample_step(graphdef, cfg)(state, batches[1])
-    state, _ = train_lib.make_rl_step(graphdef, tx, task, cfg)(state, batches[1])
+    probe = step_lib.make_sample_step(graphdef, cfg)(state, batches[1])
+    state, _ = step_lib.make_rl_step(graphdef, tx, task, cfg)(state, batches[1])
     np.testing.assert_array_equal(probe.tokens_BGT, state.pending["rollout"]["tokens_BGT"])
 
 

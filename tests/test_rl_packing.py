@@ -17,7 +17,7 @@ from vpo.config import ConfigError, RunConfig, SamplerConfig, TrainConfig, model
 from vpo.model import lora as lora_lib
 from vpo.model.decoder import Decoder
 from vpo.rl import packing
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 
 B, G, P, T, V = 3, 6, 5, 12, 50
 
@@ -81,11 +81,11 @@ def _loss(model_of, params, inputs, real, pack_rows, c_BGT, remat=False):
     KL and entropy term so every path carries a gradient) → (loss, (logp, entropy))."""
     prompt_BP, mask_BP, tokens_BGT = inputs
     if pack_rows:  # what the update differentiates (the fallback is chosen around the grad)
-        logp, ent = train_lib.packed_completion_logp(
+        logp, ent = step_lib.packed_completion_logp(
             model_of(params), prompt_BP, mask_BP, tokens_BGT, packing.plan_rows(real),
             pack_rows, vocab_block=16, remat=remat)
     else:
-        logp, ent = train_lib.completion_logp(model_of(params), prompt_BP, mask_BP, tokens_BGT,
+        logp, ent = step_lib.completion_logp(model_of(params), prompt_BP, mask_BP, tokens_BGT,
                                               vocab_block=16, remat=remat)
     adv_BG = jnp.linspace(-1.0, 1.0, B * G).reshape(B, G)
     loss, _ = objectives.policy_loss(
@@ -135,8 +135,8 @@ def test_batch_that_does_not_fit_runs_padded(inputs):
     real = real_mask(LENGTHS["one_full"])
     plan = packing.plan_rows(real)
     assert not bool(plan.fits(1))
-    pad = train_lib.completion_logp(model, *inputs)
-    fall = jax.jit(functools.partial(train_lib.completion_logp, pack_rows=1))(
+    pad = step_lib.completion_logp(model, *inputs)
+    fall = jax.jit(functools.partial(step_lib.completion_logp, pack_rows=1))(
         model, *inputs, real_BGT=real)
     for a, b in zip(fall, pad, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)  # padded: every position, not only real ones
@@ -144,7 +144,7 @@ def test_batch_that_does_not_fit_runs_padded(inputs):
     lost = ~(plan.row_BG < 1) & (plan.size_BG > 0)
     assert bool(jnp.any(lost))
     # with enough rows the same call packs, and agrees on the real tokens
-    packed = jax.jit(functools.partial(train_lib.completion_logp, pack_rows=2))(
+    packed = jax.jit(functools.partial(step_lib.completion_logp, pack_rows=2))(
         model, *inputs, real_BGT=real)
     for a, b in zip(packed, pad, strict=True):
         np.testing.assert_allclose(jnp.where(real, a, 0), jnp.where(real, b, 0), atol=1e-6)

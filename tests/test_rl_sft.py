@@ -11,7 +11,7 @@ from test_rl_step import bound, prompt_len
 from vpo.config import SamplerConfig, model_preset
 from vpo.launch.rules import load_task
 from vpo.rl import sft as sft_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.rollout import rewards as rewards_lib
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind, seq_len_for
@@ -104,6 +104,6 @@ def test_sft_learns_maze_demonstrations():
                                                 learning_rate=5e-3, num_demos=256,
                                                 mutation_fraction=0.0)
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:5])
-    model = train_lib.model_of(graphdef, state)
+    model = step_lib.model_of(graphdef, state)
     assert solved_fraction(model, maze, maze.make_problems(123, 64), 1, 4,
                            jax.random.key(0)) > 0.05

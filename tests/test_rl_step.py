@@ -33,7 +33,7 @@ from vpo.model import sharding
 from vpo.rl import checks as rl_checks
 from vpo.rl import data as data_lib
 from vpo.rl import loop as loop_lib
-from vpo.rl import step as train_lib
+from vpo.rl import step as step_lib
 from vpo.rollout import rewards as rewards_lib
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
@@ -93,18 +93,18 @@ def run_steps(task, run: RunConfig, steps: int, mesh=None, host=False, init=None
     """(state, list of metrics dicts as numpy) after `steps` RL steps from a fresh state (or
     from the `init` model). host: rewards by `task.host_score` on the text, between two jits."""
     mesh = one_device() if mesh is None else mesh
-    tx = train_lib.make_optimizer(run.train)
+    tx = step_lib.make_optimizer(run.train)
     if init is None:
-        graphdef, state, _ = train_lib.init_state(run.model, tx, mesh, seed=run.train.seed)
+        graphdef, state, _ = step_lib.init_state(run.model, tx, mesh, seed=run.train.seed)
     else:
-        graphdef, state, _ = train_lib.state_from_model(init, tx, mesh, seed=run.train.seed,
+        graphdef, state, _ = step_lib.state_from_model(init, tx, mesh, seed=run.train.seed,
                                                         with_ref=run.objective.kl_coef > 0)
-    cfg = train_lib.step_config(run, task)
+    cfg = step_lib.step_config(run, task)
     if host:
         records = task.make_problems(0, 64)  # the pipeline's problem set (seed 0, 64 problems)
-        step = train_lib.make_host_rl_step(graphdef, tx, task, cfg, records)
+        step = step_lib.make_host_rl_step(graphdef, tx, task, cfg, records)
     else:
-        step = train_lib.make_rl_step(graphdef, tx, task, cfg)
+        step = step_lib.make_rl_step(graphdef, tx, task, cfg)
     it = data_lib.problem_iterator(task, run.train.batch_size, M, num_problems=64)
     history = []
     for _ in range(steps):
@@ -168,7 +168,7 @@ def test_logged_reward_is_per_answer_for_every_m(task):
         rollout = Rollout(**dict.fromkeys(Rollout._fields))._replace(
             entropy_BGT=jnp.ones((2, 4, T)), mask_BGT=jnp.ones((2, 4, T), bool),
             length_BG=jnp.full((2, 4), T), finished_BG=jnp.ones((2, 4), bool))
-        out = train_lib.rollout_metrics(task, rollout, jnp.asarray(r_BGMR), jnp.asarray(mask_BGM))
+        out = step_lib.rollout_metrics(task, rollout, jnp.asarray(r_BGMR), jnp.asarray(mask_BGM))
         per_answer = np.where(mask_BGM, r_BGMR @ w, 0.0)
         np.testing.assert_allclose(out["reward"], per_answer.mean(), rtol=1e-5)
         if m == 1:
@@ -189,8 +189,8 @@ def test_nonfinite_reward_skips_update(task):
     bad = NanRewardTask(task.task, task.tokenizer)
     run = run_config(bad, steps=2)
     mesh = one_device()
-    tx = train_lib.make_optimizer(run.train)
-    _, fresh, _ = train_lib.init_state(run.model, tx, mesh, seed=0)
+    tx = step_lib.make_optimizer(run.train)
+    _, fresh, _ = step_lib.init_state(run.model, tx, mesh, seed=0)
     state, history = run_steps(bad, run, 2, mesh)
     assert [int(h["skipped_updates"]) for h in history] == [run.train.updates_per_step] * 2
     for a, b in zip(params_of(state), params_of(fresh), strict=True):
@@ -304,13 +304,13 @@ def test_state_from_model_consumes_the_weights_only_when_asked(lora_rank):
 
     cfg = dataclasses.replace(model_preset("tiny", vocab_size=40, max_seq_len=16),
                               lora_rank=lora_rank)
-    tx = train_lib.make_optimizer(TrainConfig())
+    tx = step_lib.make_optimizer(TrainConfig())
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     for consume in (False, True):
         model = Decoder(cfg, rngs=nnx.Rngs(5))
         leaves = jax.tree.leaves(nnx.state(model, nnx.Param))  # base and adapters
         values = [np.array(x, copy=True) for x in leaves]
-        _, state, _ = train_lib.state_from_model(model, tx, mesh, consume=consume)
+        _, state, _ = step_lib.state_from_model(model, tx, mesh, consume=consume)
         assert all(x.is_deleted() == consume for x in leaves)
         merged = nnx.state(lora_lib.merge(*lora_lib.split(model)[:1], state.params,
                                           state.frozen), nnx.Param)
@@ -346,7 +346,7 @@ def test_chunked_completion_logp_matches_full_logits():
         return logp, -jnp.sum(jnp.exp(logp_V) * logp_V, -1)
 
     def chunked(params):
-        return train_lib.completion_logp(nnx.merge(graphdef, params), prompt_BP, mask_BP,
+        return step_lib.completion_logp(nnx.merge(graphdef, params), prompt_BP, mask_BP,
                                          tokens_BGT, vocab_block=64)
 
     def loss(fn, params):
@@ -404,19 +404,19 @@ def test_dynamic_sampling_and_overlong_mask_in_update(task):
                           overlong_cache_len=2)
     run = dataclasses.replace(base, objective=obj)
     mesh = one_device()
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh, seed=0)
-    cfg = train_lib.step_config(run, task)
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.init_state(run.model, tx, mesh, seed=0)
+    cfg = step_lib.step_config(run, task)
     batch = loop_lib.shard_batch(next(data_lib.problem_iterator(task, 8, M, num_problems=64)),
                                  mesh)
-    rollout = jax.jit(functools.partial(train_lib.sample_rollout, graphdef=graphdef, cfg=cfg))(
+    rollout = jax.jit(functools.partial(step_lib.sample_rollout, graphdef=graphdef, cfg=cfg))(
         state, batch)
     r_NG = np.zeros((8, 8), np.float32)
     for n in (1, 3, 6):
         r_NG[n, n % 8] = 1.0
     rewards = np.broadcast_to(r_NG[:, :, None, None], (8, 8, M, 2)).copy()
     smask = np.ones((8, 8, M), bool)
-    update = jax.jit(functools.partial(train_lib.update_from_rollout, graphdef=graphdef, tx=tx,
+    update = jax.jit(functools.partial(step_lib.update_from_rollout, graphdef=graphdef, tx=tx,
                                        task=task, cfg=cfg))
     _, metrics = update(state, batch, rollout, rewards, smask)
     L = np.asarray(rollout.length_BG)
@@ -472,19 +472,19 @@ def test_passk_with_dynamic_sampling_and_kl_cov_in_update(task):
                           cov_control="kl_cov")
     run = dataclasses.replace(run_config(task, steps=1), objective=obj)
     mesh = one_device()
-    tx = train_lib.make_optimizer(run.train)
-    graphdef, state, _ = train_lib.init_state(run.model, tx, mesh, seed=0)
-    cfg = train_lib.step_config(run, task)
+    tx = step_lib.make_optimizer(run.train)
+    graphdef, state, _ = step_lib.init_state(run.model, tx, mesh, seed=0)
+    cfg = step_lib.step_config(run, task)
     batch = loop_lib.shard_batch(next(data_lib.problem_iterator(task, 8, M, num_problems=64)),
                                  mesh)
-    rollout = jax.jit(functools.partial(train_lib.sample_rollout, graphdef=graphdef, cfg=cfg))(
+    rollout = jax.jit(functools.partial(step_lib.sample_rollout, graphdef=graphdef, cfg=cfg))(
         state, batch)
     solved_NG = np.zeros((8, 8), bool)
     solved_NG[[0, 2, 5], 3] = True  # groups 0, 2, 5 vary
     solved_NG[7] = True  # all solved: no variation
     rewards = np.broadcast_to(solved_NG[:, :, None, None], (8, 8, M, 2)).astype(np.float32)
     smask = np.ones((8, 8, M), bool)
-    update = jax.jit(functools.partial(train_lib.update_from_rollout, graphdef=graphdef, tx=tx,
+    update = jax.jit(functools.partial(step_lib.update_from_rollout, graphdef=graphdef, tx=tx,
                                        task=task, cfg=cfg))
     _, metrics = update(state, batch, rollout, rewards, smask)
     assert float(metrics["zero_variance_frac"]) == 5 / 8

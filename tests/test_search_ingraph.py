@@ -17,8 +17,7 @@ from flax import nnx
 from vpo.config import ConfigError, model_preset
 from vpo.model import sharding
 from vpo.model.decoder import Decoder
-from vpo.search import ingraph as search
-from vpo.search import population as ops
+from vpo.search import ingraph, population
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import base, make_task
 from vpo.tasks.bound import bind, seq_len_for
@@ -71,7 +70,7 @@ TASK = bind(MATCH, task_word_tokenizer(MATCH))
 
 
 def match_problems(seed, num, num_answers):
-    return search.search_problems(TASK, TASK.make_problems(seed, num), num_answers)
+    return ingraph.search_problems(TASK, TASK.make_problems(seed, num), num_answers)
 
 
 def edit_propose(model, key, problem, parents_BKA, pmask_BKA, prew_BKR, fresh_B, *, task, cfg):
@@ -101,7 +100,7 @@ def pop_of(rows, fitness, ids=None):
             tok[i] = r
     f = np.where(valid, np.asarray(fitness, np.float32), -np.inf).astype(np.float32)
     ids = np.arange(X) if ids is None else np.asarray(ids)
-    return ops.Population(jnp.asarray(tok), jnp.asarray(np.repeat(valid[:, None], A, 1)),
+    return population.Population(jnp.asarray(tok), jnp.asarray(np.repeat(valid[:, None], A, 1)),
                           jnp.asarray(np.repeat(f[:, None], 2, 1).clip(0)), jnp.asarray(f),
                           jnp.asarray(valid), jnp.zeros(X, jnp.int32),
                           jnp.asarray(np.where(valid, ids, -1), jnp.int32))
@@ -113,14 +112,14 @@ def row(v):
 
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="search.children"):
-        search.SearchConfig(children=3, num_answers=2)
+        ingraph.SearchConfig(children=3, num_answers=2)
     with pytest.raises(ConfigError, match="search.selection"):
-        search.SearchConfig(selection="roulette")
+        ingraph.SearchConfig(selection="roulette")
     with pytest.raises(ConfigError, match="search.migration_count"):
-        search.SearchConfig(members=4, migration_count=3)
+        ingraph.SearchConfig(members=4, migration_count=3)
     with pytest.raises(ConfigError, match="search.fresh_rate"):
-        search.SearchConfig(fresh_rate=1.5)
-    assert search.SearchConfig(islands=2, members=4, children=6, generations=3).budget == 44
+        ingraph.SearchConfig(fresh_rate=1.5)
+    assert ingraph.SearchConfig(islands=2, members=4, children=6, generations=3).budget == 44
 
 
 def test_elitist_replacement_and_dedup():
@@ -128,24 +127,24 @@ def test_elitist_replacement_and_dedup():
     # child 0 duplicates a member, child 2 duplicates child 1, child 3 is empty
     children = pop_of([row(6), row(8), row(8), None, row(9)], [0.9, 0.7, 0.7, 0, 0.3],
                       ids=[10, 11, 12, 13, 14])
-    keep = np.asarray(ops.dedup_children(members, children))
+    keep = np.asarray(population.dedup_children(members, children))
     assert keep.tolist() == [False, True, False, False, True]
-    out = ops.replace_elitist(members, children)
+    out = population.replace_elitist(members, children)
     assert np.asarray(out.id_X).tolist() == [1, 11, 0, 14]  # the best 4 distinct, best first
     np.testing.assert_allclose(out.fitness_X, [0.9, 0.7, 0.5, 0.3])
     assert np.asarray(out.age_X).tolist() == [1, 0, 1, 0]
     # a child tied with the worst member loses the tie
     full = pop_of([row(5), row(6), row(7), row(4)], [0.5, 0.9, 0.3, 0.3])
-    same = ops.replace_elitist(full, pop_of([row(9)], [0.3], ids=[20]))
+    same = population.replace_elitist(full, pop_of([row(9)], [0.3], ids=[20]))
     assert np.asarray(same.id_X).tolist() == [1, 0, 2, 3]
     # symbol id 0 is an ordinary symbol: answers differing only in a 0 are distinct, and the
     # same symbols under a shorter mask are a different (shorter) answer
     zeros = pop_of([row(0), [0] * (A - 1) + [1]], [0.5, 0.4])
-    assert np.asarray(ops.first_unique(zeros.tokens_XA, zeros.mask_XA,
+    assert np.asarray(population.first_unique(zeros.tokens_XA, zeros.mask_XA,
                                        zeros.valid_X)).tolist() == [True, True]
     short = zeros._replace(tokens_XA=zeros.tokens_XA.at[1].set(0),
                            mask_XA=zeros.mask_XA.at[1, -1].set(False))
-    assert np.asarray(ops.first_unique(short.tokens_XA, short.mask_XA,
+    assert np.asarray(population.first_unique(short.tokens_XA, short.mask_XA,
                                        short.valid_X)).tolist() == [True, True]
 
 
@@ -154,12 +153,12 @@ def test_selection_prefers_fitness_and_skips_empty_slots():
     v = jnp.array([True, True, False, True])
     for method, kw in [("boltzmann", dict(temperature=1e-3, tournament_size=1)),
                        ("tournament", dict(temperature=1.0, tournament_size=64))]:
-        idx, present = ops.select_parents(jax.random.key(0), f, v, num_calls=16, num_parents=2,
-                                          method=method, **kw)
+        idx, present = population.select_parents(jax.random.key(0), f, v, num_calls=16,
+                                                 num_parents=2, method=method, **kw)
         idx, present = np.asarray(idx), np.asarray(present)
         assert np.all(idx[:, 0] == 1) and np.all(present[:, 0])
         assert not np.any((idx == 2) & present)
-    idx, present = ops.select_parents(jax.random.key(1), f, v, num_calls=64, num_parents=4,
+    idx, present = population.select_parents(jax.random.key(1), f, v, num_calls=64, num_parents=4,
                                       method="boltzmann", temperature=1.0, tournament_size=1)
     assert np.asarray(present).sum(-1).tolist() == [3] * 64  # 3 valid distinct parents
 
@@ -168,7 +167,7 @@ def test_ring_migration_moves_exactly_the_best_k():
     isl = [pop_of([row(4 + 4 * i + j) for j in range(4)], [0.1, 0.4, 0.3, 0.2],
                   ids=[10 * i + j for j in range(4)]) for i in range(3)]
     pop = jax.tree.map(lambda *x: jnp.stack(x), *isl)
-    out = ops.migrate(pop, 2)
+    out = population.migrate(pop, 2)
     ids = np.asarray(out.id_X)
     # island i receives ids {10(i-1)+1, 10(i-1)+2} into its two worst slots (0 and 3)
     for i in range(3):
@@ -177,21 +176,21 @@ def test_ring_migration_moves_exactly_the_best_k():
         assert ids[i][1] == 10 * i + 1 and ids[i][2] == 10 * i + 2  # the best stay put
     # a migrant already present in the destination is skipped
     dup = pop._replace(tokens_XA=pop.tokens_XA.at[1, 0].set(pop.tokens_XA[0, 1]))
-    ids = np.asarray(ops.migrate(dup, 1).id_X)
+    ids = np.asarray(population.migrate(dup, 1).id_X)
     assert ids[1].tolist() == [10, 11, 12, 13]  # unchanged
-    assert np.asarray(ops.migrate(pop, 1).id_X)[1].tolist() == [1, 11, 12, 13]
+    assert np.asarray(population.migrate(pop, 1).id_X)[1].tolist() == [1, 11, 12, 13]
 
 
 def test_reset_seeds_weakest_island_with_global_elites():
     isl = [pop_of([row(4 + 4 * i + j) for j in range(4)], np.array([1, 2, 3, 4]) / (10 * (i + 1)),
                   ids=[10 * i + j for j in range(4)]) for i in range(3)]
     pop = jax.tree.map(lambda *x: jnp.stack(x), *isl)
-    ids = np.asarray(ops.reset_weakest(pop, 1).id_X)
+    ids = np.asarray(population.reset_weakest(pop, 1).id_X)
     assert ids[0].tolist() == [0, 1, 2, 3] and ids[1].tolist() == [10, 11, 12, 13]
     assert ids[2].tolist() == [3, 2, 1, 13]  # global top-4 by fitness: .4, .3, .2, .2
 
 
-CFG = search.SearchConfig(islands=4, members=8, parents=2, children=8, generations=10,
+CFG = ingraph.SearchConfig(islands=4, members=8, parents=2, children=8, generations=10,
                           migration_interval=2, migration_count=1, reset_interval=5,
                           reset_count=1, num_answers=2, selection="tournament")
 
@@ -200,9 +199,9 @@ CFG = search.SearchConfig(islands=4, members=8, parents=2, children=8, generatio
 def match_runs():
     problems = match_problems(0, 4, CFG.num_answers)
     key = jax.random.key(0)
-    return problems, {m: search.run_method(key, m, None, TASK, problems, CFG,
+    return problems, {m: ingraph.run_method(key, m, None, TASK, problems, CFG,
                                            propose=edit_propose)
-                      for m in search.METHODS}
+                      for m in ingraph.METHODS}
 
 
 def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
@@ -237,13 +236,13 @@ def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
 def test_make_search_init_and_step_are_the_search_run_method_runs():
     """The evosax shape: init(key, problem) then step(key, state) per generation, jitted,
     give the final state of run_search's one-jit scan (same keys)."""
-    cfg = search.SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
+    cfg = ingraph.SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
                               migration_interval=1, num_answers=2)
     problems = match_problems(0, 1, cfg.num_answers)
-    want = search.run_search(jax.random.key(0), None, TASK,
+    want = ingraph.run_search(jax.random.key(0), None, TASK,
                              jax.tree.map(lambda x: x[0], problems), cfg,
                              propose=edit_propose).state
-    init, step = search.make_search(TASK, cfg, functools.partial(edit_propose, None, task=TASK,
+    init, step = ingraph.make_search(TASK, cfg, functools.partial(edit_propose, None, task=TASK,
                                                                  cfg=cfg))
     k_init, k_run = jax.random.split(jax.random.fold_in(jax.random.key(0), 0))
     state = jax.jit(init)(k_init, jax.tree.map(lambda x: jnp.asarray(x)[0], problems))
@@ -263,21 +262,21 @@ def test_search_beats_best_of_n_at_equal_budget(match_runs):
 
 
 def test_islands_sharded_on_8_devices_match_single_device():
-    cfg = search.SearchConfig(islands=8, members=4, parents=2, children=4, generations=3,
+    cfg = ingraph.SearchConfig(islands=8, members=4, parents=2, children=4, generations=3,
                               migration_interval=1, num_answers=2)
     problems = match_problems(1, 2, cfg.num_answers)
     mesh = sharding.make_mesh()
     key = jax.random.key(3)
-    one = search.run_method(key, "search", None, TASK, problems, cfg, propose=edit_propose)
-    many = search.run_method(key, "search", None, TASK, problems, cfg, propose=edit_propose,
+    one = ingraph.run_method(key, "search", None, TASK, problems, cfg, propose=edit_propose)
+    many = ingraph.run_method(key, "search", None, TASK, problems, cfg, propose=edit_propose,
                              mesh=mesh)
     for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     tok = many.state.population.tokens_XA
     assert len(tok.sharding.device_set) == 8 and not tok.sharding.is_fully_replicated
     with pytest.raises(ConfigError, match="search.islands"):
-        search.run_method(key, "search", None, TASK, problems,
-                          search.SearchConfig(islands=4, members=4, children=4),
+        ingraph.run_method(key, "search", None, TASK, problems,
+                          ingraph.SearchConfig(islands=4, members=4, children=4),
                           propose=edit_propose, mesh=mesh)
 
 
@@ -285,9 +284,9 @@ def test_host_scored_task_is_refused():
     task = make_task("arithmetic")
     task = bind(task, task_word_tokenizer(task))
     with pytest.raises(ValueError, match="scores on the host"):
-        search.run_method(jax.random.key(0), "search", None, task, {}, CFG, propose=edit_propose)
+        ingraph.run_method(jax.random.key(0), "search", None, task, {}, CFG, propose=edit_propose)
     with pytest.raises(ValueError, match="scores on the host"):
-        search.search_problems(task, task.make_problems(0, 2), 2)
+        ingraph.search_problems(task, task.make_problems(0, 2), 2)
 
 
 @pytest.fixture(scope="module")
@@ -315,9 +314,9 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
     task = program_task if pad == "<pad>" else _pad_is_first_word(program_task)
     tok = task.tokenizer
     m, K = 2, 3
-    cfg = search.SearchConfig(members=6, parents=K, children=6, num_answers=m)
+    cfg = ingraph.SearchConfig(members=6, parents=K, children=6, num_answers=m)
     records = task.make_problems(5, 1)
-    problems = search.search_problems(task, records, m)
+    problems = ingraph.search_problems(task, records, m)
     problem = jax.tree.map(lambda x: jnp.asarray(x[0]), problems)
     rng = np.random.default_rng(0)
     demos = task.task.demonstrations(records[0], rng, 3)
@@ -330,10 +329,10 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
     rew_BKR = (rng.integers(0, 11, (len(slots), K, task.num_rewards)) / 10
                + rng.uniform(-0.03, 0.03, (len(slots), K, task.num_rewards))).astype(np.float32)
     rew_BKR[1, :2] = np.arange(0.05, 1.0, 0.1).reshape(2, 5)  # half-way tenths, as float32
-    build = jax.jit(functools.partial(search.lm_prompts, task, cfg))
+    build = jax.jit(functools.partial(ingraph.lm_prompts, task, cfg))
     prompts_BP, mask_BP = (np.asarray(x) for x in build(problem, sym_BKA, mask_BKA, rew_BKR,
                                                         fresh_B))
-    P = search.prompt_len(task, problems, cfg, K)
+    P = ingraph.prompt_len(task, problems, cfg, K)
     assert prompts_BP.shape == mask_BP.shape == (len(slots), P)
     for b, row_slots in enumerate(slots):
         n = int(mask_BP[b].sum())
@@ -355,21 +354,21 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
 @pytest.mark.slow  # ~22 s: the slow set (the lean run stays under 15 min)
 def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     task = program_task
-    cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
+    cfg = ingraph.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
                               migration_interval=1, num_answers=2, temperature=1.0)
     records = task.make_problems(0, 2)
-    problems = search.search_problems(task, records, cfg.num_answers)
+    problems = ingraph.search_problems(task, records, cfg.num_answers)
     need = seq_len_for(task, records, cfg.num_answers, num_parents=cfg.parents)
     model = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need),
                     rngs=nnx.Rngs(0))
     key = jax.random.key(0)
     traces = {}
-    for method in search.METHODS:
-        trace, state, _, _ = search.run_method(key, method, model, task, problems, cfg)
+    for method in ingraph.METHODS:
+        trace, state, _, _ = ingraph.run_method(key, method, model, task, problems, cfg)
         assert np.asarray(trace.evaluated).tolist() == [[4, 8, 12]] * 2
         assert np.asarray(state.evaluated).tolist() == [cfg.budget] * 2
         traces[method] = trace
-    trace, state, _, _ = search.run_search(key, model, task,
+    trace, state, _, _ = ingraph.run_search(key, model, task,
                                            jax.tree.map(lambda x: x[0], problems), cfg)
     pop = state.population
     assert pop.tokens_XA.shape == (2, 2, task.answer_len) and int(state.evaluated) == 12
@@ -381,7 +380,7 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
         host, ok = task.task.score([records[0]], [[task.symbols_text(tok[i, q], msk[i, q])]])
         assert ok[0, 0]
         np.testing.assert_array_equal(host[0, 0], np.asarray(pop.rewards_XR[i, q]))
-    json_path, png = search.write_search_traces(str(tmp_path), traces)
+    json_path, png = ingraph.write_search_traces(str(tmp_path), traces)
     with open(json_path) as fh:
         summary = json.load(fh)
     assert summary["search"]["evaluated"] == [4, 8, 12]
@@ -389,7 +388,7 @@ def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     with pytest.raises(ConfigError, match="max_seq_len"):
         small = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size,
                                      max_seq_len=need - 1), rngs=nnx.Rngs(0))
-        search.run_method(key, "search", small, task, problems, cfg)
+        ingraph.run_method(key, "search", small, task, problems, cfg)
 
 
 @pytest.mark.slow
@@ -399,21 +398,21 @@ def test_lm_search_through_refilled_slots_gives_the_same_population(program_task
     from vpo.rollout import slots
 
     task = program_task
-    cfg = search.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
+    cfg = ingraph.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
                               migration_interval=1, num_answers=2, temperature=1.0)
     records = task.make_problems(0, 2)
-    problems = jax.tree.map(lambda x: x[0], search.search_problems(task, records,
+    problems = jax.tree.map(lambda x: x[0], ingraph.search_problems(task, records,
                                                                    cfg.num_answers))
     need = seq_len_for(task, records, cfg.num_answers, num_parents=cfg.parents)
     model = Decoder(model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=need),
                     rngs=nnx.Rngs(0))
     key = jax.random.key(0)
-    pop = search.run_search(key, model, task, problems, cfg)[1].population
+    pop = ingraph.run_search(key, model, task, problems, cfg)[1].population
     traced = []
     real = slots.generate_slots
     monkeypatch.setattr(slots, "generate_slots", lambda *a, **k: traced.append(
         k["num_slots"]) or real(*a, **k))
-    slot_pop = search.run_search(key, model, task, problems,
+    slot_pop = ingraph.run_search(key, model, task, problems,
                                  dataclasses.replace(cfg, num_slots=1))[1].population
     assert traced and set(traced) == {1}
     np.testing.assert_array_equal(np.asarray(slot_pop.tokens_XA), np.asarray(pop.tokens_XA))
