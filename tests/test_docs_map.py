@@ -101,3 +101,20 @@ def test_modules_md_names_every_module():
     missing = sorted(m for m in mods if m != "vpo"
                      and not any(n == m or n.startswith(m + ".") for n in named))
     assert not missing, f"name these modules in docs/modules.md: {missing}"
+
+
+def test_every_module_a_docstring_or_page_names_exists():
+    """`vpo.x.y` references in backticks anywhere (the package's docstrings and comments, the
+    kernels, experiments, every docs page and the README) name a module of the tree, and a
+    name after it is defined there: a moved module or function shows here."""
+    mods = _modules()
+    sources = [*(ROOT / "vpo").rglob("*.py"), *(ROOT / "kernels").glob("*.py"),
+               *(ROOT / "experiments").glob("*.py"), *(ROOT / "docs").glob("*.md"),
+               ROOT / "README.md"]
+    bad = []
+    for path in sources:
+        for name in sorted(set(re.findall(r"`(vpo(?:\.[A-Za-z_]\w*)+)", path.read_text()))):
+            why = _resolve(name, mods)
+            if why:
+                bad.append(f"{path.relative_to(ROOT)}: {why}")
+    assert not bad, "\n".join(bad)

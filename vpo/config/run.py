@@ -3,7 +3,7 @@ the static part of one RL step (`StepConfig`).
 
 Validated on construction against the rule tables below (`vpo.config.validate`, the one helper;
 names against the tables of `vpo.config`); errors name the field and the fix
-(`vpo.config.ConfigError`). `RunConfig` is what `vpo.rl.step.train` takes and what a checkpoint
+(`vpo.config.ConfigError`). `RunConfig` is what `vpo.rl.loop.train` takes and what a checkpoint
 stores as JSON; its cross-section checks run where the run is complete, and
 `RunConfig.memory_bytes` is the size check `vpo.rl.checks.check_run` makes before allocating.
 """
@@ -51,7 +51,7 @@ class ObjectiveConfig:
     weight per prompt group and step; "passk" whether any valid answer solves the problem.
     Fields of other estimators are ignored here (one objective section serves several arms in
     `vpo compare`); `vpo train` refuses one given with a non-default value that its estimator
-    does not read (`vpo.rollout.rewards.Estimator.reads`).
+    does not read (`vpo.objectives.estimators.Estimator.reads`).
 
     Clip-Cov / KL-Cov (Cui et al., arXiv 2505.22617) select `max(floor(ratio · N_valid),
     cov_min_tokens)` tokens per loss call. The ratios default to the 7B recipe's 2e-3; the
@@ -219,7 +219,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 class RunConfig:
     """A whole training run: model, sampler, objective, loop, mesh, and the task by name.
 
-    The task object itself is passed to `vpo.rl.step.train` (built by the CLI from `task` and
+    The task object itself is passed to `vpo.rl.loop.train` (built by the CLI from `task` and
     `task_kwargs`); the names are kept here so the checkpointed config says what was trained.
     """
 

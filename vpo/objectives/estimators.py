@@ -182,7 +182,7 @@ def _from_config(name: str) -> Callable:
     return fn
 
 
-# The estimator table: `objective.advantage` → Estimator (names: `vpo.config.ADVANTAGES`).
+# The estimator table: `objective.advantage` → Estimator (names: `vpo.config.fields.ADVANTAGES`).
 ESTIMATORS: dict[str, Estimator] = {
     name: Estimator(spec.sees, _from_config(name), frozenset(spec.fields.values()))
     for name, spec in _SPECS.items()

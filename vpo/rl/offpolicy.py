@@ -1,7 +1,7 @@
 """Importance weights that correct a stale rollout (`train.off_policy_steps` = 1), as pure
 functions of log-probs.
 
-With the overlapped step (`vpo.rl.step.overlapped_rl_step`) the rollout a step trains on was
+With the overlapped step (`vpo.rl.overlap.overlapped_rl_step`) the rollout a step trains on was
 sampled by the previous parameters: π_behav, whose log-probs the sampler recorded. The update
 recomputes the log-probs at the parameters it starts from, π_prox (the PPO ratio's old_logp:
 the proximal policy of decoupled PPO, Hilton et al. 2022, arXiv 2110.00641), and weighs each
