@@ -205,6 +205,10 @@ def warm_start(cfg: CompareConfig, task, out_dir: str, log=print, resume: bool =
                                     mutation_parents=cfg.search.parents, progress=progress)
     rates = parse_rates(cfg, task, policy) if cfg.init else {}
     extra = {"parse_rate": min(rates.values()), "parse_rates": rates} if rates else {}
+    short = format_gaps(cfg, rates) if rates else []
+    if short:  # said, not hidden: such an arm's answers mostly score nothing in RL
+        log(f"  warning: after the format SFT {', '.join(short)} still parse below "
+            f"parse_floor {cfg.parse_floor:.0%}; raise sft_steps (now {cfg.sft_steps})")
     extra |= {"self_demonstrations": self_info} if self_info else {}
     save_warm_start(path, plan, policy, losses, steps=cfg.sft_steps,
                     num_answers=cfg.all_answers, info={"task": cfg.task, **extra,

@@ -4,11 +4,12 @@ m-answer format.
 A pretrained chat model answers a single-answer prompt in its own words, but rarely writes the
 `<answer 1> ... </answer 1>` tags of an m-answer set (VPO's and Multi-RLVR's format), so on data
 without a `completion` column such an arm would train without a reward. `self_demonstrations`
-samples single answers to the training prompts from the model itself, keeps the ones that parse
-and that a reward function applies to (the task's `valid`), drops repeats, and gives each row
-its first m distinct valid answers; `with_demonstrations` makes the training task demonstrate
-those (m = 1: the first answer alone), so the SFT teaches the format and nothing the model did
-not already say. Rows without m distinct valid answers are left out of the warm start.
+samples single answers to the training prompts from the model itself, keeps the complete ones
+(ended with a stop token) that parse and that a reward function applies to, drops repeats, and
+gives each row its first m distinct valid answers; `with_demonstrations` makes the training
+task demonstrate those (m = 1: the first answer alone), so the SFT teaches the format and
+nothing the model did not already say. Rows without m distinct valid answers are left out of
+the warm start.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def self_demonstrations(model, task: BoundTask, records: Sequence[Mapping[str, A
     """{row id: the first `num_answers` distinct valid single answers of `model`} for each
     record with that many among `samples` single-answer generations at `temperature`.
 
-    Valid: the slot parses (m = 1: the whole stripped text) and some reward function applies
-    (`Task.score`'s valid); distinct: `answers.without_duplicates` (same words = repeat)."""
+    Valid: the generation ended with a stop token within the task's budget (a cut-off answer
+    is not a complete one), the slot parses (m = 1: the whole stripped text) and some reward
+    function applies (`Task.score`'s valid); distinct: `answers.without_duplicates` (same
+    words = repeat)."""
     tok = task.tokenizer
     T = task.completion_len(1)
     cfg = SamplerConfig(max_new_tokens=T, num_samples=samples, temperature=temperature)
@@ -50,7 +53,8 @@ def self_demonstrations(model, task: BoundTask, records: Sequence[Mapping[str, A
         texts = task.completion_texts(tokens_BGT.reshape(B * G, L), mask_BGT.reshape(B * G, L))
         slots = [task.parse_text(t, 1)[0] for t in texts]
         _, valid = task.task.score([rows[n // G] for n in range(B * G)], [[a] for a in slots])
-        valid = np.asarray(valid, bool).reshape(B, G)
+        # an answer the token budget cut off is no demonstration of a complete answer
+        valid = np.asarray(valid, bool).reshape(B, G) & np.asarray(r.finished_BG, bool)
         for b, row in enumerate(rows):
             kept = [slots[b * G + g] for g in range(G) if valid[b, g]]
             distinct = [a.strip() for a in answers_lib.without_duplicates(kept) if a]
