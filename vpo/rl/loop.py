@@ -25,15 +25,14 @@ import numpy as np
 from flax import nnx
 
 from vpo.config import ConfigError, RunConfig
-from vpo.env.task import is_env_task
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
 from vpo.rl import data as data_lib
 from vpo.rl import overlap
 from vpo.rl.checks import check_run
-from vpo.rl.env_step import EnvRLStep, make_env_rl_step
-from vpo.rl.host_memory import compiled_per_signature
+from vpo.rl.env_step import EnvRLStep
+from vpo.rl.programs import step_functions
 from vpo.rl.run_folder import (  # the run folder the loop writes
     CONFIG,
     INIT_FILE,
@@ -54,10 +53,7 @@ from vpo.rl.step import (
     HostRLStep,
     TrainState,
     init_state,
-    make_host_rl_step,
     make_optimizer,
-    make_rl_step,
-    make_sample_step,
     policy_of,
     state_from_model,
     step_config,
@@ -110,7 +106,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `on_event(point, step)`: called at each of the loop's named points (`EVENTS`); with it, the
     loop waits for each checkpoint save to complete before reporting "saved".
     `programs`: a dict the runs of one process share, so a run differing from an earlier one
-    only in its seed reuses that run's compiled step (`_step_functions`; `vpo compare`'s seeds).
+    only in its seed reuses that run's compiled step (`vpo.rl.programs`; `vpo compare`'s seeds).
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
     a `RunFolderLockedError`. A new run that fails before its first step (a check that refuses
     it, an error setting it up) leaves nothing in out_dir (`run_folder.discard_start`): the
@@ -239,36 +235,6 @@ def _open_folder(run: _Run, out_dir: str, resume: bool) -> int:
     return 0
 
 
-def _step_functions(run: _Run, programs: dict | None = None):
-    """(the RL step, the sampling probe or None), each compiled ahead of its first call with
-    the compiler's freed memory given back first. `programs`: a dict shared by the runs of one
-    process: a run with the same graphdef, task, mesh and step settings but for the seed (the
-    seed only enters the state) reuses the compiled sampler and update of the first such run,
-    per argument signature (`compiled_per_signature`), instead of tracing and compiling them
-    again."""
-    cfg, tcfg = step_config(run.config, run.task), run.config.train
-    key = (run.graphdef, run.task, run.mesh,
-           dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=0)))
-    shared = programs.get(key) if programs is not None else None
-    if is_env_task(run.task):  # episodes on the host: the update compiled on its first call
-        step_fn = make_env_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
-    elif run.task.is_host:
-        step_fn = make_host_rl_step(run.graphdef, run.tx, run.task, cfg, run.records)
-        if shared is None:
-            shared = (compiled_per_signature(step_fn.sample),
-                      compiled_per_signature(step_fn.update))
-        step_fn = dataclasses.replace(step_fn, sample=shared[0], update=shared[1])
-    else:
-        if shared is None:
-            shared = compiled_per_signature(make_rl_step(run.graphdef, run.tx, run.task, cfg))
-        step_fn = shared
-    if programs is not None and shared is not None:
-        programs[key] = shared
-    probe_fn = (make_sample_step(run.graphdef, cfg)
-                if (tcfg.profile_every or tcfg.sample_every) and not run.task.is_host else None)
-    return step_fn, probe_fn
-
-
 def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: int | None,
                report_to, bar_label: str | None, on_event: Callable[[str, int], None],
                programs: dict | None = None) -> TrainState:
@@ -281,7 +247,8 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     from vpo.rl.watch import RunWatch
 
     config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
-    step_fn, probe_fn = _step_functions(run, programs)
+    step_fn, probe_fn = step_functions(run.config, run.task, run.graphdef, run.tx, run.mesh,
+                                       run.records, programs)
     state, data_it = run.state, run.data_it
     if tcfg.off_policy_steps and state.pending is None:  # the first rollout, by θ_0
         prime = overlap.make_prime_step(run.graphdef, task, step_config(config, task))

@@ -1,0 +1,48 @@
+"""The compiled programs of an RL run's step, and their reuse across the runs of one process.
+
+A run's step is the fused jitted step (in-graph reward), or jitted sampling and update around a
+host reward, or episodes on the host around a jitted update (an environment task). Each is
+compiled ahead of its first call with the compiler's freed memory given back first
+(`vpo.rl.host_memory.compiled_per_signature`). Runs that differ only in their seed (the seed
+enters the state, never the program: `vpo compare`'s seeds) share one executable per argument
+signature through a `programs` dict, instead of tracing and compiling the step again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vpo.config import RunConfig
+from vpo.env.task import is_env_task
+from vpo.rl.env_step import make_env_rl_step
+from vpo.rl.host_memory import compiled_per_signature
+from vpo.rl.step import make_host_rl_step, make_rl_step, make_sample_step, step_config
+from vpo.tasks.bound import BoundTask
+
+
+def step_functions(config: RunConfig, task: BoundTask, graphdef, tx, mesh, records,
+                   programs: dict | None = None):
+    """(the RL step, the sampling probe or None) of a run. `programs`: a dict shared by the
+    runs of one process; a run with the same graphdef, task, mesh and step settings but the
+    seed reuses the compiled sampler and update (or fused step) of the first such run."""
+    cfg, tcfg = step_config(config, task), config.train
+    key = (graphdef, task, mesh,
+           dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=0)))
+    shared = programs.get(key) if programs is not None else None
+    if is_env_task(task):  # episodes on the host: the update compiled on its first call
+        step_fn = make_env_rl_step(graphdef, tx, task, cfg, records)
+    elif task.is_host:  # the score (over this run's records) stays the run's own
+        step_fn = make_host_rl_step(graphdef, tx, task, cfg, records)
+        if shared is None:
+            shared = (compiled_per_signature(step_fn.sample),
+                      compiled_per_signature(step_fn.update))
+        step_fn = dataclasses.replace(step_fn, sample=shared[0], update=shared[1])
+    else:
+        if shared is None:
+            shared = compiled_per_signature(make_rl_step(graphdef, tx, task, cfg))
+        step_fn = shared
+    if programs is not None and shared is not None:
+        programs[key] = shared
+    probe_fn = (make_sample_step(graphdef, cfg)
+                if (tcfg.profile_every or tcfg.sample_every) and not task.is_host else None)
+    return step_fn, probe_fn
