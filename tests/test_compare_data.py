@@ -346,12 +346,14 @@ def test_each_arm_must_parse_its_own_format_before_rl(files, tmp_path, monkeypat
         driver.warm_start(no_demos, bare_task, str(tmp_path / "out"), log=lambda *_: None)
 
 
-def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(files, tmp_path):
+def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(files, tmp_path,
+                                                                              monkeypatch):
     """On data without a `completion` column, the format SFT's demonstrations are the init
-    policy's own valid single answers, distinct, joined into the m-answer format: they are
-    what it sampled, they parse back as m answers, and the warm start records how many rows
-    had them."""
+    policy's own single answers that ended with a stop token, parse, are valid and distinct,
+    joined into the m-answer format: they parse back as m answers, and the warm start records
+    how many rows had them. (The sampler is replaced by known generations.)"""
     import json as json_lib
+    import types
 
     from vpo.compare import driver, self_demos
     from vpo.io import checkpoint
@@ -359,22 +361,37 @@ def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(fil
     bare = tmp_path / "bare.jsonl"
     bare.write_text("".join(json_lib.dumps({k: v for k, v in r.items() if k != "completion"})
                             + "\n" for r in _rows(20)))
-    cfg = dataclasses.replace(_data_config(files, "sft_steps=2", "sft_batch=2"),
+    cfg = dataclasses.replace(_data_config(files, "sft_steps=2", "sft_batch=2",
+                                           "self_demo_samples=6"),
                               task_kwargs=compare_data.compare_kwargs(
                                   {**_kw(files), "path": str(bare), "eval_fraction": 0.25}))
     task = compare_data.load_tasks(cfg, with_search=False)
     train = compare_data.training(task)
+    # per row, 6 generations: a repeat, an empty one, one cut off by the budget
+    texts = ["12", "12", "1 3", " ", "14", "15"]
+    finished = [True, True, True, True, False, True]
+
+    def fake_sample(model, prompts, pmask, key, cfg, stop_ids, pad_id):
+        B, G = prompts.shape[0], cfg.num_samples
+        ids = [train.tokenizer.encode(t) for t in texts]
+        tok = np.full((B, G, 4), pad_id, np.int32)
+        mask = np.zeros((B, G, 4), bool)
+        for g, t in enumerate(ids):
+            tok[:, g, :len(t)], mask[:, g, :len(t)] = t, True
+        return types.SimpleNamespace(tokens_BGT=tok, mask_BGT=mask,
+                                     finished_BG=np.tile(finished, (B, 1)))
+
+    monkeypatch.setattr(self_demos, "sample", fake_sample)
     policy = checkpoint.load_model(f"hf:{BPE}")[0]
     rows = train.make_problems(0, 6)
     demos = self_demos.self_demonstrations(policy, train, rows, num_answers=3, samples=6,
                                            key=jax.random.key(0), temperature=1.0)
-    assert demos and set(demos) <= {r["_row"] for r in rows}
-    for texts in demos.values():
-        assert len(texts) == 3 and len({" ".join(t.split()) for t in texts}) == 3
-        assert all(t.strip() == t and t for t in texts)
+    assert demos == {r["_row"]: ["12", "1 3", "15"] for r in rows}
+    assert self_demos.self_demonstrations(policy, train, rows, num_answers=4, samples=6,
+                                          key=jax.random.key(0)) == {}  # only 3 qualify
     taught = self_demos.with_demonstrations(train, demos)
     got = taught.make_problems(0, 99)
-    assert [r["_row"] for r in got] == [r["_row"] for r in rows if r["_row"] in demos]
+    assert [r["_row"] for r in got] == [r["_row"] for r in rows]
     for r in got:
         for m in (1, 3):
             ids = taught.demonstration_ids(r, np.random.default_rng(0), m)
@@ -383,11 +400,12 @@ def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(fil
     # the warm start builds them itself and says so
     lines = []
     out = str(tmp_path / "out")
+    monkeypatch.setattr(driver, "parse_rates", lambda *a, **k: {1: 1.0, 3: 0.0})
     driver.warm_start(cfg, task, out, log=lines.append)
     assert any("own single answers into sets of 3" in line for line in lines)
     with open(os.path.join(out, "sft", "policy.json")) as f:
         info = json_lib.load(f)
-    assert info["self_demonstrations"]["of"] == 15 and info["self_demonstrations"]["rows"] >= 2
+    assert info["self_demonstrations"] == {"rows": 15, "of": 15, "samples": 6, "m": 3}
 
 
 ACCURACY = '''
