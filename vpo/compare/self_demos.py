@@ -25,8 +25,7 @@ from vpo.config import SamplerConfig
 from vpo.rollout.sampler import sample
 from vpo.tasks import answers as answers_lib
 from vpo.tasks.bound import BoundTask
-
-ROW = "_row"  # the record's index in the file (`vpo.tasks.dataset.ROW`)
+from vpo.tasks.dataset import ROW  # the record's index in the file
 
 
 def self_demonstrations(model, task: BoundTask, records: Sequence[Mapping[str, Any]], *,
