@@ -22,3 +22,14 @@ class RewardError(ValueError):
 class EnvError(ValueError):
     """An environment failed, hung or returned bad values; the message names the environment,
     the call and the dataset row."""
+
+
+class RequestError(ValueError):
+    """A request to `vpo serve` is invalid; the message names the field and what is allowed.
+    `status` is the HTTP status it answers with (400 malformed or over the context, 404 an
+    unknown model, 413 too large, 422 a bad value), `param` the field, `code` a short name."""
+
+    def __init__(self, message: str, *, status: int = 422, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code

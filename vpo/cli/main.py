@@ -36,6 +36,7 @@ from vpo.cli.policy import (
     load_task,
 )
 from vpo.cli.sample import add_sample_args, cmd_sample
+from vpo.cli.serve import add_serve_args, cmd_serve
 from vpo.launch import presets
 from vpo.rl import run_folder
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
@@ -268,6 +269,7 @@ COMMANDS = {
     "compare": (cmd_compare, _add_compare),
     "plan": (cmd_plan, add_plan_args),
     "export": (cmd_export, add_export_args),
+    "serve": (cmd_serve, add_serve_args),
 }
 
 

@@ -1,0 +1,238 @@
+"""Slots that take new prompts between compiled chunks of decode steps: the sampler of a server.
+
+`vpo.rollout.slots` refills rows from a pool fixed before the loop starts; a server's prompts
+arrive while it decodes. Here the device state of S slots (`LiveSlots`: each slot's prompt
+prefix, suffix cache, next-token logits, position, key and sampling settings) lives between
+calls of two programs, each compiled once per shape and reused:
+
+  - `admit`: prefill A new prompts ([A, P'] with P' ≤ P) and write each into its slot (its
+    prefix left-padded to the slot capacity P, its last logits, t = 0, its key and settings);
+  - `decode_chunk`: up to K decode steps of every live slot in one `lax.while_loop`, returning
+    the chunk's tokens, their log-probs and which slots stopped. With `yield_free` the loop ends
+    at the first step after a slot stops, so the host can hand that slot the next request.
+
+A slot's token at position t is drawn as `vpo.rollout.sampler.generate` draws it: the uniform
+`vpo.prng.uniform_per_key(key, t)` inverted through the CDF of the filtered distribution
+(`choose_tokens_rows`, `choose_tokens` with each row's own temperature / top-p / top-k), so a
+request with the keys `vpo sample` splits from a seed gets the tokens `vpo sample` draws (up to
+float rounding of the row step, as `vpo.rollout.slots`). The log-probs reported are the
+temperature-1 log-probs of the model, the trainer's (`vpo.rl.step.completion_logp`).
+
+Shapes: S slots, P prompt capacity, T suffix capacity (new tokens), K steps per chunk, A rows
+admitted at once, V vocabulary, J top log-probs per token.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vpo import prng as _prng
+from vpo.model.decoder import KVCache, Prefix
+from vpo.rollout.sampler import _filter_logits, _first_crossing, _inverse_cdf_draw, _pick
+from vpo.rollout.slots import check_slots_model
+
+TOP_LOGPROBS = 20  # the most alternatives a token's log-prob comes with (OpenAI's limit)
+
+
+class LiveSlots(NamedTuple):
+    """The device state of S slots between calls (every array has S rows)."""
+
+    prefix: Prefix  # each slot's prompt: keys/values [S, N, P, E] per layer, mask [S, P]
+    cache: KVCache  # [S, 1, N, T, E] per layer
+    logits_SV: jax.Array  # the logits of each slot's next token
+    t_S: jax.Array  # int32, tokens the slot has generated
+    live_S: jax.Array  # bool, the slot is decoding
+    budget_S: jax.Array  # int32, the slot's max new tokens (≤ T)
+    keys_S2: jax.Array  # uint32 [S, 2], the slot's key data (`jax.random.key_data`)
+    temperature_S: jax.Array
+    top_p_S: jax.Array
+    top_k_S: jax.Array  # int32, 0: off
+    top_n_S: jax.Array  # int32, top log-probs the slot's request wants (0: none)
+
+
+class Chunk(NamedTuple):
+    """What one `decode_chunk` produced: step k of slot s at [s, k] where mask_SK is True."""
+
+    tokens_SK: jax.Array
+    logp_SK: jax.Array  # temperature-1 log-prob of the token under the model
+    mask_SK: jax.Array  # the slot was live and wrote this token
+    stopped_S: jax.Array  # the slot ended in this chunk on a stop id
+    ended_S: jax.Array  # the slot ended in this chunk (stop id or its budget)
+    top_ids_SKJ: jax.Array  # the J most likely tokens at each step (when a slot asked)
+    top_logp_SKJ: jax.Array
+
+
+def choose_tokens_rows(logits_SV, u_S, temperature_S, top_p_S, top_k_S):
+    """`vpo.rollout.sampler.choose_tokens` with each row's own settings → (token_S, logp_S).
+
+    Row s draws what `choose_tokens` draws for it alone with (temperature_S[s], top_p_S[s],
+    top_k_S[s]): greedy at temperature 0, the plain inverse-CDF draw on the model's softmax at
+    temperature 1 without a filter, else the draw on the scaled, filtered logits. The scaled
+    branch and the sort of the filter run only when some row needs them (`lax.cond` on the
+    batch). logp_S is the temperature-1 log-prob of the token.
+    """
+    max_S1 = jnp.max(logits_SV, axis=-1, keepdims=True)
+    e_SV = jnp.exp(logits_SV - max_S1)
+    total_S = jnp.sum(e_SV, axis=-1)
+    lse_S = jnp.log(total_S) + max_S1[..., 0]
+    greedy_S = temperature_S <= 0
+    plain_S = (temperature_S == 1.0) & (top_k_S <= 0) & (top_p_S >= 1.0)
+    filter_S = (top_k_S > 0) | (top_p_S < 1.0)
+    token_S = jnp.where(greedy_S, jnp.argmax(logits_SV, axis=-1).astype(jnp.int32),
+                        _first_crossing(e_SV, u_S * total_S))
+
+    def draw(_):
+        scaled_SV = logits_SV / jnp.maximum(temperature_S, 1e-6)[:, None]
+        filtered_SV = jax.lax.cond(
+            jnp.any(filter_S & ~greedy_S),
+            lambda x: jnp.where(filter_S[:, None],
+                                _filter_logits(x, top_k_S[:, None], top_p_S[:, None]), x),
+            lambda x: x, scaled_SV)
+        return _inverse_cdf_draw(u_S, filtered_SV)[0]
+
+    drawn_S = jax.lax.cond(jnp.any(~greedy_S & ~plain_S), draw, lambda _: token_S, None)
+    token_S = jnp.where(greedy_S | plain_S, token_S, drawn_S)
+    return token_S, _pick(logits_SV, token_S) - lse_S
+
+
+def init_live(model, slots: int, prompt_len: int, max_new_tokens: int) -> LiveSlots:
+    """S idle slots of capacity P prompt tokens and T new tokens (zeros; nothing live)."""
+    check_slots_model(model)
+    c = model.cfg
+    shape = (slots, c.num_kv_heads, prompt_len, c.head_dim)
+    if model.scanned:
+        zeros = jnp.zeros((c.num_layers, *shape), model.dtype)
+        k = v = zeros
+    else:
+        k = tuple(jnp.zeros(shape, model.dtype) for _ in range(c.num_layers))
+        v = tuple(jnp.zeros(shape, model.dtype) for _ in range(c.num_layers))
+    S = slots
+    return LiveSlots(
+        prefix=Prefix(k, v, jnp.zeros((S, prompt_len), bool), jnp.zeros((S,), jnp.int32)),
+        cache=model.init_cache(S, 1, max_new_tokens),
+        logits_SV=jnp.zeros((S, c.vocab_size), jnp.float32),
+        t_S=jnp.zeros((S,), jnp.int32), live_S=jnp.zeros((S,), bool),
+        budget_S=jnp.zeros((S,), jnp.int32), keys_S2=jnp.zeros((S, 2), jnp.uint32),
+        temperature_S=jnp.ones((S,), jnp.float32), top_p_S=jnp.ones((S,), jnp.float32),
+        top_k_S=jnp.zeros((S,), jnp.int32), top_n_S=jnp.zeros((S,), jnp.int32))
+
+
+def admit(model, live: LiveSlots, tokens_AP, mask_AP, slot_A, keys_A2, temperature_A, top_p_A,
+          top_k_A, budget_A, top_n_A) -> LiveSlots:
+    """`live` with A new prompts (left-padded [A, P'], P' ≤ P) prefilled into slots slot_A; a
+    row with slot_A = S (or more) is padding and writes nothing. Each admitted slot starts at
+    t = 0 from its prompt's last logits."""
+    S, P = live.prefix.mask_BP.shape
+    A, Pa = tokens_AP.shape
+    hidden_APD, prefix = model.prefill(tokens_AP, mask_AP)
+    logits_AV = model.logits(hidden_APD[:, -1])
+    ax = 1 if model.scanned else 0  # the row axis of a layer's prefix keys: [(L,) A, N, P, E]
+
+    def place(dst, src):  # src [.., A, N, P', E] left-padded to P and written at slot_A
+        pad = [(0, 0)] * src.ndim
+        pad[ax + 2] = (P - Pa, 0)
+        src = jnp.pad(src, pad)
+        return dst.at[(slice(None),) * ax + (slot_A,)].set(src, mode="drop")
+
+    def each(dst, src):
+        return place(dst, src) if isinstance(dst, jax.Array) else tuple(map(place, dst, src))
+
+    mask_AP = jnp.pad(prefix.mask_BP, [(0, 0), (P - Pa, 0)])
+    new_prefix = Prefix(each(live.prefix.k_BNPE, prefix.k_BNPE),
+                        each(live.prefix.v_BNPE, prefix.v_BNPE),
+                        live.prefix.mask_BP.at[slot_A].set(mask_AP, mode="drop"),
+                        live.prefix.length_B.at[slot_A].set(prefix.length_B, mode="drop"))
+
+    def put(a, x):
+        return a.at[slot_A].set(x.astype(a.dtype), mode="drop")
+
+    return live._replace(
+        prefix=new_prefix, logits_SV=put(live.logits_SV, logits_AV),
+        t_S=put(live.t_S, jnp.zeros((A,), jnp.int32)), live_S=put(live.live_S,
+                                                                jnp.ones((A,), bool)),
+        budget_S=put(live.budget_S, budget_A), keys_S2=put(live.keys_S2, keys_A2),
+        temperature_S=put(live.temperature_S, temperature_A),
+        top_p_S=put(live.top_p_S, top_p_A), top_k_S=put(live.top_k_S, top_k_A),
+        top_n_S=put(live.top_n_S, top_n_A))
+
+
+def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
+                 stop_ids: tuple[int, ...], pad_id: int) -> tuple[LiveSlots, Chunk]:
+    """Up to `steps` decode steps of the live slots → (live, Chunk). A slot ends on a stop id
+    (kept, as the sampler keeps it) or when it has made `budget` tokens; the loop ends early
+    when no slot is live, or, with `yield_free` (a traced bool: requests are waiting), after
+    the step where a slot ended."""
+    S = live.t_S.shape[0]
+    T = live.cache.k_BGNCE[0].shape[3]
+    J = min(TOP_LOGPROBS, live.logits_SV.shape[-1])
+    stop_K = jnp.asarray(stop_ids, jnp.int32)
+    zeros = jnp.zeros((S, steps), jnp.float32)
+    chunk = Chunk(jnp.full((S, steps), pad_id, jnp.int32), zeros, jnp.zeros((S, steps), bool),
+                  jnp.zeros((S,), bool), jnp.zeros((S,), bool),
+                  jnp.zeros((S, steps, J), jnp.int32), jnp.zeros((S, steps, J), jnp.float32))
+
+    def body(carry):
+        i, s, out = carry
+        u_S = _prng.uniform_per_key(s.keys_S2, s.t_S)
+        tok_S, logp_S = choose_tokens_rows(s.logits_SV, u_S, s.temperature_S, s.top_p_S,
+                                           s.top_k_S)
+        tok_S = jnp.where(s.live_S, tok_S, pad_id)
+
+        def top(logits_SV):
+            vals_SJ, ids_SJ = jax.lax.top_k(logits_SV, J)
+            lse_S1 = jax.nn.logsumexp(logits_SV, axis=-1, keepdims=True)
+            return ids_SJ.astype(jnp.int32), vals_SJ - lse_S1
+
+        want = jnp.any(s.live_S & (s.top_n_S > 0))
+        ids_SJ, tlogp_SJ = jax.lax.cond(
+            want, top, lambda _: (jnp.zeros((S, J), jnp.int32), jnp.zeros((S, J), jnp.float32)),
+            s.logits_SV)
+        stop_S = s.live_S & jnp.any(tok_S[:, None] == stop_K[None, :], axis=-1)
+        ended_S = s.live_S & (stop_S | (s.t_S + 1 >= s.budget_S))
+        out = out._replace(
+            tokens_SK=out.tokens_SK.at[:, i].set(tok_S),
+            logp_SK=out.logp_SK.at[:, i].set(jnp.where(s.live_S, logp_S, 0.0)),
+            mask_SK=out.mask_SK.at[:, i].set(s.live_S),
+            stopped_S=out.stopped_S | stop_S, ended_S=out.ended_S | ended_S,
+            top_ids_SKJ=out.top_ids_SKJ.at[:, i].set(ids_SJ),
+            top_logp_SKJ=out.top_logp_SKJ.at[:, i].set(tlogp_SJ))
+        # every slot runs the step (an idle one at a position inside its cache, discarded)
+        hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, jnp.minimum(s.t_S, T - 1))
+        s = s._replace(cache=cache, logits_SV=model.logits(hidden_SD),
+                       t_S=jnp.where(s.live_S, s.t_S + 1, s.t_S), live_S=s.live_S & ~ended_S)
+        return i + 1, s, out
+
+    def cond(carry):
+        i, s, out = carry
+        return (i < steps) & jnp.any(s.live_S) & ~(yield_free & jnp.any(out.ended_S))
+
+    _, live, chunk = jax.lax.while_loop(cond, body, (jnp.int32(0), live, chunk))
+    return live, chunk
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("live",))
+def admit_jit(graphdef, state, live, tokens_AP, mask_AP, slot_A, keys_A2, temperature_A,
+              top_p_A, top_k_A, budget_A, top_n_A):
+    """`admit` under jit on an `nnx.split` model; `live` is donated (updated in place)."""
+    return admit(nnx.merge(graphdef, state), live, tokens_AP, mask_AP, slot_A, keys_A2,
+                 temperature_A, top_p_A, top_k_A, budget_A, top_n_A)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "stop_ids", "pad_id"),
+                   donate_argnames=("live",))
+def decode_chunk_jit(graphdef, state, live, yield_free, *, steps, stop_ids, pad_id):
+    """`decode_chunk` under jit on an `nnx.split` model; `live` is donated."""
+    return decode_chunk(nnx.merge(graphdef, state), live, yield_free, steps=steps,
+                        stop_ids=stop_ids, pad_id=pad_id)
+
+
+@functools.partial(jax.jit, donate_argnames=("live",))
+def release(live: LiveSlots, free_S) -> LiveSlots:
+    """`live` with the slots free_S (bool [S]) no longer decoding (a request cancelled, or
+    ended by a stop string the host found)."""
+    return live._replace(live_S=live.live_S & ~free_S)

@@ -1,0 +1,247 @@
+"""Continuous batching for `vpo serve`: requests' rows decoded in a fixed number of slots, a
+finished row's slot handed to the next waiting row between compiled chunks of decode steps.
+
+One thread owns the device state (`vpo.rollout.live.LiveSlots`) and loops: admit waiting rows
+into free slots (one prefill of the new prompts, `vpo.rollout.live.admit`), run a chunk of up to
+`chunk` decode steps of every live slot (`vpo.rollout.live.decode_chunk`, which returns as soon
+as a slot ends while rows wait), read the chunk's tokens back, end rows on a stop string, and
+answer a request once all its rows have ended. The decode program is compiled once for (slots,
+prompt capacity, new-token capacity, chunk); the prefill once per (rows admitted, prompt length)
+bucket, each rounded up to a power of two. Row j of a request with seed s decodes with key j of
+`jax.random.split(jax.random.key(s), rows)`: the keys `vpo sample` gives its prompts x samples,
+so the same seed draws the same tokens.
+
+The waiting queue is bounded (`queue` rows): `submit` raises `QueueFullError` (HTTP 503) past it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+from flax import nnx
+
+from vpo.rollout import live as live_lib
+from vpo.serve.protocol import Completion, Generation
+
+MIN_PROMPT_BUCKET = 16
+
+
+class QueueFullError(RuntimeError):
+    """The server's waiting queue is full (HTTP 503: try again later)."""
+
+
+@dataclasses.dataclass
+class _Request:
+    gen: Generation
+    future: concurrent.futures.Future
+    keys_J2: np.ndarray
+    done: list  # Completion per row, None while decoding
+    left: int
+
+
+@dataclasses.dataclass
+class _Row:
+    request: _Request
+    j: int  # the row of its request: prompt j // n, sample j % n
+    tokens: list = dataclasses.field(default_factory=list)
+    logps: list = dataclasses.field(default_factory=list)
+    top: list = dataclasses.field(default_factory=list)
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.gen.prompts[self.j // self.request.gen.n]
+
+
+def bucket(n: int, low: int, high: int) -> int:
+    """n rounded up to a power of two, at least `low`, at most `high`: the shapes a prefill is
+    compiled for."""
+    b = low
+    while b < n:
+        b *= 2
+    return min(b, high)
+
+
+def request_keys(seed: int, rows: int) -> np.ndarray:
+    """uint32 [rows, 2]: the key data of `jax.random.split(jax.random.key(seed), rows)`, the
+    keys `vpo sample` splits for its prompts x samples from --seed."""
+    return np.asarray(jax.random.key_data(jax.random.split(jax.random.key(seed), rows)))
+
+
+class Engine:
+    """The slots, the waiting queue and the thread that decodes (`start`, `submit`, `close`)."""
+
+    def __init__(self, model, tokenizer, *, slots: int = 8, prompt_len: int = 256,
+                 max_new_tokens: int = 256, chunk: int = 8, queue: int = 256, seed: int = 0):
+        max_len = getattr(model.cfg, "max_seq_len", None)
+        if max_len is not None and prompt_len + max_new_tokens > max_len:
+            raise ValueError(f"--max-prompt-tokens {prompt_len} + --max-tokens "
+                             f"{max_new_tokens} exceed the model's {max_len} positions; lower "
+                             "one of them")
+        self.model, self.tokenizer = model, tokenizer
+        self.slots, self.prompt_len, self.max_new_tokens = slots, prompt_len, max_new_tokens
+        self.chunk, self.queue = chunk, queue
+        self._graphdef, self._state = nnx.split(model)
+        self._live = live_lib.init_live(model, slots, prompt_len, max_new_tokens)
+        self._rows: list[_Row | None] = [None] * slots
+        self._waiting: collections.deque[_Row] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._rng = np.random.default_rng(seed)
+        self._kw = dict(steps=chunk, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
+        self._thread = threading.Thread(target=self._loop, name="vpo-serve-engine", daemon=True)
+
+    # -- the callers' side ---------------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            if not self._thread.is_alive():  # never started: fail what waits here
+                self._fail_all(QueueFullError("the server is shutting down"))
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, gen: Generation) -> concurrent.futures.Future:
+        """Queue a request's rows; the future's result is its `Completion`s in row order.
+        Raises `QueueFullError` when its rows do not fit the waiting queue."""
+        rows = len(gen.prompts) * gen.n
+        seed = gen.seed if gen.seed is not None else int(self._rng.integers(1 << 31))
+        req = _Request(gen, concurrent.futures.Future(), request_keys(seed, rows),
+                       [None] * rows, rows)
+        with self._cv:
+            if self._closed:
+                raise QueueFullError("the server is shutting down")
+            if len(self._waiting) + rows > self.queue:
+                raise QueueFullError(f"the queue is full ({len(self._waiting)} of {self.queue} "
+                                     "rows waiting); retry later")
+            self._waiting.extend(_Row(req, j) for j in range(rows))
+            self._cv.notify_all()
+        return req.future
+
+    def load(self) -> dict:
+        """Rows decoding and waiting (for /health)."""
+        with self._cv:
+            return {"decoding": sum(r is not None for r in self._rows),
+                    "waiting": len(self._waiting), "slots": self.slots, "queue": self.queue}
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._waiting and not any(self._rows):
+                    self._cv.wait()
+                if self._closed:
+                    self._fail_all(QueueFullError("the server is shutting down"))
+                    return
+                free = [s for s, r in enumerate(self._rows) if r is None]
+                new = [(s, self._waiting.popleft()) for s in free[:len(self._waiting)]]
+                for s, row in new:
+                    self._rows[s] = row
+                waiting = bool(self._waiting)
+            try:
+                if new:
+                    self._admit(new)
+                self._decode(waiting)
+            except Exception as e:  # a device error fails the requests in flight, not the server
+                with self._cv:
+                    self._fail_all(e)
+
+    def _fail_all(self, error: Exception) -> None:
+        """Fail every request decoding or waiting (under the lock) and free the slots."""
+        for row in [*filter(None, self._rows), *self._waiting]:
+            if not row.request.future.done():
+                row.request.future.set_exception(error)
+        self._rows = [None] * self.slots
+        self._waiting.clear()
+        self._live = live_lib.init_live(nnx.merge(self._graphdef, self._state), self.slots,
+                                        self.prompt_len, self.max_new_tokens)
+
+    def _admit(self, new: list[tuple[int, _Row]]) -> None:
+        A = bucket(len(new), 1, self.slots)
+        P = bucket(max(len(r.prompt) for _, r in new), MIN_PROMPT_BUCKET, self.prompt_len)
+        tokens = np.full((A, P), self.tokenizer.pad_id, np.int32)
+        mask = np.zeros((A, P), bool)
+        slot = np.full((A,), self.slots, np.int32)  # padding rows write nowhere
+        keys = np.zeros((A, 2), np.uint32)
+        temperature, top_p = np.ones((A,), np.float32), np.ones((A,), np.float32)
+        top_k, budget, top_n = (np.zeros((A,), np.int32) for _ in range(3))
+        for a, (s, row) in enumerate(new):
+            g = row.request.gen
+            tokens[a, P - len(row.prompt):] = row.prompt
+            mask[a, P - len(row.prompt):] = True
+            slot[a], keys[a] = s, row.request.keys_J2[row.j]
+            temperature[a], top_p[a], top_k[a] = g.temperature, g.top_p, g.top_k
+            budget[a], top_n[a] = g.max_tokens, g.top_logprobs
+        self._live = live_lib.admit_jit(self._graphdef, self._state, self._live, tokens, mask,
+                                        slot, keys, temperature, top_p, top_k, budget, top_n)
+
+    def _decode(self, waiting: bool) -> None:
+        self._live, chunk = live_lib.decode_chunk_jit(self._graphdef, self._state, self._live,
+                                                      np.bool_(waiting), **self._kw)
+        wants_top = any(r is not None and r.request.gen.top_logprobs for r in self._rows)
+        chunk = jax.device_get(chunk if wants_top else chunk._replace(top_ids_SKJ=None,
+                                                                      top_logp_SKJ=None))
+        released = np.zeros((self.slots,), bool)
+        ended = []
+        for s, row in enumerate(self._rows):
+            if row is None:
+                continue
+            k = chunk.mask_SK[s]
+            row.tokens += chunk.tokens_SK[s][k].tolist()
+            row.logps += chunk.logp_SK[s][k].tolist()
+            if row.request.gen.top_logprobs:
+                n = row.request.gen.top_logprobs
+                row.top += [tuple(zip(i[:n].tolist(), p[:n].tolist(), strict=True))
+                            for i, p in zip(chunk.top_ids_SKJ[s][k], chunk.top_logp_SKJ[s][k],
+                                            strict=True)]
+            cut = self._stop_string(row)
+            if cut is not None:
+                released[s] = not chunk.ended_S[s]
+                ended.append((s, self._finish(row, "stop", cut)))
+            elif chunk.ended_S[s]:
+                reason = "stop" if chunk.stopped_S[s] else "length"
+                ended.append((s, self._finish(row, reason)))
+        if released.any():
+            self._live = live_lib.release(self._live, released)
+        with self._cv:
+            for s, _ in ended:
+                self._rows[s] = None
+        for _, req in ended:
+            if req is not None and not req.future.done():
+                req.future.set_result(list(req.done))
+
+    def _stop_string(self, row: _Row) -> tuple[int, str] | None:
+        """(tokens kept, text) when a stop string of the row's request appears in its text:
+        the tokens up to the one that completes the first stop string, the text before it."""
+        stops = row.request.gen.stop
+        if not stops:
+            return None
+        text = self.tokenizer.decode(row.tokens)
+        if not any(s in text for s in stops):
+            return None
+        for m in range(1, len(row.tokens) + 1):
+            text = self.tokenizer.decode(row.tokens[:m])
+            at = [text.find(s) for s in stops if s in text]
+            if at:
+                return m, text[:min(at)]
+        return None
+
+    def _finish(self, row: _Row, reason: str, cut: tuple[int, str] | None = None):
+        """Record the row's `Completion`; its request when that was the last row, else None."""
+        m = len(row.tokens) if cut is None else cut[0]
+        text = self.tokenizer.decode(row.tokens[:m]) if cut is None else cut[1]
+        req = row.request
+        req.done[row.j] = Completion(tuple(row.tokens[:m]), tuple(row.logps[:m]),
+                                     tuple(row.top[:m]), reason, text)
+        req.left -= 1
+        return req if req.left == 0 else None
