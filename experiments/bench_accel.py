@@ -13,7 +13,7 @@ test runs it:
         --reps 2 --grad-accum 1
 
 What it measures (warm medians over `--reps` calls; compile / first call reported separately):
-  1. sampling: generated tokens/s of `vpo.rollout.sampler.sample_with_keys` (as
+  1. sampling: generated tokens/s of `vpo.rollout.slots.sample_with_keys` (as
      `bench_peers.VpoSize`), B prompts x G samples, P prompt tokens, exactly T new tokens at
      temperature 1 (the stop id is `vocab_size`, which no token takes, so every sample runs all T
      steps).
@@ -117,7 +117,7 @@ from vpo.model import sharding  # noqa: E402
 from vpo.model.decoder import decode_attention_impl  # noqa: E402
 from vpo.rl import step as step_lib  # noqa: E402
 from vpo.rollout import rewards as rewards_lib  # noqa: E402
-from vpo.rollout.sampler import sample_with_keys  # noqa: E402
+from vpo.rollout.slots import sample_with_keys  # noqa: E402
 
 # HBM bandwidth in bytes/s by jax `device_kind` substring, most specific first (vendor sheets).
 HBM_BW = (("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12),  # H100 SXM 80GB HBM3

@@ -60,7 +60,7 @@ def main(argv=None):
         cfg = step_lib.step_config(run, task)
         it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers,
                                        num_problems=256, seed=0)
-        step = step_lib.make_rl_step(graphdef, tx, task, cfg)
+        step = overlap.make_in_graph_step(graphdef, tx, task, cfg)
         if k:
             state = overlap.make_prime_step(graphdef, task, cfg)(state,
                                                                  shard_batch(next(it), mesh))

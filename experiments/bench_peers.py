@@ -57,7 +57,7 @@ from vpo.model import sharding
 from vpo.rl import step as step_lib
 from vpo.rl.host_memory import compile_now, keep_freed_memory_for
 from vpo.rollout import rewards as rewards_lib
-from vpo.rollout.sampler import sample_with_keys
+from vpo.rollout.slots import sample_with_keys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_advantages  # noqa: E402

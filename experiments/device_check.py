@@ -443,7 +443,7 @@ def part_overlap(s: dict, smoke: bool, deadline: float, started: float) -> dict:
             jax.block_until_ready(first_state)
             compile_s["init_state"] = time.perf_counter() - t0
         state = jax.tree.map(jnp.copy, first_state)  # each arm's step donates its own
-        step = step_lib.make_rl_step(graphdef, tx, bench.task, step_cfg)
+        step = overlap.make_in_graph_step(graphdef, tx, bench.task, step_cfg)
         if k:
             t0 = time.perf_counter()
             state = jax.block_until_ready(overlap.make_prime_step(graphdef, bench.task,

@@ -214,10 +214,11 @@ def test_plan_builds_the_programs_the_step_runs(monkeypatch):
 
 @pytest.mark.slow
 def test_the_environment_step_builds_ahead_of_time():
-    """`vpo plan`'s environment step (`vpo.accel.build`, rl_step of an --env run) compiled
+    """`vpo plan`'s environment step (`vpo.accel.program_report.built_programs`, rl_step of an
+    --env run) compiled
     ahead of time for this host's 8 CPU devices (a data mesh; the advance takes the prefill's
     compiled layout); the TPU / H100 builds are tests/test_accel.py's."""
-    from vpo.accel import build as build_lib
+    from vpo.accel.program_report import built_programs
     from vpo.launch.assemble import assemble_run
     from vpo.model import sharding
 
@@ -225,7 +226,7 @@ def test_the_environment_step_builds_ahead_of_time():
                                   "sampler.num_samples=2", "sampler.max_new_tokens=16"],
                      dataset={"env": "vpo.env.calculator:make_env"})
     mesh = sharding.make_mesh(devices=jax.devices()[:8])
-    built = build_lib.build("rl_step", a.run, a.task, mesh)
+    built = built_programs("rl_step", a.run, a.task, mesh)
     assert [b.name for b in built] == ["env_prefill", "env_advance (queue 8)",
                                        "env_advance (queue 16)", "env_update"]
     assert all(b.error is None for b in built), [b.error for b in built]

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from vpo.env import episode as episode_lib
-from vpo.env.base import call_envs
-from vpo.env.workers import EnvWorkers
+from vpo.env.workers import EnvWorkers, call_envs
 from vpo.errors import ConfigError, EnvError
 
 ENV = '''

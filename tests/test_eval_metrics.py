@@ -167,7 +167,8 @@ def _bound_bandit(host: bool = False):
 
 
 def _scripted_sample(task, generations):
-    """A stand-in for `sampler.sample` that writes the given answer texts per generation."""
+    """A stand-in for `vpo.rollout.slots.sample` that writes the given answer texts per
+    generation."""
     from vpo.types import Rollout
 
     def fake(model, prompts_BP, mask_BP, key, cfg, *, stop_ids, pad_id):

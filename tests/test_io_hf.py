@@ -21,9 +21,9 @@ from safetensors.numpy import load_file, save_file
 
 from vpo.config import SamplerConfig
 from vpo.io import hf
-from vpo.io.tokenizer import Tokenizer
+from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.model import sharding
-from vpo.rollout import sampler
+from vpo.rollout import slots
 
 # compares numbers with values recorded on another machine: CI runs it again under a lower
 # XLA CPU target (.ci/run, XLA_FLAGS=--xla_cpu_max_isa=SSE4_2)
@@ -69,10 +69,10 @@ def test_greedy_generation_matches_transformers(f32_models, name):
     g = _expected(name)["greedy"]
     assert g["min_top2_margin"] > 1e-3  # no near-tie that float noise could flip
     P = max(map(len, g["prompts"]))
-    tokens, mask = sampler.left_pad(g["prompts"], P, g["pad_id"])
+    tokens, mask = left_pad(g["prompts"], P, g["pad_id"])
     cfg = SamplerConfig(max_new_tokens=8, num_samples=1, temperature=0.0)
     stop_ids = tuple(np.atleast_1d(g["eos_id"]).tolist())  # generation_config's eos ids
-    out = sampler.sample(f32_models[name], tokens, mask, jax.random.key(0), cfg,
+    out = slots.sample(f32_models[name], tokens, mask, jax.random.key(0), cfg,
                          stop_ids=stop_ids, pad_id=g["pad_id"])
     want = np.array(g["new_tokens"])
     np.testing.assert_array_equal(np.asarray(out.tokens_BGT)[:, 0, :want.shape[1]], want)

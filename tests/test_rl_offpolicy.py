@@ -283,7 +283,7 @@ def test_overlapped_profiled_steps_log_the_rollout_they_sample(task, tmp_path):
     batches = [loop_lib.shard_batch(next(it), one_device()) for _ in range(2)]
     state = overlap.make_prime_step(graphdef, task, cfg)(state, batches[0])
     probe = step_lib.make_sample_step(graphdef, cfg)(state, batches[1])
-    state, _ = step_lib.make_rl_step(graphdef, tx, task, cfg)(state, batches[1])
+    state, _ = overlap.make_in_graph_step(graphdef, tx, task, cfg)(state, batches[1])
     np.testing.assert_array_equal(probe.tokens_BGT, state.pending["rollout"]["tokens_BGT"])
 
 

@@ -80,13 +80,13 @@ def test_run_sft_mixes_mutation_demonstrations_by_default(program_task):
 
 def solved_fraction(model, task, records, num_answers, num_samples, key) -> float:
     """Share of sampled generations (`num_samples` per problem) with a solving answer."""
-    from vpo.rollout import sampler
+    from vpo.rollout import slots
 
     prompts, mask = task.prompt_arrays(records, num_answers)
     tok = task.tokenizer
-    rollout = sampler.sample(model, prompts, mask, key,
-                             SamplerConfig(task.completion_len(num_answers), num_samples),
-                             stop_ids=tok.stop_ids, pad_id=tok.pad_id)
+    rollout = slots.sample(model, prompts, mask, key,
+                           SamplerConfig(task.completion_len(num_answers), num_samples),
+                           stop_ids=tok.stop_ids, pad_id=tok.pad_id)
 
     @jax.jit
     def solved(problems, tokens_BGT, mask_BGT):

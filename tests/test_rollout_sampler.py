@@ -22,9 +22,8 @@ from vpo.rollout.sampler import (
     decode_windows,
     generate_jit,
     left_pad,
-    sample,
-    sample_with_keys,
 )
+from vpo.rollout.slots import sample, sample_with_keys
 
 PAD, EOS = 0, 2
 B, P, T, G = 8, 6, 12, 4

@@ -11,11 +11,12 @@ from flax import nnx
 from vpo.config import ConfigError, SamplerConfig, SearchConfig, model_preset
 from vpo.model.decoder import Decoder, KVCache, Prefix
 from vpo.rollout import slots as slots_lib
-from vpo.rollout.sampler import SamplerModelError, generate_jit, left_pad, sample_with_keys
+from vpo.rollout.sampler import SamplerModelError, generate_jit, left_pad
 from vpo.rollout.slots import (
     generate_rollouts,
     generate_slots,
     generate_slots_jit,
+    sample_with_keys,
     uses_slots,
 )
 

@@ -109,6 +109,7 @@ def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
     """The RL step as `vpo.rl.loop.train` builds it: one donated jit for an in-graph task;
     for a host-scored task its two jits ("rl_sample", "rl_update")."""
     from vpo.rl import step as step_lib
+    from vpo.rl.overlap import make_in_graph_step
 
     rows = run.train.batch_size * run.objective.oversample
     check_batch(run.train.batch_size, mesh)
@@ -119,7 +120,7 @@ def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
     batch = abstract_batch(rl_batch(run, task, rows), mesh)
     cfg = step_lib.step_config(run, task)
     if not task.is_host:
-        return [Program("rl_step", step_lib.make_rl_step(graphdef, tx, task, cfg),
+        return [Program("rl_step", make_in_graph_step(graphdef, tx, task, cfg),
                         (state, batch))]
     sample = step_lib.make_sample_step(graphdef, cfg)
     rollout = jax.eval_shape(sample, state, batch)
@@ -262,7 +263,13 @@ def compile_program(program: Program, mesh) -> Built:
 
 
 def make_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Program]:
-    """The programs of `name` (one of `PROGRAMS` except "kernels")."""
+    """The programs of `name` (one of `PROGRAMS` except "kernels"); an environment run's RL
+    step is `vpo.accel.env_build.build_env_step`'s."""
+    from vpo.env.task import is_env_task
+
+    if name == "rl_step" and is_env_task(task):
+        raise ValueError("an environment run's RL step is built by "
+                         "vpo.accel.env_build.build_env_step")
     if name == "rl_step":
         return rl_programs(run, task, mesh)
     makers = {"sampler": sampler_program, "sft_step": sft_program, "search": search_program}
@@ -273,14 +280,8 @@ def make_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Prog
 
 def build(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Built]:
     """Make and compile the programs of `name`; an error while making the inputs (a setting
-    the mesh refuses) is a Built with stage "build". The RL step of an environment run is the
-    episode programs and the update (`vpo.accel.env_build`)."""
-    from vpo.env.task import is_env_task
-
-    if name == "rl_step" and is_env_task(task):
-        from vpo.accel.env_build import build_env_step
-
-        return build_env_step(run, task, mesh)
+    the mesh refuses) is a Built with stage "build". The RL step of an environment run (the
+    episode programs and the update) is `vpo.accel.env_build.build_env_step`'s."""
     t0 = time.perf_counter()
     try:
         programs = make_programs(name, run, task, mesh)

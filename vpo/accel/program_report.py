@@ -246,6 +246,16 @@ def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
             add(ProgramReport(name, target.name, False, 0.0, hbm, error_name=NOT_APPLICABLE,
                               error=why, applicable=False))
             continue
-        for built in build_lib.build(name, run, task, mesh):
+        for built in built_programs(name, run, task, mesh):
             add(from_built(built, target, hbm))
     return out
+
+
+def built_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[build_lib.Built]:
+    """`vpo.accel.build.build` of `name`; an environment run's RL step is its episode
+    programs and update (`vpo.accel.env_build.build_env_step`)."""
+    if name == "rl_step" and is_env_task(task):
+        from vpo.accel.env_build import build_env_step  # imports the episode loop
+
+        return build_env_step(run, task, mesh)
+    return build_lib.build(name, run, task, mesh)

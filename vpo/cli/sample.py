@@ -38,7 +38,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from vpo.config import SamplerConfig, model_preset
     from vpo.launch.rules import checkpoint_needed, fit_seq_len
     from vpo.model.decoder import Decoder
-    from vpo.rollout import sampler
+    from vpo.rollout import slots as sampler  # sample: every row at once, or refilled slots
 
     check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
     env = env_kwargs(args)

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from vpo.config import SamplerConfig
-from vpo.rollout.sampler import sample
+from vpo.rollout.slots import sample
 from vpo.tasks import answers as answers_lib
 from vpo.tasks.bound import BoundTask
 from vpo.tasks.dataset import ROW  # the record's index in the file

@@ -220,19 +220,6 @@ def call_env(where: str, call: str, fn: Callable[..., Any], *args,
         raise EnvError(f"{where}: {call}{at} raised {describe_failure(e)}") from e
 
 
-def call_envs(where: str, call: str, envs: Sequence[Any], args: Sequence[tuple], *,
-              timeout: float | None = None, rows: Sequence[int | str | None]) -> list[Any]:
-    """`env.<call>(*a)` for each env and its arguments (`call_env` for each, in turn); the
-    environments of one `vpo.env.workers.EnvWorkers` pool are called in parallel there."""
-    from vpo.env.workers import RemoteEnv
-
-    pools = {id(e._pool) for e in envs if isinstance(e, RemoteEnv)}
-    if envs and len(pools) == 1 and all(isinstance(e, RemoteEnv) for e in envs):
-        return envs[0]._pool.call_many(call, list(zip(envs, args, strict=True)), rows)
-    return [call_env(where, call, env_method(env, call), *a, timeout=timeout, row=row)
-            for env, a, row in zip(envs, args, rows, strict=True)]
-
-
 def check_messages(value: Any, where: str, call: str, row: int | str | None,
                    allow_none: bool) -> list[Message] | None:
     """`value` as a list of {"role", "content"} messages (None when `allow_none`), or an

@@ -42,12 +42,12 @@ from vpo import prng as _prng
 from vpo.env.base import (
     Environment,
     Message,
-    call_envs,
     check_messages,
     check_scores,
     on_row,
     row_label,
 )
+from vpo.env.workers import call_envs
 from vpo.errors import ConfigError, EnvError
 from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.rollout.sampler import choose_tokens

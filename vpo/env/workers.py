@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from vpo.env.base import on_row
+from vpo.env.base import call_env, env_method, on_row
 from vpo.errors import EnvError
 
 STARTUP_SECONDS = 600.0  # importing the environment's module and building one, per worker
@@ -277,3 +277,14 @@ class EnvWorkers:
                 proc.kill()
         for proc in self._procs:
             proc.join(2.0)
+
+
+def call_envs(where: str, call: str, envs: Sequence[Any], args: Sequence[tuple], *,
+              timeout: float | None = None, rows: Sequence[int | str | None]) -> list[Any]:
+    """`env.<call>(*a)` for each env and its arguments (`call_env` for each, in turn); the
+    environments of one `EnvWorkers` pool are called in parallel there."""
+    pools = {id(e._pool) for e in envs if isinstance(e, RemoteEnv)}
+    if envs and len(pools) == 1 and all(isinstance(e, RemoteEnv) for e in envs):
+        return envs[0]._pool.call_many(call, list(zip(envs, args, strict=True)), rows)
+    return [call_env(where, call, env_method(env, call), *a, timeout=timeout, row=row)
+            for env, a, row in zip(envs, args, rows, strict=True)]

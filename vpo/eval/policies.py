@@ -31,7 +31,7 @@ from vpo.env.task import is_env_task
 from vpo.eval import metrics, plots
 from vpo.model.decoder import Decoder
 from vpo.rollout.rewards import in_graph_rewards
-from vpo.rollout.sampler import sample
+from vpo.rollout.slots import sample
 from vpo.tasks.bound import BoundTask
 
 

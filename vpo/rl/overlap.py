@@ -27,6 +27,7 @@ from vpo.rl import offpolicy
 from vpo.rl.step import (
     TrainState,
     completion_logp,
+    make_rl_step,
     mismatch_metrics,
     mismatch_sums,
     model_of,
@@ -75,7 +76,7 @@ def overlapped_rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTas
     rollout metrics describe the rollout trained on; offpolicy/staleness is t minus the step
     whose parameters sampled it (1, and 0 at the first step); offpolicy/behaviour_kl and
     offpolicy/behaviour_max_abs_logp compare π_{θ_t} with the sampler on it
-    (`mismatch_metrics`' k3 over all its real tokens). Jit it with `make_rl_step`.
+    (`mismatch_metrics`' k3 over all its real tokens). Jit it with `make_in_graph_step`.
     """
     tcfg, pending = cfg.train, state.pending
     if pending is None:
@@ -97,6 +98,16 @@ def overlapped_rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTas
     metrics["offpolicy/behaviour_kl"] = gap["rollout/mismatch_kl"]
     metrics["offpolicy/behaviour_max_abs_logp"] = gap["rollout/mismatch_max_abs_logp"]
     return new_state._replace(pending=following), metrics
+
+
+def make_in_graph_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
+    """The fused step of an in-graph task, jitted with the state donated: (state, batch) ->
+    (state, metrics): `overlapped_rl_step` with `train.off_policy_steps` = 1, else
+    `vpo.rl.step.make_rl_step`'s `rl_step`."""
+    if not cfg.train.off_policy_steps:
+        return make_rl_step(graphdef, tx, task, cfg)
+    return jax.jit(functools.partial(overlapped_rl_step, graphdef=graphdef, tx=tx, task=task,
+                                     cfg=cfg), donate_argnums=0)
 
 
 def make_prime_step(graphdef, task: BoundTask, cfg: StepConfig) -> Callable:

@@ -16,7 +16,8 @@ from vpo.config import RunConfig
 from vpo.env.task import is_env_task
 from vpo.rl.env_step import make_env_rl_step
 from vpo.rl.host_memory import compiled_per_signature
-from vpo.rl.step import make_host_rl_step, make_rl_step, make_sample_step, step_config
+from vpo.rl.overlap import make_in_graph_step
+from vpo.rl.step import make_host_rl_step, make_sample_step, step_config
 from vpo.tasks.bound import BoundTask
 
 
@@ -39,7 +40,7 @@ def step_functions(config: RunConfig, task: BoundTask, graphdef, tx, mesh, recor
         step_fn = dataclasses.replace(step_fn, sample=shared[0], update=shared[1])
     else:
         if shared is None:
-            shared = compiled_per_signature(make_rl_step(graphdef, tx, task, cfg))
+            shared = compiled_per_signature(make_in_graph_step(graphdef, tx, task, cfg))
         step_fn = shared
     if programs is not None and shared is not None:
         programs[key] = shared

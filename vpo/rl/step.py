@@ -586,14 +586,15 @@ def rl_step(state: TrainState, batch, *, graphdef, tx, task: BoundTask, cfg: Ste
 
 
 def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
-    """`rl_step` (`vpo.rl.overlap.overlapped_rl_step` with `train.off_policy_steps` = 1)
-    jitted with the state donated: (state, batch) -> (state, metrics)."""
+    """`rl_step` jitted with the state donated: (state, batch) -> (state, metrics). The step of
+    `train.off_policy_steps` = 1 builds on this module: `vpo.rl.overlap.make_in_graph_step`
+    gives either."""
     if task.is_host:
         raise ConfigError(f"task {task.name!r} has a host reward; use make_host_rl_step")
-    step = rl_step
     if cfg.train.off_policy_steps:
-        from vpo.rl.overlap import overlapped_rl_step as step  # it builds on this module
-    return jax.jit(functools.partial(step, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
+        raise ConfigError("train.off_policy_steps: 1 is the overlapped step; build it with "
+                          "vpo.rl.overlap.make_in_graph_step")
+    return jax.jit(functools.partial(rl_step, graphdef=graphdef, tx=tx, task=task, cfg=cfg),
                    donate_argnums=0)
 
 

@@ -20,18 +20,18 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vpo import prng as _prng
-from vpo.config import ConfigError, SamplerConfig
 from vpo.io.tokenizer import left_pad  # noqa: F401  (re-exported: sampler.left_pad)
-from vpo.model.decoder import Decoder, KVCache, decode_attention_impl
+from vpo.model.decoder import KVCache, decode_attention_impl
 from vpo.types import Rollout
 
 
 @runtime_checkable
 class SamplerModel(Protocol):
     """What `generate` needs from a policy: `vpo.model.decoder.Decoder` is one; a model of your
-    own works when it has these five methods (and is an `nnx.Module` for `sample`, which also
-    reads `model.cfg.max_seq_len` when there is one). Shapes: B prompts, P prompt tokens, G
-    samples per prompt, S new tokens per call (1 while decoding), D hidden size, V vocabulary.
+    own works when it has these five methods (and is an `nnx.Module` for
+    `vpo.rollout.slots.sample`, which also reads `model.cfg.max_seq_len` when there is one).
+    Shapes: B prompts, P prompt tokens, G samples per prompt, S new tokens per call (1 while
+    decoding), D hidden size, V vocabulary.
 
     - `prefill(tokens_BP, mask_BP) -> (hidden_BPD, prefix)`: the causal forward over the
       left-padded prompts (mask_BP True on real tokens). `prefix` is any pytree with
@@ -305,7 +305,7 @@ def decode_windows(max_new_tokens: int, block: int = DECODE_BLOCK) -> tuple[int,
 def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_k, *,
              max_new_tokens: int, stop_ids: tuple[int, ...], pad_id: int,
              decode_block: int = DECODE_BLOCK) -> Rollout:
-    """Pure sampling function (call it inside your own jit, or use `sample`).
+    """Pure sampling function (call it inside your own jit, or use `vpo.rollout.slots.sample`).
 
     Args:
       model: the policy, any `SamplerModel` (`vpo.model.decoder.Decoder` or your own; an NNX
@@ -382,36 +382,3 @@ def generate_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperature, top
     return generate(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
                     top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                     pad_id=pad_id, decode_block=decode_block)
-
-
-def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
-                     stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
-    """`generate` under jit with explicit per-(prompt, sample) keys; with 0 < S < B·G
-    (S = cfg.num_slots, 0 resolved by memory: `vpo.rollout.slots.slots_for`),
-    `vpo.rollout.slots.generate_slots` (the same tokens through refilled rows)."""
-    check_sampler_model(model)
-    P, T = prompts_BP.shape[1], cfg.max_new_tokens
-    max_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
-    if max_len is not None and max_len < P + T:
-        raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
-                          f"model.max_seq_len {max_len}; lower one of them")
-    graphdef, state = nnx.split(model)
-    args = (graphdef, state, jnp.asarray(prompts_BP, jnp.int32), jnp.asarray(mask_BP, bool),
-            keys_BG, jnp.float32(cfg.temperature), jnp.float32(cfg.top_p), jnp.int32(cfg.top_k))
-    kw = dict(max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
-    from vpo.rollout import slots  # slots builds on this module
-
-    num_slots = slots.slots_for(cfg.num_slots, getattr(model, "cfg", None), P + T, keys_BG.size)
-    if slots.uses_slots(num_slots, keys_BG.size):
-        slots.check_slots_model(model)
-        return slots.generate_slots_jit(*args, num_slots=num_slots, **kw)
-    return generate_jit(*args, **kw)
-
-
-def sample(model: Decoder, prompts_BP, mask_BP, key, cfg: SamplerConfig, *,
-           stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
-    """Sample `cfg.num_samples` completions per prompt. Same key, same output."""
-    B, G = prompts_BP.shape[0], cfg.num_samples
-    keys_BG = jax.random.split(key, B * G).reshape(B, G)
-    return sample_with_keys(model, prompts_BP, mask_BP, keys_BG, cfg, stop_ids=stop_ids,
-                            pad_id=pad_id)

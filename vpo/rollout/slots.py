@@ -49,13 +49,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vpo import prng as _prng
-from vpo.model.decoder import KVCache, Prefix
+from vpo.config import ConfigError, SamplerConfig
+from vpo.model.decoder import Decoder, KVCache, Prefix
 from vpo.rollout.sampler import (
     DECODE_BLOCK,
     SamplerModelError,
     check_sampler_model,
     choose_tokens,
     generate,
+    generate_jit,
 )
 from vpo.types import Rollout
 
@@ -257,3 +259,34 @@ def generate_slots_jit(graphdef, state, prompts_BP, mask_BP, keys_BG, temperatur
     return generate_slots(nnx.merge(graphdef, state), prompts_BP, mask_BP, keys_BG, temperature,
                           top_p, top_k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                           pad_id=pad_id, num_slots=num_slots)
+
+
+def sample_with_keys(model: Decoder, prompts_BP, mask_BP, keys_BG, cfg: SamplerConfig, *,
+                     stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
+    """`vpo.rollout.sampler.generate` under jit with explicit per-(prompt, sample) keys; with
+    0 < S < B·G (S = cfg.num_slots, 0 resolved by memory: `slots_for`), `generate_slots` (the
+    same tokens through refilled rows)."""
+    check_sampler_model(model)
+    P, T = prompts_BP.shape[1], cfg.max_new_tokens
+    max_len = getattr(getattr(model, "cfg", None), "max_seq_len", None)
+    if max_len is not None and max_len < P + T:
+        raise ConfigError(f"sampler.max_new_tokens: prompt length {P} + {T} new tokens exceeds "
+                          f"model.max_seq_len {max_len}; lower one of them")
+    graphdef, state = nnx.split(model)
+    args = (graphdef, state, jnp.asarray(prompts_BP, jnp.int32), jnp.asarray(mask_BP, bool),
+            keys_BG, jnp.float32(cfg.temperature), jnp.float32(cfg.top_p), jnp.int32(cfg.top_k))
+    kw = dict(max_new_tokens=T, stop_ids=tuple(int(i) for i in stop_ids), pad_id=int(pad_id))
+    num_slots = slots_for(cfg.num_slots, getattr(model, "cfg", None), P + T, keys_BG.size)
+    if uses_slots(num_slots, keys_BG.size):
+        check_slots_model(model)
+        return generate_slots_jit(*args, num_slots=num_slots, **kw)
+    return generate_jit(*args, **kw)
+
+
+def sample(model: Decoder, prompts_BP, mask_BP, key, cfg: SamplerConfig, *,
+           stop_ids: tuple[int, ...], pad_id: int) -> Rollout:
+    """Sample `cfg.num_samples` completions per prompt. Same key, same output."""
+    B, G = prompts_BP.shape[0], cfg.num_samples
+    keys_BG = jax.random.split(key, B * G).reshape(B, G)
+    return sample_with_keys(model, prompts_BP, mask_BP, keys_BG, cfg, stop_ids=stop_ids,
+                            pad_id=pad_id)

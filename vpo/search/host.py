@@ -28,7 +28,7 @@ import numpy as np
 from vpo.config import SamplerConfig
 from vpo.errors import ConfigError
 from vpo.eval import metrics
-from vpo.rollout.sampler import sample_with_keys
+from vpo.rollout.slots import sample_with_keys
 from vpo.search import population as ops
 from vpo.search.ingraph import SearchConfig, SearchResult, SearchTrace, check_method
 from vpo.search.padding import left_pad_rows
