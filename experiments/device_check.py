@@ -15,7 +15,10 @@ CPU at tiny shapes, each part included (HF generate only where torch is installe
 Writes `OUT/device_check.json` (every part's status, seconds, raw measurements and rows),
 `OUT/device_check.md` (one table: part, what was measured, value, baseline, ratio, seconds,
 status) and `OUT/device_check.log` (each part's output); the JSON and the table are rewritten
-after every part, so a call stopped early keeps what finished.
+after every part, so a call stopped early keeps what finished. Where the kernels part timed a
+kernel on the accelerator, `OUT/kernel_table.json` is `kernels/measured.json` with this run's
+rows merged in: committed over it, it changes each platform's default path
+(`vpo.kernels.choice`: a kernel only where it was measured faster than XLA).
 
 The parts, in this order, each a subprocess of this same python (`--part NAME`) with its own
 share of the budget (`subprocess.run(timeout=...)`; the time a part leaves unused passes to the
@@ -770,7 +773,40 @@ def write_outputs(report: dict, out: pathlib.Path) -> None:
             "roofline against the target; slots, packed and overlap: new / old throughput.",
             *([f"Compile times may be loads from the cache {report['compile_cache']}.", ""]
               if report.get("compile_cache") else [""])]
+    refreshed = write_kernel_table(report, out)
+    if refreshed:
+        head += [f"The kernel rows of this run refresh the table of measured defaults: "
+                 f"`{refreshed.name}` here; copy it over `kernels/measured.json` and commit it "
+                 "to change which path each platform takes by default (`vpo.kernels.choice`).",
+                 ""]
     (out / "device_check.md").write_text("\n".join(head + table(report)) + "\n")
+
+
+def write_kernel_table(report: dict, out: pathlib.Path) -> pathlib.Path | None:
+    """`OUT/kernel_table.json`: the committed table of kernel-against-XLA measurements with this
+    run's kernel cells merged in (`vpo.kernels.choice.merge_rows`); None when the run timed no
+    kernel on an accelerator (a CPU smoke run times the interpreter)."""
+    data = report["parts"].get("kernels", {}).get("data", {})
+    if data.get("interpret", True) or not any("kernel_s" in c for c in data.get("cells", [])):
+        return None
+    _child_setup()
+    from vpo.kernels import choice
+
+    rows = choice.rows_from_cells(data["cells"], platform=data["platform"],
+                                  device=data["device"], measured_at=report["measured_at"],
+                                  jax_version=data["jax"])
+    path = out / "kernel_table.json"
+    choice.write_table(choice.merge_rows(choice.committed_table(), rows), path)
+    return path
+
+
+def _commit() -> str:
+    """The tree's commit (short hash), or "unknown" in a copy without git."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                              capture_output=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -835,6 +871,9 @@ def parse_args(argv):
     ap.add_argument("--compile-cache", metavar="DIR",
                     help="a persistent XLA compile cache for the JAX parts (a rerun on the same "
                          "machine then loads its programs: its compile times are cache loads)")
+    ap.add_argument("--measured-at", metavar="COMMIT",
+                    help="the commit the tree is at, for the refreshed kernel table (default: "
+                         "`git rev-parse --short HEAD`, else unknown)")
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"comma-separated subset of {','.join(PARTS)} (their order is kept)")
     ap.add_argument("--part", choices=list(PARTS), help=argparse.SUPPRESS)  # child mode
@@ -862,7 +901,7 @@ def main(argv=None) -> int:
                       "%Y-%m-%d %H:%M:%S UTC"),
                   python=platform.python_version(), host=platform.node(),
                   cpu_smoke=a.cpu_smoke, budget_s=a.budget_s, compile_cache=a.compile_cache,
-                  parts={})
+                  measured_at=a.measured_at or _commit(), parts={})
     print(f"command: {report['command']}", flush=True)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:

@@ -156,6 +156,56 @@ def test_no_module_over_450_lines_without_a_stated_reason():
     assert not long, f"split these modules or state why they are long ('# size: ...'): {long}"
 
 
+# Functions of vpo/rl and vpo/objectives allowed past MAX_FUNCTION_LINES, each with its reason.
+LONG_FUNCTIONS: dict[str, str] = {}
+MAX_FUNCTION_LINES = 80
+
+
+def _code_lines(path: pathlib.Path) -> list[tuple[str, int]]:
+    """(qualified name, code lines) of every function in the file: lines that are not blank,
+    not comments and not part of a docstring (a nested function's lines count in its outer
+    one too)."""
+    text = path.read_text()
+    tree, lines = ast.parse(text), text.splitlines()
+    docs = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+    out = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = sum(1 for i in range(child.lineno, child.end_lineno + 1)
+                        if i not in docs and lines[i - 1].strip()
+                        and not lines[i - 1].strip().startswith("#"))
+                out.append((prefix + child.name, n))
+                visit(child, prefix + child.name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+
+    visit(tree, "")
+    return out
+
+
+def test_no_function_in_rl_or_objectives_over_80_code_lines():
+    """The step and the objective grow by named stages, not by branches in one function: no
+    function of vpo/rl or vpo/objectives has more than 80 code lines (blank, comment and
+    docstring lines not counted), but those in LONG_FUNCTIONS, each with its reason."""
+    long = []
+    for pkg in ("rl", "objectives"):
+        for path in sorted((ROOT / "vpo" / pkg).rglob("*.py")):
+            for name, n in _code_lines(path):
+                where = f"vpo/{pkg}/{path.relative_to(ROOT / 'vpo' / pkg)}:{name}"
+                if n > MAX_FUNCTION_LINES and where not in LONG_FUNCTIONS:
+                    long.append(f"{where} ({n} code lines)")
+    assert not long, (f"split these functions into named stages (or state why one is long in "
+                      f"LONG_FUNCTIONS): {long}")
+
+
 def test_every_subpackage_ships_in_the_distribution():
     """pyproject's explicit `packages` list names every subpackage (a missing one installs
     only in editable mode)."""

@@ -37,6 +37,7 @@ BAD = [
     # ModelConfig
     (ModelConfig, "vocab_size", 0, ">= 1"),
     (ModelConfig, "scan_layers", "yes", "true or false"),
+    (ModelConfig, "decode_attention", "triton", "one of auto, pallas, xla"),
     (ModelConfig, "dim", -32, ">= 1"),
     (ModelConfig, "num_layers", 2.0, "an integer"),
     (ModelConfig, "num_heads", "4", "an integer"),
@@ -124,7 +125,7 @@ BAD = [
     (TrainConfig, "checkpoint_every", 0, ">= 1"),
     (TrainConfig, "keep_checkpoints", 0, ">= 1"),
     (TrainConfig, "vocab_block", 0, ">= 1"),
-    (TrainConfig, "logprob_impl", "triton", "one of chunked, pallas, reference"),
+    (TrainConfig, "logprob_impl", "triton", "one of auto, chunked, pallas, reference"),
     (TrainConfig, "max_skipped_updates", -1, ">= 0"),
     (TrainConfig, "pack_rows", -1, ">= 0"),
     (TrainConfig, "off_policy_steps", 2, "in [0, 1]"),

@@ -233,6 +233,26 @@ def test_every_loss_setting_is_accepted_by_policy_loss(name):
     assert bool(jnp.isfinite(loss))
 
 
+def test_the_step_reads_the_loss_settings_the_objective_names():
+    """`objectives.loss_options` reads every loss keyword an `ObjectiveConfig` sets, and each
+    named field exists on the config: the step passes them without copying names by hand."""
+    import dataclasses
+    import inspect
+
+    fields = {f.name for f in dataclasses.fields(ObjectiveConfig)}
+    assert set(obj.LOSS_FIELDS) <= fields, sorted(set(obj.LOSS_FIELDS) - fields)
+    keywords = set(inspect.signature(obj.policy_loss).parameters)
+    assert keywords & fields == set(obj.LOSS_FIELDS), sorted(keywords & fields ^ set(
+        obj.LOSS_FIELDS))
+    cfg = ObjectiveConfig(clip_eps_high=0.28, kl_coef=0.01)
+    opts = obj.loss_options(cfg)
+    assert opts == {name: getattr(cfg, name) for name in obj.LOSS_FIELDS}
+    z = jnp.zeros((1, 2, 3))
+    loss, _ = obj.policy_loss(z, z, jnp.asarray([[1.0, -1.0]]), jnp.ones((1, 2, 3), bool),
+                              ref_logp_BGT=z, entropy_BGT=z, key=jax.random.key(0), **opts)
+    assert bool(jnp.isfinite(loss))
+
+
 def test_the_objective_imports_and_runs_without_the_trainers_dependencies():
     """What `pip install --no-deps vpo && pip install jax numpy` gives: flax, optax, orbax, ...
     missing. The objective imports and the vector-rewards example runs."""

@@ -1,7 +1,8 @@
 """Kernel call sites take their platform from the devices a program is built for: the tiny
 decoder's decode step and the RL log-prob forward, compiled ahead of time for a TPU v5e chip
-from this CPU host (by .venv-aot's interpreter, which has libtpu), hold the Pallas kernels'
-`tpu_custom_call`; built for this host's CPU they hold no custom call."""
+from this CPU host (by .venv-aot's interpreter, which has libtpu) with the kernels chosen, hold
+the Pallas kernels' `tpu_custom_call` (by default a TPU takes XLA: no TPU measurement in
+`vpo.kernels.choice`'s table); built for this host's CPU they hold no custom call."""
 
 import json
 import os
@@ -28,14 +29,14 @@ BUILD = textwrap.dedent("""
     B, G, PL, T = 2, 2, 8, 4
 
 
-    def compiled_texts(devices):
+    def compiled_texts(devices, choice="auto"):
         \"\"\"{name: compiled HLO text} of the decode step and the log-prob forward for a mesh
-        of the first device of `devices`.\"\"\"
+        of the first device of `devices`, the decode attention by `choice`.\"\"\"
         mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
         cfg = model_preset("tiny")
         graphdef, state = nnx.split(nnx.eval_shape(
             lambda: Decoder(cfg, rngs=nnx.Rngs(0), platform=platform_of(mesh))))
-        attention = decode_attention_impl(mesh)
+        attention = decode_attention_impl(mesh, choice=choice)
 
         def decode(state, prompt_BP, tok_BG1):
             model = nnx.merge(graphdef, state)
@@ -67,9 +68,11 @@ TPU_MAIN = textwrap.dedent("""
     from vpo.kernels.aot_check import set_up_env, target_devices
     set_up_env()
     exec(BUILD)
-    texts = compiled_texts(target_devices("v5e"))
-    print(json.dumps({k: v if k == "attention" else v.count("tpu_custom_call")
-                      for k, v in texts.items()}))
+    devices = target_devices("v5e")
+    texts = compiled_texts(devices, choice="pallas")
+    counts = {k: v if k == "attention" else v.count("tpu_custom_call") for k, v in texts.items()}
+    counts["auto"] = decode_attention_impl(devices[:1], keys=16)
+    print(json.dumps(counts))
 """)
 
 
@@ -94,6 +97,7 @@ def test_tpu_build_from_cpu_host_takes_the_kernels():
     rows = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     assert rows, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
     counts = json.loads(rows[-1])
+    assert counts["auto"] == "xla"  # no TPU measurement in the committed table: XLA by default
     assert counts["attention"] == "pallas"
     assert counts["decode"] >= 1 and counts["logp"] >= 1, counts
 

@@ -1,4 +1,4 @@
-"""The rollout/trainer mismatch logged by every RL step (`vpo.rl.step.mismatch_metrics`): the
+"""The rollout/trainer mismatch logged by every RL step (`vpo.rl.mismatch.mismatch_metrics`): the
 sampler's recorded log-probs against the training forward's on the same tokens, at the same
 parameters. Shapes are those of test_rl_step.py (its compiles are reused)."""
 
@@ -14,7 +14,7 @@ from flax import nnx
 from test_rl_step import compact_bandit, run_config, run_steps
 
 from vpo.model.decoder import Decoder
-from vpo.rl import step as step_lib
+from vpo.rl import mismatch
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def test_mismatch_formula_on_known_log_probs():
     logp = jnp.log(jnp.array([[[0.5, 0.25, 0.9]]]))
     sampler = jnp.log(jnp.array([[[0.4, 0.25, 0.1]]]))
     real = jnp.array([[[True, True, False]]])
-    m = step_lib.mismatch_metrics(step_lib.combine_mismatch(
-        {k: v[None] for k, v in step_lib.mismatch_sums(logp, sampler, real).items()}))
+    m = mismatch.mismatch_metrics(mismatch.combine_mismatch(
+        {k: v[None] for k, v in mismatch.mismatch_sums(logp, sampler, real).items()}))
     d = np.log(0.5 / 0.4)
     np.testing.assert_allclose(m["rollout/mismatch_kl"], (np.exp(d) - 1 - d) / 2, rtol=1e-5)
     np.testing.assert_allclose(m["rollout/mismatch_max_abs_logp"], d, rtol=1e-5)

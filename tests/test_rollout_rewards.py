@@ -46,11 +46,12 @@ def test_estimator_inputs():
     want = {"scalar": scalar, "components": comps, "vectors": r + penalty[..., None, None],
             "correct": solved.astype(jnp.float32)}
     for name, est in estimators.ESTIMATORS.items():
-        x = rewards.estimator_input(ObjectiveConfig(advantage=name), r, smask, W_R, penalty,
-                                    solved)
+        x = rewards.estimator_input(rewards.estimator_of(ObjectiveConfig(advantage=name)), r,
+                                    smask, W_R, penalty, solved)
         np.testing.assert_allclose(x, want[est.sees], err_msg=name)
     with pytest.raises(ValueError, match="solved_BG"):
-        rewards.estimator_input(ObjectiveConfig(advantage="passk"), r, smask, W_R, penalty)
+        rewards.estimator_input(rewards.estimator_of(ObjectiveConfig(advantage="passk")), r,
+                                smask, W_R, penalty)
 
 
 def direct(name, cfg, r, smask, penalty, solved, key):

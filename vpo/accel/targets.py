@@ -125,16 +125,37 @@ def default_xla_flags() -> str:
     return flags
 
 
-def set_up_env() -> None:
+def set_up_env(target: Target | None = None) -> None:
     """Environment for a device-less build: the CPU backend as default, no CUDA device opened,
     no CUDA version check, no TPU metadata query, libtpu loadable by several processes, vpo's
-    XLA:GPU flags (`default_xla_flags`)."""
+    XLA:GPU flags (`default_xla_flags`); for a TPU target what libtpu otherwise asks a TPU VM's
+    metadata server for (`tpu_host_env`). A variable the caller set is kept."""
     default_xla_flags()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # builds in parallel processes
+    if target is not None and target.platform == "tpu":
+        for name, value in tpu_host_env(target.topology).items():
+            os.environ.setdefault(name, value)
+
+
+# Cloud TPU accelerator-type names: v5e slices are "v5litepod-N"; v5p counts TensorCores (2 per
+# chip), the others chips.
+_ACCELERATOR_TYPE = {"v5e": ("v5litepod", 1), "v5p": ("v5p", 2), "v6e": ("v6e", 1)}
+
+
+def tpu_host_env(topology: str) -> dict[str, str]:
+    """The variables libtpu reads on a TPU VM, for a build on this host alone: one worker
+    (localhost, id 0) and the slice's accelerator type (`v6e:2x2` → v6e-4). Without them libtpu
+    logs `INVALID_ARGUMENT: unexpected worker hostname` and `Failed to find host bounds` on
+    stderr, which read as failures though the build goes on."""
+    chip, _, shape = topology.partition(":")
+    name, per_chip = _ACCELERATOR_TYPE[chip]
+    chips = math.prod(int(x) for x in shape.split("x"))
+    return {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
+            "TPU_ACCELERATOR_TYPE": f"{name}-{chips * per_chip}"}
 
 
 def devices(target: Target) -> list:

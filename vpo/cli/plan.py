@@ -35,7 +35,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"--target {args.target}: {missing}")
     programs = _programs(args.programs)
-    targets.set_up_env()
+    targets.set_up_env(target)
     import jax
 
     # the CPU backend as default: the target's devices are described, never opened (a no-op

@@ -31,7 +31,9 @@ COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 # Rollout importance-sampling corrections of a stale rollout (`vpo.rl.offpolicy`).
 ROLLOUT_IS = ("none", "token_tis", "seq_mis")
 SCHEDULES = ("constant", "cosine")
-LOGPROB_IMPLS = ("chunked", "pallas", "reference")
+# "auto": the Pallas kernel where it compiles and was measured faster (`vpo.kernels.choice`)
+LOGPROB_IMPLS = ("auto", "chunked", "pallas", "reference")
+KERNEL_CHOICES = ("auto", "pallas", "xla")  # `ModelConfig.decode_attention`
 SELECTIONS = ("tournament", "boltzmann")  # search parent selection
 
 

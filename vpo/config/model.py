@@ -10,6 +10,7 @@ from typing import Any
 from vpo.config.fields import (
     DTYPES,
     FLAG,
+    KERNEL_CHOICES,
     POSITIVE,
     integer,
     one_of,
@@ -82,6 +83,10 @@ class ModelConfig:
     # unrolled one (6 layers: 92 s / 1155 MiB vs 53 s / 826 MiB), and the scan stacks the
     # blocks' weights (one transient copy) every forward.
     scan_layers: bool = False
+    # the sampler's decode attention: "auto" takes the Pallas kernel only on one GPU / TPU chip
+    # and where the committed measurements show it faster than XLA at the run's context length
+    # (`vpo.kernels.choice`); "pallas" or "xla" forces a path
+    decode_attention: str = "auto"
 
     def __post_init__(self):
         validate("model", self, {
@@ -90,7 +95,8 @@ class ModelConfig:
             "head_dim": integer(1, optional=True), "rope_theta": real(0.0, lo_open=True),
             "norm_eps": real(0.0, 1.0, lo_open=True), "qkv_bias": FLAG, "qk_norm": FLAG,
             "tie_embeddings": FLAG, "param_dtype": one_of(DTYPES), "dtype": one_of(DTYPES),
-            "lora_alpha": real(0.0, lo_open=True), "scan_layers": FLAG})
+            "lora_alpha": real(0.0, lo_open=True), "scan_layers": FLAG,
+            "decode_attention": one_of(KERNEL_CHOICES)})
         validate("model", self, {"lora_rank": integer(0, self.dim)})  # 0: full fine-tuning
         require(self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling),
                  "model.rope_scaling", f"must be None or a RopeScaling; got {self.rope_scaling!r}")

@@ -167,7 +167,10 @@ class TrainConfig:
     checkpoint_every: int = 50  # steps; also saved at exit
     keep_checkpoints: int = 3
     vocab_block: int = 4096  # training forward: vocabulary tile of the log-prob/entropy scan
-    logprob_impl: str = "chunked"  # "chunked" (lax.scan, any backend/mesh) | "pallas" | "reference"
+    # "auto": the Pallas kernel where the committed measurements show its gradient pass faster
+    # than XLA's (`vpo.kernels.choice`; none yet), else "chunked" (lax.scan, any backend/mesh);
+    # "pallas" | "reference" force a path
+    logprob_impl: str = "auto"
     max_skipped_updates: int = 3  # stop after this many consecutive skipped updates (0: never)
     # training forward: recompute each decoder block in the backward pass (jax.checkpoint):
     # activation memory of one block instead of all L, for about a third more update FLOPs

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vpo.config import LORA_TARGETS
+from vpo.model import draw as draw_lib
 
 
 class LoRA(nnx.Module):
@@ -28,11 +29,12 @@ class LoRA(nnx.Module):
     def __init__(self, w: nnx.Param, num_in: int, rank: int, alpha: float, dtype, key):
         shape, axes = tuple(w.shape), tuple(w.get_metadata("logical_axes"))
         in_shape, out_shape = shape[:num_in], shape[num_in:]
-        init = nnx.initializers.normal(1.0 / math.sqrt(math.prod(in_shape)))
+        init = draw_lib.normal(1.0 / math.sqrt(math.prod(in_shape)))
         self.scale = alpha / rank
         self.dtype = dtype
-        self.a = nnx.LoRAParam(init(key, in_shape + (rank,), w.dtype),
-                               logical_axes=axes[:num_in] + ("lora_rank",))
+        a_axes = axes[:num_in] + ("lora_rank",)
+        self.a = nnx.LoRAParam(draw_lib.draw_weight(init, key, in_shape + (rank,), w.dtype,
+                                                    a_axes), logical_axes=a_axes)
         self.b = nnx.LoRAParam(jnp.zeros((rank,) + out_shape, w.dtype),
                                logical_axes=("lora_rank",) + axes[num_in:])
 

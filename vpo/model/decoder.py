@@ -48,9 +48,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vpo.config import ModelConfig
+from vpo.kernels import choice as choice_lib
 from vpo.kernels import decode_attention as decode_lib
 from vpo.kernels import hardware
 from vpo.kernels.precision import einsum_f32 as _einsum_f32
+from vpo.model import draw as draw_lib
 from vpo.model.adapter import add_adapters, plus_lora
 
 _MASKED = -1e30  # finite, so fully masked rows (left padding) give no NaN
@@ -60,29 +62,39 @@ _KERNELS = ("pallas", "interpret")  # `Decoder.extend(attention=...)` besides "x
 _KERNEL_BLOCK_K = decode_lib.BlockSizes.get_default().block_k
 
 
-def decode_attention_impl(devices=None, *, platform: str | None = None) -> str:
-    """The decode-attention path for `devices` (a Mesh, a Sharding, a device or a sequence of
-    devices; None: the default backend's): the Pallas kernel on one GPU / TPU, XLA elsewhere
-    (Pallas compiles only for accelerators, and XLA cannot partition a kernel over a mesh of
-    several devices). `platform` (a model's `Decoder.platform`, set when it is built for a
+def decode_attention_impl(devices=None, *, platform: str | None = None, choice: str = "auto",
+                          keys: int | None = None) -> str:
+    """The decode-attention path, "pallas" or "xla", for `devices` (a Mesh, a Sharding, a
+    device or a sequence of devices; None: the default backend's). `choice` "auto"
+    (`ModelConfig.decode_attention`): the Pallas kernel only on one GPU / TPU chip (XLA cannot
+    partition a kernel over a mesh of several devices) and where the committed measurements
+    show it faster than XLA at `keys` = prompt + completion positions
+    (`vpo.kernels.choice.default_impl`); "xla" as given; "pallas" as given where it can run,
+    else a ValueError. `platform` (a model's `Decoder.platform`, set when it is built for a
     target other than this process's backend) replaces the devices' own; the devices are then
     counted on the mesh the program is built under (`jax.set_mesh`), if any."""
     if devices is None and platform is not None:
         mesh = jax.sharding.get_abstract_mesh()
         count = 1 if mesh.empty else mesh.size
-        return "pallas" if count == 1 and decode_lib.supported(platform) else "xla"
-    if devices is None:
-        devices = jax.devices()
-    elif isinstance(devices, jax.sharding.Mesh):
-        devices = devices.devices.flat
-    elif isinstance(devices, jax.sharding.Sharding):
-        devices = devices.device_set
-    elif hasattr(devices, "platform"):
-        devices = [devices]
-    devices = list(devices)
-    one = len(devices) == 1
-    platform = platform or hardware.platform_of(devices)
-    return "pallas" if one and decode_lib.supported(platform) else "xla"
+    else:
+        if devices is None:
+            devices = jax.devices()
+        elif isinstance(devices, jax.sharding.Mesh):
+            devices = devices.devices.flat
+        elif isinstance(devices, jax.sharding.Sharding):
+            devices = devices.device_set
+        elif hasattr(devices, "platform"):
+            devices = [devices]
+        devices = list(devices)
+        count = len(devices)
+        platform = platform or hardware.platform_of(devices)
+    if choice == "pallas" and (count > 1 or not decode_lib.supported(platform)):
+        raise ValueError(f"model.decode_attention=pallas: the Pallas decode kernel runs on one "
+                         f"GPU or TPU chip; this program is built for {count} "
+                         f"{hardware.resolve_platform(platform)} device(s). Use auto or xla.")
+    if count > 1:
+        return "xla"
+    return choice_lib.default_impl("decode_attention", platform, choice, keys=keys)
 
 
 class Prefix(NamedTuple):
@@ -146,8 +158,12 @@ def _dense(x, w):
     return (x.reshape(-1, d) @ w.reshape(d, -1)).reshape(lead + w.shape[1:])
 
 
+_NORMAL = draw_lib.normal(0.02)
+_ZEROS = draw_lib.zeros
+
+
 def _param(init, key, shape, dtype, axes):
-    return nnx.Param(init(key, shape, dtype), logical_axes=axes)
+    return nnx.Param(draw_lib.draw_weight(init, key, shape, dtype, axes), logical_axes=axes)
 
 
 class RMSNorm(nnx.Module):
@@ -242,14 +258,14 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         D, H, N, E = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pd = jnp.dtype(cfg.param_dtype)
-        init = nnx.initializers.normal(0.02)
+        init = _NORMAL
         self.dtype = jnp.dtype(cfg.dtype)
         self.wq = _param(init, rngs.params(), (D, H, E), pd, ("embed", "heads", "head_dim"))
         self.wk = _param(init, rngs.params(), (D, N, E), pd, ("embed", "kv_heads", "head_dim"))
         self.wv = _param(init, rngs.params(), (D, N, E), pd, ("embed", "kv_heads", "head_dim"))
         self.wo = _param(init, rngs.params(), (H, E, D), pd, ("heads", "head_dim", "embed"))
         if cfg.qkv_bias:
-            zeros = nnx.initializers.zeros
+            zeros = _ZEROS
             self.bq = _param(zeros, rngs.params(), (H, E), pd, ("heads", "head_dim"))
             self.bk = _param(zeros, rngs.params(), (N, E), pd, ("kv_heads", "head_dim"))
             self.bv = _param(zeros, rngs.params(), (N, E), pd, ("kv_heads", "head_dim"))
@@ -313,7 +329,7 @@ class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         D, F = cfg.dim, cfg.mlp_dim
         pd = jnp.dtype(cfg.param_dtype)
-        init = nnx.initializers.normal(0.02)
+        init = _NORMAL
         self.dtype = jnp.dtype(cfg.dtype)
         self.w_gate = _param(init, rngs.params(), (D, F), pd, ("embed", "mlp"))
         self.w_up = _param(init, rngs.params(), (D, F), pd, ("embed", "mlp"))
@@ -352,12 +368,12 @@ class Decoder(nnx.Module):
         self.platform = None if platform is None else hardware.resolve_platform(platform)
         pd = jnp.dtype(cfg.param_dtype)
         self.dtype = jnp.dtype(cfg.dtype)
-        self.embed = _param(nnx.initializers.normal(0.02), rngs.params(),
+        self.embed = _param(_NORMAL, rngs.params(),
                             (cfg.vocab_size, cfg.dim), pd, ("vocab", "embed"))
         self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
         self.lm_head = None if cfg.tie_embeddings else _param(
-            nnx.initializers.normal(0.02), rngs.params(), (cfg.dim, cfg.vocab_size), pd,
+            _NORMAL, rngs.params(), (cfg.dim, cfg.vocab_size), pd,
             ("embed", "vocab"))
         if cfg.lora_rank:
             add_adapters(self, rngs.params())  # drawn after every base weight

@@ -65,10 +65,12 @@ from vpo.objectives.estimators import (
 from vpo.objectives.layout import from_groups, to_groups
 from vpo.objectives.policy_loss import (
     AGG_MODES,
+    LOSS_FIELDS,
     LOSS_SETTINGS,
     VPO_PAPER_LOSS,
     kl_estimate,
     loss_denominator,
+    loss_options,
     policy_loss,
 )
 from vpo.objectives.vpo import (
@@ -80,6 +82,7 @@ from vpo.objectives.vpo import (
 
 __all__ = [
     "AGG_MODES",
+    "LOSS_FIELDS",
     "LOSS_SETTINGS",
     "VPO_PAPER_LOSS",
     "BoundEstimator",
@@ -94,6 +97,7 @@ __all__ = [
     "grpo_advantages",
     "kl_estimate",
     "loss_denominator",
+    "loss_options",
     "max_at_k_advantages",
     "maxrl_advantages",
     "pass_at_k_advantages",

@@ -5,6 +5,8 @@ Dimension key: B prompts, G samples per prompt, T generated tokens.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import jax
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 
 from vpo.config import AGG_MODES, COV_CONTROLS, KL_ESTIMATORS, RATIO_LEVELS
 from vpo.objectives.common import as_float, check_choice, check_shape, masked_mean
+from vpo.objectives.token_selection import covariance_control, keep_high_entropy
 
 Array = jax.Array
 
@@ -42,6 +45,19 @@ LOSS_SETTINGS = _frozen(
                 kl_estimator="k3", agg="token-mean", entropy_coef=0.0),
 )
 VPO_PAPER_LOSS = LOSS_SETTINGS["vpo"]
+
+# The `policy_loss` keyword arguments a run's objective sets: `vpo.config.ObjectiveConfig` has a
+# field of each name (tests/test_objective_api.py), read by `loss_options`.
+LOSS_FIELDS = ("clip_eps_low", "clip_eps_high", "dual_clip", "ratio_level", "agg", "kl_coef",
+               "kl_estimator", "entropy_coef", "entropy_top_frac", "cov_control",
+               "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef",
+               "cov_min_tokens")
+
+
+def loss_options(cfg) -> dict:
+    """The loss settings of an objective config (any object with the `LOSS_FIELDS`
+    attributes, e.g. `vpo.config.ObjectiveConfig`) as `policy_loss` keyword arguments."""
+    return {name: getattr(cfg, name) for name in LOSS_FIELDS}
 
 
 def loss_denominator(
@@ -87,55 +103,6 @@ def kl_estimate(logp_BGT: Array, ref_logp_BGT: Array, estimator: str = "k3") -> 
     if estimator == "k2":
         return 0.5 * delta**2
     return jnp.clip(jnp.exp(delta) - 1.0 - delta, -10.0, 10.0)
-
-
-def _select_count(fraction: float, n_valid: Array, min_count: int) -> Array:
-    """n = max(floor(fraction * n_valid), min_count), robust to float32 rounding just below an
-    integer (never more than there are eligible tokens: `_select_top` takes only those)."""
-    return jnp.maximum(jnp.floor(n_valid * fraction * (1.0 + 1e-6)), min_count).astype(jnp.int32)
-
-
-def _abs_torch_grad(x: Array) -> Array:
-    """|x| with the subgradient sign(x), 0 at x = 0 (torch's `abs` convention; `jnp.abs` has
-    gradient 1 at 0). On-policy every log-ratio is exactly 0, so KL-Cov's |log ratio| penalty
-    must not push the selected tokens there."""
-    return jax.lax.stop_gradient(jnp.sign(x)) * x
-
-
-def _spec(x: Array):
-    """x's PartitionSpec under an explicit-sharding mesh (all None otherwise)."""
-    return getattr(jax.typeof(x).sharding, "spec", ())
-
-
-def _resharded(x: Array, spec) -> Array:
-    """`x` laid out as `spec` when explicit sharding is in use; a no-op otherwise.
-
-    Explicit mode wants the gather for a global sort/top-k and the scatter back spelled out;
-    under automatic sharding XLA inserts them itself.
-    """
-    if any(axis is not None for axis in tuple(_spec(x)) + tuple(spec)):
-        return jax.sharding.reshard(x, spec)
-    return x
-
-
-def _gathered(x: Array) -> Array:
-    return _resharded(x, jax.sharding.PartitionSpec()).reshape(-1)
-
-
-def _select_top(score_BGT: Array, eligible_BGT: Array, n: Array, fraction: float,
-                min_count: int) -> Array:
-    """Marks the (at most) n eligible tokens with the largest score, globally over the batch.
-
-    `lax.top_k` runs with the static bound `max(floor(fraction * size) + 1, min_count) >= n`:
-    no full sort.
-    """
-    flat = _gathered(jnp.where(eligible_BGT, score_BGT, -jnp.inf))
-    k_max = min(flat.shape[0],
-                max(int(fraction * flat.shape[0] * (1.0 + 1e-6)) + 1, int(min_count)))
-    vals, idx = jax.lax.top_k(flat, k_max)
-    take = (jnp.arange(k_max) < n) & jnp.isfinite(vals)
-    sel = jnp.zeros(flat.shape, bool).at[idx].set(take).reshape(score_BGT.shape)
-    return _resharded(sel, _spec(score_BGT))
 
 
 def _maybe_nonzero(coef) -> bool:
@@ -253,16 +220,71 @@ def policy_loss(
     check_choice("agg", agg, AGG_MODES)
     check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     check_choice("cov_control", cov_control, COV_CONTROLS)
+    logp_BGT, advantages = _checked_arrays(logp_BGT, old_logp_BGT, advantages, mask_BGT, (
+        ("ref_logp_BGT", ref_logp_BGT), ("entropy_BGT", entropy_BGT),
+        ("is_weight_BGT", is_weight_BGT)))
+    _check_settings(ref_logp_BGT, entropy_BGT, key, clip_eps_low=clip_eps_low,
+                    clip_eps_high=clip_eps_high, dual_clip=dual_clip, kl_coef=kl_coef,
+                    entropy_coef=entropy_coef, entropy_top_frac=entropy_top_frac,
+                    cov_control=cov_control, clip_cov_ratio=clip_cov_ratio,
+                    kl_cov_ratio=kl_cov_ratio, cov_min_tokens=cov_min_tokens)
+
+    mask = jnp.asarray(mask_BGT, bool)
+    m_BGT = mask.astype(logp_BGT.dtype)
+    clean = functools.partial(_clean, mask, logp_BGT.shape)
+    logp_BGT, old_logp_BGT, ref_logp_BGT, entropy_BGT = map(
+        clean, (logp_BGT, old_logp_BGT, ref_logp_BGT, entropy_BGT))
+    adv_BGT = jax.lax.stop_gradient(clean(advantages))
+    tok_log_ratio, ratio = _ratios(logp_BGT, old_logp_BGT, m_BGT, ratio_level, log_ratio_clamp)
+    pg1, pg2, pg, clipped = _clipped_pg(adv_BGT, ratio, mask, clip_eps_low, clip_eps_high,
+                                        dual_clip)
+    pg, clipped, selected, cov = covariance_control(
+        pg1, pg2, pg, clipped, adv_BGT, logp_BGT, tok_log_ratio, mask, m_BGT, key, cov_control,
+        clip_cov_ratio=clip_cov_ratio, clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub,
+        kl_cov_ratio=kl_cov_ratio, kl_cov_coef=kl_cov_coef, cov_min_tokens=cov_min_tokens)
+    pg, high_ent = keep_high_entropy(pg, entropy_BGT, mask, entropy_top_frac)
+    if is_weight_BGT is not None:
+        pg = pg * jax.lax.stop_gradient(clean(is_weight_BGT))
+    per_token, metrics = _penalties(pg, logp_BGT, ref_logp_BGT, entropy_BGT, mask, kl_coef,
+                                    kl_estimator, entropy_coef)
+    loss, agg_metrics = _aggregate(per_token, pg, mask, m_BGT, agg, loss_denominator, horizon)
+    metrics.update(agg_metrics)
+    metrics.update(
+        clip_frac_low=masked_mean(clipped[0], mask),
+        clip_frac_high=masked_mean(clipped[1], mask),
+        clip_frac_dual=masked_mean(clipped[2], mask),
+        ratio_mean=masked_mean(ratio, mask),
+        ratio_min=jnp.min(jnp.where(mask, ratio, jnp.inf)),
+        ratio_max=jnp.max(jnp.where(mask, ratio, -jnp.inf)),
+        ppo_kl=masked_mean(-tok_log_ratio, mask),
+        clip_cov_frac=masked_mean(selected[0], mask),
+        kl_cov_frac=masked_mean(selected[1], mask),
+        high_entropy_frac=masked_mean(high_ent, mask),
+        cov_logp_adv=masked_mean(cov, mask),
+    )
+    return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def _checked_arrays(logp_BGT, old_logp_BGT, advantages, mask_BGT, optional):
+    """logp_BGT as float and the advantages as [B, G, 1] or [B, G, T], after checking every
+    array's shape against logp's [B, G, T] (`optional`: (name, array or None) pairs)."""
     logp_BGT = as_float(logp_BGT)
     check_shape("logp_BGT", logp_BGT, (None, None, None))
     shape = logp_BGT.shape
     check_shape("old_logp_BGT", old_logp_BGT, shape)
     check_shape("mask_BGT", mask_BGT, shape)
     advantages = _checked_advantages(advantages, shape)
-    for name, x in (("ref_logp_BGT", ref_logp_BGT), ("entropy_BGT", entropy_BGT),
-                    ("is_weight_BGT", is_weight_BGT)):
+    for name, x in optional:
         if x is not None:
             check_shape(name, x, shape)
+    return logp_BGT, advantages
+
+
+def _check_settings(ref_logp_BGT, entropy_BGT, key, *, clip_eps_low, clip_eps_high, dual_clip,
+                    kl_coef, entropy_coef, entropy_top_frac, cov_control, clip_cov_ratio,
+                    kl_cov_ratio, cov_min_tokens) -> None:
+    """ValueError for a setting out of range or one whose input is missing (a traced
+    coefficient is not checked)."""
     if _maybe_nonzero(kl_coef) and ref_logp_BGT is None:
         raise ValueError("kl_coef != 0 needs ref_logp_BGT")
     if (_maybe_nonzero(entropy_coef) or entropy_top_frac is not None) and entropy_BGT is None:
@@ -284,18 +306,18 @@ def policy_loss(
     if int(cov_min_tokens) < 1:
         raise ValueError(f"cov_min_tokens={cov_min_tokens} must be >= 1")
 
+
+def _clean(mask, shape, x):
+    """x broadcast to `shape` with padding zeroed (padding may hold anything, even nan/inf:
+    zeroed before any arithmetic); None stays None."""
+    return None if x is None else jnp.where(mask, jnp.broadcast_to(as_float(x), shape), 0.0)
+
+
+def _ratios(logp_BGT, old_logp_BGT, m_BGT, ratio_level: str, clamp: float):
+    """(token log-ratio clip(logp - sg(old), ±clamp), the ratio rho): per token, or GSPO's
+    sequence ratio `sg[s_g] pi / sg[pi]` with log s_g = min(mean_t token log-ratio, 10)."""
     sg = jax.lax.stop_gradient
-    mask = jnp.asarray(mask_BGT, bool)
-    m_BGT = mask.astype(logp_BGT.dtype)
-
-    def clean(x):  # padding may hold anything (even nan/inf): zero it before any arithmetic
-        return None if x is None else jnp.where(mask, jnp.broadcast_to(as_float(x), shape), 0.0)
-
-    logp_BGT, old_logp_BGT, ref_logp_BGT, entropy_BGT = map(
-        clean, (logp_BGT, old_logp_BGT, ref_logp_BGT, entropy_BGT)
-    )
-    adv_BGT = sg(clean(advantages))
-    tok_log_ratio = jnp.clip(logp_BGT - sg(old_logp_BGT), -log_ratio_clamp, log_ratio_clamp)
+    tok_log_ratio = jnp.clip(logp_BGT - sg(old_logp_BGT), -clamp, clamp)
     if ratio_level == "token":
         log_ratio = tok_log_ratio
     else:
@@ -303,53 +325,45 @@ def policy_loss(
         seq_BG = tok_log_ratio.sum(-1) / jnp.maximum(len_BG, 1.0)
         seq_BG = jnp.minimum(seq_BG, 10.0)
         log_ratio = sg(seq_BG)[..., None] + logp_BGT - sg(logp_BGT)
-    ratio = jnp.exp(log_ratio)
+    return tok_log_ratio, jnp.exp(log_ratio)
 
+
+def _clipped_pg(adv_BGT, ratio, mask, clip_eps_low, clip_eps_high, dual_clip):
+    """PPO's clipped term: L1 = -A rho, L2 = -A clip(rho, 1 - eps_low, 1 + eps_high),
+    pg = max(L1, L2), and with the dual clip c (A < 0) pg = min(pg, -A c) →
+    (L1, L2, pg, (clipped low, clipped high, clipped dual) token masks)."""
     pg1 = -adv_BGT * ratio
     pg2 = -adv_BGT * jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     pg = jnp.maximum(pg1, pg2)
     clipped_high = mask & (adv_BGT > 0) & (ratio > 1.0 + clip_eps_high)
     clipped_low = mask & (adv_BGT < 0) & (ratio < 1.0 - clip_eps_low)
-    clipped_dual = jnp.zeros(shape, bool)
+    clipped_dual = jnp.zeros(ratio.shape, bool)
     if dual_clip is not None:
         pg = jnp.where(adv_BGT < 0, jnp.minimum(pg, -adv_BGT * dual_clip), pg)
         clipped_dual = mask & (adv_BGT < 0) & (ratio > dual_clip)
+    return pg1, pg2, pg, (clipped_low, clipped_high, clipped_dual)
 
-    n_valid = jnp.sum(m_BGT)
-    clip_cov_sel = kl_cov_sel = jnp.zeros(shape, bool)
-    lp = sg(logp_BGT)
-    cov = (adv_BGT - masked_mean(adv_BGT, mask)) * (lp - masked_mean(lp, mask))
-    if cov_control == "clip_cov":
-        eligible = mask & ~(pg2 > pg1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-        n = _select_count(clip_cov_ratio, n_valid, cov_min_tokens)
-        u = _resharded(jax.random.uniform(key, shape), _spec(eligible))
-        clip_cov_sel = _select_top(u, eligible, n, clip_cov_ratio, cov_min_tokens)
-        pg = jnp.where(clip_cov_sel, 0.0, pg)
-    elif cov_control == "kl_cov":
-        n = _select_count(kl_cov_ratio, n_valid, cov_min_tokens)
-        kl_cov_sel = _select_top(cov, mask, n, kl_cov_ratio, cov_min_tokens)
-        pg = jnp.where(kl_cov_sel, pg1 + kl_cov_coef * _abs_torch_grad(tok_log_ratio), pg1)
-        clipped_high = clipped_low = clipped_dual = jnp.zeros(shape, bool)
 
-    high_ent = mask
-    if entropy_top_frac is not None and entropy_top_frac < 1.0:
-        h = sg(entropy_BGT)
-        tau = jnp.nanquantile(_gathered(jnp.where(mask, h, jnp.nan)), 1.0 - entropy_top_frac)
-        high_ent = mask & (h >= tau)  # tau is a replicated scalar
-        pg = jnp.where(high_ent, pg, 0.0)
-    if is_weight_BGT is not None:
-        pg = pg * sg(clean(is_weight_BGT))
-
+def _penalties(pg, logp_BGT, ref_logp_BGT, entropy_BGT, mask, kl_coef, kl_estimator,
+               entropy_coef):
+    """L = pg + kl_coef KL_k(logp, ref) - entropy_coef H per token (each term where its input
+    is given) → (L, {"kl", "entropy"} means over valid tokens)."""
     per_token = pg
     metrics = {}
     if ref_logp_BGT is not None:
-        kl = kl_estimate(logp_BGT, sg(ref_logp_BGT), kl_estimator)
+        kl = kl_estimate(logp_BGT, jax.lax.stop_gradient(ref_logp_BGT), kl_estimator)
         per_token = per_token + kl_coef * kl
         metrics["kl"] = masked_mean(kl, mask)
     if entropy_BGT is not None:
         per_token = per_token - entropy_coef * entropy_BGT
         metrics["entropy"] = masked_mean(entropy_BGT, mask)
+    return per_token, metrics
 
+
+def _aggregate(per_token, pg, mask, m_BGT, agg: str, loss_denominator, horizon):
+    """loss = agg numerator / denominator (`loss_denominator`, computed from `mask` unless
+    given; 1 where it is 0) → (loss, {"loss", "pg_loss", "loss_numerator",
+    "loss_denominator"})."""
     if loss_denominator is None:
         den = _denominator(mask, agg, horizon=horizon)
     else:
@@ -357,24 +371,8 @@ def policy_loss(
     safe_den = jnp.where(den > 0, den, 1.0)
     num = _numerator(per_token, m_BGT, agg)
     loss = num / safe_den
-    metrics.update(
-        loss=loss,
-        pg_loss=_numerator(pg, m_BGT, agg) / safe_den,
-        loss_numerator=num,
-        loss_denominator=den,
-        clip_frac_low=masked_mean(clipped_low, mask),
-        clip_frac_high=masked_mean(clipped_high, mask),
-        clip_frac_dual=masked_mean(clipped_dual, mask),
-        ratio_mean=masked_mean(ratio, mask),
-        ratio_min=jnp.min(jnp.where(mask, ratio, jnp.inf)),
-        ratio_max=jnp.max(jnp.where(mask, ratio, -jnp.inf)),
-        ppo_kl=masked_mean(-tok_log_ratio, mask),
-        clip_cov_frac=masked_mean(clip_cov_sel, mask),
-        kl_cov_frac=masked_mean(kl_cov_sel, mask),
-        high_entropy_frac=masked_mean(high_ent, mask),
-        cov_logp_adv=masked_mean(cov, mask),
-    )
-    return loss, jax.tree.map(sg, metrics)
+    return loss, dict(loss=loss, pg_loss=_numerator(pg, m_BGT, agg) / safe_den,
+                      loss_numerator=num, loss_denominator=den)
 
 
 _denominator = loss_denominator
@@ -386,3 +384,9 @@ def _numerator(loss_BGT: Array, m_BGT: Array, agg: str) -> Array:
     if agg == "seq-mean-token-mean":
         summed_BG = summed_BG / jnp.maximum(m_BGT.sum(-1), 1.0)
     return jnp.sum(summed_BG)
+
+
+_UNKNOWN = set(LOSS_FIELDS) - set(inspect.signature(policy_loss).parameters)
+if _UNKNOWN:  # one list of names: each a keyword of the loss
+    raise ImportError(f"vpo.objectives.policy_loss.LOSS_FIELDS: no keyword of policy_loss: "
+                      f"{sorted(_UNKNOWN)}")

@@ -33,7 +33,7 @@ from vpo.config import ConfigError
 from vpo.env.episode import run_episodes
 from vpo.env.task import env_factory, env_settings
 from vpo.rl.checks import check_env_run
-from vpo.rl.step import HostRLStep, StepConfig, model_of, update_from_rollout
+from vpo.rl.step import HostRLStep, StepConfig, model_of, sample_keys_BG, update_from_rollout
 from vpo.tasks.bound import BoundTask
 
 
@@ -96,8 +96,7 @@ def make_env_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) ->
         index = np.asarray(jax.device_get(batch["problems"]["index"])).reshape(-1)
         rows = [records[int(i)] for i in index]
         B, G = len(rows), cfg.sampler.num_samples
-        key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-        keys_BG = jax.random.split(jax.random.split(key, 4)[0], B * G).reshape(B, G)
+        keys_BG = sample_keys_BG(state, B, G)
         s = cfg.sampler
         episodes = run_episodes(
             model_of(graphdef, state), task.tokenizer,

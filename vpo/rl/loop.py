@@ -243,16 +243,13 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     import tqdm
 
     from vpo.rl.metrics_log import MetricsLogger
-    from vpo.rl.samples_log import SampleLog, one_line, sample_rows
+    from vpo.rl.samples_log import SampleLog, sample_rows, write_samples
     from vpo.rl.watch import RunWatch
 
     config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
     step_fn, probe_fn = step_functions(run.config, run.task, run.graphdef, run.tx, run.mesh,
                                        run.records, programs)
-    state, data_it = run.state, run.data_it
-    if tcfg.off_policy_steps and state.pending is None:  # the first rollout, by θ_0
-        prime = overlap.make_prime_step(run.graphdef, task, step_config(config, task))
-        state = prime(state, shard_batch(next(data_it), run.mesh))
+    state, data_it = _primed(run, run.state), run.data_it
     logger = MetricsLogger(out_dir, resume_from=start if start else None, every=tcfg.log_every,
                            report_to=report_to, config=config.to_json(),
                            watch=RunWatch(config.sampler.max_new_tokens).check)
@@ -261,13 +258,6 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                     disable=not progress or jax.process_index() != 0)
     samples = SampleLog(out_dir, resume_from=start if start else None,
                         tensorboard=logger.tensorboard)
-
-    def due(every: int, step: int) -> bool:
-        return every > 0 and (step + 1) % every == 0
-
-    def sample_due(step: int) -> bool:  # and the run's last step: a short run logs one too
-        return due(tcfg.sample_every, step) or (tcfg.sample_every > 0
-                                                 and step + 1 == tcfg.steps)
 
     compiled = False  # the sampling probe's first call compiles it: done once, untimed
     guard = SkipGuard(tcfg.max_skipped_updates, tcfg.updates_per_step, task)
@@ -283,7 +273,7 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                 on_event("step", step + 1)
                 batch = shard_batch(next(data_it), run.mesh)
                 host = rollout = rewards = None
-                if due(tcfg.profile_every, step) or sample_due(step):
+                if _due(tcfg.profile_every, step) or _sample_due(tcfg, step):
                     logger.flush()  # the previous step's row first: its time excludes this probe
                     if not compiled and not task.is_host:
                         jax.block_until_ready(probe_fn(state, batch))
@@ -298,14 +288,12 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                 guard.check(step + 1, metrics)
                 if done is not None:
                     bar.set_postfix(loss=f"{done['loss']:.3g}", reward=f"{done['reward']:.3f}")
-                if rollout is not None and sample_due(step):
+                if rollout is not None and _sample_due(tcfg, step):
                     rows = (step_fn.sample_rows(task) if isinstance(step_fn, EnvRLStep)
                             else sample_rows(task, run.records, batch, rollout,
                                              tcfg.num_answers, rewards=rewards))
-                    samples.write(step + 1, rows)
-                    logger.log_samples(step + 1, rows)
-                    if rows and progress and bar_label is None and jax.process_index() == 0:
-                        bar.write(f"step {step + 1}: {one_line(rows[0])}")
+                    write_samples(step + 1, rows, samples, logger,
+                                  bar if progress and bar_label is None else None)
                 if (step + 1) % tcfg.checkpoint_every == 0:
                     logger.flush()  # the step's metrics row lands before its checkpoint can
                     manager.save(step + 1, state, data_it, config.to_json())
@@ -330,6 +318,26 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
             raise RunInterrupted(stop.signum, int(jax.device_get(state.step)), out_dir)
         manager.close()  # all steps taken: a signal from here on lets the export finish
     return state
+
+
+def _primed(run: _Run, state: TrainState) -> TrainState:
+    """The state with its first rollout pending (`train.off_policy_steps` = 1: batch 0 sampled
+    by θ_0, `vpo.rl.overlap.prime_overlap`) unless it has one; unchanged otherwise."""
+    if not run.config.train.off_policy_steps or state.pending is not None:
+        return state
+    prime = overlap.make_prime_step(run.graphdef, run.task, step_config(run.config, run.task))
+    return prime(state, shard_batch(next(run.data_it), run.mesh))
+
+
+def _due(every: int, step: int) -> bool:
+    """Step index `step` (0-based) is a multiple-of-`every` step (every > 0)."""
+    return every > 0 and (step + 1) % every == 0
+
+
+def _sample_due(tcfg, step: int) -> bool:
+    """Sample rows are logged every `train.sample_every` steps and at the run's last step (a
+    short run logs one too)."""
+    return _due(tcfg.sample_every, step) or (tcfg.sample_every > 0 and step + 1 == tcfg.steps)
 
 
 def _close_logs(*logs) -> None:

@@ -24,12 +24,11 @@ import jax.numpy as jnp
 from vpo.config import StepConfig
 from vpo.model import sharding as sharding_lib
 from vpo.rl import offpolicy
+from vpo.rl.mismatch import mismatch_metrics, mismatch_sums
 from vpo.rl.step import (
     TrainState,
     completion_logp,
     make_rl_step,
-    mismatch_metrics,
-    mismatch_sums,
     model_of,
     sample_rollout,
     update_from_rollout,

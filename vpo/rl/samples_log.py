@@ -111,3 +111,12 @@ class SampleLog:
             self._file.close()
             if self._tb is not None:
                 self._tb.close()
+
+
+def write_samples(step: int, rows, samples: SampleLog, logger, bar) -> None:
+    """Sample rows to samples.jsonl and the metrics logger (`MetricsLogger.log_samples`); the
+    first on the progress bar (`bar`, None: not shown) of process 0."""
+    samples.write(step, rows)
+    logger.log_samples(step, rows)
+    if rows and bar is not None and jax.process_index() == 0:
+        bar.write(f"step {step}: {one_line(rows[0])}")

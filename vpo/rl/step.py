@@ -11,7 +11,7 @@ One RL step, as data (docs/architecture.md draws it):
          packed into fewer rows, `vpo.rl.packing`), grad accumulation over micro-batches with
          the objectives' global loss denominator; non-finite loss/grads skip the update
       ─► TrainState' + scalar metrics, among them the first minibatch's log-probs (at the
-         sampling parameters) against the sampler's (`mismatch_metrics`)
+         sampling parameters) against the sampler's (`vpo.rl.mismatch`)
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
 `sample_step` (jit) → `vpo.rollout.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from vpo import objectives
 from vpo.config import (
     ConfigError,
     ModelConfig,
@@ -46,11 +45,13 @@ from vpo.kernels import logprob_entropy as logprob_lib
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
+from vpo.rl import groups as groups_lib
 from vpo.rl import offpolicy, packing
+from vpo.rl import ppo as ppo_lib
 from vpo.rollout import rewards as rewards_lib
 from vpo.rollout.slots import generate_rollouts
 from vpo.tasks.bound import BoundTask
-from vpo.tree_ops import all_finite, masked_mean, update_if
+from vpo.tree_ops import masked_mean
 from vpo.types import Rollout
 
 
@@ -301,16 +302,70 @@ def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT
 # the update
 
 
-def _split(tree, n: int):
-    """Leading axis B → [n, B/n, ...]."""
-    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+class StepKeys(NamedTuple):
+    """The keys of one step (`step_keys`)."""
+
+    sample: jax.Array  # split into one key per (prompt, sample): `sample_keys_BG`
+    advantages: jax.Array  # the estimator's draws (Dirichlet weights)
+    epochs: jax.Array  # the PPO epochs: permutations and the loss's draws
+    spare: jax.Array  # drawn by no stage
+
+
+def step_keys(state: TrainState) -> StepKeys:
+    """The step's keys: split(fold_in(key(state.rng), state.step), 4), the one split of a
+    step's key (the in-graph step, the overlapped step, the environment step)."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    return StepKeys(*jax.random.split(key, 4))
+
+
+def sample_keys_BG(state: TrainState, B: int, G: int) -> jax.Array:  # noqa: N802
+    """One sampling key per (prompt, sample): split(step_keys(state).sample, B·G)."""
+    return jax.random.split(step_keys(state).sample, B * G).reshape(B, G)
+
+
+def policy_logp_fn(graphdef, frozen, tcfg: TrainConfig) -> Callable:
+    """The update's log-prob pass on trained parameters, `(params, mb, plan=None) ->
+    (logp_BGT, entropy_BGT)`: `completion_logp`, or `packed_completion_logp` with a plan."""
+
+    def logp(params, mb, plan=None):
+        model = lora_lib.merge(graphdef, params, frozen)
+        args = (model, mb["prompt_BP"], mb["prompt_mask_BP"], mb["tokens_BGT"])
+        kw = dict(vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl, remat=tcfg.remat)
+        if plan is None:
+            return completion_logp(*args, **kw)
+        return packed_completion_logp(*args, plan, tcfg.pack_rows, **kw)
+
+    return logp
+
+
+def reference_logp_BGT(state: TrainState, graphdef, groups: groups_lib.Groups,  # noqa: N802
+                       cfg: StepConfig):
+    """The KL reference's log-probs of the groups' completions (stop-gradient), or None
+    without a reference: the reference copy (`state.ref_params`), or under LoRA with
+    `objective.kl_coef` > 0 the base with the adapters off, on the policy's platform."""
+    tcfg = cfg.train
+    if state.ref_params is not None:
+        ref = nnx.merge(graphdef, state.ref_params)
+    elif state.frozen is not None and cfg.objective.kl_coef > 0:  # LoRA: the base
+        ref = lora_lib.base_model(model_of(graphdef, state))
+    else:
+        return None
+    r = groups.rollout
+    return jax.lax.stop_gradient(completion_logp(
+        ref, groups.prompt_BP, groups.prompt_mask_BP, r.tokens_BGT,
+        vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl,
+        platform=model_of(graphdef, state).platform, real_BGT=r.mask_BGT,
+        pack_rows=tcfg.pack_rows)[0])
 
 
 def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR,
                         solution_mask_BGM, *, graphdef, tx, task: BoundTask, cfg: StepConfig,
                         behaviour_logp_BGT=None):
-    """Overlong shaping, dynamic group selection, advantages, then the scanned PPO epochs ×
-    minibatches. The inputs hold oversample × batch_size groups. Returns (state, metrics).
+    """The update from one rollout of oversample × batch_size groups, in stages → (state,
+    metrics): the rollout's metrics; group selection (overlong penalty, dynamic sampling:
+    `vpo.rl.groups.select_groups`); advantages (the configured estimator, `objective.advantage`
+    read once: `vpo.rollout.rewards.estimator_of`); importance weights; reference log-probs
+    (`reference_logp_BGT`); the PPO epochs (`vpo.rl.ppo.ppo_epochs`).
 
     `rollout.logp_BGT` is the PPO ratio's old_logp. `behaviour_logp_BGT`: the sampler's
     log-probs when they differ from it (a stale rollout whose old_logp was recomputed at the
@@ -320,211 +375,38 @@ def update_from_rollout(state: TrainState, batch, rollout: Rollout, rewards_BGMR
     term (`policy_loss(is_weight_BGT=)`) and offpolicy/* metrics are logged.
     """
     ocfg, tcfg = cfg.objective, cfg.train
-    is_mode = offpolicy.rollout_is_mode(ocfg, tcfg)
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    _, k_adv, k_perm, k_loss = jax.random.split(key, 4)
-    weights_R = task.eval_weights_R
-    N, G, T = rollout.tokens_BGT.shape
-    B = N // ocfg.oversample
+    keys, est, weights_R = step_keys(state), rewards_lib.estimator_of(ocfg), task.eval_weights_R
     rewards_NGMR = jnp.asarray(rewards_BGMR, jnp.float32)
     smask_NGM = jnp.asarray(solution_mask_BGM, bool)
     solved_NG = rewards_lib.solved(task, rewards_NGMR, smask_NGM)
     sampled_metrics = rollout_metrics(task, rollout, rewards_NGMR, smask_NGM, solved_NG)
-    if ocfg.overlong_cache_len:
-        penalty_NG = rewards_lib.overlong_penalty(rollout.length_BG,
-                                      ocfg.overlong_max_len or cfg.sampler.max_new_tokens,
-                                      ocfg.overlong_cache_len)
-    else:
-        penalty_NG = jnp.zeros((N, G), jnp.float32)
-    keep_N = rewards_lib.group_varies(ocfg, rewards_NGMR, smask_NGM, weights_R, penalty_NG,
-                                      solved_NG)
     behaviour_NGT = rollout.logp_BGT if behaviour_logp_BGT is None else behaviour_logp_BGT
-    chosen = (batch["prompt_BP"], batch["prompt_mask_BP"], rollout, rewards_NGMR, smask_NGM,
-              penalty_NG, solved_NG, behaviour_NGT)
-    if ocfg.dynamic_sampling:
-        idx_B, valid_B = rewards_lib.dynamic_selection(keep_N, B)
-        chosen = jax.tree.map(lambda x: x[idx_B], chosen)
-    else:
-        valid_B = jnp.ones((B,), bool)
-    (prompt_BP, prompt_mask_BP, rollout, rewards_BGMR, solution_mask_BGM, penalty_BG, solved_BG,
-     behaviour_BGT) = chosen
-    adv_BG, adv_metrics = rewards_lib.advantages(ocfg, rewards_BGMR, solution_mask_BGM,
-                                                 weights_R, k_adv, penalty_BG, solved_BG)
-    loss_mask_BGT = rollout.mask_BGT & valid_B[:, None, None]
-    if ocfg.overlong_mask:
-        loss_mask_BGT = loss_mask_BGT & rollout.finished_BG[:, :, None]
-
-    data = dict(prompt_BP=prompt_BP, prompt_mask_BP=prompt_mask_BP,
-                tokens_BGT=rollout.tokens_BGT, old_logp_BGT=rollout.logp_BGT,
-                mask_BGT=loss_mask_BGT, real_BGT=rollout.mask_BGT, adv_BG=adv_BG)
-    is_metrics = {}
+    groups, selection = groups_lib.select_groups(
+        ocfg, est, weights_R, batch, rollout, rewards_NGMR, smask_NGM, solved_NG, behaviour_NGT,
+        max_new_tokens=cfg.sampler.max_new_tokens)
+    adv_BG, adv_metrics = est.fn(ocfg, groups.x, groups.solution_mask_BGM, weights_R,
+                                 keys.advantages)
+    mask_BGT = groups_lib.loss_mask_BGT(ocfg, groups)
+    data, is_metrics = groups_lib.update_batch(groups, adv_BG, mask_BGT), {}
+    is_mode = offpolicy.rollout_is_mode(ocfg, tcfg)
     if is_mode != "none":
         data["is_weight_BGT"], is_metrics = offpolicy.rollout_is_weights_BGT(
-            is_mode, rollout.logp_BGT, behaviour_BGT, loss_mask_BGT, ocfg.rollout_is_cap)
-    ref = None
-    if state.ref_params is not None:
-        ref = nnx.merge(graphdef, state.ref_params)
-    elif state.frozen is not None and ocfg.kl_coef > 0:  # LoRA: the base, adapters off
-        ref = lora_lib.base_model(model_of(graphdef, state))
-    if ref is not None:  # the base rebuilt under LoRA: the policy's platform, not its own
-        data["ref_logp_BGT"] = jax.lax.stop_gradient(completion_logp(
-            ref, prompt_BP, prompt_mask_BP, rollout.tokens_BGT,
-            vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl,
-            platform=model_of(graphdef, state).platform, real_BGT=rollout.mask_BGT,
-            pack_rows=tcfg.pack_rows)[0])
-
-    def micro_loss(params, mb, den, key, plan=None):
-        model = lora_lib.merge(graphdef, params, state.frozen)
-        args = (model, mb["prompt_BP"], mb["prompt_mask_BP"], mb["tokens_BGT"])
-        kw = dict(vocab_block=tcfg.vocab_block, impl=tcfg.logprob_impl, remat=tcfg.remat)
-        if plan is None:
-            logp, ent = completion_logp(*args, **kw)
-        else:
-            logp, ent = packed_completion_logp(*args, plan, tcfg.pack_rows, **kw)
-        loss, metrics = objectives.policy_loss(
-            logp, mb["old_logp_BGT"], mb["adv_BG"], mb["mask_BGT"],
-            ref_logp_BGT=mb.get("ref_logp_BGT"), entropy_BGT=ent, key=key,
-            clip_eps_low=ocfg.clip_eps_low, clip_eps_high=ocfg.clip_eps_high,
-            dual_clip=ocfg.dual_clip, ratio_level=ocfg.ratio_level, agg=ocfg.agg,
-            loss_denominator=den, horizon=T, kl_coef=ocfg.kl_coef,
-            kl_estimator=ocfg.kl_estimator, entropy_coef=ocfg.entropy_coef,
-            entropy_top_frac=ocfg.entropy_top_frac, cov_control=ocfg.cov_control,
-            clip_cov_ratio=ocfg.clip_cov_ratio, clip_cov_lb=ocfg.clip_cov_lb,
-            clip_cov_ub=ocfg.clip_cov_ub, kl_cov_ratio=ocfg.kl_cov_ratio,
-            kl_cov_coef=ocfg.kl_cov_coef, cov_min_tokens=ocfg.cov_min_tokens,
-            is_weight_BGT=mb.get("is_weight_BGT"))
-        metrics.update(mismatch_sums(jax.lax.stop_gradient(logp), mb["old_logp_BGT"],
-                                     mb["real_BGT"]))
-        return loss, metrics
-
-    loss_grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
-    def grad_fn(params, mb, den, key):
-        """The micro-batch's loss and gradient, packed when its completions fit
-        `train.pack_rows` rows per prompt, else padded (the choice around the whole gradient:
-        see `completion_logp`)."""
-        if not tcfg.pack_rows or T == 1:
-            return loss_grad_fn(params, mb, den, key)
-        plan = packing.plan_rows(mb["real_BGT"])
-        fits = plan.fits(tcfg.pack_rows)
-        (loss, metrics), grads = jax.lax.cond(
-            fits, lambda: loss_grad_fn(params, mb, den, key, plan),
-            lambda: loss_grad_fn(params, mb, den, key))
-        metrics["pack/packed"] = fits.astype(jnp.float32)
-        metrics["pack/rows_needed"] = jnp.max(plan.rows_needed_B).astype(jnp.float32)
-        return (loss, metrics), grads
-
-    def minibatch(carry, xs):
-        params, opt_state, skipped = carry
-        mb, key = xs
-        den = objectives.loss_denominator(mb["mask_BGT"], ocfg.agg, horizon=T)
-        micros = _split(mb, tcfg.grad_accum)
-
-        def micro(acc, ys):
-            m, k = ys
-            (loss, metrics), grads = grad_fn(params, m, den, k)
-            return jax.tree.map(jnp.add, acc, grads), (loss, metrics)
-
-        keys = jax.random.split(key, tcfg.grad_accum)
-        if tcfg.grad_accum == 1:  # no accumulator: a zero-filled copy of the params saved
-            (loss, metrics), grads = grad_fn(params, jax.tree.map(lambda x: x[0], micros), den,
-                                             keys[0])
-            losses, metrics = loss[None], jax.tree.map(lambda x: x[None], metrics)
-        else:
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            grads, (losses, metrics) = jax.lax.scan(micro, zeros, (micros, keys))
-        loss = jnp.sum(losses)  # micro-batch losses sum to the minibatch loss
-        sums = {k: metrics.pop(k) for k in MISMATCH_SUMS}
-        metrics = jax.tree.map(jnp.mean, metrics)
-        metrics.update(combine_mismatch(sums))
-        metrics["loss"] = loss
-        finite = jnp.isfinite(loss) & all_finite(grads)
-        params, opt_state = update_if(finite, tx, grads, opt_state, params)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        return (params, opt_state, skipped + (~finite).astype(jnp.int32)), metrics
-
-    def epoch(carry, key):
-        k_perm, k_mb = jax.random.split(key)
-        perm = jax.random.permutation(k_perm, B)
-        mbs = _split(jax.tree.map(lambda x: x[perm], data), tcfg.num_minibatches)
-        return jax.lax.scan(minibatch, carry, (mbs, jax.random.split(k_mb, tcfg.num_minibatches)))
-
-    (params, opt_state, skipped), upd_metrics = jax.lax.scan(
-        epoch, (state.params, state.opt_state, jnp.int32(0)),
-        jax.random.split(k_perm, tcfg.ppo_epochs))
-    # the first minibatch of the first epoch ran with the sampling parameters
-    on_policy = {k: upd_metrics.pop(k)[0, 0] for k in MISMATCH_SUMS}
-    metrics = jax.tree.map(jnp.mean, upd_metrics)
-    metrics.update(mismatch_metrics(on_policy))
+            is_mode, groups.rollout.logp_BGT, groups.behaviour_BGT, mask_BGT,
+            ocfg.rollout_is_cap)
+    ref_logp_BGT = reference_logp_BGT(state, graphdef, groups, cfg)
+    if ref_logp_BGT is not None:
+        data["ref_logp_BGT"] = ref_logp_BGT
+    params, opt_state, skipped, metrics = ppo_lib.ppo_epochs(
+        state.params, state.opt_state, data, keys.epochs,
+        logp_fn=policy_logp_fn(graphdef, state.frozen, tcfg), tx=tx, cfg=ocfg, tcfg=tcfg)
     metrics.update(adv_metrics)
     metrics.update(sampled_metrics)
     metrics.update(is_metrics)
-    valid_BG = jnp.broadcast_to(valid_B[:, None], adv_BG.shape)
-    adv_mean = masked_mean(adv_BG, valid_BG)
-    metrics.update(
-        adv_mean=adv_mean,
-        adv_std=jnp.sqrt(masked_mean(jnp.square(adv_BG - adv_mean), valid_BG)),
-        overlong_penalty=jnp.mean(penalty_NG),
-        zero_variance_frac=jnp.mean((~keep_N).astype(jnp.float32)),
-        kept_frac=jnp.mean(valid_B.astype(jnp.float32)),
-        loss_token_frac=jnp.mean(loss_mask_BGT) / jnp.maximum(jnp.mean(rollout.mask_BGT), 1e-9),
-    )
+    metrics.update(groups_lib.group_metrics(groups, adv_BG, mask_BGT, selection))
     metrics["skipped_updates"] = skipped
     metrics["lr"] = make_schedule(tcfg)(state.step * tcfg.updates_per_step)
     new_state = state._replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
-
-
-MISMATCH_SUMS = ("mismatch_k3_sum", "mismatch_tokens", "mismatch_max_abs_logp")
-
-
-def mismatch_sums(logp_BGT, sampler_logp_BGT, real_BGT) -> dict[str, jax.Array]:
-    """Sums behind the rollout/trainer mismatch of one micro-batch (`mismatch_metrics`):
-    Σ k3, the token count and max |Δ log p| over the real tokens (`real_BGT`), with
-    Δ = log π_train(y) − log π_sample(y) and k3 = e^Δ − 1 − Δ, evaluated as Δ²/2·(1 + Δ/3)
-    for |Δ| < 1e-3 (where the float32 difference would cancel to 0)."""
-    delta_BGT = jnp.where(real_BGT, logp_BGT - sampler_logp_BGT, 0.0)
-    small = jnp.abs(delta_BGT) < 1e-3
-    k3_BGT = jnp.where(small, 0.5 * delta_BGT**2 * (1.0 + delta_BGT / 3.0),
-                       jnp.expm1(jnp.where(small, 0.0, delta_BGT)) - delta_BGT)
-    return {"mismatch_k3_sum": jnp.sum(jnp.where(real_BGT, k3_BGT, 0.0)),
-            "mismatch_tokens": jnp.sum(real_BGT, dtype=jnp.float32),
-            "mismatch_max_abs_logp": jnp.max(jnp.abs(delta_BGT))}
-
-
-def combine_mismatch(sums_X: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """`mismatch_sums` of X micro-batches → those of their union (sums add, the max is max)."""
-    return {"mismatch_k3_sum": jnp.sum(sums_X["mismatch_k3_sum"]),
-            "mismatch_tokens": jnp.sum(sums_X["mismatch_tokens"]),
-            "mismatch_max_abs_logp": jnp.max(sums_X["mismatch_max_abs_logp"])}
-
-
-def mismatch_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """The sampler/trainer mismatch on the same tokens, logged every step.
-
-    With y drawn by the sampler, Δ = log π_train(y) − log π_sample(y), where π_sample is the
-    sampler's temperature-1 log-prob recorded while decoding (`Rollout.logp_BGT`, the PPO
-    old_logp) and π_train the training forward's at the same parameters:
-
-        rollout/mismatch_kl            = mean_y k3,  k3 = e^Δ − 1 − Δ ≥ 0
-        rollout/mismatch_max_abs_logp  = max_y |Δ|
-        rollout/mismatch_tokens        = the number of tokens y averaged over
-
-    k3 (Schulman 2020, "Approximating KL divergence") is an unbiased, low-variance estimate of
-    KL(π_sample ‖ π_train) when y ~ π_sample at temperature 1 without top-k / top-p; under
-    other sampler settings it is a mismatch measure on the sampled tokens, not a KL.
-
-    Tokens covered: every real completion token (`Rollout.mask_BGT`, padding excluded; groups
-    dropped by dynamic sampling or masked as overlong included) of the first minibatch of the
-    first PPO epoch: the only forward that runs at the sampling parameters, so it costs nothing
-    extra. The minibatch is a uniformly random 1/num_minibatches of the step's prompt groups
-    (all of them when num_minibatches = 1): the mean is an unbiased estimate of the batch's,
-    the max a lower bound on it.
-    """
-    n = sums["mismatch_tokens"]
-    return {"rollout/mismatch_kl": sums["mismatch_k3_sum"] / jnp.maximum(n, 1.0),
-            "rollout/mismatch_max_abs_logp": sums["mismatch_max_abs_logp"],
-            "rollout/mismatch_tokens": n}
 
 
 def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_mask_BGM,
@@ -559,11 +441,8 @@ def rollout_metrics(task: BoundTask, rollout: Rollout, rewards_BGMR, solution_ma
 
 
 def sample_rollout(state: TrainState, batch, *, graphdef, cfg: StepConfig) -> Rollout:
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    k_sample = jax.random.split(key, 4)[0]
-    B = batch["prompt_BP"].shape[0]
-    G = cfg.sampler.num_samples
-    keys_BG = jax.random.split(k_sample, B * G).reshape(B, G)
+    """The step's rollout of `batch`: G samples per prompt with the keys `sample_keys_BG`."""
+    keys_BG = sample_keys_BG(state, batch["prompt_BP"].shape[0], cfg.sampler.num_samples)
     s = cfg.sampler
     return generate_rollouts(model_of(graphdef, state), batch["prompt_BP"],
                              batch["prompt_mask_BP"], keys_BG, jnp.float32(s.temperature),

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import ObjectiveConfig
-from vpo.objectives.estimators import ESTIMATORS
+from vpo.objectives.estimators import ESTIMATORS, Estimator
 from vpo.tasks.bound import BoundTask
 from vpo.types import Rollout
 
@@ -44,12 +44,15 @@ def solved(task: BoundTask, rewards_BGMR, solution_mask_BGM):
     return jnp.any(solved_BGM, axis=-1)
 
 
+def estimator_of(cfg: ObjectiveConfig) -> Estimator:
+    """The configured estimator's row of `ESTIMATORS` (what it sees, its function): the one
+    place `objective.advantage` is read."""
+    return ESTIMATORS[cfg.advantage]
 
 
-
-def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
-                    penalty_BG, solved_BG=None):
-    """The reward the configured estimator sees (`Estimator.sees`), with `penalty_BG`
+def estimator_input(est: Estimator, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG,
+                    solved_BG=None):
+    """The reward estimator `est` (`estimator_of`) sees (`Estimator.sees`), with `penalty_BG`
     (overlong) added.
 
     vectors: penalty added to every component of every answer (Dirichlet weights sum to 1, so
@@ -59,7 +62,7 @@ def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weigh
     penalty: `ObjectiveConfig` rejects one) → float 0/1. scalar: the scalarised reward plus the
     penalty → reward_BG.
     """
-    sees = ESTIMATORS[cfg.advantage].sees
+    sees = est.sees
     if sees == "vectors":
         return rewards_BGMR + penalty_BG[:, :, None, None]
     if sees == "components":
@@ -67,7 +70,7 @@ def estimator_input(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weigh
         return per_comp_BGR + penalty_BG[..., None]
     if sees == "correct":
         if solved_BG is None:
-            raise ValueError(f"objective.advantage={cfg.advantage!r} needs solved_BG (the "
+            raise ValueError("an estimator that sees 'correct' (pass@k) needs solved_BG (the "
                              "task's solved predicate on the valid answers, `rewards.solved`)")
         return jnp.asarray(solved_BG, jnp.float32)
     return scalarize(rewards_BGMR, solution_mask_BGM, weights_R) + penalty_BG
@@ -79,8 +82,9 @@ def advantages(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R,
     reward penalty_BG; `solved_BG` (`solved`) is needed by estimators that see "correct"."""
     if penalty_BG is None:
         penalty_BG = jnp.zeros(rewards_BGMR.shape[:2], jnp.float32)
-    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG, solved_BG)
-    return ESTIMATORS[cfg.advantage].fn(cfg, x, solution_mask_BGM, weights_R, key)
+    est = estimator_of(cfg)
+    x = estimator_input(est, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG, solved_BG)
+    return est.fn(cfg, x, solution_mask_BGM, weights_R, key)
 
 
 def group_varies(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG,
@@ -89,9 +93,16 @@ def group_varies(cfg: ObjectiveConfig, rewards_BGMR, solution_mask_BGM, weights_
     "vectors" the valid-answer pattern counts too; for rw_grpo the component sums, whose
     random scalarisation differs almost surely when they do). A group without variation has
     zero advantage."""
-    B, G = rewards_BGMR.shape[:2]
-    x = estimator_input(cfg, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG, solved_BG)
-    if ESTIMATORS[cfg.advantage].sees == "vectors":
+    est = estimator_of(cfg)
+    x = estimator_input(est, rewards_BGMR, solution_mask_BGM, weights_R, penalty_BG, solved_BG)
+    return input_varies(est, x, solution_mask_BGM)
+
+
+def input_varies(est: Estimator, x, solution_mask_BGM):
+    """keep_B of `group_varies` from the estimator's input x (`estimator_input`): some
+    entry of x (and, for "vectors", of the valid-answer pattern) differs across the group."""
+    B, G = solution_mask_BGM.shape[:2]
+    if est.sees == "vectors":
         x = jnp.concatenate([jnp.where(solution_mask_BGM[..., None], x, 0.0).reshape(B, G, -1),
                              solution_mask_BGM.astype(jnp.float32)], axis=-1)
     x_BGX = x.reshape(B, G, -1)

@@ -48,9 +48,10 @@ class SamplerModel(Protocol):
       (hidden_BGSD, cache)`: the next S tokens of every continuation, at suffix slots
       `[start, start + S)`, attending to the prompt's prefix and to the suffix so far.
 
-    `attention` is "xla" unless the platform has a decode kernel (`decode_attention_impl`); a
-    model may ignore it. An optional `platform` attribute names the platform programs are built
-    for. `generate` raises `SamplerModelError` naming the missing methods.
+    `attention` is "xla" unless `decode_attention_impl` picks the decode kernel; a model may
+    ignore it. An optional `platform` attribute names the platform programs are built for, an
+    optional `cfg.decode_attention` the choice ("auto" when absent). `generate` raises
+    `SamplerModelError` naming the missing methods.
     """
 
     def prefill(self, tokens_BP, mask_BP) -> tuple[jax.Array, Any]: ...
@@ -326,7 +327,9 @@ def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top
     check_sampler_model(model)
     B, G = keys_BG.shape
     T = max_new_tokens
-    attention = decode_attention_impl(platform=getattr(model, "platform", None))
+    attention = decode_attention_impl(
+        platform=getattr(model, "platform", None), keys=prompts_BP.shape[1] + T,
+        choice=getattr(getattr(model, "cfg", None), "decode_attention", "auto"))
     windows = decode_windows(T, T if attention != "xla" else decode_block)
     hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
     logits_BV = model.logits(hidden_BPD[:, -1])
