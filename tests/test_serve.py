@@ -218,3 +218,55 @@ def test_a_full_queue_answers_503():
 def test_request_keys_are_vpo_samples():
     keys = jax.random.split(jax.random.key(SEED), 6)
     np.testing.assert_array_equal(request_keys(SEED, 6), jax.random.key_data(keys))
+
+
+def test_the_openai_client_recipe_runs_against_a_real_server(served, tmp_path, capsys):
+    """docs/usage.md's recipe: `vpo serve` listening on a port (uvicorn, as the command runs
+    it) and examples/serve/eval_client.py, a plain OpenAI client, scoring its answers; the
+    completions are those the endpoint returns for the same seeds."""
+    import importlib.util
+    import json
+    import pathlib
+    import socket
+    import threading
+
+    import uvicorn
+
+    client, engine, limits = served
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(make_app(engine, limits), host="127.0.0.1",
+                                           port=port, log_config=None, lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples/serve/eval_client.py"
+    spec = importlib.util.spec_from_file_location("eval_client", path)
+    eval_client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_client)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"prompt": "go up", "solution": "up"}, {"prompt": "go left", "solution": "zebra"})))
+    try:
+        import time
+
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert eval_client.main(["--data", str(data), "--base-url", f"http://127.0.0.1:{port}/v1",
+                                 "--n", "3", "--max-tokens", "8", "--out",
+                                 str(tmp_path / "out.jsonl")]) == 0
+    finally:
+        server.should_exit = True
+        thread.join()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["model"] == "tiny" and summary["rows"] == 2 and summary["n"] == 3
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    direct = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "go up"}], "n": 3, "max_tokens": 8,
+        "seed": 0, "temperature": 1.0}).json()
+    assert out[0]["completions"] == [c["message"]["content"] for c in direct["choices"]]
+    assert out[1]["correct"] == [False] * 3  # "zebra" is no word of the maze vocabulary
+    c = [sum(r["correct"]) for r in out]
+    assert summary["pass@1"] == pytest.approx(sum(k / 3 for k in c) / 2)

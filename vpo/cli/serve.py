@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 from vpo.cli.policy import stage
 
@@ -79,12 +80,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.compile_cache and not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.compile_cache))
     engine, limits = build(args)
+    if args.warmup:
+        t0 = time.perf_counter()
+        engine.warmup()
+        stage(f"compiled the decode chunk and the prefills in {time.perf_counter() - t0:.1f}s")
     stage(f"serving {limits.model!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots, "
           f"prompts up to {limits.prompt_len} tokens, up to {limits.max_new_tokens} new)")
     engine.start()
     try:
         uvicorn.run(make_app(engine, limits), host=args.host, port=args.port,
-                    log_level="warning")
+                    log_level="warning", timeout_graceful_shutdown=10)
     finally:
         engine.close()
     return 0
@@ -113,6 +118,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    "between admissions")
     p.add_argument("--queue", type=int, default=256, help="rows waiting at most; past it a "
                    "request gets 503")
+    p.add_argument("--warmup", action="store_true", help="compile the decode chunk and the "
+                   "prefill of every admission size before serving (the first requests then "
+                   "wait for no compile)")
     p.add_argument("--seed", type=int, default=0, help="the --preset model's init and the "
                    "seeds of requests that send none")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",

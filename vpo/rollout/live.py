@@ -223,12 +223,53 @@ def admit_jit(graphdef, state, live, tokens_AP, mask_AP, slot_A, keys_A2, temper
                  temperature_A, top_p_A, top_k_A, budget_A, top_n_A)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "stop_ids", "pad_id"),
+def rows_of(live: LiveSlots, rows: int, scanned: bool) -> LiveSlots:
+    """The first `rows` slots of `live` (the row axis of a scanned model's stacked prefix and
+    cache is 1, of everything else 0)."""
+    def take(x, ax):
+        return jax.lax.slice_in_dim(x, 0, rows, axis=ax)
+
+    ax = 1 if scanned else 0
+    kv = functools.partial(jax.tree.map, lambda x: take(x, ax))
+    rest = live._replace(prefix=None, cache=None)
+    return jax.tree.map(lambda x: take(x, 0), rest)._replace(
+        prefix=Prefix(kv(live.prefix.k_BNPE), kv(live.prefix.v_BNPE),
+                      take(live.prefix.mask_BP, 0), take(live.prefix.length_B, 0)),
+        cache=KVCache(kv(live.cache.k_BGNCE), kv(live.cache.v_BGNCE)))
+
+
+def with_rows(live: LiveSlots, part: LiveSlots, scanned: bool) -> LiveSlots:
+    """`live` with its first slots replaced by `part` (`rows_of`'s inverse)."""
+    ax = 1 if scanned else 0
+
+    def put(x, y, axis):
+        return jax.lax.dynamic_update_slice_in_dim(x, y, 0, axis=axis)
+
+    kv = functools.partial(jax.tree.map, lambda x, y: put(x, y, ax))
+    rest = jax.tree.map(lambda x, y: put(x, y, 0), live._replace(prefix=None, cache=None),
+                        part._replace(prefix=None, cache=None))
+    return rest._replace(
+        prefix=Prefix(kv(live.prefix.k_BNPE, part.prefix.k_BNPE),
+                      kv(live.prefix.v_BNPE, part.prefix.v_BNPE),
+                      put(live.prefix.mask_BP, part.prefix.mask_BP, 0),
+                      put(live.prefix.length_B, part.prefix.length_B, 0)),
+        cache=KVCache(kv(live.cache.k_BGNCE, part.cache.k_BGNCE),
+                      kv(live.cache.v_BGNCE, part.cache.v_BGNCE)))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "rows", "steps", "stop_ids", "pad_id"),
                    donate_argnames=("live",))
-def decode_chunk_jit(graphdef, state, live, yield_free, *, steps, stop_ids, pad_id):
-    """`decode_chunk` under jit on an `nnx.split` model; `live` is donated."""
-    return decode_chunk(nnx.merge(graphdef, state), live, yield_free, steps=steps,
-                        stop_ids=stop_ids, pad_id=pad_id)
+def decode_chunk_jit(graphdef, state, live, yield_free, *, rows, steps, stop_ids, pad_id):
+    """`decode_chunk` under jit on an `nnx.split` model, over the first `rows` slots only (the
+    rest idle: a step's work follows the slots in use, not all S); `live` is donated. The
+    Chunk has `rows` rows."""
+    model = nnx.merge(graphdef, state)
+    if rows == live.t_S.shape[0]:
+        return decode_chunk(model, live, yield_free, steps=steps, stop_ids=stop_ids,
+                            pad_id=pad_id)
+    part, chunk = decode_chunk(model, rows_of(live, rows, model.scanned), yield_free,
+                               steps=steps, stop_ids=stop_ids, pad_id=pad_id)
+    return with_rows(live, part, model.scanned), chunk
 
 
 @functools.partial(jax.jit, donate_argnames=("live",))

@@ -11,6 +11,7 @@ goes on serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from starlette.applications import Starlette
@@ -73,6 +74,11 @@ def make_app(engine: Engine, limits: protocol.Limits) -> Starlette:
                       "/v1/chat/completions, POST /v1/completions, GET /v1/models",
                       getattr(exc, "status_code", 404))
 
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        yield
+        engine.close()  # on shutdown: requests still waiting get an error, not a hang
+
     return Starlette(routes=[
         Route("/v1/chat/completions", endpoint(protocol.parse_chat, protocol.chat_response),
               methods=["POST"]),
@@ -80,4 +86,4 @@ def make_app(engine: Engine, limits: protocol.Limits) -> Starlette:
                                           protocol.completion_response), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-    ], exception_handlers={404: not_found, 405: not_found})
+    ], exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)

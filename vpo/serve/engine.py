@@ -5,9 +5,10 @@ One thread owns the device state (`vpo.rollout.live.LiveSlots`) and loops: admit
 into free slots (one prefill of the new prompts, `vpo.rollout.live.admit`), run a chunk of up to
 `chunk` decode steps of every live slot (`vpo.rollout.live.decode_chunk`, which returns as soon
 as a slot ends while rows wait), read the chunk's tokens back, end rows on a stop string, and
-answer a request once all its rows have ended. The decode program is compiled once for (slots,
-prompt capacity, new-token capacity, chunk); the prefill once per (rows admitted, prompt length)
-bucket, each rounded up to a power of two. Row j of a request with seed s decodes with key j of
+answer a request once all its rows have ended. The decode program is compiled once per number
+of leading slots in use (a new row takes the lowest free slot, and a step's work follows the
+slots in use, not all of them), the prefill once per (rows admitted, prompt length), each
+rounded up to a power of two. Row j of a request with seed s decodes with key j of
 `jax.random.split(jax.random.key(s), rows)`: the keys `vpo sample` gives its prompts x samples,
 so the same seed draws the same tokens.
 
@@ -127,6 +128,22 @@ class Engine:
             self._cv.notify_all()
         return req.future
 
+    def warmup(self) -> None:
+        """Compile before serving (call before `start`): for every bucket of 1, 2, 4, ...
+        slots, the prefill of that many prompts at the full prompt capacity (the bucket of the
+        longest prompts; shorter prompts' buckets compile on first use) and the decode chunk
+        over that many slots."""
+        for A in sorted({bucket(a, 1, self.slots) for a in range(1, self.slots + 1)}):
+            rows = np.full((A,), self.slots, np.int32)  # every row padding: nothing written
+            z = np.zeros((A,), np.int32)
+            self._live = live_lib.admit_jit(
+                self._graphdef, self._state, self._live,
+                np.full((A, self.prompt_len), self.tokenizer.pad_id, np.int32),
+                np.ones((A, self.prompt_len), bool), rows, np.zeros((A, 2), np.uint32),
+                np.ones((A,), np.float32), np.ones((A,), np.float32), z, z, z)
+            self._live, _ = live_lib.decode_chunk_jit(
+                self._graphdef, self._state, self._live, np.bool_(False), rows=A, **self._kw)
+
     def load(self) -> dict:
         """Rows decoding and waiting (for /health)."""
         with self._cv:
@@ -186,14 +203,16 @@ class Engine:
                                         slot, keys, temperature, top_p, top_k, budget, top_n)
 
     def _decode(self, waiting: bool) -> None:
+        used = max((s + 1 for s, r in enumerate(self._rows) if r is not None), default=1)
+        rows = bucket(used, 1, self.slots)  # the decode runs on the first rows only
         self._live, chunk = live_lib.decode_chunk_jit(self._graphdef, self._state, self._live,
-                                                      np.bool_(waiting), **self._kw)
+                                                      np.bool_(waiting), rows=rows, **self._kw)
         wants_top = any(r is not None and r.request.gen.top_logprobs for r in self._rows)
         chunk = jax.device_get(chunk if wants_top else chunk._replace(top_ids_SKJ=None,
                                                                       top_logp_SKJ=None))
         released = np.zeros((self.slots,), bool)
         ended = []
-        for s, row in enumerate(self._rows):
+        for s, row in enumerate(self._rows[:rows]):
             if row is None:
                 continue
             k = chunk.mask_SK[s]
