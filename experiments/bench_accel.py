@@ -279,7 +279,7 @@ class Bench:
             decode_bytes_per_step=nbytes["total"], decode_param_bytes=nbytes["params"],
             decode_kv_bytes_per_step=nbytes["kv"], decode_gb_s=nbytes["total"] / step_s / 1e9,
             hbm_bw=bw, decode_roofline_frac=None if bw is None else nbytes["total"] / step_s / bw,
-            decode_attention=decode_attention_impl())
+            decode_attention=decode_attention_impl(keys=self.P + T))
         out["peak_mem_sampling_bytes"], out["peak_mem_source"] = peak_memory(jax.devices()[0])
         return rollout
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PARTS = ("kernels", "accel", "slots", "packed", "overlap", "hf")
+PARTS = ("kernels", "accel", "slots", "packed", "overlap", "graphs", "hf")
 HEADER = "| part | what was measured | value | baseline | ratio | seconds | status |"
 
 
@@ -47,6 +47,9 @@ def test_cpu_smoke_records_every_part(tmp_path):
     assert parts["slots"]["data"]["ratio"]["S=2 slots"] > 0
     assert parts["packed"]["data"]["max_grad_diff"] < 1e-4
     assert parts["overlap"]["data"]["speedup"] > 0
+    graphs = parts["graphs"]["data"]
+    assert "WHILE" in graphs["flags_added"] and graphs["decode_step_s"] > 0
+    assert not (out / "kernel_table.json").exists()  # interpret-mode cells refresh nothing
 
     table = (out / "device_check.md").read_text()
     assert HEADER in table
