@@ -35,9 +35,9 @@ def worker() -> None:
 
     from vpo.launch.assemble import assemble_run
     from vpo.model import sharding
-    from vpo.rl import data as data_lib
     from vpo.rl import step as step_lib
-    from vpo.rl.loop import shard_batch
+    from vpo.run import data as data_lib
+    from vpo.run.loop import shard_batch
 
     plan = assemble_run("maze", None, OVERRIDES)
     run, task = plan.run, plan.task

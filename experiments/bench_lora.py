@@ -33,10 +33,10 @@ from flax import nnx
 from vpo.launch import assemble
 from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
-from vpo.rl import data as data_lib
 from vpo.rl import step as step_lib
-from vpo.rl.loop import shard_batch
 from vpo.rollout import rewards as rewards_lib
+from vpo.run import data as data_lib
+from vpo.run.loop import shard_batch
 
 
 def get_config():

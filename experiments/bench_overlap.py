@@ -42,10 +42,10 @@ def main(argv=None):
 
     from vpo.launch import assemble
     from vpo.model import sharding
-    from vpo.rl import data as data_lib
     from vpo.rl import overlap
     from vpo.rl import step as step_lib
-    from vpo.rl.loop import shard_batch
+    from vpo.run import data as data_lib
+    from vpo.run.loop import shard_batch
 
     devices = jax.devices()[:args.devices]
     mesh = sharding.make_mesh(devices=devices)

@@ -21,10 +21,10 @@ import time
 import jax
 
 from vpo.model import sharding
-from vpo.rl import data as data_lib
 from vpo.rl import step as step_lib
-from vpo.rl.loop import shard_batch
 from vpo.rollout import rewards as rewards_lib
+from vpo.run import data as data_lib
+from vpo.run.loop import shard_batch
 
 
 def get_config():

@@ -1,5 +1,5 @@
 """`vpo` with the kill soak's fault injection: run any `vpo` command line, and when
-`VPO_KILL_AT=point:step` names one of the training loop's points (`vpo.rl.loop.EVENTS`), send
+`VPO_KILL_AT=point:step` names one of the training loop's points (`vpo.run.loop.EVENTS`), send
 this process `VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL) as the loop passes it.
 
     VPO_KILL_AT=logged:2 VPO_KILL_SIGNAL=INT python experiments/kill_at.py train --out D
@@ -22,7 +22,7 @@ import signal
 import sys
 
 from vpo.cli import main as cli
-from vpo.rl import loop
+from vpo.run import loop
 
 
 def fill_disk(path: str, leave: int = 0) -> int:

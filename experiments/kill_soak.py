@@ -7,8 +7,8 @@
 A small run (`--preset smoke`, 6 steps, a checkpoint every 2) is stopped at each kill point, then
 `vpo train --out DIR --resume` finishes it (a run killed before it wrote its config.json is started
 again instead). Kill points are of four kinds: the loop's named points (`VPO_KILL_AT=point:step`,
-read by experiments/kill_at.py; `vpo.rl.loop.EVENTS`: before a step, after its metrics row, while an
-asynchronous checkpoint save is in flight, after a save completed, before the policy export) with
+read by experiments/kill_at.py; `vpo.run.loop.EVENTS`: before a step, after its metrics row, while
+an asynchronous checkpoint save is in flight, after a save completed, before the policy export) with
 SIGKILL; the same points with SIGINT or SIGTERM (`VPO_KILL_SIGNAL`: the run stops after the step in
 flight, its metrics row and checkpoint written); SIGINT / SIGTERM sent from outside once the run has
 written a given metrics row (a Ctrl-C at an arbitrary moment); moments inside orbax's save seen from
@@ -187,7 +187,7 @@ def resume(out: str) -> int:
 
 
 def rows(out: str) -> list[dict]:
-    from vpo.rl.metrics_log import read_rows
+    from vpo.run.metrics_log import read_rows
 
     path = os.path.join(out, "metrics.jsonl")
     if not os.path.exists(path):

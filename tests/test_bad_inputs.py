@@ -386,7 +386,7 @@ def test_resume_before_a_checkpoint_keeps_the_runs_model_settings(world, tmp_pat
                                                                  capsys):
     """A run killed before its first checkpoint restarts from its --init policy with the run's
     own model settings (here a bfloat16 compute dtype), not the policy file's defaults."""
-    from vpo.rl import loop
+    from vpo.run import loop
 
     out = tmp_path / "killed"
     shutil.copytree(world["run"], out)
@@ -409,7 +409,7 @@ def test_resume_before_a_checkpoint_keeps_the_runs_model_settings(world, tmp_pat
 def test_a_config_files_model_settings_apply_to_the_init(world, tmp_path, monkeypatch):
     """`--config FILE --init POLICY`: the file's model fields that a checkpoint can be loaded
     with (here the compute dtype) take effect on the loaded policy, not only command-line ones."""
-    from vpo.rl import loop
+    from vpo.run import loop
 
     cfg = tmp_path / "bf16.json"
     cfg.write_text(json.dumps({"task": "bandit", "model": {"dtype": "bfloat16"}}))
@@ -431,7 +431,7 @@ def test_a_start_that_fails_late_does_not_block_its_retry(world, capsys, late):
     """A new run that fails before its first step leaves nothing in --out: the corrected
     command then starts there without --overwrite (it was refused: 'already holds a run
     (init.json)')."""
-    from vpo.rl import run_folder
+    from vpo.run import run_folder
 
     extra, reward, named = late
     out = os.path.join(world["tmp"], f"late{len(extra)}")

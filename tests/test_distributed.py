@@ -4,7 +4,7 @@ collectives) train the smoke preset on one 8-device mesh and match one process w
 Each process feeds its own contiguous slice of every global batch (grain, by process index);
 params are sharded over the tensor axis inside each process and the gradients are reduced over
 the data axis across the two processes. Metrics, checkpoints and the final policy come out of
-the same `vpo.rl.loop.train` a single process runs.
+the same `vpo.run.loop.train` a single process runs.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from vpo.launch import assemble
 
 # the entropy bonus gives every step a gradient to all-reduce, whatever the rewards
 from vpo.model import sharding
-from vpo.rl import loop as loop_lib
+from vpo.run import loop as loop_lib
 
 OVERRIDES = ["train.steps=3", "train.checkpoint_every=2", "train.profile_every=2",
              "objective.advantage=vpo", "objective.entropy_coef=0.01"]
@@ -41,7 +41,7 @@ WORKER = textwrap.dedent("""
         enabled=True, coordinator="127.0.0.1:" + port, num_processes=2, process_id=pid))
     import jax
     assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
-    from vpo.rl import loop
+    from vpo.run import loop
     from vpo.launch import assemble
     plan = assemble.assemble_run("smoke", None, overrides)
     run, task = plan.run, plan.task

@@ -33,8 +33,8 @@ from vpo.io import hf, peft
 from vpo.io.tokenizer import word_tokenizer
 from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
-from vpo.rl import loop as loop_lib
-from vpo.rl import run_folder
+from vpo.run import loop as loop_lib
+from vpo.run import run_folder
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
 from vpo.tasks.bandit import ARMS

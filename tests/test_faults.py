@@ -22,8 +22,8 @@ from vpo.errors import CheckpointError
 from vpo.io import checkpoint as ckpt_lib
 from vpo.io.tokenizer import load_tokenizer
 from vpo.launch import assemble
-from vpo.rl import loop, run_folder
-from vpo.rl.metrics_log import read_rows
+from vpo.run import loop, run_folder
+from vpo.run.metrics_log import read_rows
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BPE = os.path.join(FIXTURES, "hf", "qwen2_bpe")
@@ -150,7 +150,7 @@ def test_a_signal_stops_the_run_with_its_last_row_checkpointed(finished, tmp_pat
 
 
 def test_a_second_signal_quits_at_once_without_tracebacks():
-    code = ("import os, signal, time\nfrom vpo.rl.stopping import StopSignals\n"
+    code = ("import os, signal, time\nfrom vpo.run.stopping import StopSignals\n"
             "with StopSignals() as stop:\n"
             "    os.kill(os.getpid(), signal.SIGINT)\n"
             "    assert stop.signum == signal.SIGINT\n"
@@ -445,7 +445,7 @@ def test_a_full_disk_names_the_folder_and_how_to_continue(monkeypatch, tmp_path,
     import errno
 
     from vpo.cli import main as cli
-    from vpo.rl import loop
+    from vpo.run import loop
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -17,9 +17,9 @@ from vpo.config import ObjectiveConfig, RunConfig, SamplerConfig, TrainConfig, m
 from vpo.io import checkpoint as ckpt_lib
 from vpo.launch import assemble, rules
 from vpo.model import sharding
-from vpo.rl import data as data_lib
-from vpo.rl import loop as loop_lib
 from vpo.rl import step as step_lib
+from vpo.run import data as data_lib
+from vpo.run import loop as loop_lib
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer

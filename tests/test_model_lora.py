@@ -33,9 +33,9 @@ from vpo.io import hf
 from vpo.io.tokenizer import word_tokenizer
 from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
-from vpo.rl import data as data_lib
-from vpo.rl import loop as loop_lib
 from vpo.rl import step as step_lib
+from vpo.run import data as data_lib
+from vpo.run import loop as loop_lib
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
 from vpo.tasks.bandit import ARMS
@@ -216,7 +216,7 @@ def test_kl_reference_is_the_base(rl):
 
 
 def test_loop_resume_and_merged_export(task, tmp_path):
-    """Through vpo.rl.loop.train: 2 steps straight == 1 step, then resumed from the checkpoint
+    """Through vpo.run.loop.train: 2 steps straight == 1 step, then resumed from the checkpoint
     (adapters, optimiser state and base bit-exact); `policy/` holds the merged plain model,
     whose logits equal the adapted policy's, as does its HF safetensors export."""
     run = run_config(task, steps=2, checkpoint_every=1)

@@ -23,7 +23,7 @@ def test_importing_the_objective_does_not_load_the_model_or_the_cli():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = eval(out.stdout)  # a list of module names
     assert "vpo.objectives" in loaded
-    for heavy in ("vpo.model.decoder", "vpo.cli.main", "vpo.rl.loop", "vpo.compare.driver",
+    for heavy in ("vpo.model.decoder", "vpo.cli.main", "vpo.run.loop", "vpo.compare.driver",
                   "vpo.io.hf"):
         assert heavy not in loaded, loaded
 

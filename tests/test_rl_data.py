@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from vpo.rl import data as data_lib
+from vpo.run import data as data_lib
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind
 from vpo.tasks.words import task_word_tokenizer
@@ -162,7 +162,7 @@ def test_mutation_prompts_mixed_in_by_row_and_resumable(maze):
     assert 8 <= kinds.count("mutation") <= 24  # 32 rows at rate 0.5
     state = it.get_state()
     expected = next(it)["prompt_BP"]
-    # resumed with the tables given precomputed (as `vpo.rl.loop.train` passes them): same coins
+    # resumed with the tables given precomputed (as `vpo.run.loop.train` passes them): same coins
     it2 = data_lib.problem_iterator(maze, 8, 2, records=records, tables=tables, **kw)
     it2.set_state(state)
     np.testing.assert_array_equal(next(it2)["prompt_BP"], expected)

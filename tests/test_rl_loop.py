@@ -1,4 +1,4 @@
-"""The RL loop (`vpo.rl.loop.train`): a smoke run's metrics, samples, checkpoints and policy
+"""The RL loop (`vpo.run.loop.train`): a smoke run's metrics, samples, checkpoints and policy
 folder; the sequence sized for mutation prompts before any compile; SFT then RL through a
 byte-level BPE checkpoint. Shares the RL step tests' tiny shape and helpers (test_rl_step.py), so
 the compiles are reused.
@@ -35,10 +35,10 @@ from vpo.config import (
 )
 from vpo.io.tokenizer import load_tokenizer
 from vpo.rl import checks as rl_checks
-from vpo.rl import data as data_lib
-from vpo.rl import loop as loop_lib
 from vpo.rl import sft as sft_lib
 from vpo.rl import step as step_lib
+from vpo.run import data as data_lib
+from vpo.run import loop as loop_lib
 from vpo.tasks import make_task
 from vpo.tasks.bound import bind
 
@@ -148,7 +148,7 @@ def test_mutation_prompts_need_room_and_an_in_graph_task(tmp_path):
 def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
     """A random tiny Qwen2 with a real byte-level BPE tokenizer (tags and moves split over several
     tokens, a chat template, pad = `<|endoftext|>` at the END of the vocabulary, two stop ids):
-    SFT on maze demonstrations, then RL steps through `vpo.rl.loop.train` from the SFT policy; the
+    SFT on maze demonstrations, then RL steps through `vpo.run.loop.train` from the SFT policy; the
     RL rollouts solve mazes, and the policy folder carries the checkpoint's tokenizer."""
     from vpo.io import checkpoint
 

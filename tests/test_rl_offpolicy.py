@@ -28,8 +28,8 @@ from test_rl_step import M, compact_bandit, one_device, run_config
 from vpo.config import ConfigError, ObjectiveConfig, TrainConfig
 from vpo.io import checkpoint as ckpt_lib
 from vpo.io.checkpoint import base_checksum
-from vpo.rl import loop as loop_lib
 from vpo.rl import offpolicy
+from vpo.run import loop as loop_lib
 
 # compares numbers with values recorded on another machine: CI runs it again under a lower
 # XLA CPU target (.ci/run, XLA_FLAGS=--xla_cpu_max_isa=SSE4_2)
@@ -274,8 +274,8 @@ def test_overlapped_profiled_steps_log_the_rollout_they_sample(task, tmp_path):
     # the probe's rollout is the one the step leaves pending
     tx = step_lib.make_optimizer(run.train)
     graphdef, state, _ = step_lib.init_state(run.model, tx, one_device(), seed=0)
-    from vpo.rl import data as data_lib
     from vpo.rl import overlap
+    from vpo.run import data as data_lib
 
     cfg = step_lib.step_config(run, task)
     it = data_lib.problem_iterator(task, run.train.batch_size, run.train.num_answers, seed=0,

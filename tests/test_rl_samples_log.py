@@ -7,7 +7,7 @@ import types
 
 import numpy as np
 
-from vpo.rl.samples_log import JSONL, SampleLog, one_line, sample_rows
+from vpo.run.samples_log import JSONL, SampleLog, one_line, sample_rows
 from vpo.tasks import make_task
 from vpo.tasks.answers import format_answers
 from vpo.tasks.bound import bind

@@ -31,10 +31,10 @@ from vpo.config import (
 from vpo.io.tokenizer import word_tokenizer
 from vpo.model import sharding
 from vpo.rl import checks as rl_checks
-from vpo.rl import data as data_lib
-from vpo.rl import loop as loop_lib
 from vpo.rl import step as step_lib
 from vpo.rollout import rewards as rewards_lib
+from vpo.run import data as data_lib
+from vpo.run import loop as loop_lib
 from vpo.tasks import answers as answers_lib
 from vpo.tasks import make_task
 from vpo.tasks.bandit import ARMS

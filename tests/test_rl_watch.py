@@ -5,7 +5,7 @@ import json
 import os
 
 from vpo.cli import main as cli
-from vpo.rl.watch import RunWatch
+from vpo.run.watch import RunWatch
 
 
 def test_truncation_warns_once_naming_the_setting():

@@ -204,9 +204,9 @@ def test_the_rl_step_samples_the_same_rollouts_through_slots():
 
     from vpo.launch.assemble import assemble_run
     from vpo.model import sharding
-    from vpo.rl import data as data_lib
-    from vpo.rl import loop as loop_lib
     from vpo.rl import step as step_lib
+    from vpo.run import data as data_lib
+    from vpo.run import loop as loop_lib
 
     a = assemble_run("smoke", None, ["model=tiny", "train.batch_size=4"])
     run, task = a.run, a.task

@@ -11,8 +11,8 @@ import pytest
 from vpo.cli import main as cli
 from vpo.errors import CheckpointError, RewardError
 from vpo.io.checkpoint import CheckpointManager
-from vpo.rl.metrics_log import read_rows
-from vpo.rl.stopping import SkipGuard
+from vpo.run.metrics_log import read_rows
+from vpo.run.stopping import SkipGuard
 
 TIMING = ("step_time_s", "tokens_per_s", "sampling_time_s", "update_time_s", "reward_time_s")
 SMOKE = ["--preset", "smoke", "--compile-cache", ""]

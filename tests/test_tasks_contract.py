@@ -471,7 +471,7 @@ def test_problem_files_are_checked_against_the_task(tmp_path, bpe_tokenizer):
     """A maze grid of another size, numbers the word-level tokenizer cannot write: refused at the
     file's line, not mid-run ("all input arrays must have the same shape") or as a silent <unk>."""
     from vpo.errors import ConfigError
-    from vpo.rl.data import load_jsonl_records
+    from vpo.run.data import load_jsonl_records
 
     maze = make_task("maze")
     maze_file = tmp_path / "maze.jsonl"

@@ -12,7 +12,7 @@ import pytest
 
 from vpo.cli import main as cli
 from vpo.config import ConfigError
-from vpo.rl import metrics_log
+from vpo.run import metrics_log
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 needs_wandb = pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed "

@@ -11,7 +11,7 @@ The names most users need, importable from the package (each is loaded on first 
                  save_pretrained, load_tokenizer
     configs      RunConfig, TrainConfig, ObjectiveConfig, SamplerConfig, ModelConfig,
                  SearchConfig
-    entry points run_training (`vpo.rl.loop.train`), run_sft, evaluate_policy, make_search,
+    entry points run_training (`vpo.run.loop.train`), run_sft, evaluate_policy, make_search,
                  run_method, run_host_method, run_compare
     errors       ConfigError, CheckpointError, RewardError
 
@@ -42,7 +42,7 @@ _EXPORTS = {
     **{name: "vpo.config" for name in ("SamplerConfig", "ModelConfig")},
     **{name: "vpo.config" for name in ("RunConfig", "TrainConfig", "ObjectiveConfig")},
     "SearchConfig": "vpo.config",
-    "run_training": ("vpo.rl.loop", "train"),
+    "run_training": ("vpo.run.loop", "train"),
     "run_sft": "vpo.rl.sft",
     "evaluate_policy": "vpo.eval.policies",
     "make_search": "vpo.search.ingraph",

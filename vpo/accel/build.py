@@ -92,9 +92,9 @@ def check_batch(rows: int, mesh, what: str = "train.batch_size") -> None:
 
 
 def rl_batch(run: RunConfig, task: BoundTask, rows: int) -> dict:
-    """A host batch of `rows` problems as `vpo.rl.data` makes it (numpy): problems, prompts
+    """A host batch of `rows` problems as `vpo.run.data` makes it (numpy): problems, prompts
     left-padded to the longest of max(rows, 64) problems, plain and mutation prompts alike."""
-    from vpo.rl.data import prompt_tables
+    from vpo.run.data import prompt_tables
 
     t = run.train
     records = task.make_problems(t.seed, max(rows, 64))
@@ -106,7 +106,7 @@ def rl_batch(run: RunConfig, task: BoundTask, rows: int) -> dict:
 
 
 def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
-    """The RL step as `vpo.rl.loop.train` builds it: one donated jit for an in-graph task;
+    """The RL step as `vpo.run.loop.train` builds it: one donated jit for an in-graph task;
     for a host-scored task its two jits ("rl_sample", "rl_update")."""
     from vpo.rl import step as step_lib
     from vpo.rl.overlap import make_in_graph_step

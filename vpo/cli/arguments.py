@@ -55,7 +55,7 @@ def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
 def check_out(out: str) -> None:
     """A report folder (`vpo eval` / `vpo search --out`) must not be a run or policy folder."""
     from vpo.config import ConfigError
-    from vpo.rl import run_folder
+    from vpo.run import run_folder
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"--out {out}: is a file, not a folder; pick a folder path")

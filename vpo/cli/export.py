@@ -44,7 +44,7 @@ def _export_merged(args: argparse.Namespace) -> None:
 
     from vpo.io import hf
     from vpo.io.checkpoint import load_model, resolve_model_spec
-    from vpo.rl import run_folder
+    from vpo.run import run_folder
 
     spec = resolve_model_spec(args.policy)
     model, tokenizer, _ = load_model(spec)

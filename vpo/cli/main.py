@@ -38,7 +38,7 @@ from vpo.cli.policy import (
 from vpo.cli.sample import add_sample_args, cmd_sample
 from vpo.cli.serve import add_serve_args, cmd_serve
 from vpo.launch import presets
-from vpo.rl import run_folder
+from vpo.run import run_folder
 from vpo.tasks import TASK_NAMES as TASKS  # the one task table: vpo.tasks.make_task
 
 # -- sft ------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     (`--overwrite` replaces it)."""
     from vpo.launch import start
     from vpo.model import sharding
-    from vpo.rl import loop, metrics_log
+    from vpo.run import loop, metrics_log
 
     report_to = metrics_log.parse_report_to(args.report_to)  # a missing wandb: before any work
     # Multi-host: before anything touches the JAX backend (TPU / SLURM discover the cluster).

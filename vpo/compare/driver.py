@@ -5,7 +5,7 @@ Stages (one function each; every stage calls the library, nothing is re-implemen
   1. `warm_start`   ONE SFT policy (`vpo.rl.sft.run_sft`) on a mixture of 1-answer and m-answer
                     prompts (and search mutation prompts); every arm, whatever its m, starts
                     from it, so differences between arms come from RL.
-  2. `train_arms`   RL per arm and seed (`vpo.rl.loop.train`): same steps, prompts B, samples G,
+  2. `train_arms`   RL per arm and seed (`vpo.run.loop.train`): same steps, prompts B, samples G,
                     optimiser; seed i of every arm trains on the same problem order. Every run
                     checkpoints `law_points` times; each checkpoint is scored on held-out
                     problems (`law_trajectory`) for the entropy law.
@@ -64,10 +64,10 @@ from vpo.launch.assemble import assemble_config, load_init
 from vpo.launch.rules import context_of, fit_seq_len
 from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
 from vpo.model import sharding
-from vpo.rl.loop import train
-from vpo.rl.metrics_log import JSONL
-from vpo.rl.run_folder import policy_complete, write_json_atomic
 from vpo.rl.step import model_of
+from vpo.run.loop import train
+from vpo.run.metrics_log import JSONL
+from vpo.run.run_folder import policy_complete, write_json_atomic
 
 # Seconds per token on 2 CPU cores, tiny policy, measured on the quickstart (7x7 mazes, 8 seeds x
 # GRPO / VPO) at commit 407630f, a cold compile cache, the machine loaded by other jobs: an SFT

@@ -3,7 +3,7 @@ the static part of one RL step (`StepConfig`).
 
 Validated on construction against the rule tables below (`vpo.config.validate`, the one helper;
 names against the tables of `vpo.config`); errors name the field and the fix
-(`vpo.config.ConfigError`). `RunConfig` is what `vpo.rl.loop.train` takes and what a checkpoint
+(`vpo.config.ConfigError`). `RunConfig` is what `vpo.run.loop.train` takes and what a checkpoint
 stores as JSON; its cross-section checks run where the run is complete, and
 `RunConfig.memory_bytes` is the size check `vpo.rl.checks.check_run` makes before allocating.
 """
@@ -222,7 +222,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 class RunConfig:
     """A whole training run: model, sampler, objective, loop, mesh, and the task by name.
 
-    The task object itself is passed to `vpo.rl.loop.train` (built by the CLI from `task` and
+    The task object itself is passed to `vpo.run.loop.train` (built by the CLI from `task` and
     `task_kwargs`); the names are kept here so the checkpointed config says what was trained.
     """
 

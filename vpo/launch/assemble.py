@@ -27,7 +27,7 @@ from vpo.io.tokenizer import load_tokenizer
 from vpo.launch import rules
 from vpo.launch.presets import PRESET_DATA, TRAIN_PRESETS, preset_dataset
 from vpo.model import lora
-from vpo.rl import run_folder
+from vpo.run import run_folder
 from vpo.tasks import TASK_NAMES
 from vpo.tasks.bound import BoundTask, bind
 
@@ -342,7 +342,7 @@ def resume_differences(out_dir: str, preset: str | None, config_file: str | None
 
 def assemble_resume(out_dir: str, overrides: list[str] | tuple[str, ...] = (), *,
                     data_changed_ok: bool = False) -> Assembly:
-    """The run in `out_dir` as it was started (`vpo.rl.run_folder.resume_config`: only
+    """The run in `out_dir` as it was started (`vpo.run.run_folder.resume_config`: only
     overrides that keep it the same run), its task through its own tokenizer, and its starting
     policy when it was killed before its first checkpoint, or always for a LoRA run (its
     checkpoints hold the adapters, not the base). `data_changed_ok`: a --data file that

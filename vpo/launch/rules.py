@@ -22,8 +22,8 @@ from vpo.errors import CheckpointError, ConfigError
 from vpo.io import hf
 from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
 from vpo.io.tokenizer import load_tokenizer
-from vpo.rl import run_folder
 from vpo.rl.checks import too_long
+from vpo.run import run_folder
 from vpo.tasks import make_task
 from vpo.tasks.bound import BoundTask, bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer

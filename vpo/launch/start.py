@@ -1,8 +1,8 @@
 """A `vpo train` run made ready in its folder: `start_new` (a new run in --out) and
 `start_resume` (the run in --out continued). Each returns a `Ready` run: its config, its bound
 task and the policy it starts from, with --out locked and, for a new run, cleared (`--overwrite`)
-and its starting policy recorded (`vpo.rl.run_folder.write_init`). The caller then hands it to
-`vpo.rl.loop.train`; nothing here trains.
+and its starting policy recorded (`vpo.run.run_folder.write_init`). The caller then hands it to
+`vpo.run.loop.train`; nothing here trains.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 from vpo.config import ConfigError, RunConfig
 from vpo.io.checkpoint import load_model
 from vpo.launch import assemble
-from vpo.rl import run_folder
 from vpo.rl.host_memory import keep_freed_memory_for
+from vpo.run import run_folder
 from vpo.tasks.bound import BoundTask
 
 
 @dataclasses.dataclass(frozen=True)
 class Ready:
-    """A run ready for `vpo.rl.loop.train`: config, task, the starting policy (a Decoder, or
+    """A run ready for `vpo.run.loop.train`: config, task, the starting policy (a Decoder, or
     None for a random init) and what loading it said (`info`: the policy folder's record)."""
 
     run: RunConfig

@@ -15,7 +15,7 @@ One RL step, as data (docs/architecture.md draws it):
 
 `rl_step` is one jit with the state donated. Host tasks split it at one boundary:
 `sample_step` (jit) → `vpo.rollout.rewards.host_rewards` (numpy) → `update_step` (jit, donated).
-The host loop (`vpo.rl.loop.train`) and supervised warm start (`vpo.rl.sft`) build on this module.
+The host loop (`vpo.run.loop.train`) and supervised warm start (`vpo.rl.sft`) build on this module.
 """
 
 # size: one job, the RL step: state, optimiser, rollout, update and the host-reward split.

@@ -40,9 +40,10 @@ class QueueFullError(RuntimeError):
 class _Request:
     gen: Generation
     future: concurrent.futures.Future
-    keys_J2: np.ndarray
+    seed: int
     done: list  # Completion per row, None while decoding
     left: int
+    keys_J2: np.ndarray | None = None  # made by the engine thread on first admission
 
 
 @dataclasses.dataclass
@@ -116,8 +117,7 @@ class Engine:
         Raises `QueueFullError` when its rows do not fit the waiting queue."""
         rows = len(gen.prompts) * gen.n
         seed = gen.seed if gen.seed is not None else int(self._rng.integers(1 << 31))
-        req = _Request(gen, concurrent.futures.Future(), request_keys(seed, rows),
-                       [None] * rows, rows)
+        req = _Request(gen, concurrent.futures.Future(), seed, [None] * rows, rows)
         with self._cv:
             if self._closed:
                 raise QueueFullError("the server is shutting down")
@@ -194,6 +194,9 @@ class Engine:
         top_k, budget, top_n = (np.zeros((A,), np.int32) for _ in range(3))
         for a, (s, row) in enumerate(new):
             g = row.request.gen
+            if row.request.keys_J2 is None:  # here, not in submit: the caller's thread (the
+                # HTTP event loop) must not wait for the device behind a decode chunk
+                row.request.keys_J2 = request_keys(row.request.seed, len(row.request.done))
             tokens[a, P - len(row.prompt):] = row.prompt
             mask[a, P - len(row.prompt):] = True
             slot[a], keys[a] = s, row.request.keys_J2[row.j]

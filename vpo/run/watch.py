@@ -1,6 +1,6 @@
 """Signs in a run's metrics rows that it is not learning, each warned about once per run.
 
-`RunWatch.check(row)` reads one metrics row (`vpo.rl.metrics_log`) and returns the warnings it
+`RunWatch.check(row)` reads one metrics row (`vpo.run.metrics_log`) and returns the warnings it
 newly raises, naming the setting to change:
 
 - truncated completions: more than `truncation_limit` (a quarter) of the step's completions hit

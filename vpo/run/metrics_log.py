@@ -176,7 +176,7 @@ class MetricsLogger:
 
     `resume_from=k` drops JSONL lines of steps > k left by an interrupted run, so a resumed run's
     file reads as one uninterrupted run. `config`: the run config W&B records. `watch` (e.g.
-    `vpo.rl.watch.RunWatch.check`) reads each row and returns warnings, printed to stderr and
+    `vpo.run.watch.RunWatch.check`) reads each row and returns warnings, printed to stderr and
     kept in `warnings`.
     """
 
@@ -257,7 +257,7 @@ class MetricsLogger:
         return row
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        """The sample log's rows of `step` (`vpo.rl.samples_log.sample_rows`) to W&B as a table."""
+        """The sample log's rows of `step` (`vpo.run.samples_log.sample_rows`) to W&B as a table."""
         if self.active and self._wandb is not None and rows:
             self._wandb.samples(step, rows)
 

@@ -89,7 +89,7 @@ class SampleLog:
             os.remove(path)
         self._file = open(path, "a")  # noqa: SIM115  (open for the run; close() closes)
         if tensorboard:
-            from vpo.rl.metrics_log import TensorBoardEvents
+            from vpo.run.metrics_log import TensorBoardEvents
 
             self._tb = TensorBoardEvents(os.path.join(out_dir, "tb"), filename_suffix=".samples")
 

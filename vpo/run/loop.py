@@ -28,12 +28,21 @@ from vpo.config import ConfigError, RunConfig
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.model.decoder import Decoder
-from vpo.rl import data as data_lib
 from vpo.rl import overlap
 from vpo.rl.checks import check_run
 from vpo.rl.env_step import EnvRLStep
-from vpo.rl.programs import step_functions
-from vpo.rl.run_folder import (  # the run folder the loop writes
+from vpo.rl.step import (
+    HostRLStep,
+    TrainState,
+    init_state,
+    make_optimizer,
+    policy_of,
+    state_from_model,
+    step_config,
+)
+from vpo.run import data as data_lib
+from vpo.run.programs import step_functions
+from vpo.run.run_folder import (  # the run folder the loop writes
     CONFIG,
     INIT_FILE,
     base_name,
@@ -49,16 +58,7 @@ from vpo.rl.run_folder import (  # the run folder the loop writes
     run_contents,
     write_json_atomic,
 )
-from vpo.rl.step import (
-    HostRLStep,
-    TrainState,
-    init_state,
-    make_optimizer,
-    policy_of,
-    state_from_model,
-    step_config,
-)
-from vpo.rl.stopping import RunInterrupted, SkipGuard, StopSignals
+from vpo.run.stopping import RunInterrupted, SkipGuard, StopSignals
 from vpo.tasks.bound import BoundTask
 
 
@@ -106,7 +106,7 @@ def train(config: RunConfig, out_dir: str, resume: bool = False, *, task: BoundT
     `on_event(point, step)`: called at each of the loop's named points (`EVENTS`); with it, the
     loop waits for each checkpoint save to complete before reporting "saved".
     `programs`: a dict the runs of one process share, so a run differing from an earlier one
-    only in its seed reuses that run's compiled step (`vpo.rl.programs`; `vpo compare`'s seeds).
+    only in its seed reuses that run's compiled step (`vpo.run.programs`; `vpo compare`'s seeds).
     The run holds out_dir's lock (`lock_run`) throughout: a folder another process is using is
     a `RunFolderLockedError`. A new run that fails before its first step (a check that refuses
     it, an error setting it up) leaves nothing in out_dir (`run_folder.discard_start`): the
@@ -242,9 +242,9 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
     checkpoints, the skip guard and the stop signals → the final state (all steps saved)."""
     import tqdm
 
-    from vpo.rl.metrics_log import MetricsLogger
-    from vpo.rl.samples_log import SampleLog, sample_rows, write_samples
-    from vpo.rl.watch import RunWatch
+    from vpo.run.metrics_log import MetricsLogger
+    from vpo.run.samples_log import SampleLog, sample_rows, write_samples
+    from vpo.run.watch import RunWatch
 
     config, task, tcfg, manager = run.config, run.task, run.config.train, run.manager
     step_fn, probe_fn = step_functions(run.config, run.task, run.graphdef, run.tx, run.mesh,
