@@ -74,7 +74,7 @@ def finished(tmp_path_factory):
 
 def hold_lock(folder: str) -> subprocess.Popen:
     """Another process holding `folder`'s run lock (until killed)."""
-    code = ("import sys, time; from vpo.rl import run_folder; run_folder.lock_run(sys.argv[1]); "
+    code = ("import sys, time; from vpo.run import run_folder; run_folder.lock_run(sys.argv[1]); "
             "print('locked', flush=True); time.sleep(300)")
     p = subprocess.Popen([sys.executable, "-c", code, folder], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
