@@ -156,7 +156,8 @@ def test_no_module_over_450_lines_without_a_stated_reason():
     assert not long, f"split these modules or state why they are long ('# size: ...'): {long}"
 
 
-# Functions of vpo/rl and vpo/objectives allowed past MAX_FUNCTION_LINES, each with its reason.
+# Functions of vpo/rl, vpo/run and vpo/objectives allowed past MAX_FUNCTION_LINES, each with its
+# reason.
 LONG_FUNCTIONS: dict[str, str] = {}
 MAX_FUNCTION_LINES = 80
 
@@ -191,12 +192,13 @@ def _code_lines(path: pathlib.Path) -> list[tuple[str, int]]:
     return out
 
 
-def test_no_function_in_rl_or_objectives_over_80_code_lines():
+def test_no_function_in_rl_run_or_objectives_over_80_code_lines():
     """The step and the objective grow by named stages, not by branches in one function: no
-    function of vpo/rl or vpo/objectives has more than 80 code lines (blank, comment and
-    docstring lines not counted), but those in LONG_FUNCTIONS, each with its reason."""
+    function of vpo/rl, vpo/run (the host loop around the step) or vpo/objectives has more
+    than 80 code lines (blank, comment and docstring lines not counted), but those in
+    LONG_FUNCTIONS, each with its reason."""
     long = []
-    for pkg in ("rl", "objectives"):
+    for pkg in ("rl", "run", "objectives"):
         for path in sorted((ROOT / "vpo" / pkg).rglob("*.py")):
             for name, n in _code_lines(path):
                 where = f"vpo/{pkg}/{path.relative_to(ROOT / 'vpo' / pkg)}:{name}"
