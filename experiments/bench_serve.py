@@ -9,9 +9,10 @@ done before timing), the clients threads of this process, each sending chat requ
 another (a closed loop) with `httpx`; tokens are the completion tokens the responses report.
 The offline sampler (`vpo.rollout.sampler.generate_jit`, what `vpo sample` runs) decodes the
 same requests' prompts with the same keys in batches of the concurrency (64 clients: batches of
-64 rows), warm, in this process, right after the server's run at that concurrency while the
-server idles (the two never decode at once; a change in the machine's other load between
-them shows in the ratio). Every request asks for `--max-tokens` new tokens at temperature 1;
+64 rows), warm, in this process, right after each server run at that concurrency while the
+server idles (the two never decode at once). `--rounds` pairs of the two, in turn, so a change
+in the machine's other load falls on both; the table gives medians and the per-round ratio's
+range. Every request asks for `--max-tokens` new tokens at temperature 1;
 a completion ends at its end-of-turn token or at the budget. Prints one table row per
 concurrency: requests/s and tokens/s of the server, tokens/s of the offline sampler and the
 ratio.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -137,12 +139,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-prompt-tokens", type=int, default=64)
     p.add_argument("--chunk", type=int, default=8)
     p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--rounds", type=int, default=3, help="server and offline runs in turn")
     p.add_argument("--quick", action="store_true", help="clients 1,4 with 4 and 8 requests")
     args = p.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     counts = [int(c) for c in args.requests.split(",")]
     if args.quick:
-        clients, counts = [1, 4], [4, 8]
+        clients, counts, args.rounds = [1, 4], [4, 8], 1
     slots = max(clients)
     url = f"http://127.0.0.1:{args.port}"
     served = "tiny" if args.model in ("tiny", "small") else "model"
@@ -160,23 +163,29 @@ def main(argv=None) -> int:
         wait_ready(url, proc, timeout=3600)
         for c, n in zip(clients, counts, strict=True):
             run_clients(url, served, prompts(c), c, args.max_tokens)  # warm the client path
-            s, tok = run_clients(url, served, prompts(n), c, args.max_tokens)
-            print(f"server, {c} clients: {n} requests in {s:.1f}s, {tok} tokens", flush=True)
-            # the offline sampler right after, the server idle (no CPU) in the meantime
-            off_s, off_tok = offline(model, tokenizer, prompts(n), c, args.max_tokens)
-            print(f"offline, batch {c}: {n} requests in {off_s:.1f}s, {off_tok} tokens",
-                  flush=True)
-            rows.append((c, n, n / s, tok / s, off_tok / off_s, (tok / s) / (off_tok / off_s)))
+            offline(model, tokenizer, prompts(n), c, args.max_tokens)  # and the offline compile
+            rounds = []
+            for r in range(args.rounds):  # server, then offline with the server idle (no CPU)
+                s, tok = run_clients(url, served, prompts(n), c, args.max_tokens)
+                off_s, off_tok = offline(model, tokenizer, prompts(n), c, args.max_tokens)
+                rounds.append((n / s, tok / s, off_tok / off_s, (tok / s) / (off_tok / off_s)))
+                print(f"{c} clients, round {r}: server {n} requests in {s:.1f}s ({tok} tokens), "
+                      f"offline {off_s:.1f}s ({off_tok} tokens)", flush=True)
+            rows.append((c, n, rounds))
     finally:
         proc.terminate()
         proc.wait()
     print(f"\nmodel {args.model}, {args.max_tokens} new tokens per request at most, server "
-          f"--slots {slots} --chunk {args.chunk}; {os.cpu_count()} CPU cores\n")
+          f"--slots {slots} --chunk {args.chunk}; {os.cpu_count()} CPU cores; medians of "
+          f"{args.rounds} rounds (the ratio's range in brackets)\n")
     print("| clients | requests | server requests/s | server tokens/s | offline tokens/s "
           "(batch = clients) | server / offline |")
     print("|---|---|---|---|---|---|")
-    for c, n, rps, tps, off, ratio in rows:
-        print(f"| {c} | {n} | {rps:.2f} | {tps:.1f} | {off:.1f} | {ratio:.2f} |")
+    for c, n, rounds in rows:
+        rps, tps, off, ratio = (statistics.median(x) for x in zip(*rounds, strict=True))
+        lo, hi = min(r[3] for r in rounds), max(r[3] for r in rounds)
+        print(f"| {c} | {n} | {rps:.2f} | {tps:.1f} | {off:.1f} | {ratio:.2f} "
+              f"[{lo:.2f}, {hi:.2f}] |")
     return 0
 
 

@@ -270,3 +270,21 @@ def test_the_openai_client_recipe_runs_against_a_real_server(served, tmp_path, c
     assert out[1]["correct"] == [False] * 3  # "zebra" is no word of the maze vocabulary
     c = [sum(r["correct"]) for r in out]
     assert summary["pass@1"] == pytest.approx(sum(k / 3 for k in c) / 2)
+
+
+def test_a_failed_generation_answers_500_and_the_server_goes_on(served, monkeypatch):
+    client, engine, _ = served
+    import vpo.serve.engine as engine_lib
+
+    real = engine_lib.live_lib.admit_jit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine_lib.live_lib, "admit_jit", broken)
+    r = client.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 3})
+    assert r.status_code == 500 and "device lost" in r.json()["error"]["message"]
+    monkeypatch.setattr(engine_lib.live_lib, "admit_jit", real)
+    ok = client.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 3, "seed": 1})
+    assert ok.status_code == 200
+    assert ok.json()["choices"][0]["token_ids"] == _reference(engine, [4, 5], 1, 1, 3)[0][0]

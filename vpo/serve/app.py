@@ -59,6 +59,8 @@ def make_app(engine: Engine, limits: protocol.Limits) -> Starlette:
                 return _error(str(e), e.status, e.param, e.code)
             except QueueFullError as e:
                 return _error(str(e), 503)
+            except Exception as e:  # the engine failed this request; it serves the next ones
+                return _error(f"generation failed: {type(e).__name__}: {e}", 500)
             return JSONResponse(respond(gen, completions, tokenizer, limits.model))
 
         return handle
