@@ -114,20 +114,15 @@ def offline(model, tokenizer, messages: list, batch: int, max_tokens: int):
     return time.perf_counter() - t0, n
 
 
-def load(model_name: str, max_len: int):
-    """(model, tokenizer) as `vpo serve` loads them."""
-    if model_name in ("tiny", "small"):
-        from vpo.config import model_preset
-        from vpo.launch.rules import load_task
-        from vpo.model.decoder import Decoder
+def load(model_name: str, prompt_tokens: int, max_tokens: int):
+    """(model, tokenizer) as `vpo serve` loads them (`vpo.cli.serve.served_model`)."""
+    from vpo.cli.serve import served_model
 
-        tok = load_task("maze", model_name).tokenizer
-        return Decoder(model_preset(model_name, vocab_size=tok.size, max_seq_len=max_len),
-                       rngs=nnx.Rngs(0)), tok
-    from vpo.io.checkpoint import load_model
-
-    model, tok, _ = load_model(model_name)
-    return model, tok
+    preset = model_name in ("tiny", "small")
+    args = argparse.Namespace(policy=None if preset else model_name, preset=model_name,
+                              task="maze", served_name=None, max_prompt_tokens=prompt_tokens,
+                              max_tokens=max_tokens, seed=0)
+    return served_model(args)[:2]
 
 
 def main(argv=None) -> int:
@@ -156,7 +151,7 @@ def main(argv=None) -> int:
     cmd += (["--preset", args.model] if args.model in ("tiny", "small")
             else ["--model", args.model])
     print(" ".join(cmd[1:]), flush=True)
-    model, tokenizer = load(args.model, args.max_prompt_tokens + args.max_tokens)
+    model, tokenizer = load(args.model, args.max_prompt_tokens, args.max_tokens)
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     rows = []
     try:
