@@ -63,7 +63,7 @@ ASKS = ("Answer with one word: what colour is the sky?",
 def smollm2_workload(cfg):
     """The real model on chat prompts (`ASKS`): (model, prompts_BP, mask_BP, keys_BG, stop_ids,
     pad_id)."""
-    from vpo.io.checkpoint import load_model
+    from vpo.io.policy_folder import load_model
     from vpo.io.tokenizer import left_pad
 
     model, tok, _ = load_model("smollm2")  # 8192 positions: room for any prompt here

@@ -199,7 +199,7 @@ def params(out: str) -> list[np.ndarray]:
     import jax
     from flax import nnx
 
-    from vpo.io.checkpoint import load_policy
+    from vpo.io.policy_folder import load_policy
 
     model, _ = load_policy(os.path.join(out, "policy"))
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]

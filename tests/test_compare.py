@@ -125,14 +125,14 @@ def _saved_tiny_policy(tmp_path, task):
     from flax import nnx
 
     from vpo.config import model_preset
-    from vpo.io import checkpoint
+    from vpo.io import policy_folder
     from vpo.model.decoder import Decoder
 
     mcfg = model_preset("tiny", vocab_size=task.tokenizer.size, max_seq_len=512)
     spec = str(tmp_path / "sft")
     policy = Decoder(mcfg, rngs=nnx.Rngs(0))
-    checkpoint.save_policy(spec, mcfg, nnx.state(policy, nnx.Param), {"task": task.name},
-                           tokenizer=task.tokenizer)
+    policy_folder.save_policy(spec, mcfg, nnx.state(policy, nnx.Param), {"task": task.name},
+                              tokenizer=task.tokenizer)
     return spec, policy
 
 

@@ -222,12 +222,12 @@ def _saved_bpe_policy(tmp_path):
     """(policy folder, the policy): the BPE fixture checkpoint saved as a warm start is."""
     from flax import nnx
 
-    from vpo.io import checkpoint
+    from vpo.io import policy_folder
 
-    policy, tokenizer, _ = checkpoint.load_model(f"hf:{BPE}")
+    policy, tokenizer, _ = policy_folder.load_model(f"hf:{BPE}")
     spec = str(tmp_path / "sft")
-    checkpoint.save_policy(spec, policy.cfg, nnx.state(policy, nnx.Param),
-                           {"task": "dataset", "source": f"hf:{BPE}"}, tokenizer=tokenizer)
+    policy_folder.save_policy(spec, policy.cfg, nnx.state(policy, nnx.Param),
+                              {"task": "dataset", "source": f"hf:{BPE}"}, tokenizer=tokenizer)
     return spec, policy
 
 
@@ -295,15 +295,15 @@ def test_eval_of_a_run_trained_on_a_share_reads_the_held_out_rows(files, tmp_pat
     """`vpo eval / search / sample --policy RUN` of a run trained with --eval-fraction read the
     rows held out from it, not its training rows."""
     from vpo.cli.policy import policy_and_task
-    from vpo.io import checkpoint
+    from vpo.io import policy_folder
 
     spec, policy = _saved_bpe_policy(tmp_path)
     train = arguments.dataset_kwargs(_args(
         "train", "--data", str(files / "rows.jsonl"), "--reward", f"{files}/rewards.py:short",
         "--eval-fraction", "0.25", "--split-seed", "5"))
-    checkpoint.save_policy(str(tmp_path / "run"), policy.cfg, _params(policy),
-                           {"task": "dataset", "task_kwargs": train, "source": f"hf:{BPE}"},
-                           tokenizer=checkpoint.load_model(spec)[1])
+    policy_folder.save_policy(str(tmp_path / "run"), policy.cfg, _params(policy),
+                              {"task": "dataset", "task_kwargs": train, "source": f"hf:{BPE}"},
+                              tokenizer=policy_folder.load_model(spec)[1])
     _, _, task = policy_and_task(str(tmp_path / "run"), None, None)
     held = {r["_row"] for r in task.make_problems(0, 99)}
     assert held == {r["_row"] for r in _part(files, "eval", eval_fraction=0.25, split_seed=5)}
@@ -356,7 +356,7 @@ def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(fil
     import types
 
     from vpo.compare import driver, self_demos
-    from vpo.io import checkpoint
+    from vpo.io import policy_folder
 
     bare = tmp_path / "bare.jsonl"
     bare.write_text("".join(json_lib.dumps({k: v for k, v in r.items() if k != "completion"})
@@ -382,7 +382,7 @@ def test_without_demonstrations_the_model_s_own_answers_teach_the_set_format(fil
                                      finished_BG=np.tile(finished, (B, 1)))
 
     monkeypatch.setattr(self_demos, "sample", fake_sample)
-    policy = checkpoint.load_model(f"hf:{BPE}")[0]
+    policy = policy_folder.load_model(f"hf:{BPE}")[0]
     rows = train.make_problems(0, 6)
     demos = self_demos.self_demonstrations(policy, train, rows, num_answers=3, samples=6,
                                            key=jax.random.key(0), temperature=1.0)

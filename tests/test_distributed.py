@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from vpo.io import checkpoint as ckpt_lib
+from vpo.io import policy_folder
 from vpo.launch import assemble
 
 # the entropy bonus gives every step a gradient to all-reduce, whatever the rewards
@@ -101,7 +101,7 @@ def test_two_processes_match_one_process_of_8_devices(tmp_path):
             np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
         assert a["reward"] == b["reward"] and a["generated_tokens"] == b["generated_tokens"]
     # the two-process run's final policy and last checkpoint equal the one-process params
-    model, info = ckpt_lib.load_policy(str(out2 / "policy"))
+    model, info = policy_folder.load_policy(str(out2 / "policy"))
     assert info["steps"] == 3
     from flax import nnx
 

@@ -107,7 +107,7 @@ def test_eval_scores_episodes_as_candidates():
     """`evaluate_policy` on an environment task: every candidate one episode the environment
     scored, best@k / pass@k over them; --answers other than 1 refused by name."""
     from vpo.eval.policies import evaluate_policy
-    from vpo.io.checkpoint import load_model
+    from vpo.io.policy_folder import load_model
     from vpo.launch.rules import load_task
 
     spec = f"hf:{FIXTURE}"

@@ -28,8 +28,7 @@ from vpo.config import (
     model_preset,
 )
 from vpo.errors import CheckpointError
-from vpo.io import checkpoint as ckpt_lib
-from vpo.io import hf, peft
+from vpo.io import hf, peft, run_checkpoint
 from vpo.io.tokenizer import word_tokenizer
 from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
@@ -103,7 +102,7 @@ def test_checkpoint_holds_adapters_only(runs):
     assert os.path.isdir(os.path.join(step_dir, "base"))
     state = runs["straight"]  # the final state, step 2
     full = str(runs["tmp"] / "full")
-    mngr = ckpt_lib.CheckpointManager(full, async_save=False)
+    mngr = run_checkpoint.CheckpointManager(full, async_save=False)
     mngr.save(2, state._asdict())  # the same state with its base, as before
     mngr.close()
     small, big = dir_bytes(step_dir), dir_bytes(os.path.join(full, "2"))

@@ -19,7 +19,7 @@ import pytest
 from vpo.cli import main as cli
 from vpo.config import ConfigError
 from vpo.errors import CheckpointError
-from vpo.io import checkpoint as ckpt_lib
+from vpo.io import checkpoint_errors, policy_folder, run_checkpoint
 from vpo.io.tokenizer import load_tokenizer
 from vpo.launch import assemble
 from vpo.run import loop, run_folder
@@ -183,7 +183,7 @@ def test_an_unfinished_policy_export_is_not_taken_for_finished(finished, tmp_pat
 def test_a_policy_export_killed_midway_leaves_no_policy(finished, tmp_path, monkeypatch):
     from vpo.io.tokenizer import Tokenizer
 
-    model, tok, info = ckpt_lib.load_model(os.path.join(finished, "policy"))
+    model, tok, info = policy_folder.load_model(os.path.join(finished, "policy"))
 
     def save_then_die(self, folder):  # tokenizer.json written, then the process is gone
         self.backend.save(os.path.join(str(folder), "tokenizer.json"))
@@ -194,13 +194,14 @@ def test_a_policy_export_killed_midway_leaves_no_policy(finished, tmp_path, monk
 
     target = str(tmp_path / "policy")
     with pytest.raises(KeyboardInterrupt):
-        ckpt_lib.save_policy(target, model.cfg, nnx.state(model, nnx.Param), {"steps": 6},
-                             tokenizer=tok)
+        policy_folder.save_policy(target, model.cfg, nnx.state(model, nnx.Param), {"steps": 6},
+                                  tokenizer=tok)
     assert not os.path.exists(target) and not run_folder.policy_complete(target)
     monkeypatch.undo()
-    ckpt_lib.save_policy(target, model.cfg, nnx.state(model, nnx.Param), {"steps": 6},
-                         tokenizer=tok)  # a new export replaces the leftovers
-    assert run_folder.policy_complete(target) and not os.path.exists(ckpt_lib.partial_dir(target))
+    policy_folder.save_policy(target, model.cfg, nnx.state(model, nnx.Param), {"steps": 6},
+                              tokenizer=tok)  # a new export replaces the leftovers
+    assert run_folder.policy_complete(target)
+    assert not os.path.exists(policy_folder.partial_dir(target))
 
 
 # -- 4. damaged files -------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def _header_length(folder):
 
 
 def _model(folder):
-    ckpt_lib.load_model(f"hf:{folder}")
+    policy_folder.load_model(f"hf:{folder}")
 
 
 def _tokenizer(folder):
@@ -413,7 +414,7 @@ def test_a_checkpoint_write_that_fails_is_named(tmp_path):
     from vpo.errors import CheckpointWriteError
 
     folder = str(tmp_path / "checkpoints")
-    mngr = ckpt_lib.CheckpointManager(folder)
+    mngr = run_checkpoint.CheckpointManager(folder)
     mngr.save(2, {"x": jnp.zeros(3)})
     mngr.wait()
     mngr.save(4, {"x": jnp.ones(3)})
@@ -435,9 +436,9 @@ def test_a_checkpoint_write_that_fails_is_named(tmp_path):
     assert len(text) < 400
     mngr._mngr.wait_until_finished = real_wait
     mngr.check()  # reported once
-    assert ckpt_lib.write_failure(PermissionError(13, "Permission denied"))[0] == (
+    assert checkpoint_errors.write_failure(PermissionError(13, "Permission denied"))[0] == (
         "permission denied")
-    assert ckpt_lib.write_failure(ValueError("a bad tree")) is None
+    assert checkpoint_errors.write_failure(ValueError("a bad tree")) is None
 
 
 def test_a_full_disk_names_the_folder_and_how_to_continue(monkeypatch, tmp_path, capsys):

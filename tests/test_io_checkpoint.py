@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vpo.config import ObjectiveConfig, RunConfig, SamplerConfig, TrainConfig, model_preset
-from vpo.io import checkpoint as ckpt_lib
+from vpo.io import policy_folder, run_checkpoint
 from vpo.launch import assemble, rules
 from vpo.model import sharding
 from vpo.rl import step as step_lib
@@ -63,7 +63,7 @@ def test_resume_is_exact(tmp_path):
     _, s_straight = loop_lib.train(run, a, task=task, mesh=mesh, progress=False)
     loop_lib.train(run, b, task=task, mesh=mesh, progress=False, stop_at=5)
     # simulate a crash after step 5: drop its exit checkpoint so step 4 is the latest
-    mngr = ckpt_lib.CheckpointManager(os.path.join(b, "checkpoints"))
+    mngr = run_checkpoint.CheckpointManager(os.path.join(b, "checkpoints"))
     assert mngr.all_steps()[-2:] == [4, 5]
     mngr._mngr.delete(5)
     mngr.close()
@@ -81,7 +81,7 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     _, state, _ = step_lib.init_state(run.model, tx, mesh)
     it = data_lib.problem_iterator(task, 4, M, num_problems=64)
     directory = str(tmp_path / "ckpt")
-    mngr = ckpt_lib.CheckpointManager(directory, keep=3)
+    mngr = run_checkpoint.CheckpointManager(directory, keep=3)
     next(it)
     mngr.save(2, state, it, {"a": 1})
     expected_data = it.get_state()
@@ -94,7 +94,7 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
     os.makedirs(os.path.join(directory, "8", "state"))
     mngr.close()
 
-    mngr = ckpt_lib.CheckpointManager(directory, keep=3)
+    mngr = run_checkpoint.CheckpointManager(directory, keep=3)
     it2 = data_lib.problem_iterator(task, 4, M, num_problems=64)
     restored, step = mngr.restore(state, data_iterator=it2)
     assert step == 4
@@ -117,9 +117,9 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
     tok = task.tokenizer
     model = Decoder(run.model, rngs=nnx.Rngs(0))
     folder = str(tmp_path / "policy")
-    ckpt_lib.save_policy(folder, run.model, nnx.state(model, nnx.Param), {"steps": 7},
-                         tokenizer=tok)
-    loaded, got, info = ckpt_lib.load_model(folder)
+    policy_folder.save_policy(folder, run.model, nnx.state(model, nnx.Param), {"steps": 7},
+                              tokenizer=tok)
+    loaded, got, info = policy_folder.load_model(folder)
     assert info["steps"] == 7 and loaded.cfg == run.model
     for x, y in zip(leaves(nnx.state(model, nnx.Param)), leaves(nnx.state(loaded, nnx.Param)),
                     strict=True):
@@ -137,15 +137,15 @@ def test_policy_folder_carries_its_tokenizer(tmp_path):
     assert rules.tokenizer_for(task.task, "tiny").size == tok.size
 
     bare = str(tmp_path / "bare")
-    ckpt_lib.save_policy(bare, run.model, nnx.state(model, nnx.Param))
+    policy_folder.save_policy(bare, run.model, nnx.state(model, nnx.Param))
     with pytest.raises(FileNotFoundError, match="no tokenizer.json beside the policy"):
-        ckpt_lib.load_model(bare)
+        policy_folder.load_model(bare)
     (tmp_path / "nothing").mkdir()
     with pytest.raises(FileNotFoundError, match="not a policy folder"):
-        ckpt_lib.load_model(str(tmp_path / "nothing"))
+        policy_folder.load_model(str(tmp_path / "nothing"))
 
     src = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "qwen2_tied")
-    hf_model, hf_tok, hf_info = ckpt_lib.load_model("hf:" + src)
+    hf_model, hf_tok, hf_info = policy_folder.load_model("hf:" + src)
     assert hf_info == {"source": "hf:" + src} and hf_model.cfg.param_dtype == "float32"
     assert hf_tok.stop_ids == (72, 70) and hf_tok.pad_id == 70
     assert rules.tokenizer_for(task.task, "hf:" + src).stop_ids == (72, 70)
@@ -191,7 +191,7 @@ def test_kill_during_save_then_resume(tmp_path):
     resumed = subprocess.run(_cli(["--out", str(out), "--resume"]), env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    mngr = ckpt_lib.CheckpointManager(str(ckpt_dir))
+    mngr = run_checkpoint.CheckpointManager(str(ckpt_dir))
     assert mngr.latest_step() == 4
     assert "restored step 2" in resumed.stdout, resumed.stdout[-2000:]
     got = rows(out)
@@ -212,7 +212,7 @@ def test_kill_during_save_then_resume(tmp_path):
 def test_a_run_folder_names_its_policy(tmp_path):
     """`resolve_model_spec`: a `vpo train --out` folder (no policy.json, policy/ has one) means
     its policy/; a policy folder, an unfinished run and hf: specs stay as given."""
-    from vpo.io.checkpoint import resolve_model_spec
+    from vpo.io.policy_folder import resolve_model_spec
 
     run = tmp_path / "run"
     (run / "policy").mkdir(parents=True)

@@ -26,11 +26,8 @@ from flax import nnx  # noqa: E402
 
 from vpo.config import ModelConfig  # noqa: E402
 from vpo.errors import CheckpointError  # noqa: E402
-from vpo.io import (
-    checkpoint,  # noqa: E402
-    hf,
-)
 from vpo.io import gguf as vgguf  # noqa: E402
+from vpo.io import hf, policy_folder  # noqa: E402
 from vpo.io.tokenizer import load_tokenizer  # noqa: E402
 from vpo.launch import rules  # noqa: E402
 from vpo.model import sharding
@@ -73,7 +70,7 @@ def arrays():
 @pytest.fixture(scope="module")
 def loaded(path):
     """(model, tokenizer, info) through the CLI's loader, `model=hf:/path/file.gguf`."""
-    return checkpoint.load_model(f"hf:{path}")
+    return policy_folder.load_model(f"hf:{path}")
 
 
 @pytest.fixture(scope="module")

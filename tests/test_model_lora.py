@@ -28,8 +28,7 @@ from vpo.config import (
     from_dict,
     model_preset,
 )
-from vpo.io import checkpoint as ckpt_lib
-from vpo.io import hf
+from vpo.io import hf, policy_folder
 from vpo.io.tokenizer import word_tokenizer
 from vpo.model import lora, sharding
 from vpo.model.decoder import Decoder
@@ -227,7 +226,7 @@ def test_loop_resume_and_merged_export(task, tmp_path):
     assert s_straight.frozen is not None and s_straight.ref_params is None
     for x, y in zip(arrays(s_straight), arrays(s_resumed), strict=True):
         np.testing.assert_array_equal(x, y)
-    policy, info = ckpt_lib.load_policy(os.path.join(a, "policy"))
+    policy, info = policy_folder.load_policy(os.path.join(a, "policy"))
     assert policy.cfg == lora.base_config(run.model) and info["lora"]["lora_rank"] == RANK
     adapted = step_lib.model_of(graphdef, s_straight)
     np.testing.assert_allclose(logits(policy, TOKENS), logits(adapted, TOKENS), atol=1e-5,
@@ -238,4 +237,4 @@ def test_loop_resume_and_merged_export(task, tmp_path):
     np.testing.assert_allclose(logits(hf.from_pretrained(str(tmp_path / "hf")), TOKENS),
                                logits(adapted, TOKENS), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="do not match"):  # adapters alone are no policy
-        ckpt_lib.save_policy(str(tmp_path / "bad"), run.model, s_straight.params)
+        policy_folder.save_policy(str(tmp_path / "bad"), run.model, s_straight.params)

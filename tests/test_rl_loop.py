@@ -150,9 +150,9 @@ def test_sft_then_rl_through_a_bpe_checkpoint_solves_mazes(tmp_path):
     tokens, a chat template, pad = `<|endoftext|>` at the END of the vocabulary, two stop ids):
     SFT on maze demonstrations, then RL steps through `vpo.run.loop.train` from the SFT policy; the
     RL rollouts solve mazes, and the policy folder carries the checkpoint's tokenizer."""
-    from vpo.io import checkpoint
+    from vpo.io import policy_folder
 
-    model, tok, _ = checkpoint.load_model("hf:" + BPE_FIXTURE)
+    model, tok, _ = policy_folder.load_model("hf:" + BPE_FIXTURE)
     assert len(tok.stop_ids) == 2 and tok.pad_id == tok.size - 3
     maze = bind(make_task("maze"), tok)
     t0 = time.perf_counter()

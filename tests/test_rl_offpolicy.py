@@ -26,8 +26,8 @@ import pytest
 from test_rl_step import M, compact_bandit, one_device, run_config
 
 from vpo.config import ConfigError, ObjectiveConfig, TrainConfig
-from vpo.io import checkpoint as ckpt_lib
-from vpo.io.checkpoint import base_checksum
+from vpo.io import run_checkpoint
+from vpo.io.run_checkpoint import base_checksum
 from vpo.rl import offpolicy
 from vpo.run import loop as loop_lib
 
@@ -296,7 +296,7 @@ def test_overlapped_resume_is_exact(task, tmp_path, lora_rank):
     a, b = str(tmp_path / "straight"), str(tmp_path / "resumed")
     _, s_straight = loop_lib.train(run, a, task=task, mesh=one_device(), progress=False)
     loop_lib.train(run, b, task=task, mesh=one_device(), progress=False, stop_at=3)
-    mngr = ckpt_lib.CheckpointManager(os.path.join(b, "checkpoints"))
+    mngr = run_checkpoint.CheckpointManager(os.path.join(b, "checkpoints"))
     assert mngr.all_steps()[-1] == 3
     mngr.close()
     _, s_resumed = loop_lib.train(run, b, resume=True, task=task, mesh=one_device(),
@@ -321,7 +321,7 @@ def test_checkpoints_from_before_the_pending_field_restore(tmp_path):
         ref_params: dict | None = None
         frozen: dict | None = None
 
-    mngr = ckpt_lib.CheckpointManager(str(tmp_path / "c"))
+    mngr = run_checkpoint.CheckpointManager(str(tmp_path / "c"))
     mngr.save(3, Before(jnp.int32(3), {"w": jnp.ones(3)}, (jnp.zeros(3),),
                         jnp.zeros(2, jnp.uint32)))
     like = TrainState(jnp.int32(0), {"w": jnp.zeros(3)}, (jnp.ones(3),), jnp.ones(2, jnp.uint32))

@@ -10,7 +10,7 @@ import pytest
 
 from vpo.cli import main as cli
 from vpo.errors import CheckpointError, RewardError
-from vpo.io.checkpoint import CheckpointManager
+from vpo.io.run_checkpoint import CheckpointManager
 from vpo.run.metrics_log import read_rows
 from vpo.run.stopping import SkipGuard
 
@@ -26,7 +26,7 @@ def metrics(out):
 def policy_params(out):
     from flax import nnx
 
-    from vpo.io.checkpoint import load_policy
+    from vpo.io.policy_folder import load_policy
 
     model, _ = load_policy(os.path.join(out, "policy"))
     return [np.asarray(x) for x in __import__("jax").tree.leaves(nnx.state(model, nnx.Param))]
@@ -154,7 +154,7 @@ def test_checkpoints_under_a_relative_out_path_restore(tmp_path, monkeypatch):
     paths, so the manager makes them absolute."""
     import jax.numpy as jnp
 
-    from vpo.io.checkpoint import CheckpointManager
+    from vpo.io.run_checkpoint import CheckpointManager
 
     monkeypatch.chdir(tmp_path)
     state = {"w": jnp.arange(4.0)}

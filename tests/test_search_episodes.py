@@ -31,7 +31,7 @@ def test_a_mutations_first_message_shows_the_parents():
 
 @pytest.fixture(scope="module")
 def policy_and_task():
-    from vpo.io.checkpoint import load_model
+    from vpo.io.policy_folder import load_model
     from vpo.launch.rules import load_task
 
     spec = f"hf:{FIXTURE}"

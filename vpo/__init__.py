@@ -35,7 +35,7 @@ _EXPORTS = {
     "Task": "vpo.tasks.base",
     "make_task": "vpo.tasks",
     "bind": "vpo.tasks.bound",
-    "load_model": "vpo.io.checkpoint",
+    "load_model": "vpo.io.policy_folder",
     "from_pretrained": "vpo.io.hf",
     "save_pretrained": "vpo.io.hf",
     "load_tokenizer": "vpo.io.tokenizer",

@@ -36,14 +36,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_merged(args: argparse.Namespace) -> None:
-    """The policy's plain weights (`vpo.io.checkpoint.load_model`) in `args.dtype` (default:
+    """The policy's plain weights (`vpo.io.policy_folder.load_model`) in `args.dtype` (default:
     as stored) through `hf.save_pretrained`; config fields we do not model (token ids) come
     from the Hugging Face folder or .gguf file the model, or the run it closes, started from."""
     import jax
     from flax import nnx
 
     from vpo.io import hf
-    from vpo.io.checkpoint import load_model, resolve_model_spec
+    from vpo.io.policy_folder import load_model, resolve_model_spec
     from vpo.run import run_folder
 
     spec = resolve_model_spec(args.policy)
@@ -69,7 +69,7 @@ def _export_adapter(args: argparse.Namespace) -> None:
     when given, `base_model_name_or_path` set to `args.base` when given."""
     from vpo.config import ConfigError
     from vpo.io import peft
-    from vpo.io.checkpoint import resolve_model_spec
+    from vpo.io.policy_folder import resolve_model_spec
 
     policy = resolve_model_spec(args.policy)
     folder = os.path.join(policy, "adapter")

@@ -76,7 +76,7 @@ def stage(text: str) -> None:
 def load_policy_model(policy: str, **overrides):
     """`load_model(policy)` → (model, info), with a line on stderr before and after (reading
     a checkpoint can take a while)."""
-    from vpo.io.checkpoint import load_model
+    from vpo.io.policy_folder import load_model
 
     stage(f"loading {policy} ...")
     t0 = time.perf_counter()
@@ -205,7 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _own_task(path: str) -> str | None:
     """The task a policy folder says it was trained on (policy.json), without loading it."""
-    from vpo.io.checkpoint import resolve_model_spec
+    from vpo.io.policy_folder import resolve_model_spec
 
     info = os.path.join(resolve_model_spec(path), "policy.json")
     if not os.path.isfile(info):

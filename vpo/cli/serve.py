@@ -20,7 +20,7 @@ def served_model(args: argparse.Namespace):
     from vpo.config import model_preset
 
     if args.policy is not None:
-        from vpo.io.checkpoint import load_model
+        from vpo.io.policy_folder import load_model
 
         stage(f"loading {args.policy} ...")
         model, tokenizer, _ = load_model(args.policy)

@@ -58,8 +58,8 @@ from vpo.compare import search_leg, self_demos, verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import ConfigError, ModelConfig, RunConfig, from_dict
 from vpo.eval import policies as policy_eval
-from vpo.io import checkpoint
-from vpo.io.checkpoint import load_model
+from vpo.io import run_checkpoint
+from vpo.io.policy_folder import load_model
 from vpo.launch.assemble import assemble_config, load_init
 from vpo.launch.rules import context_of, fit_seq_len
 from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
@@ -452,8 +452,8 @@ def law_trajectory(cfg: CompareConfig, task, path: str, graphdef, state, metrics
     """(step, H, R) at step 0 and every checkpoint of a run: H = mean token entropy of the
     training rollouts of the last (up to) 10 steps before it (step 0: the first step's, drawn
     from the warm start), R = `_law_score` of the checkpoint's policy."""
-    mngr = checkpoint.CheckpointManager(os.path.join(path, "checkpoints"),
-                                        keep=cfg.law_points + 1)
+    mngr = run_checkpoint.CheckpointManager(os.path.join(path, "checkpoints"),
+                                            keep=cfg.law_points + 1)
     H = np.array([r["entropy"] for r in metrics], float)
     out = {"step": [0], "entropy": [float(H[0])], "score": [start_score]}
     try:

@@ -1,2 +1,3 @@
-"""Reading and writing what lives on disk: orbax run checkpoints and policy folders
-(`checkpoint`), Hugging Face folders (`hf`), GGUF files (`gguf`) and tokenizers (`tokenizer`)."""
+"""Reading and writing what lives on disk: orbax run checkpoints (`run_checkpoint`), policy
+folders (`policy_folder`), Hugging Face folders (`hf`), GGUF files (`gguf`) and tokenizers
+(`tokenizer`)."""

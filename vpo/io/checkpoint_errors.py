@@ -1,6 +1,7 @@
 """What a checkpoint failure says: orbax's and tensorstore's errors read down to one line (which
 array, what is wrong with its file; a write that failed on the disk), and their background noise
-kept off the terminal. `vpo.io.checkpoint` raises the named errors built from these.
+kept off the terminal. `vpo.io.run_checkpoint` and `vpo.io.policy_folder` raise the named errors
+built from these.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from vpo.config import (
     preset_list,
 )
 from vpo.io import hf
-from vpo.io.checkpoint import SHAPE_FIELDS, load_model, resolve_model_spec
+from vpo.io.policy_folder import SHAPE_FIELDS, load_model, resolve_model_spec
 from vpo.io.tokenizer import load_tokenizer
 from vpo.launch import rules
 from vpo.launch.presets import PRESET_DATA, TRAIN_PRESETS, preset_dataset

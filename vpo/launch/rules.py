@@ -20,7 +20,7 @@ import os
 from vpo.config import MODEL_PRESETS, PRESETS_DOC, PRETRAINED_CHOICES, TrainConfig
 from vpo.errors import CheckpointError, ConfigError
 from vpo.io import hf
-from vpo.io.checkpoint import NO_POLICY, resolve_model_spec
+from vpo.io.policy_folder import NO_POLICY, resolve_model_spec
 from vpo.io.tokenizer import load_tokenizer
 from vpo.rl.checks import too_long
 from vpo.run import run_folder

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from vpo.config import ConfigError, RunConfig
-from vpo.io.checkpoint import load_model
+from vpo.io.policy_folder import load_model
 from vpo.launch import assemble
 from vpo.rl.host_memory import keep_freed_memory_for
 from vpo.run import run_folder

@@ -12,7 +12,7 @@ from typing import Any
 from flax import nnx
 
 from vpo.config import MODEL_PRESETS, ConfigError, ModelConfig, model_preset
-from vpo.io import checkpoint
+from vpo.io import policy_folder
 from vpo.launch import rules
 from vpo.rl.sft import run_sft
 from vpo.rl.step import policy_of
@@ -57,7 +57,7 @@ def assemble_sft(task: BoundTask, spec: str, *, num_answers: int | Sequence[int]
         cfg = model_preset(spec, vocab_size=task.tokenizer.size, max_seq_len=need)
         return SFTPlan(task, cfg, None, None, lr)
     if init is None:
-        init = checkpoint.load_model(spec, max_seq_len=need)[0]
+        init = policy_folder.load_model(spec, max_seq_len=need)[0]
     cfg = dataclasses.replace(init.cfg, lora_rank=lora_rank) if lora_rank else init.cfg
     return SFTPlan(task, cfg, init, rules.source_of(spec), lr)
 
@@ -83,5 +83,5 @@ def save_warm_start(out_dir: str, plan: SFTPlan, policy, losses: list[float], *,
     record = {"task": plan.task.name, "num_answers": num_answers, "sft_steps": steps,
               "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
               **({"source": plan.source} if plan.source else {}), **(info or {})}
-    checkpoint.save_policy(out_dir, policy.cfg, nnx.state(policy, nnx.Param), record,
-                           tokenizer=plan.task.tokenizer)
+    policy_folder.save_policy(out_dir, policy.cfg, nnx.state(policy, nnx.Param), record,
+                              tokenizer=plan.task.tokenizer)

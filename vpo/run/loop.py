@@ -165,7 +165,7 @@ def _prepare(config: RunConfig, out_dir: str, *, task: BoundTask, mesh, init: De
     """The run's checks (`check_run`, the skip limit, the batch over the mesh), its problems,
     prompt tables and data iterator, its train state (fresh or from `init`) and checkpoint
     manager. Nothing is written to out_dir but the empty checkpoint folder."""
-    from vpo.io import checkpoint as ckpt_lib
+    from vpo.io import run_checkpoint as ckpt_lib
 
     tcfg = config.train
     limit = tcfg.max_skipped_updates
@@ -356,12 +356,11 @@ def _close_logs(*logs) -> None:
 
 def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState,
                   task: BoundTask) -> None:
-    """Write the run's policy folder (`checkpoint.save_policy`; all processes take part): the
+    """Write the run's policy folder (`policy_folder.save_policy`; all processes take part): the
     plain model (LoRA adapters folded in), its tokenizer, and what the run was; a LoRA run also
     writes its adapters as a PEFT folder, `adapter/` (`vpo.io.peft`, read by `vpo export
     --adapter`), its base named as the run's starting policy."""
-    from vpo.io import checkpoint as ckpt_lib
-    from vpo.io import peft
+    from vpo.io import peft, policy_folder
 
     write_adapter = None
     if config.model.lora_rank:
@@ -371,15 +370,15 @@ def export_policy(directory: str, config: RunConfig, graphdef, state: TrainState
                                                     tensors, adapter_cfg)
     policy = policy_of(graphdef, state)
     steps = int(jax.device_get(state.step))
-    ckpt_lib.save_policy(directory, lora_lib.base_config(config.model),
-                         nnx.state(policy, nnx.Param),
-                         {"task": config.task, "task_kwargs": config.task_kwargs,
-                          "num_answers": config.train.num_answers,
-                          "advantage": config.objective.advantage, "steps": steps,
-                          "max_new_tokens": config.sampler.max_new_tokens,
-                          **({"lora": lora_lib.settings(config.model)}
-                             if config.model.lora_rank else {})},
-                         tokenizer=task.tokenizer, write_into=write_adapter)
+    policy_folder.save_policy(directory, lora_lib.base_config(config.model),
+                              nnx.state(policy, nnx.Param),
+                              {"task": config.task, "task_kwargs": config.task_kwargs,
+                               "num_answers": config.train.num_answers,
+                               "advantage": config.objective.advantage, "steps": steps,
+                               "max_new_tokens": config.sampler.max_new_tokens,
+                               **({"lora": lora_lib.settings(config.model)}
+                                  if config.model.lora_rank else {})},
+                              tokenizer=task.tokenizer, write_into=write_adapter)
 
 
 def profile_step(step_fn, sample_fn, state, batch):

@@ -329,7 +329,7 @@ def write_json_atomic(path: str, data) -> None:
 
 
 def policy_complete(policy_dir: str) -> bool:
-    """A policy folder `checkpoint.save_policy` finished: policy.json (written last) and every
+    """A policy folder `policy_folder.save_policy` finished: policy.json (written last) and every
     file it lists under "files" (an older export without the list: its tokenizer files)."""
     info = read_json(os.path.join(policy_dir, "policy.json"))
     if not isinstance(info, dict):
