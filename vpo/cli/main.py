@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         if debug:
             raise
-        signum = getattr(e, "signum", None)  # vpo.rl.stopping.RunInterrupted: a clean stop
+        signum = getattr(e, "signum", None)  # vpo.run.stopping.RunInterrupted: a clean stop
         print(f"vpo {args.command}: {e if signum else 'interrupted'}", file=sys.stderr)
         return 128 + signum if signum else 130
     except Exception as e:
