@@ -117,7 +117,6 @@ class CountATask(NamedTuple):
     name: str = "count_a"
     reward_names: tuple[str, ...] = ("frac_a",)
     eval_weights_R: np.ndarray = np.ones((1,), np.float32)
-    is_host: bool = False
 
     def reward(self, problem, completion_T, mask_T, num_answers: int):
         del problem, num_answers

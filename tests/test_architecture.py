@@ -220,3 +220,25 @@ def test_every_subpackage_ships_in_the_distribution():
     found = {f.rstrip(".") for f in found}
     assert found == listed, f"add to pyproject's packages: {sorted(found - listed)}; " \
                             f"remove: {sorted(listed - found)}"
+
+
+# Modules outside vpo/tasks and vpo/env allowed to ask a task its kind by name, each with its
+# reason (none: a caller dispatches on the bound task's type, `vpo.tasks.bound.for_kind`).
+KIND_QUESTIONS: dict[str, str] = {}
+
+
+def test_task_kinds_are_types_outside_tasks_and_env():
+    """A task's kind is the type of its bound task (`GraphTask`, `HostTask`, `EnvTask`):
+    outside vpo/tasks and vpo/env no module asks `is_env_task(...)` or `task.is_host`; a caller
+    with one function per kind looks it up once in a table keyed by the type, and a yes/no that
+    depends on the kind is an attribute or method of the type."""
+    asks = re.compile(r"\bis_env_task\b|\.is_host\b")
+    bad = []
+    for path in sorted((ROOT / "vpo").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("vpo/tasks/", "vpo/env/")) or rel in KIND_QUESTIONS:
+            continue
+        bad += [f"{rel}:{i}: {line.strip()}"
+                for i, line in enumerate(path.read_text().splitlines(), 1) if asks.search(line)]
+    assert not bad, ("dispatch on the task's type (vpo.tasks.bound.for_kind, isinstance) "
+                     "instead:\n" + "\n".join(bad))

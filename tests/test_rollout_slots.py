@@ -227,7 +227,7 @@ def test_the_rl_step_samples_the_same_rollouts_through_slots():
 
 
 def test_plan_states_the_sampler_rows():
-    from vpo.cli.plan import _decode_rows
+    from vpo.accel.program_report import decode_rows
 
-    assert _decode_rows(8, 32) == "S=8 slots (sampler.num_slots) for the 32 rollouts"
-    assert _decode_rows(0, 32) == _decode_rows(32, 32) == "all 32 rows (sampler.num_slots=0)"
+    assert decode_rows(8, 32) == "S=8 slots (sampler.num_slots) for the 32 rollouts"
+    assert decode_rows(0, 32) == decode_rows(32, 32) == "all 32 rows (sampler.num_slots=0)"

@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import ConfigError, RunConfig, SearchConfig
+from vpo.env.task import EnvTask
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, GraphTask, HostTask, for_kind
 
 PROGRAMS = ("rl_step", "sampler", "sft_step", "search", "kernels")
 
@@ -107,9 +108,15 @@ def rl_batch(run: RunConfig, task: BoundTask, rows: int) -> dict:
 
 def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
     """The RL step as `vpo.run.loop.train` builds it: one donated jit for an in-graph task;
-    for a host-scored task its two jits ("rl_sample", "rl_update")."""
+    for a host-scored task its two jits ("rl_sample", "rl_update"); an environment run's is
+    `vpo.accel.env_build.build_env_step`'s."""
+    return for_kind(RL_PROGRAMS, task)(run, task, mesh)
+
+
+def _rl_inputs(run: RunConfig, task: BoundTask, mesh):
+    """(rows, optimiser, graphdef, abstract state, abstract batch, step config) of the RL
+    step's programs."""
     from vpo.rl import step as step_lib
-    from vpo.rl.overlap import make_in_graph_step
 
     rows = run.train.batch_size * run.objective.oversample
     check_batch(run.train.batch_size, mesh)
@@ -118,10 +125,22 @@ def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
     graphdef, state = abstract_state(run.model, tx, mesh, seed=run.train.seed,
                                      with_ref=run.objective.kl_coef > 0)
     batch = abstract_batch(rl_batch(run, task, rows), mesh)
-    cfg = step_lib.step_config(run, task)
-    if not task.is_host:
-        return [Program("rl_step", make_in_graph_step(graphdef, tx, task, cfg),
-                        (state, batch))]
+    return rows, tx, graphdef, state, batch, step_lib.step_config(run, task)
+
+
+def _fused_rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
+    """An in-graph task's step: one donated jit."""
+    from vpo.rl.overlap import make_in_graph_step
+
+    _, tx, graphdef, state, batch, cfg = _rl_inputs(run, task, mesh)
+    return [Program("rl_step", make_in_graph_step(graphdef, tx, task, cfg), (state, batch))]
+
+
+def _host_rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
+    """A host-scored task's step: its sampling and its update, the score between them."""
+    from vpo.rl import step as step_lib
+
+    rows, tx, graphdef, state, batch, cfg = _rl_inputs(run, task, mesh)
     sample = step_lib.make_sample_step(graphdef, cfg)
     rollout = jax.eval_shape(sample, state, batch)
     rollout = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
@@ -133,6 +152,16 @@ def rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
                                        task=task, cfg=cfg), donate_argnums=0)
     return [Program("rl_sample", sample, (state, batch)),
             Program("rl_update", update, (state, batch, rollout, rewards["r"], rewards["m"]))]
+
+
+def _episode_rl_programs(run: RunConfig, task: BoundTask, mesh) -> list[Program]:
+    raise ValueError("an environment run's RL step is built by "
+                     "vpo.accel.env_build.build_env_step")
+
+
+# the RL step's programs of each task kind
+RL_PROGRAMS = {GraphTask: _fused_rl_programs, HostTask: _host_rl_programs,
+               EnvTask: _episode_rl_programs}
 
 
 def sampler_program(run: RunConfig, task: BoundTask, mesh) -> Program:
@@ -196,7 +225,7 @@ def search_program(run: RunConfig, task: BoundTask, mesh, cfg: SearchConfig | No
     if cfg.islands % dp:
         raise ConfigError(f"search.islands: {cfg.islands} islands must divide evenly over the "
                           f"mesh's {dp} data-parallel devices")
-    if task.is_host:
+    if isinstance(task, HostTask):
         raise ConfigError(f"task {task.name!r} scores on the host; the in-graph search needs an "
                           "in-graph task")
     graphdef, state = abstract_state(run.model, make_optimizer(run.train), mesh,
@@ -265,11 +294,6 @@ def compile_program(program: Program, mesh) -> Built:
 def make_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Program]:
     """The programs of `name` (one of `PROGRAMS` except "kernels"); an environment run's RL
     step is `vpo.accel.env_build.build_env_step`'s."""
-    from vpo.env.task import is_env_task
-
-    if name == "rl_step" and is_env_task(task):
-        raise ValueError("an environment run's RL step is built by "
-                         "vpo.accel.env_build.build_env_step")
     if name == "rl_step":
         return rl_programs(run, task, mesh)
     makers = {"sampler": sampler_program, "sft_step": sft_program, "search": search_program}

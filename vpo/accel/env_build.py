@@ -44,13 +44,11 @@ from vpo.accel.build import (
 )
 from vpo.config import RunConfig
 from vpo.env import episode
-from vpo.env.task import env_settings
+from vpo.env.task import EnvTask, check_env_run
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
-from vpo.rl.checks import check_env_run
 from vpo.rl.env_step import make_env_update
 from vpo.rl.step import make_optimizer, step_config
-from vpo.tasks.bound import BoundTask
 from vpo.types import Rollout
 
 
@@ -94,11 +92,11 @@ class EnvBuild:
     pad_id: int
 
 
-def env_build(run: RunConfig, task: BoundTask, mesh) -> tuple[EnvBuild, Program]:
+def env_build(run: RunConfig, task: EnvTask, mesh) -> tuple[EnvBuild, Program]:
     """(the episode programs' inputs, the env_update program); a setting the run or the mesh
     refuses raises a ConfigError naming it."""
     shapes = episode_shapes(run)
-    m = env_settings(task.task).episodes_per_set
+    m = task.settings.episodes_per_set
     check_env_run(run, m)
     check_batch(run.train.batch_size, mesh)
     check_batch(shapes.rows, mesh, "objective.oversample × train.batch_size")
@@ -156,7 +154,7 @@ def advance_program(ctx: EnvBuild, carry, width: int, mesh) -> Program:
                    {"stop_ids": ctx.stop_ids, "pad_id": ctx.pad_id, "budget": s.budget})
 
 
-def build_env_step(run: RunConfig, task: BoundTask, mesh) -> list[Built]:
+def build_env_step(run: RunConfig, task: EnvTask, mesh) -> list[Built]:
     """Compile the environment step's programs (the module docstring) in the order a step runs
     them; a setting refused while making the inputs is one Built with stage "build"."""
     t0 = time.perf_counter()

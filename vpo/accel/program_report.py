@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 
 from vpo.accel import build as build_lib
 from vpo.accel import targets as targets_lib
 from vpo.config import RunConfig
-from vpo.env.task import env_settings, is_env_task
-from vpo.tasks.bound import BoundTask
+from vpo.env.task import EnvTask
+from vpo.tasks.bound import BoundTask, HostTask, for_kind
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 CUSTOM_CALLS = ("tpu_custom_call", "__gpu$xla.gpu.triton", "mosaic_gpu")
@@ -192,23 +193,88 @@ def render(reports: list[ProgramReport]) -> str:
     return "\n".join(lines)
 
 
-def _env_run(task: BoundTask) -> str:
-    return f"an environment run (--env {env_settings(task.task).spec})"
+def _env_run(task: EnvTask) -> str:
+    return f"an environment run (--env {task.settings.spec})"
+
+
+@dataclasses.dataclass(frozen=True)
+class KindPlan:
+    """What `vpo plan` builds for one task kind: `missing(task)` → {program: why it does not
+    exist}, `rl_step(run, task, mesh)` → the RL step's built programs, `decode_kernel(task)` →
+    None when the sampler's decode-attention kernel is built, else why not, and `decoding(run,
+    task)` → how its rollouts decode, in words."""
+
+    missing: Callable[[BoundTask], dict[str, str]]
+    rl_step: Callable[..., list[build_lib.Built]]
+    decode_kernel: Callable[[BoundTask], str | None]
+    decoding: Callable[[RunConfig, BoundTask], str]
+
+
+def decode_rows(num_slots: int, rollouts: int) -> str:
+    """The sampler's rows as the plan states them: S refilled slots, or every rollout."""
+    from vpo.rollout.slots import uses_slots
+
+    if uses_slots(num_slots, rollouts):
+        return f"S={num_slots} slots (sampler.num_slots) for the {rollouts} rollouts"
+    return f"all {rollouts} rows (sampler.num_slots=0)"
+
+
+def _decoded(run: RunConfig, task: BoundTask) -> str:
+    return "decoded in " + decode_rows(run.sampler.num_slots,
+                                       run.train.batch_size * run.sampler.num_samples)
+
+
+def _episodes(run: RunConfig, task: EnvTask) -> str:
+    """An environment run's episodes as the plan builds them (`vpo.accel.env_build`)."""
+    from vpo.accel.env_build import episode_shapes
+    from vpo.env.episode import queue_widths
+
+    s, settings = episode_shapes(run), task.settings
+    return (f"in episodes of {settings.spec}: up to {settings.max_turns} turns, "
+            f"{s.budget} tokens each (assistant and observations) in a cache of {s.slots} "
+            f"slots, observation queues of {' and '.join(map(str, s.widths))} tokens built "
+            f"(a run compiles each of {', '.join(map(str, queue_widths(s.budget)))}); "
+            "the environment's calls run on the host between the programs")
+
+
+def _env_missing(task: EnvTask) -> dict[str, str]:
+    why = {"sampler": "it samples in episodes (env_prefill, env_advance of rl_step)",
+           "sft_step": "an environment has no demonstrations (warm-start its policy with "
+                       "vpo sft --data)",
+           "search": "an environment scores whole episodes on the host (no in-graph search)"}
+    return {name: f"{_env_run(task)}: {text}" for name, text in why.items()}
+
+
+def _env_rl_step(run: RunConfig, task: EnvTask, mesh) -> list[build_lib.Built]:
+    from vpo.accel.env_build import build_env_step  # imports the episode loop
+
+    return build_env_step(run, task, mesh)
+
+
+_IN_GRAPH = KindPlan(missing=lambda task: {},
+                     rl_step=lambda run, task, mesh: build_lib.build("rl_step", run, task, mesh),
+                     decode_kernel=lambda task: None, decoding=_decoded)
+# the plan of each task kind
+KIND_PLANS = {
+    BoundTask: _IN_GRAPH,
+    HostTask: dataclasses.replace(_IN_GRAPH, missing=lambda task: {
+        "search": f"task {task.name!r} scores on the host (no in-graph search)"}),
+    EnvTask: KindPlan(missing=_env_missing, rl_step=_env_rl_step,
+                      decode_kernel=lambda task: (f"{_env_run(task)}: episodes attend through "
+                                                  "XLA (Decoder.extend_masked, a mask per "
+                                                  "episode), not the decode kernel"),
+                      decoding=_episodes),
+}
 
 
 def not_applicable(name: str, task: BoundTask) -> str | None:
     """Why program `name` does not exist for a run on `task`, or None when it does."""
-    if is_env_task(task):
-        why = {"sampler": "it samples in episodes (env_prefill, env_advance of rl_step)",
-               "sft_step": "an environment has no demonstrations (warm-start its policy with "
-                           "vpo sft --data)",
-               "search": "an environment scores whole episodes on the host (no in-graph "
-                         "search)"}
-        if name in why:
-            return f"{_env_run(task)}: {why[name]}"
-    if name == "search" and task.is_host:
-        return f"task {task.name!r} scores on the host (no in-graph search)"
-    return None
+    return for_kind(KIND_PLANS, task).missing(task).get(name)
+
+
+def decoding(run: RunConfig, task: BoundTask) -> str:
+    """How a run's rollouts decode, as `vpo plan` states them (slots, rows or episodes)."""
+    return for_kind(KIND_PLANS, task).decoding(run, task)
 
 
 def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
@@ -228,23 +294,22 @@ def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
             progress(report)
 
     mesh = targets_lib.mesh(target, run.mesh_data, run.mesh_fsdp, run.mesh_tensor)
+    kind = for_kind(KIND_PLANS, task)
+    missing = kind.missing(task)
     for name in programs:
         if name == "kernels":
             devs = targets_lib.devices(target)
-            episodes = is_env_task(task)
-            for row in build_lib.build_kernels(run, task, devs, decode=not episodes):
+            no_decode = kind.decode_kernel(task)
+            for row in build_lib.build_kernels(run, task, devs, decode=no_decode is None):
                 add(from_kernel_row(row, target, hbm))
-            if episodes:
+            if no_decode is not None:
                 add(ProgramReport("kernel decode_attention", target.name, False, 0.0, hbm,
                                   error_name=NOT_APPLICABLE, applicable=False,
-                                  error=f"{_env_run(task)}: episodes attend through XLA "
-                                        "(Decoder.extend_masked, a mask per episode), not "
-                                        "the decode kernel"))
+                                  error=no_decode))
             continue
-        why = not_applicable(name, task)
-        if why:
+        if name in missing:
             add(ProgramReport(name, target.name, False, 0.0, hbm, error_name=NOT_APPLICABLE,
-                              error=why, applicable=False))
+                              error=missing[name], applicable=False))
             continue
         for built in built_programs(name, run, task, mesh):
             add(from_built(built, target, hbm))
@@ -254,8 +319,6 @@ def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
 def built_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[build_lib.Built]:
     """`vpo.accel.build.build` of `name`; an environment run's RL step is its episode
     programs and update (`vpo.accel.env_build.build_env_step`)."""
-    if name == "rl_step" and is_env_task(task):
-        from vpo.accel.env_build import build_env_step  # imports the episode loop
-
-        return build_env_step(run, task, mesh)
+    if name == "rl_step":
+        return for_kind(KIND_PLANS, task).rl_step(run, task, mesh)
     return build_lib.build(name, run, task, mesh)

@@ -39,11 +39,9 @@ def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
         raise ConfigError(f"{source}: the model has {model_cfg.vocab_size} token embeddings "
                           f"but its tokenizer for {task.name} has {task.tokenizer.size} tokens; "
                           "use the policy with the tokenizer it was trained with")
-    from vpo.env.task import is_env_task
-
     unk = task.tokenizer.special_tokens.get("unk_token")
     unk_id = task.tokenizer.backend.token_to_id(unk) if unk else None
-    if unk_id is not None and not is_env_task(task):  # an environment's text is what it writes
+    if unk_id is not None and task.writes_own_prompts:  # an environment's is what it writes
         tokens, mask = task.prompt_arrays(problems, num_answers)
         if np.any(np.asarray(tokens)[np.asarray(mask)] == unk_id):
             raise ConfigError(f"--task {task.name}: the tokenizer of {source} cannot write "

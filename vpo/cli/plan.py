@@ -48,7 +48,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     assembled = assemble_run(args.preset, args.config, args.overrides, dataset=dataset)
     run, task = assembled.run, assembled.task
     m = run.model
-    rollouts = run.train.batch_size * run.sampler.num_samples
     print(f"vpo plan: {target.name} ({target.n_devices} x {target.chip.name}, "
           f"{program_report.gib(target.chip.hbm_bytes)} each); mesh data={run.mesh_data} "
           f"fsdp={run.mesh_fsdp} tensor={run.mesh_tensor}; model {m.num_params / 1e6:.0f}M "
@@ -56,8 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
           + (f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tune")
           + f"; task {run.task}, batch {run.train.batch_size} x {run.sampler.num_samples} "
           f"samples x {run.sampler.max_new_tokens} tokens, "
-          + (_episodes(run, task) if run.task == "env"
-             else "decoded in " + _decode_rows(run.sampler.num_slots, rollouts)), flush=True)
+          + program_report.decoding(run, task), flush=True)
     header = program_report.render([]).splitlines()[0]
     print(header, flush=True)
     reports = program_report.plan(
@@ -71,29 +69,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"{n - len(bad)} of {n} programs compile and fit on "
           f"{target.name}" + (f"; not: {', '.join(r.program for r in bad)}" if bad else ""))
     return 1 if bad else 0
-
-
-def _episodes(run, task) -> str:
-    """An environment run's episodes as the plan builds them (`vpo.accel.env_build`)."""
-    from vpo.accel.env_build import episode_shapes
-    from vpo.env.episode import queue_widths
-    from vpo.env.task import env_settings
-
-    s, settings = episode_shapes(run), env_settings(task.task)
-    return (f"in episodes of {settings.spec}: up to {settings.max_turns} turns, "
-            f"{s.budget} tokens each (assistant and observations) in a cache of {s.slots} "
-            f"slots, observation queues of {' and '.join(map(str, s.widths))} tokens built "
-            f"(a run compiles each of {', '.join(map(str, queue_widths(s.budget)))}); "
-            "the environment's calls run on the host between the programs")
-
-
-def _decode_rows(num_slots: int, rollouts: int) -> str:
-    """The sampler's rows as the plan states them: S refilled slots, or every rollout."""
-    from vpo.rollout.slots import uses_slots
-
-    if uses_slots(num_slots, rollouts):
-        return f"S={num_slots} slots (sampler.num_slots) for the {rollouts} rollouts"
-    return f"all {rollouts} rows (sampler.num_slots=0)"
 
 
 def _programs(text: str) -> tuple[str, ...]:

@@ -97,8 +97,9 @@ def budget_of(task, num_answers: int, policy: str | None, given: int | None, *,
     checkpoint was trained on."""
     from vpo.config import ConfigError
     from vpo.launch.rules import SEQ_MARGIN, completion_budget, context_of, fit_budget, fit_seq_len
+    from vpo.tasks.bound import HostTask
 
-    if given is not None and not task.is_host:
+    if given is not None and not isinstance(task, HostTask):
         raise ConfigError(f"--max-new-tokens: the {task.name} task's answers have their own "
                           "budget in one jit; the flag sets the budget of host-scored tasks "
                           "(--data, arithmetic). Drop it")
@@ -122,25 +123,6 @@ def budget_of(task, num_answers: int, policy: str | None, given: int | None, *,
               f"({prompt_len} tokens) leaves {fitted} of the {context} positions {policy} was "
               "trained on (--max-new-tokens sets it)")
     return fitted
-
-
-def problems_of(task, seed: int, num: int) -> list:
-    """`num` problems of `seed`; a data file's rows (which `make_problems` takes in file order)
-    are a sample of `num` rows drawn with `seed`, kept in file order; an environment's are the
-    first `num` of its --data file or of its `problems(seed, num)`."""
-    import numpy as np
-
-    from vpo.env.task import is_env_task
-    from vpo.tasks.dataset import ROW
-
-    records = task.make_problems(seed, num)
-    if not records or ROW not in records[0] or is_env_task(task):  # an environment's: in order
-        return records
-    rows = task.make_problems(seed, 1 << 62)  # every row of the file
-    if len(rows) <= num:
-        return rows
-    pick = np.sort(np.random.default_rng(seed).choice(len(rows), size=num, replace=False))
-    return [rows[i] for i in pick]
 
 
 # -- eval -----------------------------------------------------------------------------------
@@ -181,7 +163,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               "task; pass --task (or --data) to evaluate every policy on it")
         tasks.append(task.name)
         m = args.answers or int(info.get("num_answers", 1))
-        problems = problems_of(task, args.seed, args.problems)
+        problems = task.sample_problems(args.seed, args.problems)
         check_fit(model.cfg, task, problems, m, path)
         T = budget_of(task, m, path, args.max_new_tokens, records=problems)
         need = fit_seq_len(task, m, records=problems, at_least=model.cfg.max_seq_len,
@@ -263,6 +245,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from vpo.model import sharding
     from vpo.search import ingraph
     from vpo.search.methods import run_all_methods
+    from vpo.tasks.bound import HostTask
 
     check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
                finite=("temperature",))
@@ -275,7 +258,8 @@ def cmd_search(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} {value}: {what} the task; drop {flag}")
     model, info, task = policy_and_task(args.policy, args.task, dataset, default="program",
                                         max_seq_len=4096, difficulty=args.difficulty, env=env)
-    if args.max_new_tokens is not None and not task.is_host:
+    host = isinstance(task, HostTask)  # searched on the host, at a budget that is a setting
+    if args.max_new_tokens is not None and not host:
         raise ConfigError(f"--max-new-tokens: the {task.name} task searches in one jit with its "
                           "own answer budget; the flag sets the budget of host-scored tasks "
                           "(--data, arithmetic). Drop it")
@@ -297,13 +281,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     check_fit(model.cfg, task, records, cfg.num_answers, args.policy)
     T = budget_of(task, cfg.num_answers, args.policy, args.max_new_tokens, records=records,
                   num_parents=cfg.parents)
-    where = (f"on the host, up to {T} new tokens per generation" if task.is_host
+    where = (f"on the host, up to {T} new tokens per generation" if host
              else "in one jit per method")
     print(f"{task.name}: {len(records)} problems, budget {cfg.budget} candidates per problem "
           f"and method, scored {where}", flush=True)
     results = run_all_methods(jax.random.key(args.seed), model, task, records, cfg,
                               mesh=sharding.make_mesh(),
-                              max_new_tokens=T if task.is_host else None, progress=True)
+                              max_new_tokens=T if host else None, progress=True)
     traces = {method: r.trace for method, r in results.items()}
     ingraph.write_search_traces(args.out, traces, title=f"{task.name}, {len(records)} problems")
     best = {method: r.best for method, r in results.items() if r.best is not None}

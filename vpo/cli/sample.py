@@ -22,7 +22,6 @@ from vpo.cli.policy import (
     load_policy_model,
     load_task,
     policy_and_task,
-    problems_of,
 )
 
 
@@ -50,9 +49,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
         task, model, info = load_task(args.task or "maze", args.preset), None, {}
     else:
         model, info, task = policy_and_task(args.policy, args.task, dataset, env=env)
-    from vpo.env.task import is_env_task
+    from vpo.env.task import EnvTask
 
-    if is_env_task(task):
+    if isinstance(task, EnvTask):  # a sample is an episode
         return _sample_episodes(args, model, task)
     M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
     records = task.make_problems(args.seed, args.prompts)
@@ -112,13 +111,13 @@ def _sample_episodes(args: argparse.Namespace, model, task) -> int:
 
     from vpo.config import ConfigError
     from vpo.env.episode import run_episodes
-    from vpo.env.task import env_factory, env_settings
+    from vpo.env.task import env_factory
 
     if args.answers not in (None, 1):
         raise ConfigError(f"--answers {args.answers}: on an environment a sample is one "
                           "episode (m = 1); drop --answers")
-    settings, factory = env_settings(task.task), env_factory(task)
-    records = problems_of(task, args.seed, args.prompts)
+    settings, factory = task.settings, env_factory(task)
+    records = task.sample_problems(args.seed, args.prompts)
     T = budget_of(task, 1, args.policy, args.max_new_tokens, records=records)
     keys = jax.random.split(jax.random.key(args.seed), len(records) * args.samples)
     t0 = time.perf_counter()

@@ -610,7 +610,7 @@ def probe_arms(cfg: CompareConfig, task, policy, runs, chosen: dict[str, Any]
     """`policy_eval.mutation_probe` for every row and seed on the search's hard problems (the
     task's weaker parents of good answers in the mutation prompt), the same prompts and key for
     all; {} for tasks without mutation demonstrations."""
-    if task.is_host or not task.has_mutation_demonstrations:
+    if not task.has_mutation_demonstrations:  # host-scored tasks have none
         return {}
     records = search_leg.search_records(cfg, task, chosen)
     inputs = {m: policy_eval.mutation_probe_inputs(task, records, num_answers=m,

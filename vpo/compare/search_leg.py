@@ -32,8 +32,7 @@ import numpy as np
 
 from vpo.compare import data as compare_data
 from vpo.eval import policies as policy_eval
-from vpo.search import ingraph
-from vpo.search.host import run_host_method
+from vpo.search.methods import run_all_methods
 
 CALIBRATION_KEY = 101  # calibration searches: key(search_split_seed + 101), not the arms' keys
 SEARCH_KEY = 1  # the rows' searches: fold_in(key(search_split_seed + 1), training seed)
@@ -62,11 +61,7 @@ def hard_problems(cfg, task, policy) -> dict[str, Any]:
 def _trace(task, model, records, scfg, method: str, key):
     """One method over `records` (copies repeated, each its own key fold_in(key, i)): in one
     jit for in-graph tasks, on the host between generations for host-scored ones."""
-    if task.is_host:
-        return run_host_method(key, method, model, task, records, scfg).trace
-    return ingraph.run_method(key, method, model, task,
-                              ingraph.search_problems(task, records, scfg.num_answers),
-                              scfg).trace
+    return run_all_methods(key, model, task, records, scfg, methods=(method,))[method].trace
 
 
 def first_solved(solved_NG, S: int, P: int) -> np.ndarray:

@@ -10,6 +10,7 @@ environment's own `problems(seed, num)`; each row's prompt is the first messages
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from vpo.env import base as env_base
 from vpo.env.base import call_env, check_environment, check_messages, load_env_factory
 from vpo.errors import ConfigError
 from vpo.tasks.base import Task
+from vpo.tasks.bound import HostTask
 
 ROW = "_row"  # a row's index in its file (or in the environment's problems, whose rows also
 #               carry `vpo.env.base.SEED`: errors name them as "problem i of problems(seed=s)")
@@ -41,28 +43,45 @@ class EnvSettings:
     workers: int = 0
 
 
-def env_settings(task: Task) -> EnvSettings:
-    """The settings an environment task was made with (`make_env_task`)."""
-    settings = getattr(task.statement, "env_settings", None)
-    if settings is None:
-        raise ConfigError(f"task {task.name!r} is not an environment (vpo train --env)")
-    return settings
+@dataclasses.dataclass(frozen=True, eq=False)
+class EnvTask(HostTask):
+    """An environment task bound to a tokenizer (`bind` of a `make_env_task` task): a host task
+    whose candidates are episodes, run with `settings`. What the callers of other kinds do
+    differently (the RL step, the evaluation pool, the search proposer, the AOT build) they look
+    up by this type (`vpo.tasks.bound.for_kind`)."""
+
+    settings: EnvSettings
+
+    writes_own_prompts = False  # a row's first messages are what the environment writes
+
+    def sample_problems(self, seed: int, num: int) -> list[dict[str, Any]]:
+        """The first `num` rows of its --data file or of its `problems(seed, num)`, in order."""
+        return self.make_problems(seed, num)
+
+    def check_run(self, run: Any) -> None:
+        check_env_run(run, self.settings.episodes_per_set)
 
 
-def is_env_task(task: Any) -> bool:
-    """Whether `task` (a Task or a BoundTask) came from `make_env_task`."""
-    task = getattr(task, "task", task)
-    return getattr(task.statement, "env_settings", None) is not None
+def check_env_run(run, m: int) -> None:
+    """A run's (or a step's) config against its sets of m episodes (`vpo.rl.env_step`): G a
+    multiple of m, and an estimator over sets of answers (VPO, Multi-RLVR) only with m >= 2."""
+    G = run.sampler.num_samples
+    if G % m:
+        raise ConfigError(f"sampler.num_samples: {G} episodes per row do not split into sets "
+                          f"of episodes_per_set={m} (--env-set); use a multiple of {m}")
+    if m < 2 and run.objective.advantage in ("vpo", "multi_rlvr"):
+        raise ConfigError(f"objective.advantage={run.objective.advantage} scores sets of "
+                          "answers: give --env-set m >= 2 (task_kwargs.episodes_per_set: VPO's "
+                          "m over the episodes of one row), or a single-answer estimator (grpo)")
 
 
 _POOLS: dict[tuple, Any] = {}
 
 
-def env_factory(task: Any) -> Callable[[], env_base.Environment]:
+def env_factory(task: EnvTask) -> Callable[[], env_base.Environment]:
     """The environment factory of an environment task: in this process, or, with `workers`,
     the factory of its `EnvWorkers` pool (started once per settings, stopped at exit)."""
-    task = getattr(task, "task", task)
-    settings = env_settings(task)
+    settings = task.settings
     if not settings.workers:
         return load_env_factory(settings.spec)
     key = (settings.spec, settings.workers, settings.timeout)
@@ -129,8 +148,6 @@ def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
                                        False)
         return firsts[i]
 
-    statement.env_settings = settings
-
     def make_problems(seed: int, num: int):
         return _rows(path, factory, env, seed, num)
 
@@ -150,4 +167,5 @@ def make_env_task(env: str, path: str | None = None, max_turns: int = 4,
         reward_names=names, eval_weights_R=w_R, make_problems=make_problems,
         statement=statement, answer_hint="", score=score,
         solved=lambda r: jnp.dot(jnp.asarray(r, jnp.float32), jnp.asarray(w_R)) >= 1.0 - 1e-6,
-        demonstrations=demonstrations, tagless_single=True, max_answers=1)
+        demonstrations=demonstrations, tagless_single=True, max_answers=1,
+        bound_type=functools.partial(EnvTask, settings=settings))

@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import ConfigError, SamplerConfig
-from vpo.env.task import is_env_task
+from vpo.env.task import EnvTask, env_factory
 from vpo.eval import metrics, plots
 from vpo.model.decoder import Decoder
 from vpo.rollout.rewards import in_graph_rewards
 from vpo.rollout.slots import sample
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, GraphTask, HostTask, for_kind
 
 
 def default_ks(budget: int) -> list[int]:
@@ -86,29 +86,78 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
     """Sample budget/m generations per problem → (pool, answers_PNA, answer_mask_PNA, entropy).
 
     `budget` must be a multiple of `num_answers`. Problems are processed `chunk` at a time.
-    Every parsed answer is a scored candidate (`score_all_answers`, `host_score_all_answers`).
-    answers_PNA are symbol ids for in-graph tasks (distinct-solution counts); None for host
-    tasks. `max_new_tokens`: the generation budget of host-scored tasks (default: the task's
-    for m answers; `vpo.launch.rules.completion_budget` is the commands' rule). `progress`:
-    a bar over the chunks on stderr, labelled `desc`. `num_slots`: `SamplerConfig.num_slots`
-    (rows decoding at once per chunk; 0: all).
+    Every parsed answer is a scored candidate (`score_all_answers`, `host_score_all_answers`;
+    on an environment each candidate is an episode, `_episode_pool`). answers_PNA are symbol
+    ids for in-graph tasks (distinct-solution counts); None for host tasks. `max_new_tokens`:
+    the generation budget of host-scored tasks (default: the task's for m answers;
+    `vpo.launch.rules.completion_budget` is the commands' rule). `progress`: a bar over the
+    chunks on stderr, labelled `desc`. `num_slots`: `SamplerConfig.num_slots` (rows decoding
+    at once per chunk; 0: all).
     """
-    import tqdm
+    return for_kind(POOLS, task)(model, task, records, num_answers=num_answers, budget=budget,
+                                 key=key, temperature=temperature, top_p=top_p, chunk=chunk,
+                                 max_new_tokens=max_new_tokens, progress=progress, desc=desc,
+                                 num_slots=num_slots)
 
-    if is_env_task(task):
-        return _episode_pool(model, task, records, num_answers=num_answers, budget=budget,
-                             key=key, temperature=temperature, top_p=top_p, chunk=chunk,
-                             max_new_tokens=max_new_tokens, progress=progress, desc=desc)
+
+def _check_budget(budget: int, num_answers: int) -> None:
     if budget % num_answers:
         raise ValueError(f"budget {budget} must be a multiple of num_answers {num_answers}")
-    G = budget // num_answers
+
+
+def _graph_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
+                max_new_tokens: int | None, **kw):
+    """`sample_pool` on an in-graph task: its answers read and scored in one jit, at its own
+    answer budget."""
+    _check_budget(budget, num_answers)
     T = task.completion_len(num_answers)
     if max_new_tokens is not None and max_new_tokens != T:
-        if not task.is_host:
-            raise ConfigError(f"max_new_tokens: the {task.name} task's answers are read in one "
-                              f"jit with their own budget ({T}); it sets the budget of "
-                              "host-scored tasks only")
+        raise ConfigError(f"max_new_tokens: the {task.name} task's answers are read in one "
+                          f"jit with their own budget ({T}); it sets the budget of "
+                          "host-scored tasks only")
+    score_fn = _jitted_scorer(task, num_answers)
+
+    def score(sub, rows, r):
+        del rows
+        return score_fn(sub, r.tokens_BGT, r.mask_BGT)
+
+    pool, answers, amask, entropy = _generation_pool(model, task, records, T, score,
+                                                     num_answers=num_answers, budget=budget,
+                                                     **kw)
+    return (pool, metrics.flatten_generations(jnp.asarray(answers)),
+            metrics.flatten_generations(jnp.asarray(amask).astype(bool)), entropy)
+
+
+def _host_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
+               max_new_tokens: int | None, **kw):
+    """`sample_pool` on a host-scored task: the generations' text scored by the task's scorer,
+    at `max_new_tokens` (default: the task's answer budget)."""
+    _check_budget(budget, num_answers)
+    T = task.completion_len(num_answers)
+    if max_new_tokens is not None:
         T = max_new_tokens
+
+    def score(sub, rows, r):
+        del sub
+        rewards, smask = host_score_all_answers(task, rows, r.tokens_BGT, r.mask_BGT,
+                                                num_answers)
+        answers = np.zeros(smask.shape + (1,), np.int32)
+        return rewards, smask, answers, answers
+
+    pool, _, _, entropy = _generation_pool(model, task, records, T, score,
+                                           num_answers=num_answers, budget=budget, **kw)
+    return pool, None, None, entropy
+
+
+def _generation_pool(model: Decoder, task: BoundTask, records, T: int, score, *,
+                     num_answers: int, budget: int, key, temperature: float, top_p: float,
+                     chunk: int, progress: bool, desc: str, num_slots: int):
+    """budget/m generations of at most T tokens per problem, `chunk` problems at a time, each
+    chunk scored by `score(problems, records, rollout)` → (rewards, valid, answers,
+    answer_mask) → (pool, answers, answer masks (concatenated), entropy)."""
+    import tqdm
+
+    G = budget // num_answers
     prompts, pmask = task.prompt_arrays(records, num_answers)
     problems = task.problem_arrays(records)
     if prompts.shape[1] + T > model.cfg.max_seq_len:
@@ -118,7 +167,6 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
     cfg = SamplerConfig(max_new_tokens=T, num_samples=G, temperature=temperature, top_p=top_p,
                         num_slots=num_slots)
     tok = task.tokenizer
-    score_fn = None if task.is_host else _jitted_scorer(task, num_answers)
     outs = []
     starts = range(0, prompts.shape[0], chunk)
     for i, start in enumerate(tqdm.tqdm(starts, desc=desc, unit="chunk", disable=not progress)):
@@ -126,44 +174,34 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
         sub = jax.tree.map(lambda x, sl=sl: np.asarray(x)[sl], problems)
         r = sample(model, prompts[sl], pmask[sl], jax.random.fold_in(key, i), cfg,
                    stop_ids=tok.stop_ids, pad_id=tok.pad_id)
-        if task.is_host:
-            rewards, smask = host_score_all_answers(task, records[sl], r.tokens_BGT,
-                                                    r.mask_BGT, num_answers)
-            answers = amask = np.zeros(smask.shape + (1,), np.int32)
-        else:
-            rewards, smask, answers, amask = score_fn(sub, r.tokens_BGT, r.mask_BGT)
+        rewards, smask, answers, amask = score(sub, records[sl], r)
         ent = float(jnp.sum(r.entropy_BGT * r.mask_BGT)), float(jnp.sum(r.mask_BGT))
         outs.append((np.asarray(rewards), np.asarray(smask), np.asarray(answers),
                      np.asarray(amask), ent))
     cat = lambda j: np.concatenate([o[j] for o in outs])  # noqa: E731
     pool = metrics.pool_candidates(cat(0), cat(1), task.eval_weights_R, task.solved)
-    answers_PNA = amask_PNA = None
-    if not task.is_host:
-        answers_PNA = metrics.flatten_generations(jnp.asarray(cat(2)))
-        amask_PNA = metrics.flatten_generations(jnp.asarray(cat(3)).astype(bool))
     entropy = sum(o[4][0] for o in outs) / max(sum(o[4][1] for o in outs), 1.0)
-    return pool, answers_PNA, amask_PNA, entropy
+    return pool, cat(2), cat(3), entropy
 
 
-def _episode_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
+def _episode_pool(model: Decoder, task: EnvTask, records, *, num_answers: int, budget: int,
                   key, temperature: float, top_p: float, chunk: int,
-                  max_new_tokens: int | None, progress: bool, desc: str):
+                  max_new_tokens: int | None, progress: bool, desc: str, num_slots: int = 0):
     """`sample_pool` on an environment task (`vpo train --env`): each candidate is one
     multi-turn episode (`vpo.env.episode.run_episodes`), scored by the environment, budget
     episodes per row; its reward vector is the episode's (components that did not apply: 0),
     and every episode is a valid candidate. One answer per candidate (m = 1): VPO's sets of m
     episodes (`--env-set`) are sets of these candidates, so best@k / pass@k over episodes
-    compare at the same budget."""
+    compare at the same budget. (`num_slots` does not apply: episodes decode every row.)"""
     import tqdm
 
     from vpo.env.episode import run_episodes
-    from vpo.env.task import env_factory, env_settings
 
     if num_answers != 1:
         raise ConfigError(f"--answers {num_answers}: an environment's candidate is one episode "
                           "(m = 1); a policy trained with --env-set m is evaluated on the "
                           "same episodes, drop --answers")
-    settings, factory = env_settings(task.task), env_factory(task)
+    settings, factory = task.settings, env_factory(task)
     T = max_new_tokens or task.completion_len(1)
     outs = []
     starts = range(0, len(records), chunk)
@@ -185,6 +223,10 @@ def _episode_pool(model: Decoder, task: BoundTask, records, *, num_answers: int,
     pool = metrics.pool_candidates(cat(0), cat(1), task.eval_weights_R, task.solved)
     entropy = sum(o[2][0] for o in outs) / max(sum(o[2][1] for o in outs), 1.0)
     return pool, None, None, entropy
+
+
+# the evaluation pool of each task kind (`sample_pool`'s keywords)
+POOLS = {GraphTask: _graph_pool, HostTask: _host_pool, EnvTask: _episode_pool}
 
 
 def evaluate_policy(model: Decoder, task: BoundTask, records, *, num_answers: int, budget: int,
@@ -266,7 +308,7 @@ def mutation_probe_inputs(task: BoundTask, records, *, num_answers: int, num_par
     `seed`) with their real rewards in the search's mutation prompt
     (`BoundTask.mutation_prompt_arrays`) → its arrays plus parent symbols "parents_BKA" /
     "parent_mask_BKA" and the problems' "task" arrays."""
-    if task.is_host or not task.has_mutation_demonstrations:
+    if not task.has_mutation_demonstrations:  # host-scored tasks have none
         raise ValueError(f"task {task.name!r} has no in-graph mutation prompts to probe")
     M, K = num_answers, num_parents
     rng = np.random.default_rng(seed)

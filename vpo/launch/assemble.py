@@ -29,7 +29,7 @@ from vpo.launch.presets import PRESET_DATA, TRAIN_PRESETS, preset_dataset
 from vpo.model import lora
 from vpo.run import run_folder
 from vpo.tasks import TASK_NAMES
-from vpo.tasks.bound import BoundTask, bind
+from vpo.tasks.bound import BoundTask, HostTask, bind
 
 # -- vpo train ----------------------------------------------------------------------------------
 
@@ -110,7 +110,7 @@ def assemble_run(preset: str | None = None, config_file: str | None = None,
     init_spec = init or init_spec
     if run.task in ("dataset", "env") and init_spec is None:
         preset = next((v for k, v in reversed(base_pairs + given_pairs) if k == "model"), None)
-        raise rules.checkpoint_needed("--env" if run.task == "env" else "--data", preset)
+        raise rules.checkpoint_needed(rules.task_flag(run.task), preset)
     model_fields = frozenset(file_data.get("model", {})) if "model" not in given else frozenset()
     plan = assemble_config(run, frozenset(given), init_spec=init_spec,
                            chosen=frozenset(given | {key for key, _ in base_pairs}))
@@ -137,11 +137,11 @@ def assemble_config(run: RunConfig, given: frozenset[str], *, init_spec: str | N
             run.train, learning_rate=rules.learning_rate("rl", init_spec, run.model.lora_rank)))
     if task is None:
         task = rules.load_task(run.task, init_spec, run.task_kwargs)
-    budget = (None if "sampler.max_new_tokens" in chosen or not task.is_host
+    budget = (None if "sampler.max_new_tokens" in chosen or not isinstance(task, HostTask)
               else rules.completion_budget(task, run.train.num_answers, policy=init_spec))
     run = _fit_to_task(run, task, set(given), context=rules.context_of(init_spec),
                        spec=init_spec, budget=budget)
-    if "train.pack_rows" not in chosen and run.task != "env":  # episodes: padded (observations)
+    if "train.pack_rows" not in chosen:  # an environment's episodes stay padded (rules)
         rows = rules.pack_rows(task, run.sampler.num_samples, run.sampler.max_new_tokens)
         run = dataclasses.replace(run, train=dataclasses.replace(run.train, pack_rows=rows))
     return Assembly(run, task, init_spec, frozenset(given))
@@ -189,7 +189,8 @@ def _fit_to_task(run: RunConfig, task: BoundTask, given: set[str], *,
                             max_new_tokens=budget)
     if context is not None:  # the one rule (`rules.fit_budget`): fitted within it, or refused
         tokens = budget if budget is not None else (
-            run.sampler.max_new_tokens if "sampler.max_new_tokens" in given and task.is_host
+            run.sampler.max_new_tokens
+            if "sampler.max_new_tokens" in given and isinstance(task, HostTask)
             else T)
         prompt_len = task.prompt_arrays(records, m)[0].shape[1]
         need = max(seq - rules.SEQ_MARGIN, prompt_len + tokens)

@@ -25,7 +25,7 @@ from vpo.io.tokenizer import load_tokenizer
 from vpo.rl.checks import too_long
 from vpo.run import run_folder
 from vpo.tasks import make_task
-from vpo.tasks.bound import BoundTask, bind, seq_len_for
+from vpo.tasks.bound import BoundTask, HostTask, bind, seq_len_for
 from vpo.tasks.words import task_word_tokenizer
 
 # Positions beyond the longest measured prompt + answers (problems longer than the measured ones).
@@ -55,6 +55,12 @@ def tokenizer_for(task, model_spec: str | None = None):
     if model_spec and os.path.isdir(model_spec):
         return load_tokenizer(model_spec)
     return task_word_tokenizer(task)
+
+
+def task_flag(name: str) -> str:
+    """The flag that makes task `name` (a config's `task`) from a user's text: --env for an
+    environment, --data for a dataset."""
+    return "--env" if name == "env" else "--data"
 
 
 def task_named(name: str, task_kwargs: dict | None = None):
@@ -106,7 +112,7 @@ def completion_budget(task: BoundTask, num_answers: int, *, policy: str | None =
     from vpo.tasks.dataset import ANSWER_TOKENS
 
     floor = task.completion_len(num_answers)
-    if not task.is_host:
+    if not isinstance(task, HostTask):  # the reader is built for the answer budget
         return floor
     if given is not None:
         return int(given)
@@ -149,7 +155,8 @@ def fit_budget(task: BoundTask, num_answers: int, prompt_len: int, need: int, bu
         return budget
     room = context - prompt_len
     floor = task.completion_len(num_answers)
-    if task.is_host and not given and room >= floor and need - budget + room <= context:
+    if (isinstance(task, HostTask) and not given and room >= floor
+            and need - budget + room <= context):
         return room
     raise ConfigError(too_long(task, num_answers, need, budget, context=context, spec=spec,
                                given=given, room=room, num_parents=num_parents))
@@ -171,8 +178,12 @@ def pack_rows(task: BoundTask, num_samples: int, max_new_tokens: int) -> int:
     `PACK_MIN_BUDGET` tokens, else 0 (padded). With R = ⌊G/2⌋ the pass runs over
     G + R·(T − 1) ≈ half the padded G·T positions whenever a prompt's completions fit R rows
     (on average under half the budget); a micro-batch that does not fit runs padded (the step's
-    `lax.cond`), so no token is ever dropped, and `pack/packed` logs the share packed."""
-    if task.is_host and num_samples >= 4 and max_new_tokens >= PACK_MIN_BUDGET:
+    `lax.cond`), so no token is ever dropped, and `pack/packed` logs the share packed. An
+    environment's episodes stay padded (their observations interleave the completion)."""
+    from vpo.env.task import EnvTask
+
+    free_text = isinstance(task, HostTask) and not isinstance(task, EnvTask)
+    if free_text and num_samples >= 4 and max_new_tokens >= PACK_MIN_BUDGET:
         return num_samples // 2
     return 0
 

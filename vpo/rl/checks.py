@@ -9,10 +9,9 @@ import os
 import jax
 
 from vpo.config import ConfigError, RunConfig, check_memory
-from vpo.env.task import env_settings, is_env_task
 from vpo.kernels import hardware
 from vpo.kernels import logprob_entropy as logprob_lib
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, HostTask
 
 
 def device_memory() -> tuple[int, str]:
@@ -36,12 +35,11 @@ def check_run(run: RunConfig, task: BoundTask, prompt_len: int, *, mesh=None) ->
         raise ConfigError(f"train.logprob_impl: 'pallas' runs on GPU or TPU, not on "
                           f"{platform}; use 'chunked'")
     task.check_num_answers(run.train.num_answers)
-    if run.train.off_policy_steps and (task.is_host or is_env_task(task)):
+    if run.train.off_policy_steps and isinstance(task, HostTask):
         raise ConfigError(f"train.off_policy_steps: task {task.name!r} scores its rollouts on "
                           "the host (or runs episodes there), which the overlapped step cannot "
                           "take into its one program; set train.off_policy_steps=0")
-    if is_env_task(task):
-        check_env_run(run, env_settings(task.task).episodes_per_set)
+    task.check_run(run)  # what its kind adds (an environment: its sets of episodes)
     if run.model.vocab_size < task.tokenizer.size:
         raise ConfigError(f"model.vocab_size: {run.model.vocab_size} is smaller than the "
                           f"tokenizer's {task.tokenizer.size} tokens; raise it or use the "
@@ -79,17 +77,18 @@ def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
     smaller problems for an in-graph task (its budget is the task's answer budget); a longer
     context for a checkpoint, model.max_seq_len only for a model trained from scratch."""
     floor = task.completion_len(num_answers)
+    host = isinstance(task, HostTask)  # its budget is a setting, not the task's answer budget
     if context is not None:
         text = (f"the longest prompt ({need - budget} tokens) plus the answer budget ({budget} "
                 f"tokens) need {need} positions; the checkpoint {spec} was trained on {context}")
-        if task.is_host and not given and room is not None:
+        if host and not given and room is not None:
             text += (f", and what the longest prompt leaves ({max(room, 0)}) is below the task's "
                      f"answer budget ({floor} tokens): no budget fits")
     else:
         text = (f"model.max_seq_len: {max_seq_len} < {need}, the longest prompt ({need - budget} "
                 f"tokens) plus the answer budget ({budget} tokens)")
     fixes = []
-    if task.is_host:
+    if host:
         fixes.append("shorten the longest prompts")
         if given and room is not None and room >= floor:
             fixes.append(f"lower sampler.max_new_tokens to at most {room} (or leave it out to "
@@ -98,7 +97,7 @@ def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
             fixes.append("lower sampler.max_new_tokens")
     if num_answers > 1:
         fixes.append(f"lower train.num_answers (now {num_answers})")
-    if not task.is_host:
+    if not host:
         if num_parents:
             fixes.append("set train.mutation_fraction=0 (mutation prompts are the longer)")
         fixes.append("give the task smaller problems (task_kwargs)")
@@ -108,16 +107,3 @@ def too_long(task: BoundTask, num_answers: int, need: int, budget: int, *,
         fixes.append(f"raise model.max_seq_len to at least {need} (or leave it out to have it "
                      "fitted)")
     return f"{text}. To fit: {'; or '.join(fixes)}"
-
-
-def check_env_run(run, m: int) -> None:
-    """A run's (or a step's) config against its sets of m episodes (`vpo.rl.env_step`): G a
-    multiple of m, and an estimator over sets of answers (VPO, Multi-RLVR) only with m >= 2."""
-    G = run.sampler.num_samples
-    if G % m:
-        raise ConfigError(f"sampler.num_samples: {G} episodes per row do not split into sets "
-                          f"of episodes_per_set={m} (--env-set); use a multiple of {m}")
-    if m < 2 and run.objective.advantage in ("vpo", "multi_rlvr"):
-        raise ConfigError(f"objective.advantage={run.objective.advantage} scores sets of "
-                          "answers: give --env-set m >= 2 (task_kwargs.episodes_per_set: VPO's "
-                          "m over the episodes of one row), or a single-answer estimator (grpo)")

@@ -31,8 +31,7 @@ import numpy as np
 
 from vpo.config import ConfigError
 from vpo.env.episode import run_episodes
-from vpo.env.task import env_factory, env_settings
-from vpo.rl.checks import check_env_run
+from vpo.env.task import EnvTask, check_env_run, env_factory
 from vpo.rl.step import HostRLStep, StepConfig, model_of, sample_keys_BG, update_from_rollout
 from vpo.tasks.bound import BoundTask
 
@@ -83,10 +82,10 @@ def make_env_update(graphdef, tx, task: BoundTask, cfg: StepConfig):
         donate_argnums=0)
 
 
-def make_env_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig, records) -> EnvRLStep:
+def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> EnvRLStep:
     """The environment step (see the module docstring). `records`: the rows that
     batch["problems"]["index"] points into."""
-    settings = env_settings(task.task)
+    settings = task.settings
     factory = env_factory(task)
     m = settings.episodes_per_set
     check_env_run(cfg, m)

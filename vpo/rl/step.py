@@ -52,7 +52,7 @@ from vpo.rl import offpolicy, packing
 from vpo.rl import ppo as ppo_lib
 from vpo.rollout import rewards as rewards_lib
 from vpo.rollout.slots import generate_rollouts
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, HostTask
 from vpo.tree_ops import masked_mean
 from vpo.types import Rollout
 
@@ -493,7 +493,7 @@ def make_rl_step(graphdef, tx, task: BoundTask, cfg: StepConfig) -> Callable:
     """`rl_step` jitted with the state donated: (state, batch) -> (state, metrics). The step of
     `train.off_policy_steps` = 1 builds on this module: `vpo.rl.overlap.make_in_graph_step`
     gives either."""
-    if task.is_host:
+    if isinstance(task, HostTask):
         raise ConfigError(f"task {task.name!r} has a host reward; use make_host_rl_step")
     if cfg.train.off_policy_steps:
         raise ConfigError("train.off_policy_steps: 1 is the overlapped step; build it with "

@@ -275,7 +275,7 @@ def _run_steps(run: _Run, out_dir: str, start: int, *, progress: bool, stop_at: 
                 host = rollout = rewards = None
                 if _due(tcfg.profile_every, step) or _sample_due(tcfg, step):
                     logger.flush()  # the previous step's row first: its time excludes this probe
-                    if not compiled and not task.is_host:
+                    if not compiled and probe_fn is not None:
                         jax.block_until_ready(probe_fn(state, batch))
                         compiled = True
                     state, metrics, host, rollout, rewards = profile_step(step_fn, probe_fn,

@@ -21,11 +21,10 @@ import jax
 import numpy as np
 
 from vpo.env.episode import run_episodes
-from vpo.env.task import env_factory, env_settings
+from vpo.env.task import EnvTask, env_factory
 from vpo.errors import ConfigError
 from vpo.search.padding import left_pad_rows
 from vpo.tasks.base import Record
-from vpo.tasks.bound import BoundTask
 from vpo.tasks.prompts import parent_line
 
 Parents = Sequence[tuple[str, Sequence[float]]]
@@ -57,11 +56,17 @@ class EpisodeProposer:
     (ids_B, rewards_BR, valid_B), one episode per call; the text table holds each episode's
     assistant messages (joined by newlines), which later calls show as a parent."""
 
-    def __init__(self, model, task: BoundTask, table, cfg, max_new_tokens: int):
+    @staticmethod
+    def check_answers(task: EnvTask, num_answers: int) -> None:
+        """A ConfigError unless m = 1 (a candidate is one episode), then the task's check."""
+        check_one_episode(num_answers)
+        task.check_num_answers(num_answers)
+
+    def __init__(self, model, task: EnvTask, table, cfg, max_new_tokens: int):
         check_one_episode(cfg.num_answers)
         self.model, self.task, self.table, self.cfg = model, task, table, cfg
         self.max_new_tokens = max_new_tokens
-        self.settings, self.factory = env_settings(task.task), env_factory(task)
+        self.settings, self.factory = task.settings, env_factory(task)
 
     def prompt(self, record: Record, parents: Parents) -> list[int]:
         first = self.task.task.statement(record)

@@ -26,15 +26,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import SamplerConfig
+from vpo.env.task import EnvTask
 from vpo.errors import ConfigError
 from vpo.eval import metrics
 from vpo.rollout.slots import sample_with_keys
 from vpo.search import population as ops
+from vpo.search.episodes import EpisodeProposer
 from vpo.search.ingraph import SearchConfig, SearchResult, SearchTrace, check_method
 from vpo.search.padding import left_pad_rows
 from vpo.search.population import Population
 from vpo.tasks.base import Record
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, for_kind
 from vpo.tasks.prompts import mutation_text, prompt_text
 
 Parents = Sequence[tuple[str, Sequence[float]]]
@@ -69,6 +71,11 @@ class Proposer:
         self.sampler = SamplerConfig(max_new_tokens=max_new_tokens, num_samples=1,
                                      temperature=cfg.temperature, top_p=cfg.top_p,
                                      num_slots=cfg.num_slots)
+
+    @staticmethod
+    def check_answers(task: BoundTask, num_answers: int) -> None:
+        """A ConfigError unless the task takes m answers per generation."""
+        task.check_num_answers(num_answers)
 
     def prompt(self, record: Record, parents: Parents) -> list[int]:
         m, task = self.cfg.num_answers, self.task.task
@@ -291,6 +298,10 @@ def _revision(propose: Proposer, records, cfg: SearchConfig, key, tracker: _Trac
 
 _METHODS = {"search": _search, "best_of_n": _best_of_n, "revision": _revision}
 
+# the mutation operator of each task kind: text answers scored by the task (any task), or on
+# an environment one episode per candidate (`vpo.search.episodes`)
+PROPOSERS = {BoundTask: Proposer, EnvTask: EpisodeProposer}
+
 
 def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[Record],
                     cfg: SearchConfig, *, max_new_tokens: int | None = None,
@@ -307,22 +318,12 @@ def run_host_method(key, method: str, model, task: BoundTask, records: Sequence[
     """
     import tqdm
 
-    from vpo.env.task import is_env_task
-
     check_method(method)
-    if is_env_task(task):
-        from vpo.search.episodes import check_one_episode
-
-        check_one_episode(cfg.num_answers)
-    task.check_num_answers(cfg.num_answers)
+    make = for_kind(PROPOSERS, task)
+    make.check_answers(task, cfg.num_answers)
     T = max_new_tokens or task.completion_len(cfg.num_answers)
     table = TextTable()
-    if is_env_task(task):  # a candidate is one episode (`vpo.search.episodes`)
-        from vpo.search.episodes import EpisodeProposer
-
-        propose = EpisodeProposer(model, task, table, cfg, T)
-    else:
-        propose = Proposer(model, task, table, cfg, T)
+    propose = make(model, task, table, cfg, T)
     # a parent is an answer the policy wrote (≤ T tokens), so this bounds every prompt
     empty = [("", [0.0] * task.num_rewards)] * cfg.parents
     need = max(len(propose.prompt(r, empty)) for r in records) + cfg.parents * T + T

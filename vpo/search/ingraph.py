@@ -44,7 +44,7 @@ from vpo.rollout.slots import generate_rollouts
 from vpo.search import population as ops
 from vpo.search.population import Population
 from vpo.tasks.base import Record
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, HostTask
 
 # propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B)
 #   -> (answers_BMA, answer_mask_BMA): B calls, m candidates each (symbol ids of the task)
@@ -94,7 +94,7 @@ def check_method(method: str) -> None:
 
 
 def _check_in_graph(task: BoundTask) -> None:
-    if task.is_host:
+    if isinstance(task, HostTask):
         raise ValueError(f"task {task.name!r} scores on the host; in-graph search needs a "
                          "task with symbols and symbol_reward")
 

@@ -71,6 +71,9 @@ class Task:
       score_applies(records, answers) -> (rewards_NMR, valid_NM, applies_NMR bool): `score`
         with, per component, False where it does not apply to a valid answer (a reward function
         returned None: TRL's multi-task idiom); None: every component applies to every answer.
+      bound_type(task, tokenizer) -> the bound task `vpo.tasks.bound.bind` makes, of this
+        task's kind (an environment's `vpo.env.task.EnvTask`, with its episode settings); None:
+        a `GraphTask` for a task with `symbol_reward`, else a `HostTask`.
     """
 
     name: str
@@ -93,6 +96,7 @@ class Task:
     tagless_single: bool = False
     score_applies: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
     cover_components: tuple[int, ...] = ()
+    bound_type: Callable[..., Any] | None = None
 
     def __post_init__(self):
         w = np.asarray(self.eval_weights_R, np.float32)

@@ -7,6 +7,11 @@ from generated tokens, on the host (text) and in the graph (bytes), which agree 
     rewards_MR, valid_M = bound.reward(problem, tokens_T, mask_T, m)   # in-graph, one completion
     rewards_NMR, valid_NM = bound.host_score(records, tokens_NT, mask_NT, m)  # the host twin
 
+The bound task's type is its kind: `GraphTask` (rewards read in the graph), `HostTask` (the
+host scorer), or the type a task names in `Task.bound_type` (an environment's
+`vpo.env.task.EnvTask`, a HostTask). A caller that does one thing per kind looks its function
+up once in a table keyed by these types (`for_kind`).
+
 Prompt text (the user message; the tokenizer's chat template wraps it):
 
     <statement>
@@ -28,8 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +56,10 @@ from vpo.tasks.prompts import (
     prompt_text,
 )
 
+# size: one job, a task read and written through one tokenizer: prompts, mutation prompts and
+# the readers of generations on the host and in the graph share its tables; its kinds (the
+# subclasses `bind` picks) are a few lines at the end.
+Entry = TypeVar("Entry")
 BYTE_CAP = 16  # bytes of one token the in-graph reader keeps (long whitespace runs are cut)
 
 
@@ -82,7 +91,12 @@ def _piece_table(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.n
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class BoundTask:
-    """`task` read and written through `tokenizer` (hashable by identity: a static jit arg)."""
+    """`task` read and written through `tokenizer` (hashable by identity: a static jit arg).
+
+    Its kind is its type, which `bind` picks: `GraphTask` (rewards read in the graph),
+    `HostTask` (the host scorer on decoded text), and `vpo.env.task.EnvTask` (a HostTask whose
+    candidates are environment episodes). A caller with one function per kind looks it up
+    once with `for_kind`."""
 
     task: Task
     tokenizer: Tokenizer
@@ -116,6 +130,28 @@ class BoundTask:
     @property
     def has_mutation_demonstrations(self) -> bool:
         return self.task.mutation_demonstrations is not None and not self.task.is_host
+
+    # what a caller asks of the kind, answered by the type (`GraphTask`, `HostTask`, `EnvTask`)
+    writes_own_prompts = True  # its prompts are the task's own text (an environment: its own)
+
+    def sample_problems(self, seed: int, num: int) -> list[Record]:
+        """`num` problems of `seed` for a command: a data file's rows (which `make_problems`
+        takes in file order) are a sample of `num` rows drawn with `seed`, kept in file order;
+        other tasks' are `make_problems(seed, num)`."""
+        from vpo.tasks.dataset import ROW
+
+        records = self.make_problems(seed, num)
+        if not records or ROW not in records[0]:
+            return records
+        rows = self.make_problems(seed, 1 << 62)  # every row of the file
+        if len(rows) <= num:
+            return rows
+        pick = np.sort(np.random.default_rng(seed).choice(len(rows), size=num, replace=False))
+        return [rows[i] for i in pick]
+
+    def check_run(self, run: Any) -> None:
+        """Checks of a run's settings (`vpo.config.RunConfig`) that this kind adds to
+        `vpo.rl.checks.check_run`'s: none but an environment's (`EnvTask`)."""
 
     def solved(self, rewards_R):
         return self.task.solved(rewards_R)
@@ -380,8 +416,38 @@ class BoundTask:
         return out
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class GraphTask(BoundTask):
+    """A task whose rewards are read in the graph (`symbols`, `symbol_reward`): the RL step is
+    one jit, the search runs in the graph, its answer budget is the task's own."""
+
+    is_host = False
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostTask(BoundTask):
+    """A task scored by its host scorer on decoded text (a user's data, arithmetic): one host
+    boundary per RL step, the host search, a generation budget that is a setting."""
+
+    is_host = True
+
+
 def bind(task: Task, tokenizer: Tokenizer) -> BoundTask:
-    return BoundTask(task, tokenizer)
+    """`task` bound to `tokenizer`, of its kind: `task.bound_type(task, tokenizer)` when the
+    task names one (an environment's `EnvTask`), else a `GraphTask` or a `HostTask`."""
+    make = task.bound_type or (HostTask if task.is_host else GraphTask)
+    return make(task, tokenizer)
+
+
+def for_kind(table: Mapping[type, Entry], task: BoundTask) -> Entry:
+    """`table`'s entry ({kind: value}) for `task`: its own type's, else its nearest base's (an
+    `EnvTask` without an entry of its own takes `HostTask`'s)."""
+    for kind in type(task).__mro__:
+        if kind in table:
+            return table[kind]
+    raise TypeError(f"task {getattr(task, 'name', task)!r} is a {type(task).__name__}, none of "
+                    f"{', '.join(k.__name__ for k in table)}; bind it with "
+                    "vpo.tasks.bound.bind(task, tokenizer)")
 
 
 def seq_len_for(task: BoundTask, records: Sequence[Record], num_answers: int, *,
