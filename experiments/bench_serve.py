@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", default="6,16,128", help="requests per concurrency level")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--max-prompt-tokens", type=int, default=64)
-    p.add_argument("--chunk", type=int, default=8)
+    p.add_argument("--chunk", type=int, default=32)
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--rounds", type=int, default=3, help="server and offline runs in turn")
     p.add_argument("--quick", action="store_true", help="clients 1,4 with 4 and 8 requests")

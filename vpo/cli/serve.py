@@ -114,8 +114,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    "positions)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="the longest prompt "
                    f"(default {DEFAULT_PROMPT_TOKENS}, within the model's positions)")
-    p.add_argument("--chunk", type=int, default=8, help="decode steps per compiled call "
-                   "between admissions")
+    p.add_argument("--chunk", type=int, default=32, help="decode steps per compiled call at "
+                   "most (a call ends early when a request waits and a slot is free for it)")
     p.add_argument("--queue", type=int, default=256, help="rows waiting at most; past it a "
                    "request gets 503")
     p.add_argument("--warmup", action="store_true", help="compile the decode chunk and the "

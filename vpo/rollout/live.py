@@ -8,8 +8,10 @@ calls of two programs, each compiled once per shape and reused:
   - `admit`: prefill A new prompts ([A, P'] with P' ≤ P) and write each into its slot (its
     prefix left-padded to the slot capacity P, its last logits, t = 0, its key and settings);
   - `decode_chunk`: up to K decode steps of every live slot in one `lax.while_loop`, returning
-    the chunk's tokens, their log-probs and which slots stopped. With `yield_free` the loop ends
-    at the first step after a slot stops, so the host can hand that slot the next request.
+    the chunk's tokens, their log-probs and which slots stopped. It ends early when a request
+    waits and a slot is free for it (asked of the host before every step through a callback,
+    so a chunk can be long without keeping an arrival waiting), so the host can hand that slot
+    the next request.
 
 A slot's token at position t is drawn as `vpo.rollout.sampler.generate` draws it: the uniform
 `vpo.prng.uniform_per_key(key, t)` inverted through the CDF of the filtered distribution
@@ -30,6 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental import io_callback
 
 from vpo import prng as _prng
 from vpo.model.decoder import KVCache, Prefix
@@ -162,11 +165,14 @@ def admit(model, live: LiveSlots, tokens_AP, mask_AP, slot_A, keys_A2, temperatu
 
 
 def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
-                 stop_ids: tuple[int, ...], pad_id: int) -> tuple[LiveSlots, Chunk]:
+                 stop_ids: tuple[int, ...], pad_id: int, waiting=None,
+                 spare: bool = False) -> tuple[LiveSlots, Chunk]:
     """Up to `steps` decode steps of the live slots → (live, Chunk). A slot ends on a stop id
     (kept, as the sampler keeps it) or when it has made `budget` tokens; the loop ends early
-    when no slot is live, or, with `yield_free` (a traced bool: requests are waiting), after
-    the step where a slot ended."""
+    when no slot is live, or when the host has a request waiting and a slot is free for it:
+    `waiting` (a host function → bool, asked before every step through `io_callback`) with
+    a free slot among these (or `spare`: slots beyond these are free); without `waiting`, the
+    traced bool `yield_free` (requests wait) after the step where a slot ended."""
     S = live.t_S.shape[0]
     T = live.cache.k_BGNCE[0].shape[3]
     J = min(TOP_LOGPROBS, live.logits_SV.shape[-1])
@@ -209,7 +215,11 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
 
     def cond(carry):
         i, s, out = carry
-        return (i < steps) & jnp.any(s.live_S) & ~(yield_free & jnp.any(out.ended_S))
+        if waiting is None:
+            return (i < steps) & jnp.any(s.live_S) & ~(yield_free & jnp.any(out.ended_S))
+        free = jnp.any(~s.live_S) | spare  # a slot a waiting request could take
+        asked = io_callback(waiting, jax.ShapeDtypeStruct((), jnp.bool_), ordered=False)
+        return (i < steps) & jnp.any(s.live_S) & ~(free & asked)
 
     _, live, chunk = jax.lax.while_loop(cond, body, (jnp.int32(0), live, chunk))
     return live, chunk
@@ -257,18 +267,19 @@ def with_rows(live: LiveSlots, part: LiveSlots, scanned: bool) -> LiveSlots:
                       kv(live.cache.v_BGNCE, part.cache.v_BGNCE)))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "rows", "steps", "stop_ids", "pad_id"),
-                   donate_argnames=("live",))
-def decode_chunk_jit(graphdef, state, live, yield_free, *, rows, steps, stop_ids, pad_id):
+@functools.partial(jax.jit, static_argnames=("graphdef", "rows", "steps", "stop_ids", "pad_id",
+                                             "waiting"), donate_argnames=("live",))
+def decode_chunk_jit(graphdef, state, live, yield_free, *, rows, steps, stop_ids, pad_id,
+                     waiting=None):
     """`decode_chunk` under jit on an `nnx.split` model, over the first `rows` slots only (the
     rest idle: a step's work follows the slots in use, not all S); `live` is donated. The
     Chunk has `rows` rows."""
     model = nnx.merge(graphdef, state)
+    kw = dict(steps=steps, stop_ids=stop_ids, pad_id=pad_id, waiting=waiting)
     if rows == live.t_S.shape[0]:
-        return decode_chunk(model, live, yield_free, steps=steps, stop_ids=stop_ids,
-                            pad_id=pad_id)
+        return decode_chunk(model, live, yield_free, **kw)
     part, chunk = decode_chunk(model, rows_of(live, rows, model.scanned), yield_free,
-                               steps=steps, stop_ids=stop_ids, pad_id=pad_id)
+                               spare=True, **kw)
     return with_rows(live, part, model.scanned), chunk
 
 

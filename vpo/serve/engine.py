@@ -3,12 +3,12 @@ finished row's slot handed to the next waiting row between compiled chunks of de
 
 One thread owns the device state (`vpo.rollout.live.LiveSlots`) and loops: admit waiting rows
 into free slots (one prefill of the new prompts, `vpo.rollout.live.admit`), run a chunk of up to
-`chunk` decode steps of every live slot (`vpo.rollout.live.decode_chunk`, which returns as soon
-as a slot ends while rows wait), read the chunk's tokens back, end rows on a stop string, and
-answer a request once all its rows have ended. The decode program is compiled once per number
-of leading slots in use (a new row takes the lowest free slot, and a step's work follows the
-slots in use, not all of them), the prefill once per (rows admitted, prompt length), each
-rounded up to a power of two. Row j of a request with seed s decodes with key j of
+`chunk` decode steps of every live slot (`vpo.rollout.live.decode_chunk`, which asks this thread
+before every step whether rows wait and returns as soon as one can take a free slot), read the
+chunk's tokens back, end rows on a stop string, and answer a request once all its rows have
+ended. The decode program is compiled once per number of leading slots in use (a new row takes
+the lowest free slot, and a step's work follows the slots in use, not all of them), the
+prefill once per (rows admitted, prompt length), each rounded up to a power of two. Row j of a request with seed s decodes with key j of
 `jax.random.split(jax.random.key(s), rows)`: the keys `vpo sample` gives its prompts x samples,
 so the same seed draws the same tokens.
 
@@ -78,7 +78,7 @@ class Engine:
     """The slots, the waiting queue and the thread that decodes (`start`, `submit`, `close`)."""
 
     def __init__(self, model, tokenizer, *, slots: int = 8, prompt_len: int = 256,
-                 max_new_tokens: int = 256, chunk: int = 8, queue: int = 256, seed: int = 0):
+                 max_new_tokens: int = 256, chunk: int = 32, queue: int = 256, seed: int = 0):
         max_len = getattr(model.cfg, "max_seq_len", None)
         if max_len is not None and prompt_len + max_new_tokens > max_len:
             raise ValueError(f"--max-prompt-tokens {prompt_len} + --max-tokens "
@@ -94,7 +94,8 @@ class Engine:
         self._cv = threading.Condition()
         self._closed = False
         self._rng = np.random.default_rng(seed)
-        self._kw = dict(steps=chunk, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id)
+        self._kw = dict(steps=chunk, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
+                        waiting=self._has_waiting)
         self._thread = threading.Thread(target=self._loop, name="vpo-serve-engine", daemon=True)
 
     # -- the callers' side ---------------------------------------------------------------------
@@ -151,6 +152,11 @@ class Engine:
                     "waiting": len(self._waiting), "slots": self.slots, "queue": self.queue}
 
     # -- the engine thread ---------------------------------------------------------------------
+
+    def _has_waiting(self) -> np.bool_:
+        """Whether rows wait for a slot: asked by the decode loop before every step (a chunk
+        ends for them as soon as a slot is free)."""
+        return np.bool_(bool(self._waiting))
 
     def _loop(self) -> None:
         while True:
