@@ -568,48 +568,83 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
                 gate: dict[str, Any] | None = None,
                 data: dict[str, Any] | None = None, per_answer_reward: bool = False) -> str:
     """report.md: `families` as from `verdict_families` (each printed with its correction),
-    the design lines first; `data`: your data's record (`vpo.compare.data.describe`)."""
+    the design lines first; `data`: your data's record (`vpo.compare.data.describe`). Each
+    section is one function below, in the report's order."""
+    lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
+             f"`{command}`", ""]
+    lines += _design_lines(cfg, families[PRIMARY[0]], preregistered)
+    lines += _gate_lines(cfg, gate)
+    lines += _static_lines(static)
+    lines += _setup_lines(cfg, head, data)
+    lines += _headline_lines(cfg, head, families, searches)
+    lines += _claims_lines(families)
+    lines += _warm_start_lines(families, searches)
+    if searches is not None:
+        lines += _search_text(cfg, searches, head, families["search_vs_best_of_n"],
+                              families.get(CHECKPOINTS[0], []))
+    if families.get("budget") or families.get("bridge"):
+        lines += _curves_text(cfg, searches, head, families)
+    if probes:
+        lines += _probe_text(cfg, head, probes, families["remedies"])
+    lines += _trend_lines(families, per_answer_reward)
+    lines += _law_lines(cfg, laws)
+    lines += _figure_lines(laws, searches)
+    lines += _wall_lines(wall, load)
+    return "\n".join(lines)
+
+
+def _static_lines(static: list[str] | None) -> list[str]:
+    """The warning that arms with a zero gradient at every step are their warm start."""
+    if not static:
+        return []
+    return [f"**No learning signal in {', '.join(static)}**: the gradient was zero at "
+            "every step of every seed (each group's rewards were equal), so "
+            + ("these arms are" if len(static) > 1 else "this arm is") + " the warm start "
+            "itself and every verdict involving them compares a policy with its own "
+            "starting point; train longer or on a task where the warm start earns some "
+            "reward (a larger preset).", ""]
+
+
+def _setup_lines(cfg, head, data: dict[str, Any] | None) -> list[str]:
+    """The policy, warm start, RL settings and arms, your data, and how evaluation is done."""
+    N = cfg.eval_budget
+    seeds = max(len(h["seeds"]) for h in head.values())
+    sft = f"SFT, {cfg.sft_steps} steps on a mixture of m in {cfg.all_answers} prompts"
+    start = (f"{cfg.init}, with {sft} when fewer than {cfg.parse_floor:.0%} of its answers "
+             "parsed" if cfg.init else sft)
+    lora = f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else ""
+    return [f"Policy `{cfg.init or cfg.model}`{lora}; one warm start "
+            f"for every arm ({start}); "
+            f"{cfg.train.steps} RL steps x {cfg.train.batch_size} prompts x G = "
+            f"{cfg.sampler.num_samples} samples, lr {cfg.train.learning_rate:g}, seeds "
+            f"{cfg.seeds}. Arms: " + "; ".join(_arm_text(a, cfg) for a in cfg.arm_names) + ".",
+            "", *compare_data.report_lines(data, cfg),
+            f"Evaluation: {cfg.eval_problems} held-out problems (seed {cfg.eval_seed}), N = {N} "
+            f"candidates per problem for every policy (N/m generations of m answers) at "
+            f"temperature {cfg.eval_temperature:g}; every parsed answer is a scored candidate "
+            "for every policy (repeats inside a generation are not zeroed). Seed i of every "
+            "row (the warm-start rows too) is evaluated with the same key, so rows pair by "
+            "seed. Cells: mean "
+            + ("± half-width of a 95% Student-t interval over seeds" if seeds > 1 else
+               "(one seed)")
+            + f"; a cell backed by fewer than {claims.MIN_UNITS} independent units shows the "
+            "mean alone.", ""]
+
+
+def _headline_metrics(cfg, head, families) -> list[str]:
+    """The headline table's columns: the usual metrics, a primary claim's own k, those present."""
     N = cfg.eval_budget
     metrics = ["best@1", "pass@1", f"best@{N}", f"pass@{N}", f"cover@{N}", "diversity", "distinct",
                "valid_fraction", "entropy", "train entropy", "train diversity", "search solved"]
     claimed = [verdicts.metric_key(c["key"], N) for c in families[PRIMARY[0]] if "key" in c]
     metrics[2:2] = [k for k in dict.fromkeys(claimed) if k not in metrics]  # a claim's own k
-    metrics = [k for k in metrics if any(k in h["values"] for h in head.values())]
-    seeds = max(len(h["seeds"]) for h in head.values())
-    level = f"{100 * claims.LEVEL:g}%"
-    sft = f"SFT, {cfg.sft_steps} steps on a mixture of m in {cfg.all_answers} prompts"
-    start = (f"{cfg.init}, with {sft} when fewer than {cfg.parse_floor:.0%} of its answers "
-             "parsed" if cfg.init else sft)
-    lora = f", LoRA rank {cfg.lora_rank}" if cfg.lora_rank else ""
-    lines = [f"# vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}", "",
-             f"`{command}`", ""]
-    lines += _design_lines(cfg, families[PRIMARY[0]], preregistered)
-    lines += _gate_lines(cfg, gate)
-    if static:
-        lines += [f"**No learning signal in {', '.join(static)}**: the gradient was zero at "
-                  "every step of every seed (each group's rewards were equal), so "
-                  + ("these arms are" if len(static) > 1 else "this arm is") + " the warm start "
-                  "itself and every verdict involving them compares a policy with its own "
-                  "starting point; train longer or on a task where the warm start earns some "
-                  "reward (a larger preset).", ""]
-    lines += [
-             f"Policy `{cfg.init or cfg.model}`{lora}; one warm start "
-             f"for every arm ({start}); "
-             f"{cfg.train.steps} RL steps x {cfg.train.batch_size} prompts x G = "
-             f"{cfg.sampler.num_samples} samples, lr {cfg.train.learning_rate:g}, seeds "
-             f"{cfg.seeds}. Arms: " + "; ".join(_arm_text(a, cfg) for a in cfg.arm_names) + ".",
-             "", *compare_data.report_lines(data, cfg),
-             f"Evaluation: {cfg.eval_problems} held-out problems (seed {cfg.eval_seed}), N = {N} "
-             f"candidates per problem for every policy (N/m generations of m answers) at "
-             f"temperature {cfg.eval_temperature:g}; every parsed answer is a scored candidate "
-             "for every policy (repeats inside a generation are not zeroed). Seed i of every "
-             "row (the warm-start rows too) is evaluated with the same key, so rows pair by "
-             "seed. Cells: mean "
-             + ("± half-width of a 95% Student-t interval over seeds" if seeds > 1 else
-                "(one seed)")
-             + f"; a cell backed by fewer than {claims.MIN_UNITS} independent units shows the "
-             "mean alone.", "",
-             "| policy | m | seeds | " + " | ".join(metrics) + " |",
+    return [k for k in metrics if any(k in h["values"] for h in head.values())]
+
+
+def _headline_lines(cfg, head, families, searches) -> list[str]:
+    """The headline table, a row per policy, and what each of its columns means."""
+    metrics = _headline_metrics(cfg, head, families)
+    lines = ["| policy | m | seeds | " + " | ".join(metrics) + " |",
              "|---|---|---|" + "---|" * len(metrics)]
     for name, h in head.items():
         cells = [fmt(h["values"][k]) if k in h["values"] else "" for k in metrics]
@@ -618,93 +653,115 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
             # one policy searched with the shared keys: its interval is over the searches
             cells[metrics.index("search solved")] = fmt(_per_search(searches, name))
         lines.append(f"| {name} | {h['m']} | {len(h['seeds'])} | " + " | ".join(cells) + " |")
-    lines += ["", "best@k: mean over problems of the best w*ᵀr among k candidates (partial "
-              "credit); pass@k, beside it: unbiased probability that k candidates contain a "
-              "solution (solving), so a best@k gain without a pass@k gain is closer answers, "
-              "not more problems solved; diversity: mean "
-              "pairwise L1 distance of valid candidates' reward vectors; distinct: distinct "
-              "valid answers; valid_fraction: candidates that parse; train entropy / "
-              "diversity: last 20% of training steps; search solved: hard problems solved, "
-              f"mean over {cfg.search_seeds} searches (warm-start rows: interval over those "
-              "searches, one policy). The warm-start rows are the one SFT policy answering in "
-              "each m.", "",
-              "## Claims", "",
-              "Each claim is a paired difference over seeds, rows matched by seed id (same warm "
-              "start, same problems, same evaluation keys), judged one-sided in the claimed "
-              f"direction at {level} (each tail of a 95% interval) with p the larger of the "
-              "paired Student-t test's and the exact sign-flip randomization test's over the "
-              "seeds (Fisher 1935), so p is never below 2^-n with n seeds: **reproduced** "
-              f"when p < {level} in the claimed direction, **refuted** when p < {level} the "
-              "other way, **inconclusive** otherwise (ties, saturated values, and fewer than "
-              f"{claims.min_seeds()} seeds, where even 2^-n is not below {level}). Each family "
-              "is then Holm-corrected in both directions and the bold verdict is the corrected "
-              "one. Token-entropy and training-diversity claims compare arms with the same m "
-              "only.", "",
-              "### Primary claims", ""]
+    return lines + ["", "best@k: mean over problems of the best w*ᵀr among k candidates (partial "
+                    "credit); pass@k, beside it: unbiased probability that k candidates contain a "
+                    "solution (solving), so a best@k gain without a pass@k gain is closer "
+                    "answers, not more problems solved; diversity: mean "
+                    "pairwise L1 distance of valid candidates' reward vectors; distinct: distinct "
+                    "valid answers; valid_fraction: candidates that parse; train entropy / "
+                    "diversity: last 20% of training steps; search solved: hard problems solved, "
+                    f"mean over {cfg.search_seeds} searches (warm-start rows: interval over those "
+                    "searches, one policy). The warm-start rows are the one SFT policy answering "
+                    "in each m.", ""]
+
+
+def _claims_lines(families) -> list[str]:
+    """How a claim is judged, then the primary claims and the papers' claims."""
+    level = f"{100 * claims.LEVEL:g}%"
+    lines = ["## Claims", "",
+             "Each claim is a paired difference over seeds, rows matched by seed id (same warm "
+             "start, same problems, same evaluation keys), judged one-sided in the claimed "
+             f"direction at {level} (each tail of a 95% interval) with p the larger of the "
+             "paired Student-t test's and the exact sign-flip randomization test's over the "
+             "seeds (Fisher 1935), so p is never below 2^-n with n seeds: **reproduced** "
+             f"when p < {level} in the claimed direction, **refuted** when p < {level} the "
+             "other way, **inconclusive** otherwise (ties, saturated values, and fewer than "
+             f"{claims.min_seeds()} seeds, where even 2^-n is not below {level}). Each family "
+             "is then Holm-corrected in both directions and the bold verdict is the corrected "
+             "one. Token-entropy and training-diversity claims compare arms with the same m "
+             "only.", "",
+             "### Primary claims", ""]
     lines += _family_lines(families[PRIMARY[0]], PRIMARY[1], label="primary")
     lines += ["", "### The papers' claims (exploratory)", ""]
-    checked, warm = families["claims"], families["against_warm_start"]
-    if checked:
-        lines += _family_lines(checked, FAMILIES[0][1])
-    else:
-        lines += ["(no claim applies to these arms)"]
-    if warm:
-        lines += ["", "## RL against its warm start (exploratory)", "",
-                  "Each arm against the warm start's stronger mode on the metric (the better of "
-                  "its single-answer and m-answer pools, named in each line), paired by seed id "
-                  "(the warm start evaluated, and searched, with each seed's keys)."
-                  + ("" if searches is None or searches.get("per_seed_keys") else
-                     " This run searched the warm start with one set of keys for every seed, "
-                     "so its search is not compared here."), ""]
-        lines += _family_lines(warm, FAMILIES[1][1])
-        if families.get("warm_search"):
-            lines += [""] + _family_lines(families["warm_search"], FAMILIES[6][1])
-    if searches is not None:
-        lines += _search_text(cfg, searches, head, families["search_vs_best_of_n"],
-                              families.get(CHECKPOINTS[0], []))
-    if families.get("budget") or families.get("bridge"):
-        lines += _curves_text(cfg, searches, head, families)
-    if probes:
-        lines += _probe_text(cfg, head, probes, families["remedies"])
-    if families.get(TRENDS[0]):
-        lines += ["", "## Trends over training (exploratory)", "",
-                  "Does a per-step training metric (reward: w*ᵀr "
-                  + ("per answer slot, the mean over the m answers" if per_answer_reward else
-                     "summed over the m answers") + "; "
-                  "token entropy; reward-space diversity of the group) rise over training? Per "
-                  "run, Kendall's τ against the step over every logged step; across the seeds, "
-                  "the exact sign test of the τ's signs (the runs are the units, so it cannot "
-                  "go below 2^-n with n seeds). **reproduced**: rose; **refuted**: fell.", ""]
-        lines += _family_lines(families[TRENDS[0]], TRENDS[1])
-    if laws:
-        lines += ["", "## Entropy law on held-out score (exploratory)", "",
-                  f"Per run, R = held-out score (best@1 on {cfg.law_problems} problems of seed "
-                  f"{cfg.eval_seed + 1}, {cfg.law_budget} candidates each, T = "
-                  f"{cfg.eval_temperature:g}, same key at every point) at step 0 and at "
-                  f"{cfg.law_points} checkpoints, H = training token entropy of the 10 steps "
-                  "before each. Four models are fitted on the early half of each seed's points "
-                  "and scored by RMSE on the later half; a, b and R² are the law's fit on all "
-                  "points. Mean ± 95% interval over seeds.", "",
-                  "| arm | a | b | R² | RMSE law | RMSE linear in H | RMSE trend in steps | "
-                  "RMSE constant |", "|---|---|---|---|---|---|---|---|"]
-        for arm, t in laws.items():
-            lines.append(f"| {arm} | {fmt(t['a'])} | {fmt(t['b'])} | {fmt(t['r2'])} | "
-                         + " | ".join(fmt(t["rmse"][k]) for k in entropy_law.MODELS) + " |")
-    lines += ["", "## Figures", "", "![best@k](best_at_k.png) ![pass@k](pass_at_k.png)", "",
-              "![training](training.png)", ""]
+    if families["claims"]:
+        return lines + _family_lines(families["claims"], FAMILIES[0][1])
+    return lines + ["(no claim applies to these arms)"]
+
+
+def _warm_start_lines(families, searches) -> list[str]:
+    """Each RL arm against its warm start (and the warm start's search), when compared."""
+    warm = families["against_warm_start"]
+    if not warm:
+        return []
+    lines = ["", "## RL against its warm start (exploratory)", "",
+             "Each arm against the warm start's stronger mode on the metric (the better of "
+             "its single-answer and m-answer pools, named in each line), paired by seed id "
+             "(the warm start evaluated, and searched, with each seed's keys)."
+             + ("" if searches is None or searches.get("per_seed_keys") else
+                " This run searched the warm start with one set of keys for every seed, "
+                "so its search is not compared here."), ""]
+    lines += _family_lines(warm, FAMILIES[1][1])
+    if families.get("warm_search"):
+        lines += [""] + _family_lines(families["warm_search"], FAMILIES[6][1])
+    return lines
+
+
+def _trend_lines(families, per_answer_reward: bool) -> list[str]:
+    """Whether each per-step training metric rose over training, when trends were kept."""
+    if not families.get(TRENDS[0]):
+        return []
+    lines = ["", "## Trends over training (exploratory)", "",
+             "Does a per-step training metric (reward: w*ᵀr "
+             + ("per answer slot, the mean over the m answers" if per_answer_reward else
+                "summed over the m answers") + "; "
+             "token entropy; reward-space diversity of the group) rise over training? Per "
+             "run, Kendall's τ against the step over every logged step; across the seeds, "
+             "the exact sign test of the τ's signs (the runs are the units, so it cannot "
+             "go below 2^-n with n seeds). **reproduced**: rose; **refuted**: fell.", ""]
+    return lines + _family_lines(families[TRENDS[0]], TRENDS[1])
+
+
+def _law_lines(cfg, laws) -> list[str]:
+    """The entropy law's fits on held-out score against the three simpler models, per arm."""
+    if not laws:
+        return []
+    lines = ["", "## Entropy law on held-out score (exploratory)", "",
+             f"Per run, R = held-out score (best@1 on {cfg.law_problems} problems of seed "
+             f"{cfg.eval_seed + 1}, {cfg.law_budget} candidates each, T = "
+             f"{cfg.eval_temperature:g}, same key at every point) at step 0 and at "
+             f"{cfg.law_points} checkpoints, H = training token entropy of the 10 steps "
+             "before each. Four models are fitted on the early half of each seed's points "
+             "and scored by RMSE on the later half; a, b and R² are the law's fit on all "
+             "points. Mean ± 95% interval over seeds.", "",
+             "| arm | a | b | R² | RMSE law | RMSE linear in H | RMSE trend in steps | "
+             "RMSE constant |", "|---|---|---|---|---|---|---|---|"]
+    for arm, t in laws.items():
+        lines.append(f"| {arm} | {fmt(t['a'])} | {fmt(t['b'])} | {fmt(t['r2'])} | "
+                     + " | ".join(fmt(t["rmse"][k]) for k in entropy_law.MODELS) + " |")
+    return lines
+
+
+def _figure_lines(laws, searches) -> list[str]:
+    """The report's PNGs: evaluation, training, the entropy law and the search, as present."""
+    lines = ["", "## Figures", "", "![best@k](best_at_k.png) ![pass@k](pass_at_k.png)", "",
+             "![training](training.png)", ""]
     if laws:
         lines += ["![entropy law](entropy_law.png)", ""]
     if searches and search_report.has_curves(searches):
         lines += ["![budget curves](budget_curves.png)", "", "![bridge](bridge.png)", ""]
     elif searches:
         lines += ["![search](search_solved.png)", ""]
-    lines += ["## Wall time", "", "| stage | seconds |", "|---|---|"]
+    return lines
+
+
+def _wall_lines(wall: dict[str, float], load: str) -> list[str]:
+    """Seconds per stage, the machine's load, and where the per-run files are."""
+    lines = ["## Wall time", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in wall.items()]
     if load:
         lines += ["", f"Machine: {load}"]
-    lines += ["", "Per-run metrics: `arms/<arm>/seed<k>/metrics.jsonl` (and TensorBoard under "
-              "`tb/`); the warm start: `sft/`; all numbers: `summary.json`.", ""]
-    return "\n".join(lines)
+    return lines + ["", "Per-run metrics: `arms/<arm>/seed<k>/metrics.jsonl` (and TensorBoard "
+                    "under `tb/`); the warm start: `sft/`; all numbers: `summary.json`.", ""]
 
 
 def _search_text(cfg, searches, head, bon: list[dict[str, Any]],
