@@ -242,3 +242,52 @@ def test_task_kinds_are_types_outside_tasks_and_env():
                 for i, line in enumerate(path.read_text().splitlines(), 1) if asks.search(line)]
     assert not bad, ("dispatch on the task's type (vpo.tasks.bound.for_kind, isinstance) "
                      "instead:\n" + "\n".join(bad))
+
+
+def _shape_key() -> set[str]:
+    """The letters of the dimension key in vpo/types.py's docstring (`B prompts · G ...`)."""
+    doc = ast.get_docstring(ast.parse((ROOT / "vpo" / "types.py").read_text()))
+    key = doc.split("Dimension key", 1)[1].split(":", 1)[1].split("\n\n")[0]
+    return {item.split()[0] for item in key.split("·")}
+
+
+# Shape letters outside the key, each where it is used and why: {(module, letter): reason}.
+SHAPE_LETTER_EXCEPTIONS = {
+    ("search.population", "Y"): "a second population's slots, compared with X's (same_answers)",
+}
+_SHAPE_NAME = re.compile(r"^(?=\w*[a-z])\w*_([A-Z]+)$")
+
+
+def _shape_names(path: pathlib.Path) -> set[str]:
+    """Every shape-suffixed name a file binds or reads (`logp_BGT`), ALL_CAPS constants left out."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.keyword) and node.arg:
+            names = [node.arg]
+        else:
+            continue
+        out |= {n for n in names if _SHAPE_NAME.match(n)}
+    return out
+
+
+def test_shape_suffixes_use_the_letters_of_the_key():
+    """Every shape suffix in the package (kernels included) uses only letters of the dimension
+    key in vpo/types.py (docs/architecture.md#shape-letters), but those in
+    SHAPE_LETTER_EXCEPTIONS, each with its reason."""
+    key, bad = _shape_key(), []
+    for name, path in sorted(_modules().items()):
+        for n in sorted(_shape_names(path)):
+            other = {c for c in _SHAPE_NAME.match(n).group(1)
+                     if c not in key and (name, c) not in SHAPE_LETTER_EXCEPTIONS}
+            if other:
+                bad.append(f"{name}: {n} ({', '.join(sorted(other))})")
+    assert not bad, (f"letters outside vpo/types.py's key {''.join(sorted(key))}: add the "
+                     f"dimension to the key or rename: {bad}")

@@ -2,8 +2,10 @@
 
 Dimension key (shape suffixes on names): B prompts · G samples per prompt · M answers per sample ·
 R reward components · K Dirichlet weight draws · P prompt tokens · T generated tokens · S = P+T ·
-V vocab · D width · F MLP width · H query heads · N KV heads · E head dim · L layers ·
-C cache length · I islands · Q members per island.
+A tokens of one answer · V vocab · D model width · F MLP width · H query heads · N KV heads ·
+E head dim · L layers · C cache length · I islands · Q members per island · X candidate slots of
+a population · J top log-probs per token · W row width (a packed row, a symbol's bytes, a grid).
+`tests/test_architecture.py` checks that every shape suffix in the package uses these letters.
 """
 
 from __future__ import annotations
