@@ -8,9 +8,9 @@ before every step whether rows wait and returns as soon as one can take a free s
 chunk's tokens back, end rows on a stop string, and answer a request once all its rows have
 ended. The decode program is compiled once per number of leading slots in use (a new row takes
 the lowest free slot, and a step's work follows the slots in use, not all of them), the
-prefill once per (rows admitted, prompt length), each rounded up to a power of two. Row j of a request with seed s decodes with key j of
-`jax.random.split(jax.random.key(s), rows)`: the keys `vpo sample` gives its prompts x samples,
-so the same seed draws the same tokens.
+prefill once per (rows admitted, prompt length), each rounded up to a power of two. Row j of a
+request with seed s decodes with key j of `jax.random.split(jax.random.key(s), rows)`: the keys
+`vpo sample` gives its prompts x samples, so the same seed draws the same tokens.
 
 The waiting queue is bounded (`queue` rows): `submit` raises `QueueFullError` (HTTP 503) past it.
 """
