@@ -5,6 +5,8 @@ the rows of `path` (JSONL / Parquet, as `--data` reads them) or, without a file,
 environment's own `problems(seed, num)`; each row's prompt is the first messages of `reset`
 (`statement`), rendered through the checkpoint's chat template. Scoring happens in the episode
 (`vpo.env.episode`), not on a completion's text: the task's `score` refuses to be called.
+Bound to a tokenizer (`vpo.tasks.bound.bind`) it is an `EnvTask`: a host task with its
+`EnvSettings`, whose type the callers of other task kinds dispatch on.
 """
 
 from __future__ import annotations
