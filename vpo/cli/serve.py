@@ -71,10 +71,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     /v1/models): requests are batched into the jitted sampler through refilled slots; each
     response carries token ids and, with logprobs, the log-probs the trainer computes."""
     import jax
-    import uvicorn
 
     from vpo.cli.arguments import check_args
-    from vpo.serve.app import make_app
+    from vpo.config import ConfigError
+
+    try:
+        import uvicorn
+
+        from vpo.serve.app import make_app
+    except ImportError as e:
+        raise ConfigError(f"vpo serve needs Starlette and uvicorn ({e}): pip install -e "
+                          "'.[serve]'") from None
 
     check_args(args, positive=("slots", "chunk", "queue", "max_tokens", "max_prompt_tokens"))
     if args.compile_cache and not jax.config.jax_compilation_cache_dir:
