@@ -35,7 +35,7 @@ from typing import Any
 from vpo.config import ConfigError
 from vpo.launch import rules
 from vpo.tasks import dataset
-from vpo.tasks.bound import BoundTask
+from vpo.tasks.bound import BoundTask, HostTask
 
 # the dataset task's keyword arguments the `vpo train` / `vpo compare` flags give
 _FLAG_KWARGS = {"path", "rewards", "weights", "reward_ranges", "reward_workers", "reward_timeout",
@@ -43,7 +43,7 @@ _FLAG_KWARGS = {"path", "rewards", "weights", "reward_ranges", "reward_workers",
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class DataPart(BoundTask):
+class DataPart(HostTask):
     """One part of a user's rows ("train", "eval" or "search") read through the policy's
     tokenizer, `answer_tokens` new tokens per answer. The evaluation part, the task every stage
     of `run_compare` reads, carries the other two (`training`, `search_pool`)."""
