@@ -244,6 +244,22 @@ def test_task_kinds_are_types_outside_tasks_and_env():
                      "instead:\n" + "\n".join(bad))
 
 
+def test_every_bound_task_class_is_of_a_kind():
+    """The kind tables (`vpo.tasks.bound.for_kind`) know GraphTask, HostTask and their
+    subclasses: a class of the package derived from BoundTask directly would be refused by
+    every table (as `compare.data.DataPart` was), so only the kinds themselves may do so."""
+    direct = []
+    for path in sorted((ROOT / "vpo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                     for b in getattr(node, "bases", [])]
+            if isinstance(node, ast.ClassDef) and "BoundTask" in bases \
+                    and node.name not in ("GraphTask", "HostTask"):
+                direct.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not direct, ("derive from GraphTask or HostTask (the task's kind), not BoundTask:\n"
+                        + "\n".join(direct))
+
+
 def _shape_key() -> set[str]:
     """The letters of the dimension key in vpo/types.py's docstring (`B prompts · G ...`)."""
     doc = ast.get_docstring(ast.parse((ROOT / "vpo" / "types.py").read_text()))
