@@ -135,8 +135,8 @@ def init_state(model_cfg: ModelConfig, tx, mesh, *, seed: int = 0, with_ref: boo
     trained. The policy targets the mesh's platform (`Decoder.platform`).
 
     Each weight is drawn by a small program compiled once per (initialiser, shape, dtype,
-    sharding) and process (`_weight_program`): a Qwen2.5-0.5B shape compiles 7 of them, where
-    one program holding all 170 draws took 44 s to compile on an H200 and 15 s on 2 CPU cores.
+    sharding) and process (`_weight_program`): a Qwen2.5-0.5B shape compiles 8 of them, where
+    one program holding every draw took 44 s to build on an H200 and 10 s to compile on 2 CPU cores.
     The values are those of that one program (same keys, same draws).
 
     Returns (graphdef, state, shardings of state).
