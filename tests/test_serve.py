@@ -196,6 +196,18 @@ def test_chat_errors_models_and_routes(served):
     assert content and all(len(c["top_logprobs"]) == 3 for c in content)
 
 
+def test_an_oversized_body_answers_413_with_or_without_its_length(served, monkeypatch):
+    client, _, _ = served
+    monkeypatch.setattr("vpo.serve.app.MAX_BODY_BYTES", 1000)
+    body = b'{"prompt": "' + b"up " * 400 + b'", "max_tokens": 2}'
+    r = client.post("/v1/completions", content=body)  # with Content-Length
+    assert r.status_code == 413 and "1000 accepted" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/completions", content=iter([body[:600], body[600:]]))  # chunked
+    assert r.status_code == 413 and "1000 bytes accepted" in r.json()["error"]["message"], r.text
+    ok = client.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 2})
+    assert ok.status_code == 200
+
+
 def test_a_full_queue_answers_503():
     """An engine whose thread has not started keeps its rows waiting: past --queue rows a
     request is refused with 503, and the queue's requests stay queued."""

@@ -36,10 +36,14 @@ async def _body(request: Request):
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
         raise RequestError(f"the body is {size} bytes, over the {MAX_BODY_BYTES} accepted",
                            status=413)
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise RequestError(f"the body is {len(raw)} bytes, over the {MAX_BODY_BYTES} accepted",
-                           status=413)
+    chunks, read = [], 0
+    async for chunk in request.stream():  # a body sent without its length is cut off, not held
+        read += len(chunk)
+        if read > MAX_BODY_BYTES:
+            raise RequestError(f"the body is over the {MAX_BODY_BYTES} bytes accepted",
+                               status=413)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         return json.loads(raw)
     except ValueError as e:
