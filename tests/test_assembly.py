@@ -164,10 +164,10 @@ def test_a_budget_that_cannot_fit_says_what_helps(short_context):
 
 
 def test_sample_eval_and_search_fit_their_budget_by_the_same_rule(short_context, capsys):
-    """`vpo sample/eval/search` (`cli.policy.budget_of`) on a 64-position checkpoint: a budget
-    left out is fitted to what the longest prompt leaves and said so; one given that does not
-    fit is refused naming the command's flag; no checkpoint context (a preset): unchanged."""
-    from vpo.cli.policy import budget_of
+    """`vpo sample/eval/search` (`launch.policy_runs.budget_of`) on a 64-position checkpoint: a
+    budget left out is fitted to what the longest prompt leaves and said so; one given that does
+    not fit is refused naming the command's flag; no checkpoint context (a preset): unchanged."""
+    from vpo.launch.policy_runs import budget_of
 
     task = assemble.assemble_run(None, None, [f"model={short_context[64]}"],
                                  dataset=short_context["data"]).task

@@ -9,9 +9,10 @@ import jax
 import pytest
 
 from vpo.cli import main as cli
-from vpo.cli.policy import BUDGET_HELP, budget_of
+from vpo.cli.policy import BUDGET_HELP
 from vpo.config import ConfigError
 from vpo.launch import assemble, rules
+from vpo.launch.policy_runs import budget_of
 from vpo.launch.rules import completion_budget
 from vpo.tasks.dataset import ANSWER_TOKENS
 

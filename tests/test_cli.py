@@ -266,7 +266,7 @@ def test_a_setting_given_to_a_command_without_settings_names_its_flag(capsys, tm
 
 
 def test_eval_rows_get_distinct_names():
-    from vpo.cli.policy import arm_names
+    from vpo.launch.policy_runs import arm_names
 
     assert arm_names(["runs/c/arms/vpo/seed0/policy", "runs/c/arms/grpo/seed0/policy"]) == [
         "vpo/seed0", "grpo/seed0"]

@@ -294,8 +294,8 @@ def test_compare_on_your_data_end_to_end(files, tmp_path):
 def test_eval_of_a_run_trained_on_a_share_reads_the_held_out_rows(files, tmp_path):
     """`vpo eval / search / sample --policy RUN` of a run trained with --eval-fraction read the
     rows held out from it, not its training rows."""
-    from vpo.cli.policy import policy_and_task
     from vpo.io import policy_folder
+    from vpo.launch.policy_runs import policy_and_task
 
     spec, policy = _saved_bpe_policy(tmp_path)
     train = arguments.dataset_kwargs(_args(

@@ -1,5 +1,5 @@
 """What the `vpo` command checks and reads from its arguments before any work starts: numeric
-options, a policy's fit to a task, report folders, and the `--data/--reward` options."""
+options, report folders, and the `--data/--reward` options."""
 
 from __future__ import annotations
 
@@ -24,30 +24,6 @@ def check_args(args: argparse.Namespace, *, positive: tuple[str, ...] = (),
         if v is not None and (not math.isfinite(v) or v < 0 or (name == "lr" and v == 0)):
             raise ConfigError(f"--{name.replace('_', '-')}: must be a finite number "
                               f"{'> 0' if name == 'lr' else '>= 0'}; got {v}")
-
-
-def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
-    """The policy can read and write `task` with `num_answers` answers: the task takes that m,
-    its tokenizer fits the model's vocabulary, and its prompts hold no unknown words (a
-    word-level policy asked about another task's text); else a ConfigError naming it."""
-    import numpy as np
-
-    from vpo.config import ConfigError
-
-    task.check_num_answers(num_answers)
-    if model_cfg.vocab_size < task.tokenizer.size:
-        raise ConfigError(f"{source}: the model has {model_cfg.vocab_size} token embeddings "
-                          f"but its tokenizer for {task.name} has {task.tokenizer.size} tokens; "
-                          "use the policy with the tokenizer it was trained with")
-    unk = task.tokenizer.special_tokens.get("unk_token")
-    unk_id = task.tokenizer.backend.token_to_id(unk) if unk else None
-    if unk_id is not None and task.writes_own_prompts:  # an environment's is what it writes
-        tokens, mask = task.prompt_arrays(problems, num_answers)
-        if np.any(np.asarray(tokens)[np.asarray(mask)] == unk_id):
-            raise ConfigError(f"--task {task.name}: the tokenizer of {source} cannot write "
-                              f"{task.name} prompts (they hold words outside its "
-                              f"{task.tokenizer.size}-token vocabulary); pass the task the "
-                              "policy was trained on, or a policy trained on this task")
 
 
 def check_out(out: str) -> None:

@@ -22,7 +22,6 @@ from vpo.cli.arguments import (
     add_env_args,
     add_split_args,
     check_args,
-    check_fit,
     dataset_kwargs,
     env_kwargs,
 )
@@ -33,7 +32,6 @@ from vpo.cli.policy import (
     add_search_args,
     cmd_eval,
     cmd_search,
-    load_task,
 )
 from vpo.cli.sample import add_sample_args, cmd_sample
 from vpo.cli.serve import add_serve_args, cmd_serve
@@ -54,7 +52,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         ModelConfig,
         preset_list,
     )
-    from vpo.launch.rules import checkpoint_needed
+    from vpo.launch.rules import check_fit, checkpoint_needed, load_task
     from vpo.launch.warm_start import assemble_sft, run_warm_start, save_warm_start
 
     check_args(args, positive=("steps", "batch", "answers"), finite=("lr",))

@@ -1,5 +1,5 @@
 """`vpo sample`: a policy's answers (or an environment's episodes) on a few prompts, scored,
-with tokens/s (`vpo.cli.policy` holds what it shares with `vpo eval` and `vpo search`)."""
+with tokens/s; the run is built in `vpo.launch.policy_runs` (`sample_run`)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,11 @@ from vpo.cli.arguments import (
     add_data_args,
     add_env_args,
     check_args,
-    check_fit,
     dataset_kwargs,
     env_kwargs,
 )
-from vpo.cli.policy import (
-    BUDGET_HELP,
-    SLOTS_HELP,
-    TASKS,
-    budget_of,
-    load_policy_model,
-    load_task,
-    policy_and_task,
-)
+from vpo.cli.policy import BUDGET_HELP, SLOTS_HELP
+from vpo.tasks import TASK_NAMES as TASKS
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -32,58 +24,34 @@ def cmd_sample(args: argparse.Namespace) -> int:
     initialised --preset model (a speed check)."""
     import jax
     import numpy as np
-    from flax import nnx
 
-    from vpo.config import SamplerConfig, model_preset
-    from vpo.launch.rules import checkpoint_needed, fit_seq_len
-    from vpo.model.decoder import Decoder
+    from vpo.launch.policy_runs import EpisodeRun, sample_run
     from vpo.rollout import slots as sampler  # sample: every row at once, or refilled slots
 
     check_args(args, positive=("prompts", "samples", "answers", "max_new_tokens"))
     env = env_kwargs(args)
     dataset = None if env else dataset_kwargs(args)
-    if args.policy is None:
-        if dataset is not None or env is not None:
-            raise checkpoint_needed("--env" if env else "--data", args.preset, opt="--policy ",
-                                    folder="--policy POLICY_DIR")
-        task, model, info = load_task(args.task or "maze", args.preset), None, {}
-    else:
-        model, info, task = policy_and_task(args.policy, args.task, dataset, env=env)
-    from vpo.env.task import EnvTask
-
-    if isinstance(task, EnvTask):  # a sample is an episode
-        return _sample_episodes(args, model, task)
-    M = args.answers or int(info.get("num_answers", 3 if model is None else 1))
-    records = task.make_problems(args.seed, args.prompts)
-    prompts, mask = task.prompt_arrays(records, M)
-    T = budget_of(task, M, args.policy, args.max_new_tokens, records=records)
-    need = fit_seq_len(task, M, records=records, max_new_tokens=T,
-                       at_least=0 if model is None else model.cfg.max_seq_len)
-    if model is None:
-        model = Decoder(model_preset(args.preset, vocab_size=task.tokenizer.size,
-                                     max_seq_len=need), rngs=nnx.Rngs(args.seed))
-        source = (f"policy '{args.preset}' ({model.cfg.num_params:,} params, random init, "
-                  f"seed {args.seed})")
-    else:
-        check_fit(model.cfg, task, records, M, args.policy)
-        if need > model.cfg.max_seq_len:  # room for the prompts and the budget
-            model, _ = load_policy_model(args.policy, max_seq_len=need)
-        source = f"policy {args.policy} ({model.cfg.num_params:,} params)"
-    tok = task.tokenizer
-    cfg = SamplerConfig(max_new_tokens=T, num_samples=args.samples,
-                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                        num_slots=args.num_slots)
+    run = sample_run(args.policy, task_name=args.task, preset=args.preset, dataset=dataset,
+                     env=env, answers=args.answers, prompts=args.prompts, seed=args.seed,
+                     max_new_tokens=args.max_new_tokens, num_samples=args.samples,
+                     temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                     num_slots=args.num_slots)
+    if isinstance(run, EpisodeRun):
+        return _sample_episodes(args, run)
+    task, records, prompts, mask, M = run.task, run.records, run.prompts, run.mask, run.num_answers
+    T, tok = run.sampler.max_new_tokens, task.tokenizer
     key = jax.random.key(args.seed)
     kw = dict(stop_ids=tok.stop_ids, pad_id=tok.pad_id)
     t0 = time.perf_counter()
-    rollout = jax.block_until_ready(sampler.sample(model, prompts, mask, key, cfg, **kw))
+    rollout = jax.block_until_ready(sampler.sample(run.model, prompts, mask, key, run.sampler,
+                                                   **kw))
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    jax.block_until_ready(sampler.sample(model, prompts, mask, jax.random.fold_in(key, 1), cfg,
-                                         **kw))
+    jax.block_until_ready(sampler.sample(run.model, prompts, mask, jax.random.fold_in(key, 1),
+                                         run.sampler, **kw))
     warm = time.perf_counter() - t0
     print(f"task {task.name}: {len(records)} prompts x {args.samples} samples x {M} answers, "
-          f"{source}")
+          f"{run.source}")
     tokens = np.asarray(rollout.tokens_BGT)
     gmask = np.asarray(rollout.mask_BGT)
     for b in range(len(records)):
@@ -103,26 +71,20 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sample_episodes(args: argparse.Namespace, model, task) -> int:
+def _sample_episodes(args: argparse.Namespace, run) -> int:
     """`vpo sample` on an environment: --samples episodes of each of --prompts rows, printed
     turn by turn with the environment's reward vector."""
     import jax
     import numpy as np
 
-    from vpo.config import ConfigError
     from vpo.env.episode import run_episodes
-    from vpo.env.task import env_factory
 
-    if args.answers not in (None, 1):
-        raise ConfigError(f"--answers {args.answers}: on an environment a sample is one "
-                          "episode (m = 1); drop --answers")
-    settings, factory = task.settings, env_factory(task)
-    records = task.sample_problems(args.seed, args.prompts)
-    T = budget_of(task, 1, args.policy, args.max_new_tokens, records=records)
+    task, records, T = run.task, run.records, run.max_new_tokens
+    settings = task.settings
     keys = jax.random.split(jax.random.key(args.seed), len(records) * args.samples)
     t0 = time.perf_counter()
-    ep = run_episodes(model, task.tokenizer, [[factory() for _ in range(args.samples)]
-                                              for _ in records],
+    ep = run_episodes(run.model, task.tokenizer, [[run.factory() for _ in range(args.samples)]
+                                                  for _ in records],
                       [dict(r) for r in records], keys.reshape(len(records), args.samples),
                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                       max_tokens=T, max_turns=settings.max_turns,

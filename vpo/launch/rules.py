@@ -10,6 +10,7 @@
     the packed update's rows of a run that sets none (`PACK_MIN_BUDGET`)             `pack_rows`
     the pretrained weights a policy comes from, and their context    `source_of`, `context_of`
     the refusal of a model preset where text needs a checkpoint's tokenizer `checkpoint_needed`
+    a policy's fit to a task: its m, vocabulary and words                          `check_fit`
 """
 
 from __future__ import annotations
@@ -241,3 +242,25 @@ def context_of(model_spec: str | None) -> int | None:
     if source is None:
         return None
     return hf.model_config(hf.read_config(hf.hf_spec_path(source))).max_seq_len
+
+
+def check_fit(model_cfg, task, problems, num_answers: int, source: str) -> None:
+    """The policy can read and write `task` with `num_answers` answers: the task takes that m,
+    its tokenizer fits the model's vocabulary, and its prompts hold no unknown words (a
+    word-level policy asked about another task's text); else a ConfigError naming it."""
+    import numpy as np
+
+    task.check_num_answers(num_answers)
+    if model_cfg.vocab_size < task.tokenizer.size:
+        raise ConfigError(f"{source}: the model has {model_cfg.vocab_size} token embeddings "
+                          f"but its tokenizer for {task.name} has {task.tokenizer.size} tokens; "
+                          "use the policy with the tokenizer it was trained with")
+    unk = task.tokenizer.special_tokens.get("unk_token")
+    unk_id = task.tokenizer.backend.token_to_id(unk) if unk else None
+    if unk_id is not None and task.writes_own_prompts:  # an environment's is what it writes
+        tokens, mask = task.prompt_arrays(problems, num_answers)
+        if np.any(np.asarray(tokens)[np.asarray(mask)] == unk_id):
+            raise ConfigError(f"--task {task.name}: the tokenizer of {source} cannot write "
+                              f"{task.name} prompts (they hold words outside its "
+                              f"{task.tokenizer.size}-token vocabulary); pass the task the "
+                              "policy was trained on, or a policy trained on this task")
