@@ -3,7 +3,7 @@
 Run:  python experiments/entropy_law.py [section.key=value ...] [--out runs/entropy_law]
 
 From one SFT warm start (vpo.compare.driver.warm_start), GRPO with one answer per generation is
-trained plain, with Clip-Cov and with KL-Cov (vpo.compare.driver.train_arms: same seeds, steps, G,
+trained plain, with Clip-Cov and with KL-Cov (vpo.compare.arms.train_arms: same seeds, steps, G,
 lr). Each run checkpoints `law_points` times; at step 0 and at every checkpoint R is the policy's
 HELD-OUT evaluation score (best@1 on `law_problems` problems the run never trains on, temperature
 `eval_temperature`, the same key everywhere) and H the training token entropy of the 10 steps
@@ -26,7 +26,9 @@ import time
 
 import numpy as np
 
+from vpo.compare import arms as compare_arms
 from vpo.compare import config as compare_config
+from vpo.compare import data as compare_data
 from vpo.compare import driver
 from vpo.compare import report as compare_report
 from vpo.eval import claims, entropy_law
@@ -45,10 +47,10 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = get_config(args.overrides)
     if not cfg.law_points:
         raise SystemExit("law_points=0 records no trajectory; give law_points >= 3")
-    task = driver.make_task(cfg)
+    task = compare_data.load_tasks(cfg, with_search=False)
     t0 = time.perf_counter()
     policy = driver.warm_start(cfg, task, args.out)
-    runs = driver.train_arms(cfg, task, policy, args.out)
+    runs = compare_arms.train_arms(cfg, task, policy, args.out)
     wall = time.perf_counter() - t0
     law = compare_report.law_trajectories(runs)
     table = compare_report.law_table(law)

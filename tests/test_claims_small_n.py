@@ -119,7 +119,7 @@ def _search_row(seed, m, rate):
 
 def _arm_run(arm, seed, m, level):
     """A trained (arm, seed) as the driver returns it: 5 logged steps, no policy."""
-    from vpo.compare.driver import ArmRun
+    from vpo.compare.arms import ArmRun
 
     r = np.random.default_rng(11 * seed + m)
     metrics = [{"step": t, "entropy": level + 0.1 * r.random(), "diversity": r.random(),

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from vpo.cli import main as cli
+from vpo.compare import arms as compare_arms
 from vpo.compare import config as compare_config
 from vpo.compare import driver
+from vpo.compare import gate as compare_gate
 from vpo.compare import report as compare_report
+from vpo.compare import resume as compare_resume
 from vpo.compare.config import make_config
 from vpo.config import ConfigError
 from vpo.eval import entropy_law
@@ -99,7 +102,7 @@ def test_presets_and_arm_configs(tmp_path):
     assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 1
     task = load_task(cfg.task, None, cfg.task_kwargs)
     spec, policy = _saved_tiny_policy(tmp_path, task)
-    runs = {a: driver.arm_run_config(cfg, task, a, 3, spec, policy)[0] for a in cfg.arm_names}
+    runs = {a: compare_arms.arm_run_config(cfg, task, a, 3, spec, policy)[0] for a in cfg.arm_names}
     assert runs["grpo"].train.num_answers == 1 and runs["vpo"].train.num_answers == 3
     assert runs["multi_rlvr"].objective.advantage == "grpo"
     for arm in ("vpo", "maxk", "rw_grpo", "passk"):
@@ -148,8 +151,8 @@ def test_an_arm_is_the_run_its_vpo_train_command_starts(tmp_path):
     task = load_task(cfg.task, None, cfg.task_kwargs or None)
     spec, policy = _saved_tiny_policy(tmp_path, task)
     for arm in cfg.arm_names:
-        run, overrides = driver.arm_run_config(cfg, task, arm, 2, spec, policy)
-        argv = shlex.split(driver.train_command(spec, str(tmp_path / arm), overrides))[1:]
+        run, overrides = compare_arms.arm_run_config(cfg, task, arm, 2, spec, policy)
+        argv = shlex.split(compare_arms.train_command(spec, str(tmp_path / arm), overrides))[1:]
         args = cli._parse(argv)
         plan = assemble.assemble_run(args.preset, args.config, args.overrides, init=args.init)
         _, trained, _ = assemble.load_init(plan, args.config)
@@ -205,7 +208,7 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
 
     # Interrupted after RL of one run and before the search: --resume reads the finished parts
     # back, redoes the rest, and the report is the same as the uninterrupted one.
-    os.remove(os.path.join(out, "arms", "vpo", "seed1", driver.ARM_DONE))
+    os.remove(os.path.join(out, "arms", "vpo", "seed1", compare_resume.ARM_DONE))
     os.remove(os.path.join(out, "stages", "search.json"))
     assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
                      "train.steps=2", "law_points=2", "--compile-cache", "", "--out", out,
@@ -234,31 +237,31 @@ def test_compare_never_replaces_a_folder_silently(tmp_path):
     cfg = make_config("smoke")
     out = str(tmp_path)
     with pytest.raises(ConfigError, match="holds no comparison"):
-        driver.check_out_dir(cfg, out, resume=True, overwrite=False)
+        compare_resume.check_out_dir(cfg, out, resume=True, overwrite=False)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(json.loads(json.dumps(driver.dataclasses.asdict(cfg))), f)
+        json.dump(json.loads(json.dumps(dataclasses.asdict(cfg))), f)
     os.makedirs(os.path.join(out, "arms"))
     with pytest.raises(ConfigError, match="already holds a comparison.*--resume"):
-        driver.check_out_dir(cfg, out, resume=False, overwrite=False)
-    driver.check_out_dir(cfg, out, resume=True, overwrite=False)  # same settings: fine
+        compare_resume.check_out_dir(cfg, out, resume=False, overwrite=False)
+    compare_resume.check_out_dir(cfg, out, resume=True, overwrite=False)  # same settings: fine
     other = make_config("smoke", ["num_seeds=3", "train.steps=5"])
     with pytest.raises(ConfigError, match=r"num_seeds, train differ"):
-        driver.check_out_dir(other, out, resume=True, overwrite=False)
+        compare_resume.check_out_dir(other, out, resume=True, overwrite=False)
     with pytest.raises(ConfigError, match="choose one"):
-        driver.check_out_dir(cfg, out, resume=True, overwrite=True)
+        compare_resume.check_out_dir(cfg, out, resume=True, overwrite=True)
     # A comparison recorded before a setting existed resumes while that setting holds its
     # default, and is refused by name once it does not.
-    recorded = json.loads(json.dumps(driver.dataclasses.asdict(cfg)))
+    recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))
     del recorded["sampler"]["num_slots"], recorded["train"]["pack_rows"]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(recorded, f)
-    driver.check_out_dir(cfg, out, resume=True, overwrite=False)
+    compare_resume.check_out_dir(cfg, out, resume=True, overwrite=False)
     with pytest.raises(ConfigError, match=r"\(sampler differ\)"):
-        driver.check_out_dir(make_config("smoke", ["sampler.num_slots=2"]), out,
+        compare_resume.check_out_dir(make_config("smoke", ["sampler.num_slots=2"]), out,
                               resume=True, overwrite=False)
     with open(os.path.join(out, "mine.txt"), "w") as f:
         f.write("not the comparison's")
-    driver.check_out_dir(cfg, out, resume=False, overwrite=True)
+    compare_resume.check_out_dir(cfg, out, resume=False, overwrite=True)
     assert os.listdir(out) == ["mine.txt"]  # only the comparison's own outputs removed
 
 
@@ -299,21 +302,21 @@ def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
     cfg = make_config("smoke", ["gate=true", "gate_problems=4"])
     task = load_task(cfg.task, None, cfg.task_kwargs or None)
     _, policy = _saved_tiny_policy(tmp_path, task)
-    gate = driver.pilot_gate(cfg, task, policy)
+    gate = compare_gate.pilot_gate(cfg, task, policy)
     N = cfg.eval_budget
     assert gate["pass@1"] == 0.0 and gate[f"pass@{N}"] == 0.0
     assert 0.0 <= gate["group_spread"] <= 1.0 and gate["G"] == cfg.sampler.num_samples
     assert gate["checks"]["headroom"] and not gate["checks"]["solves"]
-    failed = driver.gate_failures(cfg, gate)
+    failed = compare_gate.gate_failures(cfg, gate)
     assert any("gate_pass_min" in f for f in failed)
     roomless = gate | {f"pass@{N}": 0.95, "group_spread": 0.1,
                        "checks": {"headroom": False, "solves": True, "signal": False}}
-    text = " ".join(driver.gate_failures(cfg, roomless))
+    text = " ".join(compare_gate.gate_failures(cfg, roomless))
     assert "no headroom" in text and "sampler.num_samples" in text
     # a weighted component that never reaches full marks is named, with the way to say which
     # components define solved
     never = gate | {"full_marks": {"correct": 0.4, "brevity": 0.0}}
-    text = " ".join(driver.gate_failures(cfg, never))
+    text = " ".join(compare_gate.gate_failures(cfg, never))
     assert "the component(s) brevity never reach full marks" in text and "--solved NAMES" in text
     # a cover task's gate: each target's hit rate, groups with a hit, cover@N in its band
     strict = make_config("smoke", ["gate_hit_min=0.08", "gate_hit_groups_min=0.5",
@@ -322,7 +325,7 @@ def test_the_pilot_gate_names_what_the_design_cannot_show(tmp_path):
                     f"cover@{N}": 0.02, "checks": {"headroom": True, "solves": True,
                                                    "signal": True, "hits": False,
                                                    "hit_groups": False, "cover": False}}
-    failed = driver.gate_failures(strict, cover)
+    failed = compare_gate.gate_failures(strict, cover)
     assert len(failed) == 3 and "hit1 0.120, hit2 0.030" in failed[0]
     assert "40% of the step-0 groups hold a hit" in failed[1] and "almost never covers" in failed[2]
 
@@ -334,7 +337,7 @@ def test_the_pilot_gate_measures_each_target_on_a_cover_task(tmp_path):
                                 "search.children=4", "gate_problems=4", "gate_hit_min=0.08"])
     task = load_task(cfg.task, None, cfg.task_kwargs or None)
     _, policy = _saved_tiny_policy(tmp_path, task)
-    gate = driver.pilot_gate(cfg, task, policy)
+    gate = compare_gate.pilot_gate(cfg, task, policy)
     assert set(gate["hit_rates"]) == {"hit1", "hit2"}
     assert all(0.0 <= v <= 1.0 for v in gate["hit_rates"].values())
     assert 0.0 <= gate["hit_groups"] <= 1.0 and f"cover@{cfg.eval_budget}" in gate
@@ -348,8 +351,8 @@ def test_the_diversity_pilot_reads_the_first_seed_of_each_arm_and_reaches_the_re
     cfg = make_config("default", ["train.steps=10"])
     rows = {"grpo": [{"diversity": d} for d in (0.4, 0.2, 0.9)],
             "vpo": [{"diversity": d} for d in (0.5, 0.6, 0.0)]}
-    runs = {arm: [driver.ArmRun(arm, 0, 1, "", None, r, {}, 1.0)] for arm, r in rows.items()}
-    pilot = driver.diversity_pilot(cfg, runs)
+    runs = {arm: [compare_arms.ArmRun(arm, 0, 1, "", None, r, {}, 1.0)] for arm, r in rows.items()}
+    pilot = compare_gate.diversity_pilot(cfg, runs)
     assert pilot["steps"] == 2 and pilot["seed"] == cfg.seeds[0]
     assert pilot["diversity"] == pytest.approx({"grpo": 0.3, "vpo": 0.55})
     assert pilot["above"] == {"vpo-grpo": True}  # vpo-warm is not a pair of arms

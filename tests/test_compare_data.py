@@ -15,8 +15,9 @@ import pytest
 
 from vpo.cli import arguments
 from vpo.cli import main as cli
+from vpo.compare import arms as compare_arms
 from vpo.compare import data as compare_data
-from vpo.compare import driver
+from vpo.compare import resume as compare_resume
 from vpo.compare.config import make_config
 from vpo.errors import ConfigError
 from vpo.tasks import make_task
@@ -244,10 +245,10 @@ def test_an_arm_on_data_is_the_run_its_vpo_train_command_starts(files, tmp_path,
     task = compare_data.load_tasks(cfg)
     spec, policy = _saved_bpe_policy(tmp_path)
     for arm in cfg.arm_names:
-        run, overrides = driver.arm_run_config(cfg, compare_data.training(task), arm, 1, spec,
+        run, overrides = compare_arms.arm_run_config(cfg, compare_data.training(task), arm, 1, spec,
                                                 policy)
         assert run.task == "dataset" and run.task_kwargs == compare_data.train_kwargs(cfg)
-        argv = shlex.split(driver.train_command(spec, str(tmp_path / arm), overrides))[1:]
+        argv = shlex.split(compare_arms.train_command(spec, str(tmp_path / arm), overrides))[1:]
         assert ("--eval-fraction" in argv) == ("eval_fraction" in split)
         assert "--eval-data" not in argv  # the held-out file is no training input
         args = cli._parse(argv)
@@ -286,7 +287,7 @@ def test_compare_on_your_data_end_to_end(files, tmp_path):
     assert "Data: `rows.jsonl`, reward functions `rewards.py:correct`, `rewards.py:short`" \
         in report and "13 rows train the warm start and every arm; 7 are held out" in report
     assert "--data " in s["command"] and "--eval-fraction 0.35" in s["command"]
-    with open(os.path.join(out, "arms", "vpo", "seed0", driver.ARM_DONE)) as f:
+    with open(os.path.join(out, "arms", "vpo", "seed0", compare_resume.ARM_DONE)) as f:
         command = json.load(f)["command"]
     assert "--eval-fraction 0.35 --split-seed 0" in command and "task=" not in command
 

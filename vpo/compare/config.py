@@ -96,7 +96,7 @@ class CompareConfig:
     search_best_of_n: bool = False  # add best-of-N to search_methods (older configs)
     probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
-    # The pilot gate, before RL (`vpo.compare.driver.pilot_gate`): the warm start measured on
+    # The pilot gate, before RL (`vpo.compare.gate.pilot_gate`): the warm start measured on
     # `gate_problems` held-out problems and as many training prompts; with `gate` on, the run
     # stops with a named message when the design cannot show an effect: pass@N (N, or the k
     # of a pass@k claim) above
