@@ -119,7 +119,9 @@ def load_env_factory(spec: str) -> Callable[[], Environment]:
     """`MODULE:FACTORY` (MODULE dotted or a .py path) → the factory, after building one
     environment and checking that it has reset / step / score, reward_names and weights. A
     factory that returns a `verifiers` environment (a hub module's `load_environment`) gives
-    `vpo.env.from_verifiers.from_verifiers` of the one it returned; one that returns an OpenEnv
+    `vpo.env.from_verifiers.from_verifiers` of the one it returned (a verifiers 0.4
+    `verifiers.v1` Env: `vpo.env.from_verifiers_v1.from_verifiers_v1`, run through vpo's
+    endpoint); one that returns an OpenEnv
     Environment gives `vpo.env.from_openenv.from_openenv(factory)` (one per episode)."""
     from vpo.tasks.reward_calls import load_callable  # the same module loading as --reward
 
@@ -131,7 +133,10 @@ def load_env_factory(spec: str) -> Callable[[], Environment]:
     except ConfigError as e:
         raise ConfigError(str(e).replace("--reward", "--env")) from None
     env = call_env(spec, "make_env", factory)
-    if any(c.__module__.startswith("verifiers.") for c in type(env).__mro__):
+    if any(c.__module__.startswith("verifiers.v1.") for c in type(env).__mro__):
+        factory = call_env(spec, "from_verifiers_v1", _from_verifiers_v1, env)
+        env = factory()
+    elif any(c.__module__.startswith("verifiers.") for c in type(env).__mro__):
         factory = call_env(spec, "from_verifiers", _from_verifiers, env)
         env = factory()
     elif any(c.__module__.startswith("openenv.") for c in type(env).__mro__):
@@ -145,6 +150,12 @@ def _from_verifiers(env: Any) -> Callable[[], Environment]:
     from vpo.env.from_verifiers import from_verifiers  # imports verifiers
 
     return from_verifiers(env)
+
+
+def _from_verifiers_v1(env: Any) -> Callable[[], Environment]:
+    from vpo.env.from_verifiers_v1 import from_verifiers_v1  # imports verifiers.v1
+
+    return from_verifiers_v1(env)
 
 
 def _from_openenv(make: Callable[[], Any]) -> Callable[[], Environment]:

@@ -15,6 +15,11 @@
 - update: `update_from_rollout`, unchanged: the log-probs over the whole conversation
   (observations as context), the loss on the assistant's tokens.
 
+A verifiers 0.4 environment (`verifiers.v1`, its factory's episodes `through_endpoint`) samples
+with `vpo.rl.env_served.run_served_episodes` instead: its harness runs the episodes against the
+policy served on a local port, and the rollout holds the token ids the server sampled
+(`env/turns_trained`: the share of its completions trained on).
+
 Metrics of the episodes join the step's: `env/turns`, `env/observation_tokens`,
 `env/ended` (the share ended by the environment or the turn limit, not cut off). The sample
 log shows every message of an episode (`EnvRLStep.sample_rows`).
@@ -32,6 +37,7 @@ import numpy as np
 from vpo.config import ConfigError
 from vpo.env.episode import run_episodes
 from vpo.env.task import EnvTask, check_env_run, env_factory
+from vpo.rl.env_served import run_served_episodes
 from vpo.rl.step import HostRLStep, StepConfig, model_of, sample_keys_BG, update_from_rollout
 from vpo.tasks.bound import BoundTask
 
@@ -90,6 +96,7 @@ def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> E
     m = settings.episodes_per_set
     check_env_run(cfg, m)
     last: dict[str, Any] = {}
+    served = getattr(factory, "through_endpoint", False)  # verifiers.v1 (vpo.rl.env_served)
 
     def sample(state, batch):
         index = np.asarray(jax.device_get(batch["problems"]["index"])).reshape(-1)
@@ -97,15 +104,23 @@ def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> E
         B, G = len(rows), cfg.sampler.num_samples
         keys_BG = sample_keys_BG(state, B, G)
         s = cfg.sampler
+        prompts = (np.asarray(jax.device_get(batch["prompt_BP"])),
+                   np.asarray(jax.device_get(batch["prompt_mask_BP"])))
+        if served:
+            seed = int(np.asarray(jax.random.key_data(keys_BG))[0, 0, -1] >> 1)
+            episodes, trained = run_served_episodes(
+                model_of(graphdef, state), task.tokenizer, factory, rows, G, prompts=prompts,
+                max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                top_k=s.top_k, seed=seed, where=settings.spec)
+            last["episodes"], last["trained"] = episodes, trained
+            return episodes.rollout
         episodes = run_episodes(
             model_of(graphdef, state), task.tokenizer,
             [[factory() for _ in range(G)] for _ in rows], rows, keys_BG,
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
             max_tokens=s.max_new_tokens, max_turns=settings.max_turns,
             reward_names=task.reward_names, where=settings.spec, timeout=settings.timeout,
-            row_ids=[int(r.get("_row", i)) for i, r in enumerate(rows)],
-            prompts=(np.asarray(jax.device_get(batch["prompt_BP"])),
-                     np.asarray(jax.device_get(batch["prompt_mask_BP"]))))
+            row_ids=[int(r.get("_row", i)) for i, r in enumerate(rows)], prompts=prompts)
         last["episodes"] = episodes
         return episodes.rollout
 
@@ -118,8 +133,11 @@ def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> E
     def update(state, batch, rollout, rewards, smask):
         state, metrics = jitted(state, batch, rollout, jnp.asarray(rewards), jnp.asarray(smask))
         ep = last["episodes"]
-        return state, {**metrics, "env/turns": float(ep.turns_BG.mean()),
-                       "env/observation_tokens": float(ep.observation_tokens_BG.mean()),
-                       "env/ended": float(np.asarray(ep.rollout.finished_BG).mean())}
+        metrics = {**metrics, "env/turns": float(ep.turns_BG.mean()),
+                   "env/observation_tokens": float(ep.observation_tokens_BG.mean()),
+                   "env/ended": float(np.asarray(ep.rollout.finished_BG).mean())}
+        if served:  # the share of the episodes' completions trained on (env_served)
+            metrics["env/turns_trained"] = float(last["trained"].sum() / max(1, ep.turns_BG.sum()))
+        return state, metrics
 
     return EnvRLStep(sample, score, update, tuple(task.reward_names), last)

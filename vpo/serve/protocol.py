@@ -267,7 +267,8 @@ def chat_response(gen: Generation, completions: Sequence[Completion], tokenizer,
                     "token": text, "logprob": lp, "bytes": list(text.encode()),
                     "top_logprobs": [{"token": _token_text(tokenizer, a), "logprob": b,
                                       "bytes": list(_token_text(tokenizer, a).encode())}
-                                     for a, b in c.top[t][:gen.top_logprobs]]})
+                                     for a, b in (c.top[t][:gen.top_logprobs]
+                                                  if gen.top_logprobs else ())]})
             logprobs = {"content": content}
         choices.append({"index": j, "message": {"role": "assistant", "content": c.text},
                         "finish_reason": c.finish_reason, "logprobs": logprobs,

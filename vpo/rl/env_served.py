@@ -1,0 +1,204 @@
+"""Episodes of a verifiers 0.4 environment through vpo's own endpoint (`vpo.env.from_verifiers_v1`).
+
+`run_served_episodes` is what the environment step samples with when the `--env` factory gives
+a `verifiers.v1` Env: it serves the policy of the current state on a local port (the engine and
+the app of `vpo serve`: `vpo.serve.engine.Engine`, `vpo.serve.app.make_app`, under uvicorn on a
+thread), runs the B rows × G episodes of the environment against it (its harness calls
+`http://127.0.0.1:PORT/v1` through verifiers' interception server), keeps every chat completion
+the server answered, by the `X-Session-ID` (the trace id) of its request, and builds the
+`vpo.env.episode.Episodes` the update trains on from those records: token ids and log-probs as
+the server sampled them, masks on the completions (`episode_tokens`), rewards from the
+environment's scoring (`trace_rewards`). The server is stopped when the episodes are over; the
+next step serves the updated policy (the compiled programs are kept: same shapes).
+
+Every request carries the step's sampling (temperature, top_p, top_k) with `logprobs: true` and
+`max_tokens` the episode's budget T (`sampler.max_new_tokens`). The log-probs the server reports
+are the model's at temperature 1 (the trainer's): `logp_BGT`, and `sample_logp_BGT` too (equal
+at temperature 1 without top-p / top-k filtering). Token entropies are not reported: 0.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from vpo.env.episode import Episodes
+from vpo.errors import ConfigError, EnvError
+from vpo.types import Rollout
+
+SERVED_NAME = "vpo-policy"  # the model name the environment's requests are sent for
+
+
+class _Recorder:
+    """An ASGI app in front of vpo's: every 200 answer to /v1/chat/completions, its JSON
+    body kept under the request's X-Session-ID, in the order answered. A request of an
+    episode that already has answers gets `max_tokens` at most what is left of the episode's
+    budget `T` after its last answer (at least 1): the episode's tokens past T are not trained
+    on, so they are not sampled at length."""
+
+    def __init__(self, app, T: int):
+        self.app, self.T = app, T
+        self.calls: dict[str, list[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+
+    def _room(self, session: str) -> int:
+        with self.lock:
+            calls = self.calls.get(session)
+            if not calls:
+                return self.T
+            first, last = calls[0], calls[-1]
+            used = (len(last["prompt_token_ids"]) + len(last["choices"][0]["token_ids"])
+                    - len(first["prompt_token_ids"]))
+        return max(1, self.T - used)
+
+    async def _body(self, receive, session: str):
+        """The request's body with `max_tokens` capped by the episode's room, replayed."""
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            room = self._room(session)
+            asked = body.get("max_completion_tokens", body.get("max_tokens"))
+            body.pop("max_completion_tokens", None)
+            body["max_tokens"] = min(asked, room) if isinstance(asked, int) and asked > 0 \
+                else room
+            raw = json.dumps(body).encode()
+        sent = [False]
+
+        async def replay():
+            if sent[0]:
+                return await receive()
+            sent[0] = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        return raw, replay
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
+            await self.app(scope, receive, send)
+            return
+        session = dict(scope.get("headers") or []).get(b"x-session-id", b"").decode()
+        raw, receive = await self._body(receive, session)
+        scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or []
+                                      if k != b"content-length"]
+                 + [(b"content-length", str(len(raw)).encode())]}
+        status, body = [0], []
+
+        async def keep(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, receive, keep)
+        if status[0] == 200:
+            with self.lock:
+                self.calls.setdefault(session, []).append(json.loads(b"".join(body)))
+
+
+def _serve(app) -> tuple[Any, threading.Thread, int]:
+    """uvicorn serving `app` on a free local port, on a daemon thread, once it listens."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, name="vpo-env-serve", daemon=True)
+    thread.start()
+    for _ in range(600):
+        if server.started or not thread.is_alive():
+            break
+        time.sleep(0.05)
+    if not server.started:
+        raise EnvError(f"vpo could not serve the policy on 127.0.0.1:{port} for the verifiers "
+                       "environment")
+    return server, thread, port
+
+
+def run_served_episodes(model, tokenizer, make: Callable[[], Any],
+                        rows: Sequence[dict[str, Any]], G: int, *,
+                        prompts: tuple[np.ndarray, np.ndarray], max_tokens: int,
+                        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                        seed: int = 0, where: str = "--env",
+                        slots: int = 16) -> tuple[Episodes, np.ndarray]:
+    """B = len(rows) rows × G episodes of the verifiers.v1 environment of `make` (the
+    factory `vpo.env.from_verifiers_v1.from_verifiers_v1` gives), the policy `model` served
+    for them → (`Episodes`, trained_BG: the completions of each episode trained on; see the
+    module docstring). prompts: the rows' rendered prompts
+    (prompt_BP, mask_BP) of the step's batch; max_tokens: T, the episode's token budget."""
+    try:
+        from vpo.serve.app import make_app
+    except ImportError as e:
+        raise ConfigError(f"a verifiers.v1 environment runs through vpo's endpoint, which needs "
+                          f"Starlette and uvicorn ({e}): pip install -e '.[serve]'") from None
+    from vpo.env import from_verifiers_v1 as v1
+    from vpo.serve.engine import Engine
+    from vpo.serve.protocol import Limits
+
+    adapter = make()
+    B, T = len(rows), max_tokens
+    L = model.cfg.max_seq_len
+    P = L - T
+    if P < 1:
+        raise ConfigError(f"sampler.max_new_tokens {T}: the model has {L} positions; the "
+                          "served policy needs room for the prompts")
+    tasks = [adapter.task(row) for row in rows for _ in range(G)]
+    engine = Engine(model, tokenizer, slots=slots, prompt_len=P, max_new_tokens=T, chunk=16,
+                    queue=max(256, 4 * B * G), seed=seed).start()
+    recorder = _Recorder(make_app(engine, Limits(SERVED_NAME, P, T, max_rows=1)), T)
+    server = thread = None
+    try:
+        server, thread, port = _serve(recorder)
+        sampling = {"temperature": float(temperature), "top_p": float(top_p),
+                    "top_k": int(top_k), "max_tokens": T, "logprobs": True}
+        traces = v1.run_v1_episodes(adapter.env, tasks, f"http://127.0.0.1:{port}/v1",
+                                    SERVED_NAME, sampling, where)
+    finally:
+        if server is not None:
+            server.should_exit = True
+            thread.join(timeout=30)
+        engine.close()
+    prompt_BP, mask_BP = prompts
+    R = len(adapter.reward_names)
+    tokens = np.full((B, G, T), int(tokenizer.pad_id), np.int32)
+    mask = np.zeros((B, G, T), bool)
+    logp = np.zeros((B, G, T), np.float32)
+    finished = np.zeros((B, G), bool)
+    turns, trained, obs = (np.zeros((B, G), np.int32) for _ in range(3))
+    rewards = np.zeros((B, G, R), np.float32)
+    messages: list[list[list[dict[str, str]]]] = [[[] for _ in range(G)] for _ in range(B)]
+    for i, trace in enumerate(traces):
+        b, g = divmod(i, G)
+        row = rows[b].get("_row", b)
+        calls = v1.chat_calls(recorder.calls.get(trace.id, []))
+        prompt = np.asarray(prompt_BP[b])[np.asarray(mask_BP[b], bool)].tolist()
+        ep = v1.episode_tokens(calls, prompt, T, where, row)
+        n = ep["length"]
+        tokens[b, g, :n] = ep["tokens"][:n]
+        mask[b, g], logp[b, g], finished[b, g] = ep["mask"], ep["logp"], ep["finished"]
+        turns[b, g], trained[b, g] = len(calls), ep["trained"]
+        obs[b, g] = n - int(ep["mask"].sum())
+        rewards[b, g] = v1.trace_rewards(trace, adapter.reward_names, where, row)
+        messages[b][g] = v1.trace_messages(trace)
+    rollout = Rollout(jnp.asarray(tokens), jnp.asarray(logp), jnp.asarray(logp),
+                      jnp.zeros((B, G, T), jnp.float32), jnp.asarray(mask),
+                      jnp.asarray(mask.sum(-1), jnp.int32), jnp.asarray(finished))
+    return Episodes(rollout, prompt_BP, mask_BP, messages, rewards, np.ones((B, G, R), bool),
+                    turns, obs, prefills=int(turns.sum())), trained
