@@ -44,22 +44,22 @@ def get_config(quick: bool):
 
 @functools.partial(jax.jit, static_argnames=("task", "cfg"))
 def select_and_prompt(task, cfg, state, key, problem):
-    idx_IBK, present_IBK, fresh_IB, k_prop = ingraph.select_step(cfg, state, key)
-    I, B, K = idx_IBK.shape
-    par = jax.vmap(population.take)(state.population, idx_IBK)
+    idx_IBU, present_IBU, fresh_IB, k_prop = ingraph.select_step(cfg, state, key)
+    I, B, K = idx_IBU.shape
+    par = jax.vmap(population.take)(state.population, idx_IBU)
     flat = lambda x: x.reshape((I * B,) + x.shape[2:])  # noqa: E731
     prompts_BP, mask_BP = ingraph.lm_prompts(
-        task, cfg, problem, flat(par.tokens_XA), flat(par.mask_XA & present_IBK[..., None]),
+        task, cfg, problem, flat(par.tokens_XA), flat(par.mask_XA & present_IBU[..., None]),
         flat(par.rewards_XR), flat(fresh_IB))
     keys_B1 = jax.random.split(k_prop, I * B).reshape(I * B, 1)
-    return idx_IBK, present_IBK, fresh_IB, prompts_BP, mask_BP, keys_B1
+    return idx_IBU, present_IBU, fresh_IB, prompts_BP, mask_BP, keys_B1
 
 
 @functools.partial(jax.jit, static_argnames=("task", "cfg"))
-def score_and_replace(task, cfg, state, idx_IBK, present_IBK, fresh_IB, tokens_BT, mask_BT,
+def score_and_replace(task, cfg, state, idx_IBU, present_IBU, fresh_IB, tokens_BT, mask_BT,
                       problem):
     answers = ingraph.split_completions(task, cfg, tokens_BT, mask_BT)
-    state = ingraph.absorb(task, cfg, None, lambda *a: answers, state, idx_IBK, present_IBK,
+    state = ingraph.absorb(task, cfg, None, lambda *a: answers, state, idx_IBU, present_IBU,
                           fresh_IB, jax.random.key(0))
     return ingraph.island_step(cfg, state)
 

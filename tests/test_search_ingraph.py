@@ -73,17 +73,17 @@ def match_problems(seed, num, num_answers):
     return ingraph.search_problems(TASK, TASK.make_problems(seed, num), num_answers)
 
 
-def edit_propose(model, key, problem, parents_BKA, pmask_BKA, prew_BKR, fresh_B, *, task, cfg):
+def edit_propose(model, key, problem, parents_BUA, pmask_BUA, prew_BKR, fresh_B, *, task, cfg):
     """Policy stand-in (symbol ids): a random string where fresh, else one random point edit of
     a parent."""
-    B, K, _ = parents_BKA.shape
+    B, K, _ = parents_BUA.shape
     M = cfg.num_answers
     k_sym, k_par, k_pos = jax.random.split(key, 3)
     rand_BMA = jax.random.randint(k_sym, (B, M, A), 0, SYM)
-    logits_BMK = jnp.broadcast_to(jnp.where(jnp.any(pmask_BKA, -1), 0.0, -jnp.inf)[:, None, :],
+    logits_BMK = jnp.broadcast_to(jnp.where(jnp.any(pmask_BUA, -1), 0.0, -jnp.inf)[:, None, :],
                                   (B, M, K))
     pick_BM = jax.random.categorical(k_par, logits_BMK)
-    base_BMA = jnp.take_along_axis(parents_BKA, pick_BM[..., None], axis=1)
+    base_BMA = jnp.take_along_axis(parents_BUA, pick_BM[..., None], axis=1)
     pos_BM = jax.random.randint(k_pos, (B, M), 0, A)
     edit = jnp.arange(A)[None, None, :] == pos_BM[..., None]
     out = jnp.where(fresh_B[:, None, None] | edit, rand_BMA, base_BMA)
@@ -325,12 +325,12 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
     slots = [demos, demos[::-1], [demos[0], None, demos[2]], [None, None, demos[1]],
              [None] * K]
     fresh_B = np.array([True, False, False, False, False])
-    sym_BKA, mask_BKA = task.parent_symbols([[d or "" for d in s] for s in slots], K)
+    sym_BUA, mask_BKA = task.parent_symbols([[d or "" for d in s] for s in slots], K)
     rew_BKR = (rng.integers(0, 11, (len(slots), K, task.num_rewards)) / 10
                + rng.uniform(-0.03, 0.03, (len(slots), K, task.num_rewards))).astype(np.float32)
     rew_BKR[1, :2] = np.arange(0.05, 1.0, 0.1).reshape(2, 5)  # half-way tenths, as float32
     build = jax.jit(functools.partial(ingraph.lm_prompts, task, cfg))
-    prompts_BP, mask_BP = (np.asarray(x) for x in build(problem, sym_BKA, mask_BKA, rew_BKR,
+    prompts_BP, mask_BP = (np.asarray(x) for x in build(problem, sym_BUA, mask_BKA, rew_BKR,
                                                         fresh_B))
     P = ingraph.prompt_len(task, problems, cfg, K)
     assert prompts_BP.shape == mask_BP.shape == (len(slots), P)

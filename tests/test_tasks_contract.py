@@ -347,8 +347,8 @@ def test_mutation_prompts_decode_to_mutation_text(bound, records):
     head_len = bound.mutation_heads(records)[0].shape[1]
     prompts, pmask = out["prompt_BP"], out["prompt_mask_BP"]
     assert prompts.shape == (len(records), bound.mutation_prompt_len(head_len, K, M))
-    assert out["parent_rewards_BKR"].shape == (len(records), K, bound.num_rewards)
-    assert not out["parent_valid_BK"][0, 0] and out["parent_valid_BK"][0, 1:len(parents[0])].all()
+    assert out["parent_rewards_BUR"].shape == (len(records), K, bound.num_rewards)
+    assert not out["parent_valid_BU"][0, 0] and out["parent_valid_BU"][0, 1:len(parents[0])].all()
     for i, r in enumerate(records):
         keep = pmask[i]
         n = int(keep.sum())
@@ -356,8 +356,8 @@ def test_mutation_prompts_decode_to_mutation_text(bound, records):
         shown = []
         for k, p in enumerate(parents[i][:K]):
             rew, val = task.score([r], [[p]])
-            assert bool(val[0, 0]) == bool(out["parent_valid_BK"][i, k])
-            np.testing.assert_array_equal(out["parent_rewards_BKR"][i, k], rew[0, 0])
+            assert bool(val[0, 0]) == bool(out["parent_valid_BU"][i, k])
+            np.testing.assert_array_equal(out["parent_rewards_BUR"][i, k], rew[0, 0])
             if val[0, 0]:
                 shown.append((p, rew[0, 0]))
         text = mutation_text(task, r, shown, M)

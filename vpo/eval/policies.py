@@ -304,19 +304,19 @@ def write_eval_table(out_dir: str, results: Mapping[str, Mapping[str, float]],
 def mutation_probe_inputs(task: BoundTask, records, *, num_answers: int, num_parents: int,
                           seed: int = 0) -> dict[str, np.ndarray]:
     """The probe's mutation prompts (built once, shared by every policy probed): per problem
-    the task's weaker parents (`task.mutation_demonstrations`, 1..K of them, drawn with
+    the task's weaker parents (`task.mutation_demonstrations`, 1..U of them, drawn with
     `seed`) with their real rewards in the search's mutation prompt
-    (`BoundTask.mutation_prompt_arrays`) → its arrays plus parent symbols "parents_BKA" /
-    "parent_mask_BKA" and the problems' "task" arrays."""
+    (`BoundTask.mutation_prompt_arrays`) → its arrays plus parent symbols "parents_BUA" /
+    "parent_mask_BUA" and the problems' "task" arrays."""
     if not task.has_mutation_demonstrations:  # host-scored tasks have none
         raise ValueError(f"task {task.name!r} has no in-graph mutation prompts to probe")
-    M, K = num_answers, num_parents
+    M, U = num_answers, num_parents
     rng = np.random.default_rng(seed)
-    parents = [task.task.mutation_demonstrations(r, rng, K, M)[0] for r in records]
-    mut = task.mutation_prompt_arrays(records, parents, M, K)
-    sym_BKA, pmask_BKA = task.parent_symbols(parents, K)
-    return {**mut, "parents_BKA": sym_BKA,
-            "parent_mask_BKA": pmask_BKA & mut["parent_valid_BK"][..., None],
+    parents = [task.task.mutation_demonstrations(r, rng, U, M)[0] for r in records]
+    mut = task.mutation_prompt_arrays(records, parents, M, U)
+    sym_BUA, pmask_BUA = task.parent_symbols(parents, U)
+    return {**mut, "parents_BUA": sym_BUA,
+            "parent_mask_BUA": pmask_BUA & mut["parent_valid_BU"][..., None],
             "task": task.problem_arrays(records)["task"]}
 
 
@@ -333,10 +333,10 @@ def _probe_scorer(task: BoundTask, num_answers: int):
             tokens_BGT, mask_BGT)
         fit_BGM = jnp.where(valid_BGM, rewards_BGMR @ w_R, 0.0)
         child_BGMA = jnp.where(smask_BGMA, sym_BGMA, -1)
-        parent_BKA = jnp.where(inputs["parent_mask_BKA"], inputs["parents_BKA"], -1)
-        same_BGMK = jnp.all(child_BGMA[:, :, :, None, :] == parent_BKA[:, None, None], -1)
-        present_BK = jnp.any(inputs["parent_mask_BKA"], -1)
-        copy_BGM = valid_BGM & jnp.any(same_BGMK & present_BK[:, None, None, :], -1)
+        parent_BUA = jnp.where(inputs["parent_mask_BUA"], inputs["parents_BUA"], -1)
+        same_BGMU = jnp.all(child_BGMA[:, :, :, None, :] == parent_BUA[:, None, None], -1)
+        present_BU = jnp.any(inputs["parent_mask_BUA"], -1)
+        copy_BGM = valid_BGM & jnp.any(same_BGMU & present_BU[:, None, None, :], -1)
         B, G = valid_BGM.shape[:2]
         flat = lambda x: x.reshape((B, G * M) + x.shape[3:])  # noqa: E731
         distinct_B = metrics.distinct_solutions(flat(sym_BGMA), flat(smask_BGMA),
@@ -375,11 +375,11 @@ def mutation_probe(model: Decoder, task: BoundTask, inputs: dict[str, np.ndarray
     tok = task.tokenizer
     r = sample(model, prompts, pmask, key, cfg, stop_ids=tok.stop_ids, pad_id=tok.pad_id)
     valid, fit, copy, distinct, solved = _probe_scorer(task, M)(
-        {k: inputs[k] for k in ("task", "parents_BKA", "parent_mask_BKA")},
+        {k: inputs[k] for k in ("task", "parents_BUA", "parent_mask_BUA")},
         r.tokens_BGT, r.mask_BGT)
     w_R = np.asarray(task.eval_weights_R, np.float32)
-    pfit_BK = np.where(inputs["parent_valid_BK"], inputs["parent_rewards_BKR"] @ w_R, -np.inf)
-    best_parent_B = pfit_BK.max(-1)
+    pfit_BU = np.where(inputs["parent_valid_BU"], inputs["parent_rewards_BUR"] @ w_R, -np.inf)
+    best_parent_B = pfit_BU.max(-1)
     valid, fit = np.asarray(valid), np.asarray(fit)
     return {"valid": float(valid.mean()),
             "improve": float((valid & (fit > best_parent_B[:, None, None])).mean()),

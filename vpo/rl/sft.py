@@ -6,7 +6,7 @@ Given several answer counts (`num_answers=(1, 3)`) every batch mixes 1-answer an
 prompts, so one warm start serves single- and multi-answer RL arms (`vpo compare`).
 Evolutionary search (`vpo.search.ingraph`) also uses the policy as its mutation operator, so by
 default a fraction of every batch are mutation-prompt demonstrations (`mutation_demonstration_set`):
-K weaker parents with their real rewards in `task.mutation_prompt` → m children that each score
+U weaker parents with their real rewards in `task.mutation_prompt` → m children that each score
 strictly higher than every parent under the task's reward.
 """
 
@@ -92,7 +92,7 @@ def mutation_demonstration_set(task: BoundTask, num: int, num_answers: int, num_
                                ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """`num` mutation-prompt demonstrations as padded arrays for `sft_step`, and stats.
 
-    Per problem, `task.mutation_demonstrations` proposes 1..K parents and m children; the
+    Per problem, `task.mutation_demonstrations` proposes 1..U parents and m children; the
     parents are scored one by one and the children as one m-answer generation (duplicates
     invalid), by the task's scorer. A pair is kept iff every parent and child is valid and
     min_j w*ᵀr(child_j) > max_k w*ᵀr(parent_k). The prompt is the search's mutation prompt
@@ -106,7 +106,7 @@ def mutation_demonstration_set(task: BoundTask, num: int, num_answers: int, num_
     if not task.has_mutation_demonstrations:
         raise ValueError(f"task {task.name!r} has no in-graph mutation_demonstrations; train "
                          "with mutation_fraction=0")
-    K, M = num_parents, num_answers
+    U, M = num_parents, num_answers
     w_R = task.eval_weights_R
     rng = np.random.default_rng(seed)
     rows: dict[str, list[np.ndarray]] = {"prompt_BP": [], "prompt_mask_BP": [], "target": []}
@@ -115,26 +115,26 @@ def mutation_demonstration_set(task: BoundTask, num: int, num_answers: int, num_
     for r in range(max_rounds):
         n = num if r == 0 else (num - kept) * 2 + 8  # later rounds top up the shortfall
         records = task.make_problems(seed + r, n)
-        pairs = [task.task.mutation_demonstrations(rec, rng, K, M) for rec in records]
+        pairs = [task.task.mutation_demonstrations(rec, rng, U, M) for rec in records]
         parents = [p for p, _ in pairs]
         children = [c for _, c in pairs]
-        mut = task.mutation_prompt_arrays(records, parents, M, K)
+        mut = task.mutation_prompt_arrays(records, parents, M, U)
         crew_NMR, cvalid_NM = task.task.score(records, children)
         cfit_NM = np.asarray(crew_NMR) @ w_R
-        pfit_NK = mut["parent_rewards_BKR"] @ w_R
-        present_NK = np.array([[k < len(p) for k in range(K)] for p in parents])
+        pfit_NU = mut["parent_rewards_BUR"] @ w_R
+        present_NU = np.array([[k < len(p) for k in range(U)] for p in parents])
         for i in range(n):
             tried += 1
-            pv, pk = mut["parent_valid_BK"][i], present_NK[i]
+            pv, pk = mut["parent_valid_BU"][i], present_NU[i]
             if not (pk.any() and np.all(pv | ~pk) and np.all(cvalid_NM[i])
                     and len(children[i]) == M
-                    and cfit_NM[i].min() > pfit_NK[i][pk].max()):
+                    and cfit_NM[i].min() > pfit_NU[i][pk].max()):
                 continue
             kept += 1
             rows["prompt_BP"].append(mut["prompt_BP"][i])
             rows["prompt_mask_BP"].append(mut["prompt_mask_BP"][i])
             rows["target"].append(task.answers_ids(children[i]))
-            stats["parent"].append(float(pfit_NK[i][pk].mean()))
+            stats["parent"].append(float(pfit_NU[i][pk].mean()))
             stats["child"].append(float(cfit_NM[i].mean()))
             stats["parents"].append(float(pk.sum()))
             if kept == num:

@@ -117,7 +117,7 @@ def _population(ids_X, rewards_XR, valid_X, weights_R, first_id: int) -> Populat
 
 @functools.partial(jax.jit, static_argnames=("num_calls", "cfg"))
 def _select_parents(keys_NI, fitness_NIQ, valid_NIQ, *, num_calls: int, cfg: SearchConfig):
-    """Parents of every problem's and island's calls → (idx_NIBK, present_NIBK, fresh_NIB)."""
+    """Parents of every problem's and island's calls → (idx_NIBU, present_NIBU, fresh_NIB)."""
     select = functools.partial(
         ops.select_parents, num_calls=num_calls, num_parents=cfg.parents, method=cfg.selection,
         temperature=cfg.selection_temperature, tournament_size=cfg.tournament_size)
@@ -201,18 +201,18 @@ def _propose_grid(propose: Proposer, records, parent_lists, key, lead: tuple[int
     return (ids_X.reshape(shape), rewards_XR.reshape(*shape, R), valid_X.reshape(shape))
 
 
-def _parents_of(table: TextTable, pop_NIQ: Population, idx_NIBK, present_NIBK):
+def _parents_of(table: TextTable, pop_NIQ: Population, idx_NIBU, present_NIBU):
     """Parent lists (text, rewards) of every call, in (N, I, B) order."""
     tokens = np.asarray(pop_NIQ.tokens_XA[..., 0])
     rewards = np.asarray(pop_NIQ.rewards_XR)
-    N, I, B, K = idx_NIBK.shape
+    N, I, B, U = idx_NIBU.shape
     out = []
     for n in range(N):
         for i in range(I):
             for b in range(B):
-                out.append([(table.texts[tokens[n, i, idx_NIBK[n, i, b, k]]],
-                             rewards[n, i, idx_NIBK[n, i, b, k]].tolist())
-                            for k in range(K) if present_NIBK[n, i, b, k]])
+                out.append([(table.texts[tokens[n, i, idx_NIBU[n, i, b, k]]],
+                             rewards[n, i, idx_NIBU[n, i, b, k]].tolist())
+                            for k in range(U) if present_NIBU[n, i, b, k]])
     return out
 
 

@@ -13,7 +13,7 @@ the mesh's data axes.
 
 One shape, as evosax: `make_search(task, cfg, propose, mesh) -> (init, step)` with
 `init(key, problem)` and `step(key, state)`, pure and traceable. The children come from
-`propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B) ->
+`propose(key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B) ->
 (answers_BMA, answer_mask_BMA)` (B policy calls, M = num_answers candidates each);
 `lm_propose(model, ..., task=, cfg=)` samples the LM (`run_method` closes it over the model).
 The baselines (best-of-N and sequential revision) use the same proposer and reward at the same
@@ -46,7 +46,7 @@ from vpo.search.population import Population
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask, HostTask
 
-# propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B)
+# propose(key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B)
 #   -> (answers_BMA, answer_mask_BMA): B calls, m candidates each (symbol ids of the task)
 Propose = Callable[..., tuple[jax.Array, jax.Array]]
 
@@ -115,12 +115,12 @@ def prompt_len(task: BoundTask, problems: dict, cfg: SearchConfig, num_parents: 
                                         cfg.num_answers), problems["prompt_P"].shape[-1])
 
 
-def lm_prompts(task: BoundTask, cfg: SearchConfig, problem, parents_BKA, parent_mask_BKA,
-               parent_rewards_BKR, fresh_B) -> tuple[jax.Array, jax.Array]:
+def lm_prompts(task: BoundTask, cfg: SearchConfig, problem, parents_BUA, parent_mask_BUA,
+               parent_rewards_BUR, fresh_B) -> tuple[jax.Array, jax.Array]:
     """Mutation prompts (or, where `fresh`, the plain prompt), left-padded to the same length
     → (prompts_BP, mask_BP), P = `prompt_len`."""
-    m, K = cfg.num_answers, parents_BKA.shape[1]
-    P2 = prompt_len(task, problem, cfg, K)
+    m, U = cfg.num_answers, parents_BUA.shape[1]
+    P2 = prompt_len(task, problem, cfg, U)
     pad = task.tokenizer.pad_id
 
     def to_len(t, msk):
@@ -130,7 +130,7 @@ def lm_prompts(task: BoundTask, cfg: SearchConfig, problem, parents_BKA, parent_
 
     mut_BP, mmask_BP = jax.vmap(lambda a, am, r: to_len(*task.mutation_prompt(
         problem["head_H"], problem["head_mask_H"], a, am, r, m)))(
-        parents_BKA, parent_mask_BKA, parent_rewards_BKR)
+        parents_BUA, parent_mask_BUA, parent_rewards_BUR)
     plain_P, pmask_P = to_len(problem["prompt_P"], problem["prompt_mask_P"])
     prompts_BP = jnp.where(fresh_B[:, None], plain_P[None, :], mut_BP)
     return prompts_BP, jnp.where(fresh_B[:, None], pmask_P[None, :], mmask_BP)
@@ -144,13 +144,13 @@ def split_completions(task: BoundTask, cfg: SearchConfig, tokens_BT, mask_BT):
     return answers_BMA, amask_BMA
 
 
-def lm_propose(model, key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B,
+def lm_propose(model, key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B,
                *, task, cfg: SearchConfig):
     """The policy as mutation operator: one sampler call per row, m candidates from each;
     the rows decode through `cfg.num_slots` refilled slots when 0 < S < rows
     (`vpo.rollout.slots.generate_rollouts`, the same draws as every row at once)."""
-    prompts_BP, mask_BP = lm_prompts(task, cfg, problem, parents_BKA, parent_mask_BKA,
-                                     parent_rewards_BKR, fresh_B)
+    prompts_BP, mask_BP = lm_prompts(task, cfg, problem, parents_BUA, parent_mask_BUA,
+                                     parent_rewards_BUR, fresh_B)
     B = prompts_BP.shape[0]
     keys_B1 = jax.random.split(key, B).reshape(B, 1)
     roll = generate_rollouts(model, prompts_BP, mask_BP, keys_B1, jnp.float32(cfg.temperature),
@@ -161,11 +161,11 @@ def lm_propose(model, key, problem, parents_BKA, parent_mask_BKA, parent_rewards
     return split_completions(task, cfg, roll.tokens_BGT[:, 0], roll.mask_BGT[:, 0])
 
 
-def _children(task, cfg, propose, problem, key, parents: Population, present_BK, fresh_B,
+def _children(task, cfg, propose, problem, key, parents: Population, present_BU, fresh_B,
               evaluated) -> Population:
     """Propose B·m candidates (one flat batch of calls) and score them → children [N = B·m]."""
     ans_BMA, amask_BMA = propose(key, problem, parents.tokens_XA,
-                                 parents.mask_XA & present_BK[..., None], parents.rewards_XR,
+                                 parents.mask_XA & present_BU[..., None], parents.rewards_XR,
                                  fresh_B)
     B, M, A = ans_BMA.shape
     ans_NA, amask_NA = ans_BMA.reshape(B * M, A), amask_BMA.reshape(B * M, A)
@@ -214,15 +214,15 @@ def _empty_state(task, lead, problem) -> SearchState:
                        problem)
 
 
-def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBK, present_IBK, fresh_IB, key
+def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBU, present_IBU, fresh_IB, key
            ) -> SearchState:
     """Propose children for every island from the selected parents, score, replace."""
     pop = state.population
-    I, B, K = idx_IBK.shape
-    parents = jax.vmap(ops.take)(pop, idx_IBK)  # [I, B, K]
+    I, B, U = idx_IBU.shape
+    parents = jax.vmap(ops.take)(pop, idx_IBU)  # [I, B, U]
     parents = jax.tree.map(lambda x: x.reshape((I * B,) + x.shape[2:]), parents)
     kids = _children(task, cfg, propose, state.problem, key, parents,
-                     present_IBK.reshape(I * B, K), fresh_IB.reshape(I * B), state.evaluated)
+                     present_IBU.reshape(I * B, U), fresh_IB.reshape(I * B), state.evaluated)
     state = _record(task, state, kids)
     kids_IC = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
     return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IC),
@@ -230,17 +230,17 @@ def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBK, present_IBK, f
 
 
 def select_step(cfg: SearchConfig, state: SearchState, key):
-    """Parents of every island's C / m calls → (idx_IBK, present_IBK, fresh_IB, proposal key)."""
+    """Parents of every island's C / m calls → (idx_IBU, present_IBU, fresh_IB, proposal key)."""
     pop = state.population
     I, B = cfg.islands, cfg.children // cfg.num_answers
     k_sel, k_fresh, k_prop = jax.random.split(key, 3)
     select = functools.partial(
         ops.select_parents, num_calls=B, num_parents=cfg.parents, method=cfg.selection,
         temperature=cfg.selection_temperature, tournament_size=cfg.tournament_size)
-    idx_IBK, present_IBK = jax.vmap(select)(jax.random.split(k_sel, I), pop.fitness_X,
+    idx_IBU, present_IBU = jax.vmap(select)(jax.random.split(k_sel, I), pop.fitness_X,
                                             pop.valid_X)
-    fresh_IB = jax.random.bernoulli(k_fresh, cfg.fresh_rate, (I, B)) | ~jnp.any(present_IBK, -1)
-    return idx_IBK, present_IBK & ~fresh_IB[..., None], fresh_IB, k_prop
+    fresh_IB = jax.random.bernoulli(k_fresh, cfg.fresh_rate, (I, B)) | ~jnp.any(present_IBU, -1)
+    return idx_IBU, present_IBU & ~fresh_IB[..., None], fresh_IB, k_prop
 
 
 def island_step(cfg: SearchConfig, state: SearchState, mesh=None) -> SearchState:
@@ -267,11 +267,11 @@ def make_search(task: BoundTask, cfg: SearchConfig, propose: Propose, mesh=None
         step(key, state)   -> SearchState   one generation on all islands: select parents,
                                             mutate, score, replace, then migrate / reset when due
 
-    `propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B) ->
+    `propose(key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B) ->
     (answers_BMA, answer_mask_BMA)` is the mutation operator with the policy closed over, e.g.
     `functools.partial(lm_propose, model, task=task, cfg=cfg)`. `problem` is one row of
     `search_problems` (no N axis); the state carries it. `mesh` shards the island axis.
-    Shapes: B proposals per island, K parents, M = cfg.num_answers answers per proposal, A =
+    Shapes: B proposals per island, U parents, M = cfg.num_answers answers per proposal, A =
     the task's answer_len symbol ids (of its `symbols`), R reward components; `fresh_B` is
     True where a proposal starts from the plain prompt (no parents). A `propose` of your own,
     here random point edits instead of a policy:
@@ -289,13 +289,13 @@ def make_search(task: BoundTask, cfg: SearchConfig, propose: Propose, mesh=None
     cfg = SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
                        num_answers=2)
 
-    def propose(key, problem, parents_BKA, parent_mask_BKA, parent_rewards_BKR, fresh_B):
-        B, K, A = parents_BKA.shape
+    def propose(key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B):
+        B, U, A = parents_BUA.shape
         M, S = cfg.num_answers, len(maze.symbols)
         k_sym, k_par, k_pos = jax.random.split(key, 3)
         random_BMA = jax.random.randint(k_sym, (B, M, A), 0, S)
-        pick_BM = jax.random.randint(k_par, (B, M), 0, K)
-        parent_BMA = jnp.take_along_axis(parents_BKA, pick_BM[..., None], axis=1)
+        pick_BM = jax.random.randint(k_par, (B, M), 0, U)
+        parent_BMA = jnp.take_along_axis(parents_BUA, pick_BM[..., None], axis=1)
         edit_BMA = jnp.arange(A) == jax.random.randint(k_pos, (B, M, 1), 0, A)
         out_BMA = jnp.where(fresh_B[:, None, None] | edit_BMA, random_BMA, parent_BMA)
         return out_BMA.astype(jnp.int32), jnp.ones((B, M, A), bool)
@@ -310,18 +310,18 @@ def make_search(task: BoundTask, cfg: SearchConfig, propose: Propose, mesh=None
     print(state.best_fitness, state.best_rewards_R)
     ```
     """
-    I, K = cfg.islands, cfg.parents
+    I, U = cfg.islands, cfg.parents
 
     def init(key, problem) -> SearchState:
         B = cfg.members // cfg.num_answers
         state = _empty_state(task, (I, cfg.members), problem)
         state = state._replace(population=_constrain(state.population, mesh))
-        return absorb(task, cfg, mesh, propose, state, jnp.zeros((I, B, K), jnp.int32),
-                      jnp.zeros((I, B, K), bool), jnp.ones((I, B), bool), key)
+        return absorb(task, cfg, mesh, propose, state, jnp.zeros((I, B, U), jnp.int32),
+                      jnp.zeros((I, B, U), bool), jnp.ones((I, B), bool), key)
 
     def step(key, state: SearchState) -> SearchState:
-        idx_IBK, present_IBK, fresh_IB, k_prop = select_step(cfg, state, key)
-        state = absorb(task, cfg, mesh, propose, state, idx_IBK, present_IBK, fresh_IB, k_prop)
+        idx_IBU, present_IBU, fresh_IB, k_prop = select_step(cfg, state, key)
+        state = absorb(task, cfg, mesh, propose, state, idx_IBU, present_IBU, fresh_IB, k_prop)
         return island_step(cfg, state, mesh)
 
     return init, step
@@ -351,12 +351,12 @@ def _pool_state(task, state, kids_N):
 def _best_of_n(model, task, cfg, propose, mesh, problem, key):
     """Independent samples from the plain prompt, in chunks matching the search's generations."""
     propose = functools.partial(propose, model, task=task, cfg=cfg)
-    K = cfg.parents
+    U = cfg.parents
     A, R = task.answer_len, task.num_rewards
 
     def chunk(state, calls, k):
-        dummy = ops.empty_population((calls, K), A, R)
-        kids = _children(task, cfg, propose, problem, k, dummy, jnp.zeros((calls, K), bool),
+        dummy = ops.empty_population((calls, U), A, R)
+        kids = _children(task, cfg, propose, problem, k, dummy, jnp.zeros((calls, U), bool),
                          jnp.ones((calls,), bool), state.evaluated)
         state, div = _pool_state(task, state, kids)
         return state, trace_point(state, div)

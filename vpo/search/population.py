@@ -103,28 +103,28 @@ def replace_elitist(members: Population, children: Population) -> Population:
 def select_parents(key, fitness_Q, valid_Q, *, num_calls: int, num_parents: int,
                    method: str, temperature: float, tournament_size: int
                    ) -> tuple[jax.Array, jax.Array]:
-    """Parents of `num_calls` mutations → (idx_BK int32, present_BK bool).
+    """Parents of `num_calls` mutations → (idx_BU int32, present_BU bool).
 
-    boltzmann: K distinct members drawn without replacement with probability ∝
+    boltzmann: U distinct members drawn without replacement with probability ∝
       softmax(fitness / temperature) (Gumbel top-K). tournament: each parent is the fittest of
       `tournament_size` members drawn uniformly (with replacement) among the valid ones; a parent
       picked twice in one call is kept once. Empty slots are never present.
     """
-    Q, B, K = fitness_Q.shape[0], num_calls, num_parents
+    Q, B, U = fitness_Q.shape[0], num_calls, num_parents
     if method == "boltzmann":
         logits_Q = jnp.where(valid_Q, fitness_Q / temperature, -jnp.inf)
         g_BQ = jax.random.gumbel(key, (B, Q))
-        _, idx_BK = jax.lax.top_k(logits_Q[None, :] + g_BQ, K)
+        _, idx_BU = jax.lax.top_k(logits_Q[None, :] + g_BQ, U)
     else:
         log_valid_Q = jnp.where(valid_Q, 0.0, -jnp.inf)
-        logits_BKSQ = jnp.broadcast_to(log_valid_Q, (B, K, tournament_size, Q))
-        contest_BKS = jax.random.categorical(key, logits_BKSQ)
-        best_BK = jnp.argmax(fitness_Q[contest_BKS], axis=-1)
-        idx_BK = jnp.take_along_axis(contest_BKS, best_BK[..., None], axis=-1)[..., 0]
-    idx_BK = idx_BK.astype(jnp.int32)
-    earlier_KK = jnp.arange(K)[None, :] < jnp.arange(K)[:, None]
-    repeat_BK = jnp.any((idx_BK[:, :, None] == idx_BK[:, None, :]) & earlier_KK[None], axis=-1)
-    return idx_BK, valid_Q[idx_BK] & ~repeat_BK
+        logits_BUSQ = jnp.broadcast_to(log_valid_Q, (B, U, tournament_size, Q))
+        contest_BUS = jax.random.categorical(key, logits_BUSQ)
+        best_BU = jnp.argmax(fitness_Q[contest_BUS], axis=-1)
+        idx_BU = jnp.take_along_axis(contest_BUS, best_BU[..., None], axis=-1)[..., 0]
+    idx_BU = idx_BU.astype(jnp.int32)
+    earlier_UU = jnp.arange(U)[None, :] < jnp.arange(U)[:, None]
+    repeat_BU = jnp.any((idx_BU[:, :, None] == idx_BU[:, None, :]) & earlier_UU[None], axis=-1)
+    return idx_BU, valid_Q[idx_BU] & ~repeat_BU
 
 
 def migrate(pop: Population, count: int) -> Population:

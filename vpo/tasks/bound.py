@@ -250,46 +250,46 @@ class BoundTask:
             "\n" + answer_instruction(self.task, num_answers, better=True)) + suffix
 
     def mutation_prompt_len(self, head_len: int, num_parents: int, num_answers: int) -> int:
-        """Static length of `mutation_prompt` with a head of `head_len` and Q parents."""
+        """Static length of `mutation_prompt` with a head of `head_len` and U parents."""
         p = self._pieces
         per_parent = (p["answer_k"][0].shape[1] + self.answer_len * p["symbol"][0].shape[1]
                       + p["scores"][0].shape[1] + self.num_rewards * p["tenths"][0].shape[1])
         return head_len + num_parents * per_parent + len(self._tail(num_answers))
 
-    def mutation_prompt(self, head_H, head_mask_H, parents_QA, parent_mask_QA,
-                        parent_rewards_QR, num_answers: int) -> tuple[jax.Array, jax.Array]:
+    def mutation_prompt(self, head_H, head_mask_H, parents_UA, parent_mask_UA,
+                        parent_rewards_UR, num_answers: int) -> tuple[jax.Array, jax.Array]:
         """In-graph mutation prompt → (tokens_P2, mask_P2), left-padded to
-        `mutation_prompt_len`. parents_QA: symbol ids; a parent with an all-False mask is left
+        `mutation_prompt_len`. parents_UA: symbol ids; a parent with an all-False mask is left
         out; rewards are written in tenths. Decodes to `mutation_text` of the same parents."""
         p = {k: (jnp.asarray(t), jnp.asarray(m)) for k, (t, m) in self._pieces.items()}
-        Q, A = parents_QA.shape
-        present_Q = jnp.any(parent_mask_QA, axis=-1)
-        number_Q = jnp.cumsum(present_Q.astype(jnp.int32)) - 1  # present parents count 1, 2, ..
+        U, A = parents_UA.shape
+        present_U = jnp.any(parent_mask_UA, axis=-1)
+        number_U = jnp.cumsum(present_U.astype(jnp.int32)) - 1  # present parents count 1, 2, ..
         segments = [(head_H, head_mask_H)]
-        tenths_QR = jnp.clip(jnp.round(parent_rewards_QR.astype(jnp.float32) * 10), 0, 10
+        tenths_UR = jnp.clip(jnp.round(parent_rewards_UR.astype(jnp.float32) * 10), 0, 10
                              ).astype(jnp.int32)
-        for q in range(Q):
-            sym_A = jnp.clip(parents_QA[q], 0, p["symbol"][0].shape[0] - 1)
+        for q in range(U):
+            sym_A = jnp.clip(parents_UA[q], 0, p["symbol"][0].shape[0] - 1)
             segments += [
-                (p["answer_k"][0][number_Q[q]], p["answer_k"][1][number_Q[q]] & present_Q[q]),
-                (p["symbol"][0][sym_A], p["symbol"][1][sym_A] & parent_mask_QA[q][:, None]),
-                (p["scores"][0][0], p["scores"][1][0] & present_Q[q]),
-                (p["tenths"][0][tenths_QR[q]], p["tenths"][1][tenths_QR[q]] & present_Q[q])]
+                (p["answer_k"][0][number_U[q]], p["answer_k"][1][number_U[q]] & present_U[q]),
+                (p["symbol"][0][sym_A], p["symbol"][1][sym_A] & parent_mask_UA[q][:, None]),
+                (p["scores"][0][0], p["scores"][1][0] & present_U[q]),
+                (p["tenths"][0][tenths_UR[q]], p["tenths"][1][tenths_UR[q]] & present_U[q])]
         tail = jnp.asarray(self._tail(num_answers), jnp.int32)
         segments.append((tail, jnp.ones(tail.shape, bool)))
-        length = self.mutation_prompt_len(head_H.shape[-1], Q, num_answers)
+        length = self.mutation_prompt_len(head_H.shape[-1], U, num_answers)
         return pack_left_padded(segments, length, self.tokenizer.pad_id)
 
     def parent_symbols(self, parents: Sequence[Sequence[str]], num_parents: int
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """Parent answer texts per problem → (symbols_NKA int32, mask_NKA bool), K slots (absent
+        """Parent answer texts per problem → (symbols_NUA int32, mask_NUA bool), U slots (absent
         or malformed parents: all-False masks)."""
-        K, A = num_parents, self.answer_len
+        U, A = num_parents, self.answer_len
         index = {s: i for i, s in enumerate(self.task.symbols)}
-        sym = np.zeros((len(parents), K, A), np.int32)
-        mask = np.zeros((len(parents), K, A), bool)
+        sym = np.zeros((len(parents), U, A), np.int32)
+        mask = np.zeros((len(parents), U, A), bool)
         for n, row in enumerate(parents):
-            for k, text in enumerate(row[:K]):
+            for k, text in enumerate(row[:U]):
                 words = symbol_words(text, self.task.symbols, A)
                 if words:
                     sym[n, k, :len(words)] = [index[w] for w in words]
@@ -299,23 +299,23 @@ class BoundTask:
     def mutation_prompt_arrays(self, records: Sequence[Record],
                                parents: Sequence[Sequence[str]], num_answers: int,
                                num_parents: int) -> dict[str, np.ndarray]:
-        """Mutation prompts of given parent answer texts (at most K per problem), each scored by
+        """Mutation prompts of given parent answer texts (at most U per problem), each scored by
         the task as a one-answer generation, built by the in-graph `mutation_prompt` →
-        {"prompt_BP", "prompt_mask_BP", "parent_rewards_BKR", "parent_valid_BK"} (numpy)."""
-        K = num_parents
-        sym_NKA, mask_NKA = self.parent_symbols(parents, K)
+        {"prompt_BP", "prompt_mask_BP", "parent_rewards_BUR", "parent_valid_BU"} (numpy)."""
+        U = num_parents
+        sym_NUA, mask_NUA = self.parent_symbols(parents, U)
         texts = [[self.symbols_text(a, m) if m.any() else None for a, m in zip(s, k, strict=True)]
-                 for s, k in zip(sym_NKA, mask_NKA, strict=True)]
+                 for s, k in zip(sym_NUA, mask_NUA, strict=True)]
         flat = [[t] for row in texts for t in row]
-        rew, valid = self.task.score([r for r in records for _ in range(K)], flat)
-        rew_NKR = rew[:, 0].reshape(len(records), K, -1)
-        valid_NK = valid[:, 0].reshape(len(records), K)
+        rew, valid = self.task.score([r for r in records for _ in range(U)], flat)
+        rew_NUR = rew[:, 0].reshape(len(records), U, -1)
+        valid_NU = valid[:, 0].reshape(len(records), U)
         head_NH, hmask_NH = self.mutation_heads(records)
         tokens, mask = self._mutation_builder(num_answers)(
-            head_NH, hmask_NH, sym_NKA, mask_NKA & valid_NK[..., None],
-            np.where(valid_NK[..., None], rew_NKR, 0.0))
+            head_NH, hmask_NH, sym_NUA, mask_NUA & valid_NU[..., None],
+            np.where(valid_NU[..., None], rew_NUR, 0.0))
         return {"prompt_BP": np.asarray(tokens, np.int32), "prompt_mask_BP": np.asarray(mask),
-                "parent_rewards_BKR": rew_NKR, "parent_valid_BK": valid_NK}
+                "parent_rewards_BUR": rew_NUR, "parent_valid_BU": valid_NU}
 
     @functools.cache  # noqa: B019  (one compiled builder per m; the task lives as long)
     def _mutation_builder(self, num_answers: int):
