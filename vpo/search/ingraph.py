@@ -101,17 +101,17 @@ def _check_in_graph(task: BoundTask) -> None:
 
 def search_problems(task: BoundTask, records: list[Record], num_answers: int) -> dict:
     """The problems as search reads them (numpy, leading N): {"task": the task's arrays,
-    "head_H"/"head_mask_H": mutation-prompt heads, "prompt_P"/"prompt_mask_P": plain prompts}."""
+    "head_P"/"head_mask_P": mutation-prompt heads, "prompt_P"/"prompt_mask_P": plain prompts}."""
     _check_in_graph(task)
     head, hmask = task.mutation_heads(records)
     prompt, pmask = task.prompt_arrays(records, num_answers)
-    return {"task": task.problem_arrays(records)["task"], "head_H": head, "head_mask_H": hmask,
+    return {"task": task.problem_arrays(records)["task"], "head_P": head, "head_mask_P": hmask,
             "prompt_P": prompt, "prompt_mask_P": pmask}
 
 
 def prompt_len(task: BoundTask, problems: dict, cfg: SearchConfig, num_parents: int) -> int:
     """P2, the static prompt length of a search call (mutation or plain prompt)."""
-    return max(task.mutation_prompt_len(problems["head_H"].shape[-1], num_parents,
+    return max(task.mutation_prompt_len(problems["head_P"].shape[-1], num_parents,
                                         cfg.num_answers), problems["prompt_P"].shape[-1])
 
 
@@ -129,7 +129,7 @@ def lm_prompts(task: BoundTask, cfg: SearchConfig, problem, parents_BUA, parent_
                 jnp.concatenate([jnp.zeros((extra,), bool), msk]))
 
     mut_BP, mmask_BP = jax.vmap(lambda a, am, r: to_len(*task.mutation_prompt(
-        problem["head_H"], problem["head_mask_H"], a, am, r, m)))(
+        problem["head_P"], problem["head_mask_P"], a, am, r, m)))(
         parents_BUA, parent_mask_BUA, parent_rewards_BUR)
     plain_P, pmask_P = to_len(problem["prompt_P"], problem["prompt_mask_P"])
     prompts_BP = jnp.where(fresh_B[:, None], plain_P[None, :], mut_BP)

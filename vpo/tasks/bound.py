@@ -224,7 +224,7 @@ class BoundTask:
     # -- mutation prompts (search) -----------------------------------------------------------
 
     def mutation_heads(self, records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray]:
-        """(head_NH, head_mask_NH): chat prefix + statement + the parents header, left-padded."""
+        """(head_NP, head_mask_NP): chat prefix + statement + the parents header, left-padded."""
         prefix, _ = self._affixes
         rows = [prefix + self.tokenizer.encode(self.task.statement(r) + parents_header(self.task))
                 for r in records]
@@ -256,7 +256,7 @@ class BoundTask:
                       + p["scores"][0].shape[1] + self.num_rewards * p["tenths"][0].shape[1])
         return head_len + num_parents * per_parent + len(self._tail(num_answers))
 
-    def mutation_prompt(self, head_H, head_mask_H, parents_UA, parent_mask_UA,
+    def mutation_prompt(self, head_P, head_mask_P, parents_UA, parent_mask_UA,
                         parent_rewards_UR, num_answers: int) -> tuple[jax.Array, jax.Array]:
         """In-graph mutation prompt → (tokens_P2, mask_P2), left-padded to
         `mutation_prompt_len`. parents_UA: symbol ids; a parent with an all-False mask is left
@@ -265,7 +265,7 @@ class BoundTask:
         U, A = parents_UA.shape
         present_U = jnp.any(parent_mask_UA, axis=-1)
         number_U = jnp.cumsum(present_U.astype(jnp.int32)) - 1  # present parents count 1, 2, ..
-        segments = [(head_H, head_mask_H)]
+        segments = [(head_P, head_mask_P)]
         tenths_UR = jnp.clip(jnp.round(parent_rewards_UR.astype(jnp.float32) * 10), 0, 10
                              ).astype(jnp.int32)
         for q in range(U):
@@ -277,7 +277,7 @@ class BoundTask:
                 (p["tenths"][0][tenths_UR[q]], p["tenths"][1][tenths_UR[q]] & present_U[q])]
         tail = jnp.asarray(self._tail(num_answers), jnp.int32)
         segments.append((tail, jnp.ones(tail.shape, bool)))
-        length = self.mutation_prompt_len(head_H.shape[-1], U, num_answers)
+        length = self.mutation_prompt_len(head_P.shape[-1], U, num_answers)
         return pack_left_padded(segments, length, self.tokenizer.pad_id)
 
     def parent_symbols(self, parents: Sequence[Sequence[str]], num_parents: int
@@ -310,9 +310,9 @@ class BoundTask:
         rew, valid = self.task.score([r for r in records for _ in range(U)], flat)
         rew_NUR = rew[:, 0].reshape(len(records), U, -1)
         valid_NU = valid[:, 0].reshape(len(records), U)
-        head_NH, hmask_NH = self.mutation_heads(records)
+        head_NP, hmask_NP = self.mutation_heads(records)
         tokens, mask = self._mutation_builder(num_answers)(
-            head_NH, hmask_NH, sym_NUA, mask_NUA & valid_NU[..., None],
+            head_NP, hmask_NP, sym_NUA, mask_NUA & valid_NU[..., None],
             np.where(valid_NU[..., None], rew_NUR, 0.0))
         return {"prompt_BP": np.asarray(tokens, np.int32), "prompt_mask_BP": np.asarray(mask),
                 "parent_rewards_BUR": rew_NUR, "parent_valid_BU": valid_NU}
