@@ -39,7 +39,7 @@ environment that rewrites earlier turns or changes the prompt in `setup_state` (
 every episode from its KV cache). The classic API above is verifiers 0.1 - 0.3 (tested with
 0.3.1, where it lives in `verifiers.legacy` under its old names); verifiers 0.4 replaced it by
 `verifiers.v1` (tasksets and harness programs calling the model through an OpenAI-compatible
-server), which this adapter does not drive.
+server), which `vpo.env.from_verifiers_v1` runs through vpo's own endpoint.
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ def from_verifiers(env: Any) -> Callable[[], VerifiersEpisode]:
     if not (callable(getattr(env, "rollout", None)) and hasattr(env, "rubric")):
         raise EnvError(f"{type(env).__module__}.{type(env).__name__} is not a classic "
                        "verifiers environment (vf.Environment: rollout and rubric); verifiers "
-                       "0.4's verifiers.v1 environments run harness programs against a model "
-                       "server, which vpo does not drive: use an environment of "
-                       "verifiers < 0.4")
+                       "0.4's verifiers.v1 environments run through vpo's endpoint "
+                       "(vpo.env.from_verifiers_v1)")
     funcs = reward_functions(env.rubric, type(env).__name__)
     loop = asyncio.new_event_loop()
 

@@ -11,8 +11,11 @@ the server sampled them, masks on the completions (`episode_tokens`), rewards fr
 environment's scoring (`trace_rewards`). The server is stopped when the episodes are over; the
 next step serves the updated policy (the compiled programs are kept: same shapes).
 
-Every request carries the step's sampling (temperature, top_p, top_k) with `logprobs: true` and
-`max_tokens` the episode's budget T (`sampler.max_new_tokens`). The log-probs the server reports
+Every request carries the step's sampling (temperature, top_p, top_k) with `logprobs: true`;
+its `max_tokens` (the harness's, else the server's T) is capped by what is left of the
+episode's budget T (`sampler.max_new_tokens`) after the row's prompt (`Recorder`). The server
+holds prompts up to the model's positions less T: an episode whose request outgrows that is
+refused by the server and the run ends with that error named. The log-probs the server reports
 are the model's at temperature 1 (the trainer's): `logp_BGT`, and `sample_logp_BGT` too (equal
 at temperature 1 without top-p / top-k filtering). Token entropies are not reported: 0.
 """
@@ -36,27 +39,26 @@ from vpo.types import Rollout
 SERVED_NAME = "vpo-policy"  # the model name the environment's requests are sent for
 
 
-class _Recorder:
+class Recorder:
     """An ASGI app in front of vpo's: every 200 answer to /v1/chat/completions, its JSON
-    body kept under the request's X-Session-ID, in the order answered. A request of an
-    episode that already has answers gets `max_tokens` at most what is left of the episode's
-    budget `T` after its last answer (at least 1): the episode's tokens past T are not trained
-    on, so they are not sampled at length."""
+    body kept under the request's X-Session-ID, in the order answered. Each request's
+    `max_tokens` is capped by what is left of the episode's budget `T` after its first
+    request's prompt (`measure(body)`: the prompt's tokens as the server reads them; at least
+    1): tokens past T are not trained on, so they are not sampled at length."""
 
-    def __init__(self, app, T: int):
-        self.app, self.T = app, T
+    def __init__(self, app, T: int, measure: Callable[[dict], int | None]):
+        self.app, self.T, self.measure = app, T, measure
         self.calls: dict[str, list[dict[str, Any]]] = {}
+        self.first: dict[str, int] = {}  # each episode's first prompt length
         self.lock = threading.Lock()
 
-    def _room(self, session: str) -> int:
+    def _room(self, session: str, body: dict) -> int:
+        n = self.measure(body)
+        if n is None:  # a bad request: the server answers it
+            return self.T
         with self.lock:
-            calls = self.calls.get(session)
-            if not calls:
-                return self.T
-            first, last = calls[0], calls[-1]
-            used = (len(last["prompt_token_ids"]) + len(last["choices"][0]["token_ids"])
-                    - len(first["prompt_token_ids"]))
-        return max(1, self.T - used)
+            first = self.first.setdefault(session, n)
+        return max(1, self.T - (n - first))
 
     async def _body(self, receive, session: str):
         """The request's body with `max_tokens` capped by the episode's room, replayed."""
@@ -71,7 +73,7 @@ class _Recorder:
         except ValueError:
             body = None
         if isinstance(body, dict):
-            room = self._room(session)
+            room = self._room(session, body)
             asked = body.get("max_completion_tokens", body.get("max_tokens"))
             body.pop("max_completion_tokens", None)
             body["max_tokens"] = min(asked, room) if isinstance(asked, int) and asked > 0 \
@@ -150,7 +152,7 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
                           f"Starlette and uvicorn ({e}): pip install -e '.[serve]'") from None
     from vpo.env import from_verifiers_v1 as v1
     from vpo.serve.engine import Engine
-    from vpo.serve.protocol import Limits
+    from vpo.serve.protocol import Limits, parse_chat
 
     adapter = make()
     B, T = len(rows), max_tokens
@@ -162,12 +164,20 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
     tasks = [adapter.task(row) for row in rows for _ in range(G)]
     engine = Engine(model, tokenizer, slots=slots, prompt_len=P, max_new_tokens=T, chunk=16,
                     queue=max(256, 4 * B * G), seed=seed).start()
-    recorder = _Recorder(make_app(engine, Limits(SERVED_NAME, P, T, max_rows=1)), T)
+    limits = Limits(SERVED_NAME, P, T, max_rows=1)
+
+    def measure(body: dict) -> int | None:
+        try:
+            return len(parse_chat(body, tokenizer, limits).prompts[0])
+        except Exception:  # noqa: BLE001 -- the server refuses it with its named error
+            return None
+
+    recorder = Recorder(make_app(engine, limits), T, measure)
     server = thread = None
     try:
         server, thread, port = _serve(recorder)
         sampling = {"temperature": float(temperature), "top_p": float(top_p),
-                    "top_k": int(top_k), "max_tokens": T, "logprobs": True}
+                    "top_k": int(top_k), "logprobs": True}  # max_tokens: the Recorder's
         traces = v1.run_v1_episodes(adapter.env, tasks, f"http://127.0.0.1:{port}/v1",
                                     SERVED_NAME, sampling, where)
     finally:
