@@ -194,6 +194,11 @@ def test_chat_errors_models_and_routes(served):
     assert r.status_code == 200, r.text
     content = r.json()["choices"][0]["logprobs"]["content"]
     assert content and all(len(c["top_logprobs"]) == 3 for c in content)
+    r = client.post("/v1/chat/completions", json={  # log-probs without alternatives
+        "messages": [{"role": "user", "content": "up left"}], "max_tokens": 4, "logprobs": True})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert content and all(c["top_logprobs"] == [] for c in content), content
 
 
 def test_an_oversized_body_answers_413_with_or_without_its_length(served, monkeypatch):
