@@ -349,17 +349,8 @@ SHAPE_LETTER_LOCAL: dict[tuple[str, str], str] = {
     ("search.population", "C"): "children",
     ("search.population", "S"): "entrants of a tournament",
     ("serve.engine", "K"): "decode steps of a chunk",
-    ("tasks.answers", "L"): "bytes of a token",
-    ("tasks.answers", "S"): "symbols",
-    ("tasks.answers", "T"): "tokens of a completion",
     ("tasks.answers", "X"): "bytes of a completion",
-    ("tasks.bound", "L"): "a flat run of tokens",
-    ("tasks.bound", "S"): "symbols",
     ("tasks.bound", "X"): "bytes of a completion",
-    ("tasks.maze", "H"): "grid rows",
-    ("tasks.maze", "K"): "cell counts",
-    ("tasks.program", "S"): "symbols",
-    ("tasks.program_lang", "S"): "stack entries",
 }
 _SHAPE_NAME = re.compile(r"^(?=\w*[a-z])\w*_([A-Z]+)$")
 

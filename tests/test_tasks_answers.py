@@ -16,11 +16,11 @@ X = 160  # bytes the graph reads
 
 
 def _graph_reader():
-    sym_SW, sym_len_S = answers.symbol_table(SYMBOLS)
+    sym_VW, sym_len_V = answers.symbol_table(SYMBOLS)
 
     def read(bytes_X, live_X):
-        s, mk, v = answers.read_symbols(bytes_X, live_X, jnp.asarray(sym_SW),
-                                        jnp.asarray(sym_len_S), num_answers=M, answer_len=A)
+        s, mk, v = answers.read_symbols(bytes_X, live_X, jnp.asarray(sym_VW),
+                                        jnp.asarray(sym_len_V), num_answers=M, answer_len=A)
         return s, mk, v, answers.first_occurrence(s, mk, v)
 
     return jax.jit(jax.vmap(read))
@@ -175,14 +175,14 @@ def test_answer_spans():
 def test_completion_bytes_concatenates_leading_masked_tokens():
     pieces = [b"", b" U", b"<answer 1>", b"\n", b"\xc3\xa9", b" </answer 1>", b"abcdef"]
     L = max(len(p) for p in pieces)
-    bytes_VL = np.zeros((len(pieces), L), np.uint8)
+    bytes_VW = np.zeros((len(pieces), L), np.uint8)
     length_V = np.array([len(p) for p in pieces], np.int32)
     for i, p in enumerate(pieces):
-        bytes_VL[i, :len(p)] = np.frombuffer(p, np.uint8)
+        bytes_VW[i, :len(p)] = np.frombuffer(p, np.uint8)
     fn = jax.jit(answers.completion_bytes, static_argnums=4)
 
     def run(tokens, mask, num_bytes):
-        b, live = fn(jnp.asarray(tokens, jnp.int32), jnp.asarray(mask), jnp.asarray(bytes_VL),
+        b, live = fn(jnp.asarray(tokens, jnp.int32), jnp.asarray(mask), jnp.asarray(bytes_VW),
                      jnp.asarray(length_V), num_bytes)
         b, live = np.asarray(b), np.asarray(live)
         assert np.all(b[~live] == 0) and np.all(live == (np.arange(num_bytes) < live.sum()))

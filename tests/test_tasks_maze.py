@@ -36,8 +36,8 @@ def task():
 @jax.jit
 def simulate_both(grid_NHW, budget_N, moves_NKA, mask_NKA):
     """rewards_NKSR of `maze.simulate_route` under each of SCORINGS (one compile per shape)."""
-    def one(grid_HW, budget, moves_A, mask_A):
-        return jnp.stack([maze.simulate_route(grid_HW, budget, moves_A, mask_A, s)
+    def one(grid, budget, moves_A, mask_A):
+        return jnp.stack([maze.simulate_route(grid, budget, moves_A, mask_A, s)
                           for s in SCORINGS])
     return jax.vmap(jax.vmap(one, in_axes=(None, None, 0, 0)))(
         grid_NHW, budget_N, moves_NKA, mask_NKA)

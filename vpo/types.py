@@ -5,11 +5,12 @@ B prompts (rows of a batch, one group each) · G samples per prompt · M answers
 R reward components · K Dirichlet weight draws · U parents shown in one mutation prompt ·
 P prompt tokens · T generated tokens · O sequence positions of one forward call (P+T, or the
 new tokens of one call) · S slots of a decode state that takes new prompts ·
-A tokens of one answer · V vocab · D model width · F MLP width · H query heads · Z KV heads ·
+A tokens of one answer · V vocab (a model's tokens, or a task's answer symbols) ·
+D model width · F MLP width · H query heads · Z KV heads ·
 E head dim · L layers · C cache length · N rows of a flat batch (problems, or rows flattened
 from several axes) · I islands · Q members per island · X candidate slots of a population ·
 Y candidate slots of a second population (compared with X's) · J top log-probs per token ·
-W row width (a packed row, a symbol's bytes, a grid).
+W row width (a packed row, a token's or a symbol's bytes, a grid).
 `tests/test_architecture.py` checks that every shape suffix in the package uses these letters.
 """
 

@@ -177,7 +177,7 @@ class Tokenizer:
     # -- bytes -------------------------------------------------------------------------------
 
     def token_bytes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(bytes_VL uint8, length_V int32): the UTF-8 bytes each token adds to the text.
+        """(bytes_VW uint8, length_V int32): the UTF-8 bytes each token adds to the text.
 
         Special added tokens add nothing; byte-level BPE tokens are mapped back through the
         GPT-2 byte alphabet; Metaspace vocabularies turn `▁` into a space and `<0xNN>` into

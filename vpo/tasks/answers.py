@@ -79,7 +79,7 @@ def without_duplicates(answers: Sequence[str | None]) -> list[str | None]:
 
 # -- in the graph ---------------------------------------------------------------------------
 
-def completion_bytes(tokens_T: jax.Array, mask_T: jax.Array, bytes_VL: jax.Array,
+def completion_bytes(tokens_T: jax.Array, mask_T: jax.Array, bytes_VW: jax.Array,
                      length_V: jax.Array, num_bytes: int) -> tuple[jax.Array, jax.Array]:
     """The generation's text as bytes → (bytes_X int32, live_X bool), X = num_bytes.
 
@@ -90,16 +90,16 @@ def completion_bytes(tokens_T: jax.Array, mask_T: jax.Array, bytes_VL: jax.Array
     """
     X = num_bytes
     live_T = jnp.cumprod(mask_T.astype(jnp.int32)) > 0
-    V = bytes_VL.shape[0]
+    V = bytes_VW.shape[0]
     known_T = (tokens_T >= 0) & (tokens_T < V)  # ids past the tokenizer (a padded model vocab)
     tok_T = jnp.clip(tokens_T.astype(jnp.int32), 0, V - 1)
     len_T = jnp.where(live_T & known_T, length_V[tok_T], 0)
     off_T = jnp.cumsum(len_T) - len_T
-    L = bytes_VL.shape[1]
-    j_L = jnp.arange(L, dtype=jnp.int32)
-    pos_TL = jnp.where(j_L[None, :] < len_T[:, None], off_T[:, None] + j_L[None, :], X)
-    bytes_X = jnp.zeros((X,), jnp.int32).at[pos_TL].set(
-        bytes_VL[tok_T].astype(jnp.int32), mode="drop")
+    W = bytes_VW.shape[1]
+    j_W = jnp.arange(W, dtype=jnp.int32)
+    pos_TW = jnp.where(j_W[None, :] < len_T[:, None], off_T[:, None] + j_W[None, :], X)
+    bytes_X = jnp.zeros((X,), jnp.int32).at[pos_TW].set(
+        bytes_VW[tok_T].astype(jnp.int32), mode="drop")
     return bytes_X, jnp.arange(X) < jnp.sum(len_T)
 
 
@@ -138,7 +138,7 @@ def answer_spans(bytes_X: jax.Array, live_X: jax.Array, num_answers: int
 
 
 def symbol_table(symbols: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes_SW int32, length_S int32) of an alphabet (ASCII words), W = the longest."""
+    """(bytes_VW int32, length_V int32) of an alphabet (ASCII words), W = the longest."""
     W = max(len(s) for s in symbols)
     table = np.full((len(symbols), W), -2, np.int32)
     for i, s in enumerate(symbols):
@@ -146,8 +146,8 @@ def symbol_table(symbols: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return table, np.array([len(s) for s in symbols], np.int32)
 
 
-def read_symbols(bytes_X: jax.Array, live_X: jax.Array, symbols_SW: jax.Array,
-                 symbol_len_S: jax.Array, *, num_answers: int, answer_len: int
+def read_symbols(bytes_X: jax.Array, live_X: jax.Array, symbols_VW: jax.Array,
+                 symbol_len_V: jax.Array, *, num_answers: int, answer_len: int
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The m answers of a generation as symbol ids → (symbols_MA int32, mask_MA, valid_M).
 
@@ -156,7 +156,7 @@ def read_symbols(bytes_X: jax.Array, live_X: jax.Array, symbols_SW: jax.Array,
     """
     X = bytes_X.shape[0]
     M, A = num_answers, answer_len
-    S, W = symbols_SW.shape
+    V, W = symbols_VW.shape
     b_X = jnp.where(live_X, bytes_X, -1)
     space = jnp.asarray(np.frombuffer(_SPACE, np.uint8).astype(np.int32))
     angle_X = (b_X == ord("<")) | (b_X == ord(">"))
@@ -168,11 +168,11 @@ def read_symbols(bytes_X: jax.Array, live_X: jax.Array, symbols_SW: jax.Array,
     wlen_X = next_X - pos_X
     win = _shifted(b_X, W)
     col_W = jnp.arange(W)
-    eq_XS = jnp.all((win[:, None, :] == symbols_SW[None, :, :])
-                    | (col_W[None, None, :] >= symbol_len_S[None, :, None]), axis=-1)
-    eq_XS = eq_XS & (wlen_X[:, None] == symbol_len_S[None, :])
-    sym_X = jnp.argmax(eq_XS, axis=1).astype(jnp.int32)
-    known_X = jnp.any(eq_XS, axis=1)
+    eq_XV = jnp.all((win[:, None, :] == symbols_VW[None, :, :])
+                    | (col_W[None, None, :] >= symbol_len_V[None, :, None]), axis=-1)
+    eq_XV = eq_XV & (wlen_X[:, None] == symbol_len_V[None, :])
+    sym_X = jnp.argmax(eq_XV, axis=1).astype(jnp.int32)
+    known_X = jnp.any(eq_XV, axis=1)
 
     start_M, end_M, found_M = answer_spans(bytes_X, live_X, M)
     inside_MX = (pos_X[None, :] >= start_M[:, None]) & (pos_X[None, :] < end_M[:, None])

@@ -65,17 +65,18 @@ BYTE_CAP = 16  # bytes of one token the in-graph reader keeps (long whitespace r
 
 def pack_left_padded(segments: Sequence[tuple[jax.Array, jax.Array]], length: int, pad_id: int
                      ) -> tuple[jax.Array, jax.Array]:
-    """Concatenate the kept tokens of (tokens_X, keep_X) segments, left-padded to `length` →
+    """Concatenate the kept tokens of (tokens, keep) segments, left-padded to `length` →
     (tokens_P int32, mask_P bool). `length` must cover the summed static segment sizes."""
-    tokens_L = jnp.concatenate([jnp.asarray(t, jnp.int32).reshape(-1) for t, _ in segments])
-    keep_L = jnp.concatenate([jnp.broadcast_to(jnp.asarray(k, bool), jnp.shape(t)).reshape(-1)
-                              for t, k in segments])
-    L = tokens_L.shape[0]
+    flat_tokens = jnp.concatenate([jnp.asarray(t, jnp.int32).reshape(-1) for t, _ in segments])
+    flat_keep = jnp.concatenate([jnp.broadcast_to(jnp.asarray(k, bool), jnp.shape(t)).reshape(-1)
+                                 for t, k in segments])
+    L = flat_tokens.shape[0]
     if length < L:
         raise ValueError(f"length={length} is shorter than the {L} tokens the segments can hold")
-    n = jnp.sum(keep_L.astype(jnp.int32))
-    pos_L = jnp.where(keep_L, jnp.cumsum(keep_L.astype(jnp.int32)) - 1 + (length - n), length)
-    tokens_P = jnp.full((length,), pad_id, jnp.int32).at[pos_L].set(tokens_L, mode="drop")
+    n = jnp.sum(flat_keep.astype(jnp.int32))
+    flat_pos = jnp.where(flat_keep, jnp.cumsum(flat_keep.astype(jnp.int32)) - 1 + (length - n),
+                         length)
+    tokens_P = jnp.full((length,), pad_id, jnp.int32).at[flat_pos].set(flat_tokens, mode="drop")
     return tokens_P, jnp.arange(length) >= length - n
 
 
@@ -327,22 +328,22 @@ class BoundTask:
 
     @functools.cached_property
     def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        bytes_VL, len_V = self.tokenizer.token_bytes()
+        bytes_VW, len_V = self.tokenizer.token_bytes()
         cap = self.byte_cap
-        sym_SW, sym_len_S = answers_lib.symbol_table(self.task.symbols or ("?",))
-        return (bytes_VL[:, :cap].astype(np.int32), np.minimum(len_V, cap).astype(np.int32),
-                sym_SW, sym_len_S)
+        sym_VW, sym_len_V = answers_lib.symbol_table(self.task.symbols or ("?",))
+        return (bytes_VW[:, :cap].astype(np.int32), np.minimum(len_V, cap).astype(np.int32),
+                sym_VW, sym_len_V)
 
     def completion_texts(self, tokens_NT, mask_NT) -> list[str]:
         """The host text of each generation: the bytes the in-graph reader sees, as UTF-8."""
-        bytes_VL, len_V, _, _ = self._tables
+        bytes_VW, len_V, _, _ = self._tables
         tokens_NT, mask_NT = np.asarray(tokens_NT), np.asarray(mask_NT)
         X = self.num_bytes(tokens_NT.shape[-1])
         out = []
         for t_T, m_T in zip(tokens_NT, mask_NT, strict=True):
             n = int(np.argmin(m_T)) if not m_T.all() else len(m_T)  # leading run of True
-            ids = [i for i in t_T[:n] if 0 <= i < bytes_VL.shape[0]]  # as the graph reader
-            raw = b"".join(bytes(bytes_VL[i, :len_V[i]].astype(np.uint8)) for i in ids)
+            ids = [i for i in t_T[:n] if 0 <= i < bytes_VW.shape[0]]  # as the graph reader
+            raw = b"".join(bytes(bytes_VW[i, :len_V[i]].astype(np.uint8)) for i in ids)
             out.append(raw[:X].decode("utf-8", errors="replace"))
         return out
 
@@ -350,11 +351,11 @@ class BoundTask:
         """In-graph answers of one generation → (symbols_MA, mask_MA, valid_M); with `dedup`
         (training, search) duplicates of an earlier valid answer are invalid, without it
         (evaluation: every parsed answer is a candidate) repeats are kept."""
-        bytes_VL, len_V, sym_SW, sym_len_S = (jnp.asarray(x) for x in self._tables)
-        b_X, live_X = answers_lib.completion_bytes(completion_T, mask_T, bytes_VL, len_V,
+        bytes_VW, len_V, sym_VW, sym_len_V = (jnp.asarray(x) for x in self._tables)
+        b_X, live_X = answers_lib.completion_bytes(completion_T, mask_T, bytes_VW, len_V,
                                                    self.num_bytes(completion_T.shape[-1]))
         sym_MA, smask_MA, valid_M = answers_lib.read_symbols(
-            b_X, live_X, sym_SW, sym_len_S, num_answers=num_answers, answer_len=self.answer_len)
+            b_X, live_X, sym_VW, sym_len_V, num_answers=num_answers, answer_len=self.answer_len)
         if dedup:
             valid_M = answers_lib.first_occurrence(sym_MA, smask_MA, valid_M)
         return sym_MA, smask_MA & valid_M[:, None], valid_M

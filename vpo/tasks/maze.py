@@ -62,9 +62,9 @@ class MazeArrays(NamedTuple):
     budget: np.ndarray
 
 
-def grid_to_record(grid_HW: np.ndarray, budget: int) -> base.Record:
+def grid_to_record(grid: np.ndarray, budget: int) -> base.Record:
     """The JSON-able record of one maze: rows as strings of cell chars, and the budget."""
-    return {"grid": ["".join(CELL_CHARS[int(v)] for v in row) for row in np.asarray(grid_HW)],
+    return {"grid": ["".join(CELL_CHARS[int(v)] for v in row) for row in np.asarray(grid)],
             "budget": int(budget)}
 
 
@@ -93,49 +93,49 @@ def solved(rewards_R):
     return jnp.mean(jnp.asarray(rewards_R, jnp.float32), axis=-1) >= SOLVED_SCORE - 1e-6
 
 
-def simulate_route(grid_HW: jax.Array, budget: jax.Array, moves_A: jax.Array,
+def simulate_route(grid: jax.Array, budget: jax.Array, moves_A: jax.Array,
                    mask_A: jax.Array, scoring: str = "convex_bonus") -> jax.Array:
     """In-graph twin of `maze_world.route_reward` for one route (move indices 0..3 = U D L R).
 
     Returns rewards_R float32: (completion, gold, diamond, avoid_lava), gated on completion.
     """
-    H, W = grid_HW.shape
+    H, W = grid.shape
     dr_4 = jnp.array([-1, 1, 0, 0], jnp.int32)
     dc_4 = jnp.array([0, 0, -1, 1], jnp.int32)
 
     def step(carry, x):
-        r, c, t, done, t_exit, visited_HW = carry
+        r, c, t, done, t_exit, visited = carry
         move, live = x
         active = live & ~done
         nr = r + dr_4[move]
         nc = c + dc_4[move]
         inside = (nr >= 0) & (nr < H) & (nc >= 0) & (nc < W)
         nr_c, nc_c = jnp.clip(nr, 0, H - 1), jnp.clip(nc, 0, W - 1)
-        ok = inside & (grid_HW[nr_c, nc_c] != WALL)
+        ok = inside & (grid[nr_c, nc_c] != WALL)
         r = jnp.where(active & ok, nr_c, r)
         c = jnp.where(active & ok, nc_c, c)
         t = t + active.astype(jnp.int32)
-        visited_HW = visited_HW.at[r, c].set(visited_HW[r, c] | active)
-        arrive = active & (grid_HW[r, c] == EXIT)
-        return (r, c, t, done | arrive, jnp.where(arrive, t, t_exit), visited_HW), None
+        visited = visited.at[r, c].set(visited[r, c] | active)
+        arrive = active & (grid[r, c] == EXIT)
+        return (r, c, t, done | arrive, jnp.where(arrive, t, t_exit), visited), None
 
-    s = jnp.argmax((grid_HW == START).reshape(-1)).astype(jnp.int32)
+    s = jnp.argmax((grid == START).reshape(-1)).astype(jnp.int32)
     init = (s // W, s % W, jnp.int32(0), jnp.bool_(False), jnp.int32(0),
             jnp.zeros((H, W), bool))
-    (_, _, _, done, t_exit, visited_HW), _ = jax.lax.scan(step, init, (moves_A, mask_A))
+    (_, _, _, done, t_exit, visited), _ = jax.lax.scan(step, init, (moves_A, mask_A))
     completion = done & (t_exit <= budget)
 
     # got / total from a numpy-built table: XLA's CPU divide is not correctly rounded, numpy's
     # (the host's) is, and the two paths must agree bit for bit.
-    ratio_KK = jnp.asarray(maze_world.ratio_table(H * W))
+    ratio = jnp.asarray(maze_world.ratio_table(H * W))
 
     def frac(kind):
-        is_kind = grid_HW == kind
-        return ratio_KK[jnp.sum(is_kind & visited_HW), jnp.sum(is_kind)], jnp.sum(is_kind)
+        is_kind = grid == kind
+        return ratio[jnp.sum(is_kind & visited), jnp.sum(is_kind)], jnp.sum(is_kind)
 
     (gold, _), (diamond, _), (lava, n_lava) = map(frac, (GOLD, DIAMOND, LAVA))
     frac_3 = jnp.stack([gold, diamond, jnp.where(n_lava > 0, 1.0 - lava, 1.0)])
-    bonus = jnp.any(visited_HW & (grid_HW == BONUS))
+    bonus = jnp.any(visited & (grid == BONUS))
     scores_3 = maze_world.score_fractions(frac_3, bonus, scoring, xp=jnp)
     rewards_R = jnp.concatenate([jnp.ones((1,), jnp.float32), scores_3.astype(jnp.float32)])
     return jnp.where(completion, rewards_R, 0.0).astype(jnp.float32)

@@ -231,7 +231,7 @@ def _place_items(rng: np.random.Generator, grid: np.ndarray, tiles: list[tuple[i
 
 
 def generate(rng: np.random.Generator, cfg: MazeConfig) -> tuple[np.ndarray, int]:
-    """One (grid_HW int8, budget) instance by rejection sampling (see the module docstring)."""
+    """One (grid int8, budget) instance by rejection sampling (see the module docstring)."""
     n, r = cfg.size, cfg.zone_radius
     for _ in range(cfg.max_tries):
         grid = _carve(rng, n, cfg.open_frac)

@@ -76,7 +76,7 @@ def make_program_task(difficulty: str = "easy", *, num_tests: int = 5, answer_le
     R, A = num_tests, answer_len
     symbols = program_lang.PROGRAM_TOKENS
     # Symbol id s (an index into `symbols`) -> interpreter opcode and pushed constant.
-    opcode_S, const_S = program_lang.opcode_table({t: i for i, t in enumerate(symbols)},
+    opcode_V, const_V = program_lang.opcode_table({t: i for i, t in enumerate(symbols)},
                                                   len(symbols))
 
     def make_problems(seed: int, num: int) -> list[base.Record]:
@@ -108,8 +108,8 @@ def make_program_task(difficulty: str = "easy", *, num_tests: int = 5, answer_le
 
     def symbol_reward(problem: ProgramArrays, symbols_A: jax.Array, mask_A: jax.Array
                       ) -> jax.Array:
-        op_A = jnp.asarray(opcode_S)[symbols_A]
-        const_A = jnp.asarray(const_S)[symbols_A]
+        op_A = jnp.asarray(opcode_V)[symbols_A]
+        const_A = jnp.asarray(const_V)[symbols_A]
         run_R = jax.vmap(program_lang.run_jnp, in_axes=(None, None, None, 0))
         out_R = run_R(op_A, const_A, mask_A, jnp.asarray(problem.inputs, jnp.int32))
         return (out_R == jnp.asarray(problem.outputs, jnp.int32)).astype(jnp.float32)

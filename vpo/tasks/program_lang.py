@@ -69,10 +69,10 @@ def run_jnp(opcode_A: jax.Array, const_A: jax.Array, mask_A: jax.Array, x: jax.A
     S = DEPTH
 
     def step(carry, inp):
-        stack_S, sp, err = carry
+        stack, sp, err = carry
         op, const, live = inp
-        a = stack_S[jnp.clip(sp - 2, 0, S - 1)]  # second from top
-        b = stack_S[jnp.clip(sp - 1, 0, S - 1)]  # top
+        a = stack[jnp.clip(sp - 2, 0, S - 1)]  # second from top
+        b = stack[jnp.clip(sp - 1, 0, S - 1)]  # top
         pushes = (op == PUSH_CONST) | (op == PUSH_X) | (op == DUP)
         binary = (op == ADD) | (op == SUB) | (op == MUL)
         bad = ((op == BAD) | (pushes & (sp >= S)) | ((op == DUP) & (sp < 1))
@@ -85,14 +85,14 @@ def run_jnp(opcode_A: jax.Array, const_A: jax.Array, mask_A: jax.Array, x: jax.A
         val1 = jnp.where(pushes, push_val, jnp.where(binary, res, a))
         idx1 = jnp.where(act, idx1, S)  # S = dropped write
         idx2 = jnp.where(act & (op == SWAP), sp - 2, S)
-        stack_S = stack_S.at[idx1].set(val1, mode="drop").at[idx2].set(b, mode="drop")
+        stack = stack.at[idx1].set(val1, mode="drop").at[idx2].set(b, mode="drop")
         dsp = jnp.where(pushes, 1, jnp.where(binary, -1, 0))
-        return (stack_S, sp + jnp.where(act, dsp, 0), err | bad), None
+        return (stack, sp + jnp.where(act, dsp, 0), err | bad), None
 
     init = (jnp.zeros((S,), jnp.int32), jnp.int32(0), jnp.bool_(False))
-    (stack_S, sp, err), _ = jax.lax.scan(
+    (stack, sp, err), _ = jax.lax.scan(
         step, init, (opcode_A.astype(jnp.int32), const_A.astype(jnp.int32), mask_A))
-    return jnp.where(err | (sp == 0), FAIL, stack_S[jnp.clip(sp - 1, 0, S - 1)]).astype(jnp.int32)
+    return jnp.where(err | (sp == 0), FAIL, stack[jnp.clip(sp - 1, 0, S - 1)]).astype(jnp.int32)
 
 
 def _depth_change(tok: str) -> tuple[int, int]:
