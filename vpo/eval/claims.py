@@ -149,8 +149,8 @@ def too_few_seeds(n: int, level: float = LEVEL) -> str:
 
 def _sign_patterns(n: int) -> np.ndarray:
     """All 2^n sign vectors ε ∈ {±1}^n as a float [2^n, n] array (row 0 all +1)."""
-    bits_FN = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
-    return 1.0 - 2.0 * bits_FN
+    bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+    return 1.0 - 2.0 * bits
 
 
 def sign_flip_p(diffs: Sequence[float], *, higher: bool = True, max_exact: int = MAX_EXACT,
@@ -169,8 +169,8 @@ def sign_flip_p(diffs: Sequence[float], *, higher: bool = True, max_exact: int =
     tol = 1e-9 * max(1.0, float(np.sum(np.abs(d_N))))  # summation-order rounding
     if n <= max_exact:
         return float(np.mean(_sign_patterns(n) @ d_N >= observed - tol))
-    signs_BN = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, n))
-    return float((1 + np.sum(signs_BN @ d_N >= observed - tol)) / (draws + 1))
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, n))
+    return float((1 + np.sum(signs @ d_N >= observed - tol)) / (draws + 1))
 
 
 def t_test_p(diffs: Sequence[float], *, higher: bool = True) -> float:
@@ -325,16 +325,16 @@ def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=(
     return make_claim(text, verdict(d, higher=higher), d.tolist(), ev, p, p_other)
 
 
-def gap_grows(text: str, a_SK, b_SK, ks: Sequence[int], *, names=("A", "B"),
+def gap_grows(text: str, a_seed_k, b_seed_k, ks: Sequence[int], *, names=("A", "B"),
               label: str = "k") -> dict[str, Any]:
     """Claim "the gap a - b grows with k and is positive at the largest k": reproduced iff the
     growth gap(k_max) - gap(k_1) and the gap at k_max are both reproduced (> 0): its p is the
     larger of the two (an intersection-union test: both must hold); refuted iff either is
     shown < 0 with Bonferroni over the two: p_other = 2 · min of their other-side p's (one
-    failing part suffices, so the two chances are corrected); inconclusive otherwise. a_SK,
-    b_SK: [seed, k], rows already paired by seed; `label` names k in the evidence (e.g.
+    failing part suffices, so the two chances are corrected); inconclusive otherwise. a_seed_k,
+    b_seed_k: [seed, k], rows already paired by seed; `label` names k in the evidence (e.g.
     "budget")."""
-    gap = np.asarray(a_SK, float) - np.asarray(b_SK, float)
+    gap = np.asarray(a_seed_k, float) - np.asarray(b_seed_k, float)
     if gap.ndim != 2 or gap.shape[1] != len(ks):
         raise ValueError(f"{text}: want [seed, k] arrays with {len(ks)} k values; got "
                          f"{gap.shape}")

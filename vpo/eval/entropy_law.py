@@ -24,10 +24,10 @@ def _lstsq(X, y) -> np.ndarray:
     return coef
 
 
-def fit_entropy_law(entropy_S, reward_S) -> tuple[float, float]:
+def fit_entropy_law(entropy, reward) -> tuple[float, float]:
     """Least squares fit of R = -a·exp(H) + b (Cui et al., arXiv 2505.22617) on the regressors
     [-exp(H), 1] → (a, b); the predicted ceiling at H = 0 is b - a."""
-    H, R = np.asarray(entropy_S, float), np.asarray(reward_S, float)
+    H, R = np.asarray(entropy, float), np.asarray(reward, float)
     if H.shape != R.shape or H.size < 2:
         raise ValueError(f"fit_entropy_law: need >= 2 paired points; got {H.shape}, {R.shape}")
     a, b = _lstsq(np.stack([-np.exp(H), np.ones_like(H)], axis=-1), R)
@@ -40,12 +40,12 @@ def _design(model: str, step, H) -> np.ndarray:
             "trend": np.stack([step, one], -1), "constant": one[:, None]}[model]
 
 
-def heldout_fits(step_S, entropy_S, score_S, *, fit_frac: float = 0.5) -> dict:
+def heldout_fits(step, entropy, score, *, fit_frac: float = 0.5) -> dict:
     """Fit the four `MODELS` on the first `fit_frac` of the points (at least 2, leaving at least
     1) and report each one's RMSE and mean residual (observed - predicted) on the rest →
     {"rmse": {model: float}, "bias": {model: float}, "a", "b" (the law
     fitted on ALL points), "r2" (of that full fit), "fit_points", "points"}."""
-    t, H, R = (np.asarray(x, float) for x in (step_S, entropy_S, score_S))
+    t, H, R = (np.asarray(x, float) for x in (step, entropy, score))
     if not t.shape == H.shape == R.shape or H.ndim != 1 or H.size < 3:
         raise ValueError(f"heldout_fits: need >= 3 paired (step, entropy, score) points; got "
                          f"shapes {t.shape}, {H.shape}, {R.shape}")
@@ -64,14 +64,14 @@ def heldout_fits(step_S, entropy_S, score_S, *, fit_frac: float = 0.5) -> dict:
             "points": int(H.size)}
 
 
-def entropy_law_report(entropy_S, reward_S, *, bins: int = 10, fit_frac: float = 0.5
+def entropy_law_report(entropy, reward, *, bins: int = 10, fit_frac: float = 0.5
                        ) -> dict[str, float]:
     """Fit the entropy law on a training trajectory averaged into `bins` consecutive chunks of
     steps (per-step rewards are noisy): a, b, ceiling b - a and R² on all chunks; then refit on
     the first `fit_frac` of the chunks and report the RMSE of its prediction on the rest
     (`rmse_heldout`) next to the RMSE of predicting the early mean (`rmse_constant`), of a
     linear-in-H fit (`rmse_linear_h`) and of a trend in steps (`rmse_trend`)."""
-    H, R = np.asarray(entropy_S, float), np.asarray(reward_S, float)
+    H, R = np.asarray(entropy, float), np.asarray(reward, float)
     if H.size < 4:
         raise ValueError(f"entropy_law_report: need >= 4 steps (2 to fit, 2 held out); got "
                          f"{H.size}")

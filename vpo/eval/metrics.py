@@ -96,12 +96,12 @@ def cover_at_k(rewards_PNR: jax.Array, valid_PN: jax.Array, k: int,
     import itertools
 
     r = jnp.asarray(rewards_PNR, jnp.float32)
-    hit_PNC = jnp.asarray(valid_PN, bool)[..., None] & (r[..., list(components)] >= 1.0 - 1e-6)
+    hit_PNR = jnp.asarray(valid_PN, bool)[..., None] & (r[..., list(components)] >= 1.0 - 1e-6)
     total = jnp.zeros(r.shape[0], jnp.float32)
     for size in range(len(components) + 1):
         for subset in itertools.combinations(range(len(components)), size):
-            hit_PN = jnp.any(hit_PNC[..., list(subset)], axis=-1) if subset else jnp.zeros(
-                hit_PNC.shape[:2], bool)
+            hit_PN = jnp.any(hit_PNR[..., list(subset)], axis=-1) if subset else jnp.zeros(
+                hit_PNR.shape[:2], bool)
             miss = 1.0 - pass_at_k(hit_PN, k)  # C(n - n_S, k) / C(n, k)
             total = total + (-1.0) ** size * miss
     return total
@@ -213,19 +213,19 @@ def entropy_stats(entropy: jax.Array, mask: jax.Array,
 @functools.partial(jax.jit, static_argnames="quantiles")
 def _entropy_stats(entropy: jax.Array, mask: jax.Array, quantiles: tuple[float, ...]
                    ) -> dict[str, jax.Array]:
-    e_X = jnp.asarray(entropy, jnp.float32).reshape(-1)
-    m_X = jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(entropy)).reshape(-1)
-    n = jnp.sum(m_X.astype(jnp.float32))
-    mean = jnp.sum(jnp.where(m_X, e_X, 0.0)) / jnp.maximum(n, 1.0)
-    var = jnp.sum(jnp.where(m_X, (e_X - mean) ** 2, 0.0)) / jnp.maximum(n, 1.0)
-    sorted_X = jnp.sort(jnp.where(m_X, e_X, jnp.inf))
+    e_N = jnp.asarray(entropy, jnp.float32).reshape(-1)
+    m_N = jnp.broadcast_to(jnp.asarray(mask, bool), jnp.shape(entropy)).reshape(-1)
+    n = jnp.sum(m_N.astype(jnp.float32))
+    mean = jnp.sum(jnp.where(m_N, e_N, 0.0)) / jnp.maximum(n, 1.0)
+    var = jnp.sum(jnp.where(m_N, (e_N - mean) ** 2, 0.0)) / jnp.maximum(n, 1.0)
+    sorted_N = jnp.sort(jnp.where(m_N, e_N, jnp.inf))
     out = {"mean": mean, "std": jnp.sqrt(var)}
     last = jnp.maximum(n - 1.0, 0.0)
     for q in quantiles:
         pos = q * last
         lo, hi = jnp.floor(pos).astype(jnp.int32), jnp.ceil(pos).astype(jnp.int32)
         frac = pos - jnp.floor(pos)
-        value = sorted_X[lo] * (1.0 - frac) + sorted_X[hi] * frac
+        value = sorted_N[lo] * (1.0 - frac) + sorted_N[hi] * frac
         out[f"q{round(100 * q)}"] = jnp.where(n > 0, value, 0.0)
     return out
 
