@@ -45,8 +45,8 @@ class LoRA(nnx.Module):
         a, b = self.a[...].astype(self.dtype), self.b[...].astype(self.dtype)
         r = b.shape[0]
         lead = x.shape[:x.ndim - (a.ndim - 1)]
-        u_NR = x.reshape(-1, a.size // r) @ a.reshape(-1, r)
-        return ((u_NR * self.scale) @ b.reshape(r, -1)).reshape(lead + b.shape[1:])
+        down = x.reshape(-1, a.size // r) @ a.reshape(-1, r)
+        return ((down * self.scale) @ b.reshape(r, -1)).reshape(lead + b.shape[1:])
 
     def delta(self):
         """s·A·B [*in, *out] in float32: what `vpo.model.lora.merged` adds to W."""

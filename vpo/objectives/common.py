@@ -136,21 +136,21 @@ def nan_groups(adv_BG: Array, bad_B: Array, mask_BG: Array) -> Array:
     return jnp.where(bad_B[:, None] & mask_BG, jnp.nan, adv_BG)
 
 
-def off_simplex(weights_XR: Array, tol: float = 1e-3) -> Array:
+def off_simplex(weights_NR: Array, tol: float = 1e-3) -> Array:
     """off_X: rows that are non-finite, have a negative entry or do not sum to 1 (within tol)."""
-    ok = (jnp.all(jnp.isfinite(weights_XR), -1) & jnp.all(weights_XR >= 0.0, -1)
-          & (jnp.abs(jnp.sum(weights_XR, -1) - 1.0) <= tol))
+    ok = (jnp.all(jnp.isfinite(weights_NR), -1) & jnp.all(weights_NR >= 0.0, -1)
+          & (jnp.abs(jnp.sum(weights_NR, -1) - 1.0) <= tol))
     return ~ok
 
 
-def check_simplex(name: str, weights_XR: Array) -> Array:
+def check_simplex(name: str, weights_NR: Array) -> Array:
     """Eagerly: a ValueError naming the first row off the simplex. Traced: the per-row flags
     (the caller counts them in metrics['adv/bad_weights'])."""
-    off = off_simplex(weights_XR)
-    if is_concrete(weights_XR) and bool(jnp.any(off)):
+    off = off_simplex(weights_NR)
+    if is_concrete(weights_NR) and bool(jnp.any(off)):
         row = tuple(int(i) for i in np.argwhere(np.asarray(off))[0])
         raise ValueError(
-            f"{name} row {row} is {np.asarray(weights_XR)[row]}: weights must be finite, >= 0 and "
+            f"{name} row {row} is {np.asarray(weights_NR)[row]}: weights must be finite, >= 0 and "
             "sum to 1 (the Dirichlet simplex); under jit such rows are only counted in "
             "metrics['adv/bad_weights']")
     return off

@@ -232,10 +232,10 @@ def _best_answer_scores(rewards_BGMR: Array, mask_BGM: Array, weights_BRK: Array
 _UNROLL_MAX = 64
 
 
-def _mean_or_zero(best_XK: Array, nonempty_X: Array) -> Array:
+def _mean_or_zero(best_NK: Array, nonempty_N: Array) -> Array:
     """Mean over k; an empty answer set (a row of -inf) scores 0. The mask is applied after the
-    mean, on [X] rather than [X, K] (one pass fewer over the scores)."""
-    return jnp.where(nonempty_X, jnp.mean(best_XK, axis=-1), 0.0)
+    mean, on [N] rather than [N, K] (one pass fewer over the scores)."""
+    return jnp.where(nonempty_N, jnp.mean(best_NK, axis=-1), 0.0)
 
 
 def vpo_advantages(

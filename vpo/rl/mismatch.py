@@ -27,11 +27,11 @@ def mismatch_sums(logp_BGT, sampler_logp_BGT, real_BGT) -> dict[str, jax.Array]:
             "mismatch_max_abs_logp": jnp.max(jnp.abs(delta_BGT))}
 
 
-def combine_mismatch(sums_X: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def combine_mismatch(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """`mismatch_sums` of X micro-batches → those of their union (sums add, the max is max)."""
-    return {"mismatch_k3_sum": jnp.sum(sums_X["mismatch_k3_sum"]),
-            "mismatch_tokens": jnp.sum(sums_X["mismatch_tokens"]),
-            "mismatch_max_abs_logp": jnp.max(sums_X["mismatch_max_abs_logp"])}
+    return {"mismatch_k3_sum": jnp.sum(sums["mismatch_k3_sum"]),
+            "mismatch_tokens": jnp.sum(sums["mismatch_tokens"]),
+            "mismatch_max_abs_logp": jnp.max(sums["mismatch_max_abs_logp"])}
 
 
 def mismatch_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -219,8 +219,8 @@ def _padded_hidden(model: Decoder, hidden_BPD, prefix, tokens_BGT, remat: bool):
     first_BG1D = jnp.broadcast_to(hidden_BPD[:, None, -1:], (B, G, 1, hidden_BPD.shape[-1]))
     if T == 1:
         return first_BG1D
-    hidden_BGSD, _ = model.extend(tokens_BGT[:, :, :-1], prefix, remat=remat)
-    return jnp.concatenate([first_BG1D, hidden_BGSD], axis=2)
+    hidden_BGOD, _ = model.extend(tokens_BGT[:, :, :-1], prefix, remat=remat)
+    return jnp.concatenate([first_BG1D, hidden_BGOD], axis=2)
 
 
 def logprob_impl_for(platform: str | None) -> str:

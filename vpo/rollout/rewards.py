@@ -105,8 +105,8 @@ def input_varies(est: Estimator, x, solution_mask_BGM):
     if est.sees == "vectors":
         x = jnp.concatenate([jnp.where(solution_mask_BGM[..., None], x, 0.0).reshape(B, G, -1),
                              solution_mask_BGM.astype(jnp.float32)], axis=-1)
-    x_BGX = x.reshape(B, G, -1)
-    return jnp.any(jnp.max(x_BGX, axis=1) > jnp.min(x_BGX, axis=1), axis=-1)
+    x_BGN = x.reshape(B, G, -1)
+    return jnp.any(jnp.max(x_BGN, axis=1) > jnp.min(x_BGN, axis=1), axis=-1)
 
 
 def dynamic_selection(keep_N, batch_size: int):
