@@ -21,7 +21,7 @@ What it measures (warm medians over `--reps` calls; compile / first call reporte
      `Decoder.prefill` + last-position logits under its own jit. Its HBM roofline fraction is
      bytes / step seconds / HBM bandwidth, with the bytes one decode step must read, averaged
      over the T steps:
-         params_bytes + L * 2 * N * E * kv_bytes * (B * P + B * G * (T + 1) / 2)
+         params_bytes + L * 2 * Z * E * kv_bytes * (B * P + B * G * (T + 1) / 2)
      (every weight once; the prompt's keys/values once per prompt, since its G samples share
      them; step t reads t + 1 suffix slots of each sample). Not counted: the fp32 logits
      (B * G * V * 4 bytes, 78 MB at the default shape, written once and read by each pass of

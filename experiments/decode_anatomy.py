@@ -150,8 +150,8 @@ def main() -> None:
     P = build_lib.rl_batch(run, task, a.B)["prompt_BP"].shape[1]
     weight_bytes = m.num_params * 2  # bf16 compute copies read once a step
     rows = a.B * a.G
-    E, N, L = m.head_dim, m.num_kv_heads, m.num_layers
-    cache_bytes = 2 * L * rows * N * a.T * E * 2  # the whole suffix cache, k and v, bf16
+    E, Z, L = m.head_dim, m.num_kv_heads, m.num_layers
+    cache_bytes = 2 * L * rows * Z * a.T * E * 2  # the whole suffix cache, k and v, bf16
     floor = weight_bytes + cache_bytes
     bw = HBM_BYTES_PER_S.get(target.chip.name)
     out = dict(target=target.name, model=a.model, B=a.B, G=a.G, T=a.T, prompt_len=P,

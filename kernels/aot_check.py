@@ -35,7 +35,7 @@ TPU_TOPOLOGIES = {"v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
 TARGETS = (*TPU_TOPOLOGIES, "h100")
 CUSTOM_CALLS = ("tpu_custom_call", "__gpu$xla.gpu.triton", "mosaic_gpu")
 
-# (kernel, pass, shape, dtype): logprob shape (N, D, V); decode (B, G, N, H/N, E, P, C)
+# (kernel, pass, shape, dtype): logprob shape (N, D, V); decode (B, G, Z, H/Z, E, P, C)
 LEAN = (
     ("logprob_entropy", "fwd", (72, 896, 151936), "bfloat16"),  # Qwen2.5-0.5B, 72 rows
     ("logprob_entropy", "grad", (72, 896, 151936), "bfloat16"),
@@ -91,9 +91,9 @@ def _cell_fn(kernel: str, pass_: str, shape, dtype, platform: str):
         return fn, args, (P("x"), P(), P("x"))  # rows over the mesh
     from vpo.kernels.decode_attention import decode_attention
 
-    B, G, N, Hn, E, Pl, C = shape
-    args = (((B, G, N, Hn, E), dt), ((B, N, Pl, E), dt), ((B, N, Pl, E), dt),
-            ((B, Pl), jnp.bool_), ((B, G, N, C, E), dt), ((B, G, N, C, E), dt), ((), jnp.int32))
+    B, G, Z, Hn, E, Pl, C = shape
+    args = (((B, G, Z, Hn, E), dt), ((B, Z, Pl, E), dt), ((B, Z, Pl, E), dt),
+            ((B, Pl), jnp.bool_), ((B, G, Z, C, E), dt), ((B, G, Z, C, E), dt), ((), jnp.int32))
 
     def fn(*xs):
         return decode_attention(*xs, platform=platform)

@@ -1,6 +1,6 @@
 """Decode attention: one new token per sample over its prompt's shared prefix plus its own suffix.
 
-Query head h of sample g of prompt b reads KV head n = h // (H/N) (grouped-query attention) of
+Query head h of sample g of prompt b reads KV head z = h // (H/Z) (grouped-query attention) of
 
   * the prompt's prefix keys/values [P, E], shared by its G samples (`prefix_mask_BP` marks the
     real prompt tokens; prompts are left-padded), and
@@ -16,9 +16,9 @@ and out = a / l at the end. Prefix and suffix are never concatenated, and only t
 ⌈length / block_k⌉ suffix blocks are read: a decode step at position t reads O(P + t) keys,
 not O(P + C). Two passes:
 
-  1. prefix: per (b, n), the rows are all G·(H/N) queries that read KV head n of prompt b, so
-     each prefix block is read once per prompt as one [G·H/N, E]×[E, block_k] product;
-  2. suffix: per (b, g, n), the rows are the H/N queries of one sample, starting from the
+  1. prefix: per (b, z), the rows are all G·(H/Z) queries that read KV head z of prompt b, so
+     each prefix block is read once per prompt as one [G·H/Z, E]×[E, block_k] product;
+  2. suffix: per (b, g, z), the rows are the H/Z queries of one sample, starting from the
      prefix pass's (m, l, a), finishing with out = a / l.
 
 Per platform (`platform=` argument, else the default backend):
@@ -68,11 +68,11 @@ class BlockSizes:
 
 def block_sizes_for(platform: str | None, shape: tuple[int, ...], dtype=jnp.bfloat16
                     ) -> BlockSizes:
-    """Legal, fitting block sizes for `shape` = (B, G, N, H/N, E, P, C) of `dtype`.
+    """Legal, fitting block sizes for `shape` = (B, G, Z, H/Z, E, P, C) of `dtype`.
 
     TPU: block_rows = the sublane tile 8 · 4/itemsize; block_k the largest multiple of 128
       ≤ min(1024, max(P, C) rounded up to 128) with 2 buffers · 2 operands · block_k · E ·
-      itemsize + 3 · 4 · G·(H/N) · block_k ≤ `TPU_VMEM_BUDGET_BYTES`.
+      itemsize + 3 · 4 · G·(H/Z) · block_k ≤ `TPU_VMEM_BUDGET_BYTES`.
     GPU: block_rows = 16; block_k the largest power of two in [16, 128] with 2 stages · 2
       operands · block_k · E · itemsize ≤ `GPU_SMEM_BUDGET_BYTES`.
     """
@@ -97,46 +97,46 @@ def supported(platform: str | None = None) -> bool:
     return hardware.pallas_supported(platform)
 
 
-def _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE):
-    if q_BGNHE.ndim != 5 or k_BNPE.ndim != 4 or k_BGNCE.ndim != 5 or prefix_mask_BP.ndim != 2:
-        raise ValueError(f"expected q [B, G, N, H/N, E], prefix k/v [B, N, P, E], prefix mask "
-                         f"[B, P], suffix k/v [B, G, N, C, E]; got {q_BGNHE.shape}, "
-                         f"{k_BNPE.shape}, {prefix_mask_BP.shape}, {k_BGNCE.shape}")
-    B, G, N, _, E = q_BGNHE.shape
-    P, C = k_BNPE.shape[2], k_BGNCE.shape[3]
-    want = {"prefix k": (k_BNPE.shape, (B, N, P, E)), "prefix v": (v_BNPE.shape, (B, N, P, E)),
+def _validate(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE):
+    if q_BGZHE.ndim != 5 or k_BZPE.ndim != 4 or k_BGZCE.ndim != 5 or prefix_mask_BP.ndim != 2:
+        raise ValueError(f"expected q [B, G, Z, H/Z, E], prefix k/v [B, Z, P, E], prefix mask "
+                         f"[B, P], suffix k/v [B, G, Z, C, E]; got {q_BGZHE.shape}, "
+                         f"{k_BZPE.shape}, {prefix_mask_BP.shape}, {k_BGZCE.shape}")
+    B, G, Z, _, E = q_BGZHE.shape
+    P, C = k_BZPE.shape[2], k_BGZCE.shape[3]
+    want = {"prefix k": (k_BZPE.shape, (B, Z, P, E)), "prefix v": (v_BZPE.shape, (B, Z, P, E)),
             "prefix mask": (prefix_mask_BP.shape, (B, P)),
-            "suffix k": (k_BGNCE.shape, (B, G, N, C, E)),
-            "suffix v": (v_BGNCE.shape, (B, G, N, C, E))}
+            "suffix k": (k_BGZCE.shape, (B, G, Z, C, E)),
+            "suffix v": (v_BGZCE.shape, (B, G, Z, C, E))}
     for name, (got, expected) in want.items():
         if tuple(got) != expected:
             raise ValueError(f"shape mismatch: {name} is {tuple(got)}, expected {expected} from "
-                             f"q {q_BGNHE.shape}, prefix length {P}, cache length {C}")
+                             f"q {q_BGZHE.shape}, prefix length {P}, cache length {C}")
 
 
-def decode_attention_reference(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE,
+def decode_attention_reference(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE,
                                length, *, scale: float | None = None,
                                platform: str | None = None):
     """The definition in plain jnp: one softmax over [prefix keys ‖ suffix slots < length].
 
     Args:
-      q_BGNHE: the new token's queries, H/N query heads per KV head.
-      k_BNPE, v_BNPE: prefix keys/values; prefix_mask_BP: True on real prompt tokens.
-      k_BGNCE, v_BGNCE: suffix caches; slots [0, length) are valid (length ≥ 1, traced).
-    Returns out_BGNHE (q's dtype); scores and softmax in float32.
+      q_BGZHE: the new token's queries, H/Z query heads per KV head.
+      k_BZPE, v_BZPE: prefix keys/values; prefix_mask_BP: True on real prompt tokens.
+      k_BGZCE, v_BGZCE: suffix caches; slots [0, length) are valid (length ≥ 1, traced).
+    Returns out_BGZHE (q's dtype); scores and softmax in float32.
     """
-    _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE)
-    scale = 1.0 / math.sqrt(q_BGNHE.shape[-1]) if scale is None else scale
-    P, C = k_BNPE.shape[2], k_BGNCE.shape[3]
+    _validate(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE)
+    scale = 1.0 / math.sqrt(q_BGZHE.shape[-1]) if scale is None else scale
+    P, C = k_BZPE.shape[2], k_BGZCE.shape[3]
     f32 = functools.partial(einsum_f32, platform=platform)
-    s_pre = f32("bgnhe,bnpe->bgnhp", q_BGNHE, k_BNPE) * scale
+    s_pre = f32("bgzhe,bzpe->bgzhp", q_BGZHE, k_BZPE) * scale
     s_pre = jnp.where(prefix_mask_BP[:, None, None, None, :], s_pre, -jnp.inf)
-    s_suf = f32("bgnhe,bgnce->bgnhc", q_BGNHE, k_BGNCE) * scale
+    s_suf = f32("bgzhe,bgzce->bgzhc", q_BGZHE, k_BGZCE) * scale
     s_suf = jnp.where(jnp.arange(C) < length, s_suf, -jnp.inf)
     p = jax.nn.softmax(jnp.concatenate([s_pre, s_suf], axis=-1), axis=-1)
-    out = (f32("bgnhp,bnpe->bgnhe", p[..., :P], v_BNPE)
-           + f32("bgnhc,bgnce->bgnhe", p[..., P:], v_BGNCE))
-    return out.astype(q_BGNHE.dtype)
+    out = (f32("bgzhp,bzpe->bgzhe", p[..., :P], v_BZPE)
+           + f32("bgzhc,bgzce->bgzhe", p[..., P:], v_BGZCE))
+    return out.astype(q_BGZHE.dtype)
 
 
 def _online_step(carry, q_RE, k_KE, v_KE, bias_1K, start, limit, *, scale: float,
@@ -163,7 +163,7 @@ def _online_step(carry, q_RE, k_KE, v_KE, bias_1K, start, limit, *, scale: float
 # -- TPU: key blocks on the last grid axis, state in VMEM scratch ----------------------------
 
 def _tpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
-    """One key block of one (b, n) [prefix] or (b, g, n) [suffix] row block.
+    """One key block of one (b, z) [prefix] or (b, g, z) [suffix] row block.
 
     refs: length (SMEM, scalar prefetch), q, k, v, then bias [1, K] (prefix) or m0, l0, a0
     (suffix); outputs a, m, l (prefix) or out (suffix); scratch m, l, a.
@@ -203,14 +203,14 @@ def _tpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_
             out_ref[...] = (a_sc[...] / l_sc[...]).astype(out_ref.dtype)
 
 
-def _tpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, length_1, *,
+def _tpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
                 scale, bk, interpret, per_sample, platform):
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, Rp, E = q_BNRE.shape
-    P = k_BNPE.shape[2]
-    _, G, _, Hp, _ = q_BGNHE.shape
-    C = k_BGNCE.shape[3]
+    B, Z, Rp, E = q_BZRE.shape
+    P = k_BZPE.shape[2]
+    _, G, _, Hp, _ = q_BGZHE.shape
+    C = k_BGZCE.shape[3]
     f32 = jnp.float32
     dot_platform = "cpu" if interpret else platform
     params = functools.partial(hardware.compiler_params, platform)
@@ -218,51 +218,51 @@ def _tpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, len
     def scratch(R):
         return [pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, E), f32)]
 
-    rows = pl.BlockSpec((None, None, Rp, E), lambda b, n, j, _: (b, n, 0, 0))
-    col = pl.BlockSpec((None, None, Rp, 1), lambda b, n, j, _: (b, n, 0, 0))
-    keys = pl.BlockSpec((None, None, bk, E), lambda b, n, j, _: (b, n, j, 0))
-    a_BNRE, m_BNR1, l_BNR1 = pl.pallas_call(
+    rows = pl.BlockSpec((None, None, Rp, E), lambda b, z, j, _: (b, z, 0, 0))
+    col = pl.BlockSpec((None, None, Rp, 1), lambda b, z, j, _: (b, z, 0, 0))
+    keys = pl.BlockSpec((None, None, bk, E), lambda b, z, j, _: (b, z, j, 0))
+    a_BZRE, m_BZR1, l_BZR1 = pl.pallas_call(
         functools.partial(_tpu_kernel, block_k=bk, scale=scale, keys=P, prefix=True,
                           dot_platform=dot_platform),
-        out_shape=(jax.ShapeDtypeStruct((B, N, Rp, E), f32),
-                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32),
-                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32)),
+        out_shape=(jax.ShapeDtypeStruct((B, Z, Rp, E), f32),
+                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32),
+                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32)),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(B, N, pl.cdiv(P, bk)),
+            num_scalar_prefetch=1, grid=(B, Z, pl.cdiv(P, bk)),
             in_specs=[rows, keys, keys,
-                      pl.BlockSpec((None, 1, bk), lambda b, n, j, _: (b, 0, j))],
+                      pl.BlockSpec((None, 1, bk), lambda b, z, j, _: (b, 0, j))],
             out_specs=(rows, col, col), scratch_shapes=scratch(Rp)),
         compiler_params=None if interpret else params(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
-    )(length_1, q_BNRE, k_BNPE, v_BNPE, bias_B1P)
+    )(length_1, q_BZRE, k_BZPE, v_BZPE, bias_B1P)
 
     def needed(j, length_ref):  # blocks past the length repeat the last needed one: no fetch
         return jnp.minimum(j, jnp.maximum(pl.cdiv(length_ref[0], bk) - 1, 0))
 
-    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, n, j, _: (b, g, n, 0, 0))
-    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, n, j, _: (b, g, n, 0, 0))
+    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, z, j, _: (b, g, z, 0, 0))
+    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, z, j, _: (b, g, z, 0, 0))
     keys = pl.BlockSpec((None, None, None, bk, E),
-                        lambda b, g, n, j, ln: (b, g, n, needed(j, ln), 0))
+                        lambda b, g, z, j, ln: (b, g, z, needed(j, ln), 0))
     return pl.pallas_call(
         functools.partial(_tpu_kernel, block_k=bk, scale=scale, keys=C, prefix=False,
                           dot_platform=dot_platform),
-        out_shape=jax.ShapeDtypeStruct((B, G, N, Hp, E), q_BGNHE.dtype),
+        out_shape=jax.ShapeDtypeStruct((B, G, Z, Hp, E), q_BGZHE.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(B, G, N, pl.cdiv(C, bk)),
+            num_scalar_prefetch=1, grid=(B, G, Z, pl.cdiv(C, bk)),
             in_specs=[rows, keys, keys, col, col, rows],
             out_specs=rows, scratch_shapes=scratch(Hp)),
         compiler_params=None if interpret else params(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
-    )(length_1, q_BGNHE, k_BGNCE, v_BGNCE, per_sample(m_BNR1), per_sample(l_BNR1),
-      per_sample(a_BNRE))
+    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZR1), per_sample(l_BZR1),
+      per_sample(a_BZRE))
 
 
 # -- GPU: each program loops over its key blocks ---------------------------------------------
 
 def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
-    """All key blocks of one (b, n) [prefix] or (b, g, n) [suffix] row block.
+    """All key blocks of one (b, z) [prefix] or (b, g, z) [suffix] row block.
 
     refs: length (1,), q, k, v, then bias [1, K'] (prefix, padded to whole blocks) or m0, l0,
     a0 (suffix); outputs a, m, l (prefix) or out (suffix).
@@ -302,48 +302,48 @@ def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_
         out_ref[...] = (a / l).astype(out_ref.dtype)
 
 
-def _gpu_passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, q_BGNHE, k_BGNCE, v_BGNCE, length_1, *,
+def _gpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
                 scale, bk, interpret, per_sample, platform):
-    B, N, Rp, E = q_BNRE.shape
-    P = k_BNPE.shape[2]
-    _, G, _, Hp, _ = q_BGNHE.shape
-    C = k_BGNCE.shape[3]
+    B, Z, Rp, E = q_BZRE.shape
+    P = k_BZPE.shape[2]
+    _, G, _, Hp, _ = q_BGZHE.shape
+    C = k_BGZCE.shape[3]
     f32 = jnp.float32
     dot_platform = "cpu" if interpret else platform
     params = None if interpret else hardware.compiler_params(platform, num_warps=4,
                                                               num_stages=2)
     kernel = functools.partial(_gpu_kernel, block_k=bk, scale=scale, dot_platform=dot_platform)
     scalar = pl.BlockSpec((1,), lambda *_: (0,))
-    rows = pl.BlockSpec((None, None, Rp, E), lambda b, n: (b, n, 0, 0))
-    col = pl.BlockSpec((None, None, Rp, 1), lambda b, n: (b, n, 0, 0))
-    keys = pl.BlockSpec((None, None, P, E), lambda b, n: (b, n, 0, 0))
+    rows = pl.BlockSpec((None, None, Rp, E), lambda b, z: (b, z, 0, 0))
+    col = pl.BlockSpec((None, None, Rp, 1), lambda b, z: (b, z, 0, 0))
+    keys = pl.BlockSpec((None, None, P, E), lambda b, z: (b, z, 0, 0))
     Pb = bias_B1P.shape[2]
-    a_BNRE, m_BNR1, l_BNR1 = pl.pallas_call(
+    a_BZRE, m_BZR1, l_BZR1 = pl.pallas_call(
         functools.partial(kernel, keys=P, prefix=True),
-        out_shape=(jax.ShapeDtypeStruct((B, N, Rp, E), f32),
-                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32),
-                   jax.ShapeDtypeStruct((B, N, Rp, 1), f32)),
-        grid=(B, N),
+        out_shape=(jax.ShapeDtypeStruct((B, Z, Rp, E), f32),
+                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32),
+                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32)),
+        grid=(B, Z),
         in_specs=[scalar, rows, keys, keys,
-                  pl.BlockSpec((None, 1, Pb), lambda b, n: (b, 0, 0))],
+                  pl.BlockSpec((None, 1, Pb), lambda b, z: (b, 0, 0))],
         out_specs=(rows, col, col),
         compiler_params=params,
         interpret=interpret,
-    )(length_1, q_BNRE, k_BNPE, v_BNPE, bias_B1P)
+    )(length_1, q_BZRE, k_BZPE, v_BZPE, bias_B1P)
 
-    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, n: (b, g, n, 0, 0))
-    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, n: (b, g, n, 0, 0))
-    keys = pl.BlockSpec((None, None, None, C, E), lambda b, g, n: (b, g, n, 0, 0))
+    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, z: (b, g, z, 0, 0))
+    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, z: (b, g, z, 0, 0))
+    keys = pl.BlockSpec((None, None, None, C, E), lambda b, g, z: (b, g, z, 0, 0))
     return pl.pallas_call(
         functools.partial(kernel, keys=C, prefix=False),
-        out_shape=jax.ShapeDtypeStruct((B, G, N, Hp, E), q_BGNHE.dtype),
-        grid=(B, G, N),
+        out_shape=jax.ShapeDtypeStruct((B, G, Z, Hp, E), q_BGZHE.dtype),
+        grid=(B, G, Z),
         in_specs=[scalar, rows, keys, keys, col, col, rows],
         out_specs=rows,
         compiler_params=params,
         interpret=interpret,
-    )(length_1, q_BGNHE, k_BGNCE, v_BGNCE, per_sample(m_BNR1), per_sample(l_BNR1),
-      per_sample(a_BNRE))
+    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZR1), per_sample(l_BZR1),
+      per_sample(a_BZRE))
 
 
 def _pad_axis(x, axis: int, size: int, value=0):
@@ -356,35 +356,35 @@ def _pad_axis(x, axis: int, size: int, value=0):
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "interpret", "platform"))
-def _decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE, length, *,
+def _decode_attention(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE, length, *,
                       scale: float, block_sizes: BlockSizes, interpret: bool, platform: str):
-    B, G, N, H, E = q_BGNHE.shape
+    B, G, Z, H, E = q_BGZHE.shape
     bk, br = block_sizes.block_k, block_sizes.block_rows
     gpu = platform == "gpu"
 
     def rows_for(r):  # GPU: a power of two (Triton); else a multiple of the sublane tile
         return max(br, hardware.pow2_ceil(r)) if gpu else hardware.round_up(r, br)
 
-    # pass 1 (prefix): rows g·H + h of KV head n, all G samples together
+    # pass 1 (prefix): rows g·H + h of KV head z, all G samples together
     R = G * H
-    q_BNRE = _pad_axis(q_BGNHE.transpose(0, 2, 1, 3, 4).reshape(B, N, R, E), 2, rows_for(R))
-    P = k_BNPE.shape[2]
+    q_BZRE = _pad_axis(q_BGZHE.transpose(0, 2, 1, 3, 4).reshape(B, Z, R, E), 2, rows_for(R))
+    P = k_BZPE.shape[2]
     bias_B1P = _pad_axis(jnp.where(prefix_mask_BP, 0.0, _NEG).astype(jnp.float32), 1,
                          hardware.round_up(P, bk), _NEG)[:, None]
     Hp = rows_for(H)
 
-    def per_sample(x_BNRX):  # [B, N, Rp, X] -> [B, G, N, Hp, X]
-        x = x_BNRX[:, :, :R].reshape(B, N, G, H, -1).transpose(0, 2, 1, 3, 4)
+    def per_sample(x_BZRX):  # [B, Z, Rp, X] -> [B, G, Z, Hp, X]
+        x = x_BZRX[:, :, :R].reshape(B, Z, G, H, -1).transpose(0, 2, 1, 3, 4)
         return _pad_axis(x, 3, Hp)
 
     passes = _gpu_passes if gpu else _tpu_passes
-    out = passes(q_BNRE, k_BNPE, v_BNPE, bias_B1P, _pad_axis(q_BGNHE, 3, Hp), k_BGNCE, v_BGNCE,
+    out = passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, _pad_axis(q_BGZHE, 3, Hp), k_BGZCE, v_BGZCE,
                  jnp.reshape(length, (1,)).astype(jnp.int32), scale=scale, bk=bk,
                  interpret=interpret, per_sample=per_sample, platform=platform)
     return out[:, :, :, :H]
 
 
-def decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE, length, *,
+def decode_attention(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE, length, *,
                      scale: float | None = None, block_sizes: BlockSizes | None = None,
                      interpret: bool = False, platform: str | None = None):
     """Pallas decode attention; same arguments and result as `decode_attention_reference`.
@@ -394,16 +394,16 @@ def decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE, 
     only (`supported`); on CPU only `interpret=True` works (the TPU kernel, or the GPU one with
     platform="gpu"); the library uses the XLA path there.
     """
-    _validate(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP, k_BGNCE, v_BGNCE)
+    _validate(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE)
     name = hardware.resolve_platform(platform)
     if name == "cpu" and not interpret:
         raise ValueError("decode_attention compiles for TPU / GPU only: on CPU use "
                          "interpret=True or the XLA path")
     if block_sizes is None:
-        B, G, N, H, E = q_BGNHE.shape
-        block_sizes = block_sizes_for(name, (B, G, N, H, E, k_BNPE.shape[2], k_BGNCE.shape[3]),
-                                      q_BGNHE.dtype)
-    scale = 1.0 / math.sqrt(q_BGNHE.shape[-1]) if scale is None else float(scale)
-    return _decode_attention(q_BGNHE, k_BNPE, v_BNPE, prefix_mask_BP.astype(bool), k_BGNCE,
-                             v_BGNCE, jnp.asarray(length, jnp.int32), scale=scale,
+        B, G, Z, H, E = q_BGZHE.shape
+        block_sizes = block_sizes_for(name, (B, G, Z, H, E, k_BZPE.shape[2], k_BGZCE.shape[3]),
+                                      q_BGZHE.dtype)
+    scale = 1.0 / math.sqrt(q_BGZHE.shape[-1]) if scale is None else float(scale)
+    return _decode_attention(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP.astype(bool), k_BGZCE,
+                             v_BGZCE, jnp.asarray(length, jnp.int32), scale=scale,
                              block_sizes=block_sizes, interpret=interpret, platform=name)

@@ -143,9 +143,9 @@ def test_llama3_rope_scaling_bands():
 def test_grown_cache_keeps_its_slots():
     cache = KVCache((jnp.ones((1, 2, 1, 3, 4)),), (2 * jnp.ones((1, 2, 1, 3, 4)),))
     g = cache.grown(5)
-    assert g.k_BGNCE[0].shape == (1, 2, 1, 5, 4)
-    np.testing.assert_array_equal(g.v_BGNCE[0][:, :, :, :3], cache.v_BGNCE[0])
-    assert not np.asarray(g.k_BGNCE[0][:, :, :, 3:]).any()
+    assert g.k_BGZCE[0].shape == (1, 2, 1, 5, 4)
+    np.testing.assert_array_equal(g.v_BGZCE[0][:, :, :, :3], cache.v_BGZCE[0])
+    assert not np.asarray(g.k_BGZCE[0][:, :, :, 3:]).any()
     assert cache.grown(3) is cache and cache.grown(2) is cache
 
 
@@ -246,13 +246,13 @@ def test_scanned_matches_unrolled(kw):
         return full, prefix, jnp.concatenate(outs, 2), cache
 
     (fa, pa, da, ca), (fb, pb, db, cb) = run(a), run(b)
-    assert isinstance(pa.k_BNPE, tuple) and pb.k_BNPE.shape[0] == 3
-    assert isinstance(ca.k_BGNCE, tuple) and cb.k_BGNCE.shape == (3, *ca.k_BGNCE[0].shape)
+    assert isinstance(pa.k_BZPE, tuple) and pb.k_BZPE.shape[0] == 3
+    assert isinstance(ca.k_BGZCE, tuple) and cb.k_BGZCE.shape == (3, *ca.k_BGZCE[0].shape)
     np.testing.assert_allclose(fb, fa, atol=1e-5, rtol=0)
     np.testing.assert_allclose(db, da, atol=1e-5, rtol=0)
     for i in range(3):
-        np.testing.assert_allclose(pb.k_BNPE[i], pa.k_BNPE[i], atol=1e-5, rtol=0)
-        np.testing.assert_allclose(cb.v_BGNCE[i], ca.v_BGNCE[i], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(pb.k_BZPE[i], pa.k_BZPE[i], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(cb.v_BGZCE[i], ca.v_BGZCE[i], atol=1e-5, rtol=0)
 
     def loss(params, graphdef, remat):
         m = nnx.merge(graphdef, params)
@@ -295,7 +295,7 @@ def test_scanned_decode_kernel_interpret_matches_xla():
 def test_grown_stacked_cache_keeps_its_slots():
     cache = KVCache(jnp.ones((2, 1, 2, 1, 3, 4)), 2 * jnp.ones((2, 1, 2, 1, 3, 4)))
     g = cache.grown(5)
-    assert g.k_BGNCE.shape == (2, 1, 2, 1, 5, 4) and g.k_BGNCE[1].shape == (1, 2, 1, 5, 4)
-    np.testing.assert_array_equal(g.v_BGNCE[:, :, :, :, :3], cache.v_BGNCE)
-    assert not np.asarray(g.k_BGNCE[:, :, :, :, 3:]).any()
+    assert g.k_BGZCE.shape == (2, 1, 2, 1, 5, 4) and g.k_BGZCE[1].shape == (1, 2, 1, 5, 4)
+    np.testing.assert_array_equal(g.v_BGZCE[:, :, :, :, :3], cache.v_BGZCE)
+    assert not np.asarray(g.k_BGZCE[:, :, :, :, 3:]).any()
     assert cache.grown(3) is cache

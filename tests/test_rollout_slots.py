@@ -99,16 +99,16 @@ def test_extend_rows_is_extend_per_row(model, prompts):
     start_R = jnp.asarray([0, 3, 7, 2], jnp.int32)
     h_RD, rows = model.extend_rows(tokens_R, prefix, cache, start_R)
     for r in range(B):
-        one = Prefix(tuple(k[r:r + 1] for k in prefix.k_BNPE),
-                     tuple(v[r:r + 1] for v in prefix.v_BNPE),
+        one = Prefix(tuple(k[r:r + 1] for k in prefix.k_BZPE),
+                     tuple(v[r:r + 1] for v in prefix.v_BZPE),
                      prefix.mask_BP[r:r + 1], prefix.length_B[r:r + 1])
-        c = KVCache(tuple(k[r:r + 1] for k in cache.k_BGNCE),
-                    tuple(v[r:r + 1] for v in cache.v_BGNCE))
+        c = KVCache(tuple(k[r:r + 1] for k in cache.k_BGZCE),
+                    tuple(v[r:r + 1] for v in cache.v_BGZCE))
         h, c = model.extend(tokens_R[r].reshape(1, 1, 1), one, c, int(start_R[r]))
         np.testing.assert_allclose(np.asarray(h_RD[r]), np.asarray(h[0, 0, 0]), atol=1e-5)
         for i in range(model.cfg.num_layers):
-            np.testing.assert_allclose(np.asarray(rows.k_BGNCE[i][r]),
-                                       np.asarray(c.k_BGNCE[i][0]), atol=1e-6)
+            np.testing.assert_allclose(np.asarray(rows.k_BGZCE[i][r]),
+                                       np.asarray(c.k_BGZCE[i][0]), atol=1e-6)
 
 
 def test_dispatch(model, prompts, keys):

@@ -49,7 +49,7 @@ LORA_TARGETS: dict[str, str] = {"q": "wq", "k": "wk", "v": "wv", "o": "wo",
 class ModelConfig:
     """Decoder-only transformer shapes (Llama 3 / Qwen2 / Qwen2.5 / Qwen3 families).
 
-    Dimension key: V vocab, D width, F MLP width, H query heads, N KV heads, E head dim, L layers.
+    Dimension key: V vocab, D width, F MLP width, H query heads, Z KV heads, E head dim, L layers.
 
     LoRA (Hu et al., 2021, arXiv 2106.09685; `vpo.model.lora`): `lora_rank` r > 0 adds low-rank
     adapters W' = W + (lora_alpha / r)·A·B to the projections named in `lora_targets` (keys of
@@ -62,7 +62,7 @@ class ModelConfig:
     dim: int = 32  # D
     num_layers: int = 2  # L
     num_heads: int = 4  # H
-    num_kv_heads: int = 2  # N; H % N == 0 (grouped-query attention)
+    num_kv_heads: int = 2  # Z; H % Z == 0 (grouped-query attention)
     head_dim: int | None = None  # E; defaults to D // H
     mlp_dim: int = 64  # F (SwiGLU hidden width)
     rope_theta: float = 10_000.0
@@ -134,9 +134,9 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameter count (embedding counted once when tied)."""
         V, D, F, L = self.vocab_size, self.dim, self.mlp_dim, self.num_layers
-        H, N, E = self.num_heads, self.num_kv_heads, self.head_dim
-        attn = D * H * E + 2 * D * N * E + H * E * D
-        attn += (H * E + 2 * N * E) if self.qkv_bias else 0
+        H, Z, E = self.num_heads, self.num_kv_heads, self.head_dim
+        attn = D * H * E + 2 * D * Z * E + H * E * D
+        attn += (H * E + 2 * Z * E) if self.qkv_bias else 0
         attn += 2 * E if self.qk_norm else 0
         per_layer = attn + 3 * D * F + 2 * D
         head = 0 if self.tie_embeddings else V * D

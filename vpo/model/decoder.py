@@ -30,7 +30,7 @@ the kernels and the float32 products, so a program compiled ahead of time for a 
 CPU host takes the TPU branches.
 
 Dimension key: B batch (prompts), G continuations per prompt, S new tokens, P prompt length,
-C suffix-cache length, V vocab, D width, F MLP width, H query heads, N KV heads, E head dim,
+C suffix-cache length, V vocab, D width, F MLP width, H query heads, Z KV heads, E head dim,
 L layers.
 """
 
@@ -100,14 +100,14 @@ def decode_attention_impl(devices=None, *, platform: str | None = None, choice: 
 class Prefix(NamedTuple):
     """Keys/values of each prompt, computed once and shared by its G continuations.
 
-    One [B, N, P, E] array per layer, laid out so that attention contracts E with (B, N) as
+    One [B, Z, P, E] array per layer, laid out so that attention contracts E with (B, Z) as
     batch dims: a tuple of L arrays from an unrolled decoder (reading a layer then costs no slice
-    copy), one stacked [L, B, N, P, E] array from a scanned one (`ModelConfig.scan`; the layer
-    scan reads its slice). `k_BNPE[i]` is layer i's either way.
+    copy), one stacked [L, B, Z, P, E] array from a scanned one (`ModelConfig.scan`; the layer
+    scan reads its slice). `k_BZPE[i]` is layer i's either way.
     """
 
-    k_BNPE: tuple[jax.Array, ...] | jax.Array  # one per layer
-    v_BNPE: tuple[jax.Array, ...] | jax.Array
+    k_BZPE: tuple[jax.Array, ...] | jax.Array  # one per layer
+    v_BZPE: tuple[jax.Array, ...] | jax.Array
     mask_BP: jax.Array  # True on real prompt tokens (prompts are left-padded)
     length_B: jax.Array  # number of real prompt tokens = position of the first new token
 
@@ -115,21 +115,21 @@ class Prefix(NamedTuple):
 class KVCache(NamedTuple):
     """Per-continuation keys/values of generated tokens, written at slots [0, C).
 
-    Unrolled decoder: one [B, G, N, C, E] buffer per layer (a tuple); inside the decode
+    Unrolled decoder: one [B, G, Z, C, E] buffer per layer (a tuple); inside the decode
     `while_loop` each is updated in place by one dynamic-update-slice per step and read by
     attention without a transpose. Scanned decoder (`ModelConfig.scan`): one stacked
-    [L, B, G, N, C, E] buffer, carried through the layer scan and updated in place at
-    (layer, slot). `k_BGNCE[i]` is layer i's either way.
+    [L, B, G, Z, C, E] buffer, carried through the layer scan and updated in place at
+    (layer, slot). `k_BGZCE[i]` is layer i's either way.
     """
 
-    k_BGNCE: tuple[jax.Array, ...] | jax.Array  # one per layer
-    v_BGNCE: tuple[jax.Array, ...] | jax.Array
+    k_BGZCE: tuple[jax.Array, ...] | jax.Array  # one per layer
+    v_BGZCE: tuple[jax.Array, ...] | jax.Array
 
     def grown(self, length: int) -> KVCache:
         """This cache with zero slots appended up to `length` slots (a copy; the same cache
         if it has that many already). A decode loop that doubles the cache when full copies
         fewer than 2·T slots in all and attends to O(t) slots at step t."""
-        C = self.k_BGNCE[0].shape[3]
+        C = self.k_BGZCE[0].shape[3]
         if length <= C:
             return self
 
@@ -139,7 +139,7 @@ class KVCache(NamedTuple):
         def each(xs):
             return grow(xs) if isinstance(xs, jax.Array) else tuple(map(grow, xs))
 
-        return KVCache(each(self.k_BGNCE), each(self.v_BGNCE))
+        return KVCache(each(self.k_BGZCE), each(self.v_BGZCE))
 
 
 def _lead(x, ndim: int):
@@ -218,57 +218,57 @@ def apply_rope(x_BGSHE, cos_BGSE, sin_BGSE):
     return out.astype(x_BGSHE.dtype)
 
 
-def attend(q_BGSHE, k_BGNCE, v_BGNCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None, *,
+def attend(q_BGSHE, k_BGZCE, v_BGZCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None, *,
            platform: str | None = None):
     """softmax(q·kᵀ/√E + mask)·v over [prefix keys ‖ suffix keys], one softmax over both.
 
-    Grouped-query attention: query head h reads KV head h // (H/N). prefix_kv, if given, is
-    (k_BNPE, v_BNPE), shared by the G continuations of each prompt. Scores and softmax in float32.
+    Grouped-query attention: query head h reads KV head h // (H/Z). prefix_kv, if given, is
+    (k_BZPE, v_BZPE), shared by the G continuations of each prompt. Scores and softmax in float32.
     The two key blocks are never concatenated: with m the row max over both,
     out = (Σ_p e^(s_p - m) v_p + Σ_c e^(s_c - m) v_c) / (Σ_p e^(s_p - m) + Σ_c e^(s_c - m)),
-    normalised after the value products (fewer elements than the scores). Returns out_BGNHSE
-    (H = H/N query heads per KV head), the layout the output projection contracts directly.
+    normalised after the value products (fewer elements than the scores). Returns out_BGZHSE
+    (H = H/Z query heads per KV head), the layout the output projection contracts directly.
     `platform`: the target of the float32 products (`vpo.kernels.precision`).
     """
     einsum_f32 = functools.partial(_einsum_f32, platform=platform)
     B, G, S, H, E = q_BGSHE.shape
-    N = k_BGNCE.shape[2]
-    q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, N, H // N, E)
-    q = q.transpose(0, 1, 3, 4, 2, 5)  # bgnhse
-    s_own = einsum_f32("bgnhse,bgnce->bgnhsc", q, k_BGNCE)
+    Z = k_BGZCE.shape[2]
+    q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, Z, H // Z, E)
+    q = q.transpose(0, 1, 3, 4, 2, 5)  # bgzhse
+    s_own = einsum_f32("bgzhse,bgzce->bgzhsc", q, k_BGZCE)
     s_own = jnp.where(mask_BGSC[:, :, None, None], s_own, _MASKED)
     m = jnp.max(s_own, axis=-1, keepdims=True)
     if prefix_kv is not None:
         kp, vp = prefix_kv
-        s_pre = einsum_f32("bgnhse,bnpe->bgnhsp", q, kp)
+        s_pre = einsum_f32("bgzhse,bzpe->bgzhsp", q, kp)
         s_pre = jnp.where(prefix_mask_BP[:, None, None, None, None, :], s_pre, _MASKED)
         m = jnp.maximum(m, jnp.max(s_pre, axis=-1, keepdims=True))
     m = jax.lax.stop_gradient(m)  # any shift gives the same softmax
     e_own = jnp.exp(s_own - m)
     z = jnp.sum(e_own, axis=-1, keepdims=True)
-    out = einsum_f32("bgnhsc,bgnce->bgnhse", e_own.astype(v_BGNCE.dtype), v_BGNCE)
+    out = einsum_f32("bgzhsc,bgzce->bgzhse", e_own.astype(v_BGZCE.dtype), v_BGZCE)
     if prefix_kv is not None:
         e_pre = jnp.exp(s_pre - m)
         z = z + jnp.sum(e_pre, axis=-1, keepdims=True)
-        out = out + einsum_f32("bgnhsp,bnpe->bgnhse", e_pre.astype(vp.dtype), vp)
-    return (out / z).astype(v_BGNCE.dtype)
+        out = out + einsum_f32("bgzhsp,bzpe->bgzhse", e_pre.astype(vp.dtype), vp)
+    return (out / z).astype(v_BGZCE.dtype)
 
 
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        D, H, N, E = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        D, H, Z, E = cfg.dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pd = jnp.dtype(cfg.param_dtype)
         init = _NORMAL
         self.dtype = jnp.dtype(cfg.dtype)
         self.wq = _param(init, rngs.params(), (D, H, E), pd, ("embed", "heads", "head_dim"))
-        self.wk = _param(init, rngs.params(), (D, N, E), pd, ("embed", "kv_heads", "head_dim"))
-        self.wv = _param(init, rngs.params(), (D, N, E), pd, ("embed", "kv_heads", "head_dim"))
+        self.wk = _param(init, rngs.params(), (D, Z, E), pd, ("embed", "kv_heads", "head_dim"))
+        self.wv = _param(init, rngs.params(), (D, Z, E), pd, ("embed", "kv_heads", "head_dim"))
         self.wo = _param(init, rngs.params(), (H, E, D), pd, ("heads", "head_dim", "embed"))
         if cfg.qkv_bias:
             zeros = _ZEROS
             self.bq = _param(zeros, rngs.params(), (H, E), pd, ("heads", "head_dim"))
-            self.bk = _param(zeros, rngs.params(), (N, E), pd, ("kv_heads", "head_dim"))
-            self.bv = _param(zeros, rngs.params(), (N, E), pd, ("kv_heads", "head_dim"))
+            self.bk = _param(zeros, rngs.params(), (Z, E), pd, ("kv_heads", "head_dim"))
+            self.bv = _param(zeros, rngs.params(), (Z, E), pd, ("kv_heads", "head_dim"))
         else:
             self.bq = self.bk = self.bv = None
         if cfg.qk_norm:
@@ -295,27 +295,27 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = k.transpose(0, 1, 3, 2, 4), v.transpose(0, 1, 3, 2, 4)  # BGSNE -> BGNSE
+        k, v = k.transpose(0, 1, 3, 2, 4), v.transpose(0, 1, 3, 2, 4)  # BGSZE -> BGZSE
         if cache_kv is not None:  # write the new keys at slots [start, start + S)
             at = (0, 0, 0, start, 0)
             k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
             v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
         H, E, D = self.wo.shape
-        N = k.shape[2]
+        Z = k.shape[2]
         if kernel is not None:
             Bt, G = q.shape[:2]
-            out_BGNHE = decode_lib.decode_attention(
-                q[:, :, 0].reshape(Bt, G, N, H // N, E), *prefix_kv, prefix_mask_BP, k, v,
+            out_BGZHE = decode_lib.decode_attention(
+                q[:, :, 0].reshape(Bt, G, Z, H // Z, E), *prefix_kv, prefix_mask_BP, k, v,
                 start + 1, interpret=kernel == "interpret", platform=platform)
-            out_BGNHSE = out_BGNHE[:, :, :, :, None].astype(v.dtype)
+            out_BGZHSE = out_BGZHE[:, :, :, :, None].astype(v.dtype)
         else:
-            out_BGNHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP,
+            out_BGZHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP,
                                 platform=platform)
-        # query head n·(H/N) + h is row block h of wo; the small activation is brought into that
-        # order (given the [N,H/N,S,E] layout XLA relaid out the whole weight instead, inside the
+        # query head z·(H/Z) + h is row block h of wo; the small activation is brought into that
+        # order (given the [Z,H/Z,S,E] layout XLA relaid out the whole weight instead, inside the
         # decode loop at every token: ~5% of SmolLM2's sampling on CPU)
-        Bt, G, _, _, S, _ = out_BGNHSE.shape
-        out_BGSHE = out_BGNHSE.transpose(0, 1, 4, 2, 3, 5).reshape(Bt, G, S, H, E)
+        Bt, G, _, _, S, _ = out_BGZHSE.shape
+        out_BGSHE = out_BGZHSE.transpose(0, 1, 4, 2, 3, 5).reshape(Bt, G, S, H, E)
         y = _dense(out_BGSHE.reshape(Bt, G, S, H * E),
                    self.wo[...].astype(self.dtype).reshape(H * E, D))
         if self.wo_lora is not None:
@@ -415,8 +415,8 @@ class Decoder(nnx.Module):
             return self.final_norm(x), ks, vs
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
-            cache_kv = None if cache is None else (cache.k_BGNCE[i], cache.v_BGNCE[i])
-            prefix_kv = None if prefix is None else (prefix.k_BNPE[i], prefix.v_BNPE[i])
+            cache_kv = None if cache is None else (cache.k_BGZCE[i], cache.v_BGZCE[i])
+            prefix_kv = None if prefix is None else (prefix.k_BZPE[i], prefix.v_BZPE[i])
             if remat:
                 x, (k, v) = block(nnx.state(layer), x, cache_kv, prefix_kv)
             else:
@@ -435,9 +435,9 @@ class Decoder(nnx.Module):
         stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(b) for b in self.layers))
         kc = vc = pk = pv = None
         if cache is not None:
-            kc, vc = stack_layers(cache.k_BGNCE), stack_layers(cache.v_BGNCE)
+            kc, vc = stack_layers(cache.k_BGZCE), stack_layers(cache.v_BGZCE)
         if prefix is not None:
-            pk, pv = stack_layers(prefix.k_BNPE), stack_layers(prefix.v_BNPE)
+            pk, pv = stack_layers(prefix.k_BZPE), stack_layers(prefix.v_BZPE)
 
         def body(carry, xs):
             x, kc, vc = carry
@@ -466,7 +466,7 @@ class Decoder(nnx.Module):
         mask_B1PP = (causal_PP[None] & mask_BP[:, None, :])[:, None]
         h, k, v = self._run(tokens_BP[:, None], mask_B1PP, None, 0, None,
                             self.rope(positions_BP[:, None]), remat=remat)
-        if self.scanned:  # [L, B, 1, N, P, E] -> [L, B, N, P, E]
+        if self.scanned:  # [L, B, 1, Z, P, E] -> [L, B, Z, P, E]
             k, v = k[:, :, 0], v[:, :, 0]
         else:
             k, v = tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v)
@@ -513,7 +513,7 @@ class Decoder(nnx.Module):
         Returns (hidden_BGSD, KVCache with the new keys written).
         """
         B, G, S = tokens_BGS.shape
-        C = S if cache is None else cache.k_BGNCE[0].shape[3]
+        C = S if cache is None else cache.k_BGZCE[0].shape[3]
         kernel = None if attention == "xla" else attention
         if kernel is not None and (S != 1 or cache is None or kernel not in _KERNELS):
             raise ValueError(f"attention={attention!r} needs one new token (S = 1, got {S}) "
@@ -555,8 +555,8 @@ class Decoder(nnx.Module):
         start_R[r] (`extend` puts every row at one slot).
 
         Row r is a batch of one prompt with one continuation: `prefix` has R rows (its keys
-        [R, N, P, E] per layer, `mask_BP` [R, P], `length_B` [R]) and `cache` R rows of one
-        continuation ([R, 1, N, C, E] per layer; scanned: [L, R, 1, N, C, E]). This is `extend`
+        [R, Z, P, E] per layer, `mask_BP` [R, P], `length_B` [R]) and `cache` R rows of one
+        continuation ([R, 1, Z, C, E] per layer; scanned: [L, R, 1, Z, C, E]). This is `extend`
         mapped over the rows (`jax.vmap`): each row writes its key/value at its own slot and
         attends to its prefix and to its slots ≤ start_R[r]; slots above are masked, so a row
         reused for a new continuation needs no cleared cache. With `attention="xla"` every row
@@ -572,11 +572,11 @@ class Decoder(nnx.Module):
             h, c = self.extend(token.reshape(1, 1, 1), row, KVCache(unit(ck), unit(cv)), start,
                                attention=attention)
             squeeze = functools.partial(jax.tree.map, lambda x: jnp.squeeze(x, ax))
-            return h[0, 0, 0], squeeze(c.k_BGNCE), squeeze(c.v_BGNCE)
+            return h[0, 0, 0], squeeze(c.k_BGZCE), squeeze(c.v_BGZCE)
 
         h_RD, k, v = jax.vmap(one, in_axes=(0, ax, ax, 0, 0, ax, ax, 0), out_axes=(0, ax, ax))(
-            tokens_R, prefix.k_BNPE, prefix.v_BNPE, prefix.mask_BP, prefix.length_B,
-            cache.k_BGNCE, cache.v_BGNCE, start_R)
+            tokens_R, prefix.k_BZPE, prefix.v_BZPE, prefix.mask_BP, prefix.length_B,
+            cache.k_BGZCE, cache.v_BGZCE, start_R)
         return h_RD, KVCache(k, v)
 
 

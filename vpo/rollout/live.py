@@ -45,8 +45,8 @@ TOP_LOGPROBS = 20  # the most alternatives a token's log-prob comes with (OpenAI
 class LiveSlots(NamedTuple):
     """The device state of S slots between calls (every array has S rows)."""
 
-    prefix: Prefix  # each slot's prompt: keys/values [S, N, P, E] per layer, mask [S, P]
-    cache: KVCache  # [S, 1, N, T, E] per layer
+    prefix: Prefix  # each slot's prompt: keys/values [S, Z, P, E] per layer, mask [S, P]
+    cache: KVCache  # [S, 1, Z, T, E] per layer
     logits_SV: jax.Array  # the logits of each slot's next token
     t_S: jax.Array  # int32, tokens the slot has generated
     live_S: jax.Array  # bool, the slot is decoding
@@ -134,9 +134,9 @@ def admit(model, live: LiveSlots, tokens_AP, mask_AP, slot_A, keys_A2, temperatu
     A, Pa = tokens_AP.shape
     hidden_APD, prefix = model.prefill(tokens_AP, mask_AP)
     logits_AV = model.logits(hidden_APD[:, -1])
-    ax = 1 if model.scanned else 0  # the row axis of a layer's prefix keys: [(L,) A, N, P, E]
+    ax = 1 if model.scanned else 0  # the row axis of a layer's prefix keys: [(L,) A, Z, P, E]
 
-    def place(dst, src):  # src [.., A, N, P', E] left-padded to P and written at slot_A
+    def place(dst, src):  # src [.., A, Z, P', E] left-padded to P and written at slot_A
         pad = [(0, 0)] * src.ndim
         pad[ax + 2] = (P - Pa, 0)
         src = jnp.pad(src, pad)
@@ -146,8 +146,8 @@ def admit(model, live: LiveSlots, tokens_AP, mask_AP, slot_A, keys_A2, temperatu
         return place(dst, src) if isinstance(dst, jax.Array) else tuple(map(place, dst, src))
 
     mask_AP = jnp.pad(prefix.mask_BP, [(0, 0), (P - Pa, 0)])
-    new_prefix = Prefix(each(live.prefix.k_BNPE, prefix.k_BNPE),
-                        each(live.prefix.v_BNPE, prefix.v_BNPE),
+    new_prefix = Prefix(each(live.prefix.k_BZPE, prefix.k_BZPE),
+                        each(live.prefix.v_BZPE, prefix.v_BZPE),
                         live.prefix.mask_BP.at[slot_A].set(mask_AP, mode="drop"),
                         live.prefix.length_B.at[slot_A].set(prefix.length_B, mode="drop"))
 
@@ -174,7 +174,7 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
     a free slot among these (or `spare`: slots beyond these are free); without `waiting`, the
     traced bool `yield_free` (requests wait) after the step where a slot ended."""
     S = live.t_S.shape[0]
-    T = live.cache.k_BGNCE[0].shape[3]
+    T = live.cache.k_BGZCE[0].shape[3]
     J = min(TOP_LOGPROBS, live.logits_SV.shape[-1])
     stop_K = jnp.asarray(stop_ids, jnp.int32)
     zeros = jnp.zeros((S, steps), jnp.float32)
@@ -243,9 +243,9 @@ def rows_of(live: LiveSlots, rows: int, scanned: bool) -> LiveSlots:
     kv = functools.partial(jax.tree.map, lambda x: take(x, ax))
     rest = live._replace(prefix=None, cache=None)
     return jax.tree.map(lambda x: take(x, 0), rest)._replace(
-        prefix=Prefix(kv(live.prefix.k_BNPE), kv(live.prefix.v_BNPE),
+        prefix=Prefix(kv(live.prefix.k_BZPE), kv(live.prefix.v_BZPE),
                       take(live.prefix.mask_BP, 0), take(live.prefix.length_B, 0)),
-        cache=KVCache(kv(live.cache.k_BGNCE), kv(live.cache.v_BGNCE)))
+        cache=KVCache(kv(live.cache.k_BGZCE), kv(live.cache.v_BGZCE)))
 
 
 def with_rows(live: LiveSlots, part: LiveSlots, scanned: bool) -> LiveSlots:
@@ -259,12 +259,12 @@ def with_rows(live: LiveSlots, part: LiveSlots, scanned: bool) -> LiveSlots:
     rest = jax.tree.map(lambda x, y: put(x, y, 0), live._replace(prefix=None, cache=None),
                         part._replace(prefix=None, cache=None))
     return rest._replace(
-        prefix=Prefix(kv(live.prefix.k_BNPE, part.prefix.k_BNPE),
-                      kv(live.prefix.v_BNPE, part.prefix.v_BNPE),
+        prefix=Prefix(kv(live.prefix.k_BZPE, part.prefix.k_BZPE),
+                      kv(live.prefix.v_BZPE, part.prefix.v_BZPE),
                       put(live.prefix.mask_BP, part.prefix.mask_BP, 0),
                       put(live.prefix.length_B, part.prefix.length_B, 0)),
-        cache=KVCache(kv(live.cache.k_BGNCE, part.cache.k_BGNCE),
-                      kv(live.cache.v_BGNCE, part.cache.v_BGNCE)))
+        cache=KVCache(kv(live.cache.k_BGZCE, part.cache.k_BGZCE),
+                      kv(live.cache.v_BGZCE, part.cache.v_BGZCE)))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "rows", "steps", "stop_ids", "pad_id",

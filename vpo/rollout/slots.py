@@ -29,7 +29,7 @@ SmolLM2-135M (30 layers, 49,152 tokens) the last hidden states differ by ~2e-5, 
 rollout is another sample of the same distribution (21-23 of 32 rollouts of 128 tokens were
 identical, `experiments/bench_slots.py --preset smollm2`).
 
-Memory: per slot a suffix cache of T slots and a copy of one prompt's prefix (L·N·P·E keys and
+Memory: per slot a suffix cache of T slots and a copy of one prompt's prefix (L·Z·P·E keys and
 values each), in place of `generate`'s B·G suffix caches. Time: a step costs S rows whose
 attention reads P + T keys each (the cache is not grown in phases: slots sit at different
 positions), so slots pay off when completion lengths spread (a long tail) and S is well below
@@ -68,7 +68,7 @@ CACHE_SHARE = 0.25
 
 
 def cache_bytes_per_row(model_cfg, seq_len: int) -> int:
-    """Bytes of one row's keys and values over `seq_len` positions: 2·L·N·E·seq_len elements
+    """Bytes of one row's keys and values over `seq_len` positions: 2·L·Z·E·seq_len elements
     of the compute dtype."""
     c = model_cfg
     return 2 * c.num_layers * c.num_kv_heads * c.head_dim * seq_len * jnp.dtype(c.dtype).itemsize
@@ -126,8 +126,8 @@ class _Slots(NamedTuple):
     t_S: jax.Array  # int32, the slot's position in its rollout
     next_r: jax.Array  # int32, the first rollout of the pool not yet started
     logits_SV: jax.Array
-    prefix: Prefix  # the prompt of each slot's rollout: keys/values [S, N, P, E] per layer
-    cache: KVCache  # [S, 1, N, T, E] per layer
+    prefix: Prefix  # the prompt of each slot's rollout: keys/values [S, Z, P, E] per layer
+    cache: KVCache  # [S, 1, Z, T, E] per layer
     out: Rollout  # [R, T] arrays (reshaped to [B, G, T] at the end)
 
 
@@ -135,7 +135,7 @@ def _rows(prefix: Prefix, b_S, scanned: bool) -> Prefix:
     """The prefix of prompts b_S, one row per slot."""
     ax = 1 if scanned else 0
     take = functools.partial(jax.tree.map, lambda x: jnp.take(x, b_S, axis=ax))
-    return Prefix(take(prefix.k_BNPE), take(prefix.v_BNPE), prefix.mask_BP[b_S],
+    return Prefix(take(prefix.k_BZPE), take(prefix.v_BZPE), prefix.mask_BP[b_S],
                   prefix.length_B[b_S])
 
 
@@ -150,7 +150,7 @@ def _refill(rows: Prefix, prefix: Prefix, b_S, new_S, *, scanned: bool) -> Prefi
         return jnp.where(new_S.reshape(shape), x, old)
 
     both = functools.partial(jax.tree.map, pick)
-    return Prefix(both(rows.k_BNPE, fresh.k_BNPE), both(rows.v_BNPE, fresh.v_BNPE),
+    return Prefix(both(rows.k_BZPE, fresh.k_BZPE), both(rows.v_BZPE, fresh.v_BZPE),
                   jnp.where(new_S[:, None], fresh.mask_BP, rows.mask_BP),
                   jnp.where(new_S, fresh.length_B, rows.length_B))
 
