@@ -42,7 +42,7 @@ def get_config():
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "G", "cache_len", "steps", "grown"))
 def decode_steps(graphdef, state, prompts_BP, *, G, cache_len, steps, grown):
-    """Prefill, then `steps` greedy decode steps with a `cache_len`-slot cache → tokens_BGS."""
+    """Prefill, then `steps` greedy decode steps with a `cache_len`-slot cache → tokens_BGT."""
     model = nnx.merge(graphdef, state)
     B = prompts_BP.shape[0]
     hidden_BPD, prefix = model.prefill(prompts_BP)

@@ -69,7 +69,7 @@ def test_segment_attention_matches_separate_continuations():
     a, b = jnp.array([[[4, 5, 6]]]), jnp.array([[[11, 12]]])
     row = jnp.concatenate([a, b, jnp.zeros((1, 1, 1), jnp.int32)], -1)
     seg = jnp.array([[[0, 0, 0, 1, 1, packing.NO_SEGMENT]]])
-    h_row, _ = model.extend(row, prefix, segment_ids_BGS=seg)
+    h_row, _ = model.extend(row, prefix, segment_ids_BGO=seg)
     h_a, _ = model.extend(a, prefix)
     h_b, _ = model.extend(b, prefix)
     np.testing.assert_allclose(h_row[:, :, :3], h_a, atol=1e-6)

@@ -95,17 +95,17 @@ def test_extend_rows_is_extend_per_row(model, prompts):
     shape = (B, 1, model.cfg.num_kv_heads, C, model.cfg.head_dim)
     cache = KVCache(*(tuple(jnp.asarray(rng.normal(size=shape), jnp.float32)
                             for _ in range(model.cfg.num_layers)) for _ in range(2)))
-    tokens_R = jnp.asarray([5, 9, 17, 33], jnp.int32)
-    start_R = jnp.asarray([0, 3, 7, 2], jnp.int32)
-    h_RD, rows = model.extend_rows(tokens_R, prefix, cache, start_R)
+    tokens_N = jnp.asarray([5, 9, 17, 33], jnp.int32)
+    start_N = jnp.asarray([0, 3, 7, 2], jnp.int32)
+    h_ND, rows = model.extend_rows(tokens_N, prefix, cache, start_N)
     for r in range(B):
         one = Prefix(tuple(k[r:r + 1] for k in prefix.k_BZPE),
                      tuple(v[r:r + 1] for v in prefix.v_BZPE),
                      prefix.mask_BP[r:r + 1], prefix.length_B[r:r + 1])
         c = KVCache(tuple(k[r:r + 1] for k in cache.k_BGZCE),
                     tuple(v[r:r + 1] for v in cache.v_BGZCE))
-        h, c = model.extend(tokens_R[r].reshape(1, 1, 1), one, c, int(start_R[r]))
-        np.testing.assert_allclose(np.asarray(h_RD[r]), np.asarray(h[0, 0, 0]), atol=1e-5)
+        h, c = model.extend(tokens_N[r].reshape(1, 1, 1), one, c, int(start_N[r]))
+        np.testing.assert_allclose(np.asarray(h_ND[r]), np.asarray(h[0, 0, 0]), atol=1e-5)
         for i in range(model.cfg.num_layers):
             np.testing.assert_allclose(np.asarray(rows.k_BGZCE[i][r]),
                                        np.asarray(c.k_BGZCE[i][0]), atol=1e-6)

@@ -8,14 +8,14 @@ to mesh axes. With `cfg.lora_rank` r > 0 the projections named in `cfg.lora_targ
 adapter (`nnx.LoRAParam` A, B): y = x·W + (α/r)·(x·A)·B (see `vpo.model.lora`).
 
 Three entry points share one attention routine:
-  * `model(tokens_BS, mask_BS)` — full causal forward over left-padded sequences → logits_BSV.
+  * `model(tokens_BO, mask_BO)` — full causal forward over left-padded sequences → logits_BOV.
   * `model.prefill(tokens_BP, mask_BP)` — the prompt once → (hidden_BPD, Prefix): the prompt's
     keys/values, shared by every continuation of that prompt.
-  * `model.extend(tokens_BGS, prefix, cache, start)` — G continuations per prompt attend to the
+  * `model.extend(tokens_BGO, prefix, cache, start)` — G continuations per prompt attend to the
     shared prefix and to their own suffix cache (`cache=None`: only to the new tokens), so
-    prefill work and prefix memory do not grow with G. Decoding is `extend` with S = 1; the
+    prefill work and prefix memory do not grow with G. Decoding is `extend` with O = 1; the
     training forward is `extend` over all T completion tokens, or over packed rows of several
-    continuations each (`segment_ids_BGS`, `vpo.rl.packing`).
+    continuations each (`segment_ids_BGO`, `vpo.rl.packing`).
 
 Decode attention reads the whole suffix cache it is given, so the sampler keeps the cache as
 long as the tokens so far need (`KVCache.grown`, doubling): a step at position t costs O(P + t),
@@ -29,7 +29,7 @@ the model's programs are built for (`vpo.kernels.hardware.platform_of` of its me
 the kernels and the float32 products, so a program compiled ahead of time for a TPU mesh on a
 CPU host takes the TPU branches.
 
-Dimension key: B batch (prompts), G continuations per prompt, S new tokens, P prompt length,
+Dimension key: B batch (prompts), G continuations per prompt, O new tokens, P prompt length,
 C suffix-cache length, V vocab, D width, F MLP width, H query heads, Z KV heads, E head dim,
 L layers.
 """
@@ -151,7 +151,7 @@ def _dense(x, w):
     """x [..., D] · w [D, *out] → [..., *out] as one 2-D product over the flattened tokens.
 
     The same value as `einsum("...d,d...")`, but the backward's weight gradient then contracts
-    one token axis, not B, G and S: XLA:CPU fed a multi-axis contraction through transposing
+    one token axis, not B, G and O: XLA:CPU fed a multi-axis contraction through transposing
     copies of the activations ([2, 8, 63, 1536] → [1536, 2, 8, 63], ~20-40 ms each on SmolLM2),
     1.4x slower over an MLP block's forward and backward."""
     lead, d = x.shape[:-1], x.shape[-1]
@@ -209,16 +209,16 @@ def rope_cos_sin(positions, inv_freq_E2):
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x_BGSHE, cos_BGSE, sin_BGSE):
+def apply_rope(x_BGOHE, cos_BGOE, sin_BGOE):
     """Rotary embedding (Su et al., 2021, arXiv 2104.09864): x·cos + rotate_half(x)·sin."""
-    half = x_BGSHE.shape[-1] // 2
-    rotated = jnp.concatenate([-x_BGSHE[..., half:], x_BGSHE[..., :half]], axis=-1)
-    cos, sin = cos_BGSE[..., None, :], sin_BGSE[..., None, :]
-    out = x_BGSHE.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin
-    return out.astype(x_BGSHE.dtype)
+    half = x_BGOHE.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BGOHE[..., half:], x_BGOHE[..., :half]], axis=-1)
+    cos, sin = cos_BGOE[..., None, :], sin_BGOE[..., None, :]
+    out = x_BGOHE.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin
+    return out.astype(x_BGOHE.dtype)
 
 
-def attend(q_BGSHE, k_BGZCE, v_BGZCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=None, *,
+def attend(q_BGOHE, k_BGZCE, v_BGZCE, mask_BGOC, prefix_kv=None, prefix_mask_BP=None, *,
            platform: str | None = None):
     """softmax(q·kᵀ/√E + mask)·v over [prefix keys ‖ suffix keys], one softmax over both.
 
@@ -226,31 +226,31 @@ def attend(q_BGSHE, k_BGZCE, v_BGZCE, mask_BGSC, prefix_kv=None, prefix_mask_BP=
     (k_BZPE, v_BZPE), shared by the G continuations of each prompt. Scores and softmax in float32.
     The two key blocks are never concatenated: with m the row max over both,
     out = (Σ_p e^(s_p - m) v_p + Σ_c e^(s_c - m) v_c) / (Σ_p e^(s_p - m) + Σ_c e^(s_c - m)),
-    normalised after the value products (fewer elements than the scores). Returns out_BGZHSE
+    normalised after the value products (fewer elements than the scores). Returns out_BGZHOE
     (H = H/Z query heads per KV head), the layout the output projection contracts directly.
     `platform`: the target of the float32 products (`vpo.kernels.precision`).
     """
     einsum_f32 = functools.partial(_einsum_f32, platform=platform)
-    B, G, S, H, E = q_BGSHE.shape
+    B, G, O, H, E = q_BGOHE.shape
     Z = k_BGZCE.shape[2]
-    q = (q_BGSHE * (1.0 / math.sqrt(E))).reshape(B, G, S, Z, H // Z, E)
-    q = q.transpose(0, 1, 3, 4, 2, 5)  # bgzhse
-    s_own = einsum_f32("bgzhse,bgzce->bgzhsc", q, k_BGZCE)
-    s_own = jnp.where(mask_BGSC[:, :, None, None], s_own, _MASKED)
+    q = (q_BGOHE * (1.0 / math.sqrt(E))).reshape(B, G, O, Z, H // Z, E)
+    q = q.transpose(0, 1, 3, 4, 2, 5)  # bgzhoe
+    s_own = einsum_f32("bgzhoe,bgzce->bgzhoc", q, k_BGZCE)
+    s_own = jnp.where(mask_BGOC[:, :, None, None], s_own, _MASKED)
     m = jnp.max(s_own, axis=-1, keepdims=True)
     if prefix_kv is not None:
         kp, vp = prefix_kv
-        s_pre = einsum_f32("bgzhse,bzpe->bgzhsp", q, kp)
+        s_pre = einsum_f32("bgzhoe,bzpe->bgzhop", q, kp)
         s_pre = jnp.where(prefix_mask_BP[:, None, None, None, None, :], s_pre, _MASKED)
         m = jnp.maximum(m, jnp.max(s_pre, axis=-1, keepdims=True))
     m = jax.lax.stop_gradient(m)  # any shift gives the same softmax
     e_own = jnp.exp(s_own - m)
     z = jnp.sum(e_own, axis=-1, keepdims=True)
-    out = einsum_f32("bgzhsc,bgzce->bgzhse", e_own.astype(v_BGZCE.dtype), v_BGZCE)
+    out = einsum_f32("bgzhoc,bgzce->bgzhoe", e_own.astype(v_BGZCE.dtype), v_BGZCE)
     if prefix_kv is not None:
         e_pre = jnp.exp(s_pre - m)
         z = z + jnp.sum(e_pre, axis=-1, keepdims=True)
-        out = out + einsum_f32("bgzhsp,bzpe->bgzhse", e_pre.astype(vp.dtype), vp)
+        out = out + einsum_f32("bgzhop,bzpe->bgzhoe", e_pre.astype(vp.dtype), vp)
     return (out / z).astype(v_BGZCE.dtype)
 
 
@@ -282,21 +282,21 @@ class Attention(nnx.Module):
         y = plus_lora(_dense(x, w[...].astype(self.dtype)), lora, x)
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
-    def __call__(self, x_BGSD, cos, sin, mask_BGSC, cache_kv, start, prefix_kv, prefix_mask_BP,
+    def __call__(self, x_BGOD, cos, sin, mask_BGOC, cache_kv, start, prefix_kv, prefix_mask_BP,
                  kernel=None, platform=None):
-        """Attention of the S new tokens. `kernel` ("pallas" | "interpret"): one decode token
-        (S = 1) through the Pallas kernel, which reads only cache slots [0, start + 1).
+        """Attention of the O new tokens. `kernel` ("pallas" | "interpret"): one decode token
+        (O = 1) through the Pallas kernel, which reads only cache slots [0, start + 1).
         `platform`: the target (`Decoder.platform`).
-        Returns (y_BGSD, (k, v)): the whole cache with the new keys written (without a cache:
+        Returns (y_BGOD, (k, v)): the whole cache with the new keys written (without a cache:
         the new keys)."""
-        q = self._project(x_BGSD, self.wq, self.bq, self.wq_lora)
-        k = self._project(x_BGSD, self.wk, self.bk, self.wk_lora)
-        v = self._project(x_BGSD, self.wv, self.bv, self.wv_lora)
+        q = self._project(x_BGOD, self.wq, self.bq, self.wq_lora)
+        k = self._project(x_BGOD, self.wk, self.bk, self.wk_lora)
+        v = self._project(x_BGOD, self.wv, self.bv, self.wv_lora)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = k.transpose(0, 1, 3, 2, 4), v.transpose(0, 1, 3, 2, 4)  # BGSZE -> BGZSE
-        if cache_kv is not None:  # write the new keys at slots [start, start + S)
+        if cache_kv is not None:  # write the new keys at slots [start, start + O)
             at = (0, 0, 0, start, 0)
             k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
             v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
@@ -307,19 +307,19 @@ class Attention(nnx.Module):
             out_BGZHE = decode_lib.decode_attention(
                 q[:, :, 0].reshape(Bt, G, Z, H // Z, E), *prefix_kv, prefix_mask_BP, k, v,
                 start + 1, interpret=kernel == "interpret", platform=platform)
-            out_BGZHSE = out_BGZHE[:, :, :, :, None].astype(v.dtype)
+            out_BGZHOE = out_BGZHE[:, :, :, :, None].astype(v.dtype)
         else:
-            out_BGZHSE = attend(q, k, v, mask_BGSC, prefix_kv, prefix_mask_BP,
+            out_BGZHOE = attend(q, k, v, mask_BGOC, prefix_kv, prefix_mask_BP,
                                 platform=platform)
         # query head z·(H/Z) + h is row block h of wo; the small activation is brought into that
-        # order (given the [Z,H/Z,S,E] layout XLA relaid out the whole weight instead, inside the
+        # order (given the [Z,H/Z,O,E] layout XLA relaid out the whole weight instead, inside the
         # decode loop at every token: ~5% of SmolLM2's sampling on CPU)
-        Bt, G, _, _, S, _ = out_BGZHSE.shape
-        out_BGSHE = out_BGZHSE.transpose(0, 1, 4, 2, 3, 5).reshape(Bt, G, S, H, E)
-        y = _dense(out_BGSHE.reshape(Bt, G, S, H * E),
+        Bt, G, _, _, O, _ = out_BGZHOE.shape
+        out_BGOHE = out_BGZHOE.transpose(0, 1, 4, 2, 3, 5).reshape(Bt, G, O, H, E)
+        y = _dense(out_BGOHE.reshape(Bt, G, O, H * E),
                    self.wo[...].astype(self.dtype).reshape(H * E, D))
         if self.wo_lora is not None:
-            y = y + self.wo_lora(out_BGSHE)
+            y = y + self.wo_lora(out_BGOHE)
         return y, (k, v)
 
 
@@ -394,18 +394,18 @@ class Decoder(nnx.Module):
         """Whether the layer stack runs as one `lax.scan` (`ModelConfig.scan`)."""
         return self.cfg.scan
 
-    def _run(self, tokens_BGS, mask_BGSC, cache, start, prefix, cos_sin, kernel=None,
+    def _run(self, tokens_BGO, mask_BGOC, cache, start, prefix, cos_sin, kernel=None,
              remat=False):
         """Embedding → the L blocks → final norm. Returns (hidden, keys, values): the keys and
         values of every layer (the whole caches when `cache` is given), a tuple of L arrays
         (unrolled) or one stacked [L, ...] array (scanned)."""
-        x = self.embed[...].astype(self.dtype)[tokens_BGS]
-        cos, sin = cos_sin  # [B or 1, G or 1, S, E]: broadcast over the dims they lack
+        x = self.embed[...].astype(self.dtype)[tokens_BGO]
+        cos, sin = cos_sin  # [B or 1, G or 1, O, E]: broadcast over the dims they lack
         prefix_mask = None if prefix is None else prefix.mask_BP
         block_def = nnx.graphdef(self.layers[0])
 
         def block(state, x, cache_kv, prefix_kv):
-            return nnx.merge(block_def, state)(x, cos, sin, mask_BGSC, cache_kv, start,
+            return nnx.merge(block_def, state)(x, cos, sin, mask_BGOC, cache_kv, start,
                                                prefix_kv, prefix_mask, kernel, self.platform)
 
         if remat:  # keep only each block's input for the backward pass; recompute the rest
@@ -420,7 +420,7 @@ class Decoder(nnx.Module):
             if remat:
                 x, (k, v) = block(nnx.state(layer), x, cache_kv, prefix_kv)
             else:
-                x, (k, v) = layer(x, cos, sin, mask_BGSC, cache_kv, start, prefix_kv,
+                x, (k, v) = layer(x, cos, sin, mask_BGOC, cache_kv, start, prefix_kv,
                                   prefix_mask, kernel, self.platform)
             ks.append(k)
             vs.append(v)
@@ -472,68 +472,68 @@ class Decoder(nnx.Module):
             k, v = tuple(x[:, 0] for x in k), tuple(x[:, 0] for x in v)
         return h[:, 0], Prefix(k, v, mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
 
-    def extend_masked(self, tokens_BGS, prefix: Prefix, cache: KVCache, start, mask_BGSC,
+    def extend_masked(self, tokens_BGO, prefix: Prefix, cache: KVCache, start, mask_BGOC,
                       rope):
         """`extend` with the attention mask and positions given per row: each continuation
-        writes its S new tokens at slots [start, start + S) of `cache` and attends to the slots
-        `mask_BGSC` marks (and to its prompt's prefix); `rope` is the (cos, sin) of each row's
-        own positions, [B, G, S, E] (`self.rope(positions_BGS)`). For continuations that do not
+        writes its O new tokens at slots [start, start + O) of `cache` and attends to the slots
+        `mask_BGOC` marks (and to its prompt's prefix); `rope` is the (cos, sin) of each row's
+        own positions, [B, G, O, E] (`self.rope(positions_BGO)`). For continuations that do not
         advance together (a multi-turn episode idles while others finish their turn): a slot
         left out of the mask is never read, so positions need not equal slots. Returns
-        (hidden_BGSD, KVCache)."""
-        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope)
+        (hidden_BGOD, KVCache)."""
+        h, k, v = self._run(tokens_BGO, mask_BGOC, cache, start, prefix, rope)
         return h, KVCache(k, v)
 
-    def __call__(self, tokens_BS, mask_BS=None):
-        """Full causal forward → logits_BSV (float32)."""
-        return self.logits(self.prefill(tokens_BS, mask_BS)[0])
+    def __call__(self, tokens_BO, mask_BO=None):
+        """Full causal forward → logits_BOV (float32)."""
+        return self.logits(self.prefill(tokens_BO, mask_BO)[0])
 
-    def extend(self, tokens_BGS, prefix: Prefix, cache: KVCache | None = None, start=0,
+    def extend(self, tokens_BGO, prefix: Prefix, cache: KVCache | None = None, start=0,
                rope=None, attention: str = "xla", *, remat: bool = False,
-               segment_ids_BGS=None):
-        """G continuations per prompt: new tokens at suffix slots [start, start+S).
+               segment_ids_BGO=None):
+        """G continuations per prompt: new tokens at suffix slots [start, start+O).
 
         Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
-        ≤ start + s, or with `cache=None` only the S new tokens (then `start` must be 0).
-        `rope`: optional precomputed (cos, sin) [B, 1, S, E] of the new tokens' positions
+        ≤ start + s, or with `cache=None` only the O new tokens (then `start` must be 0).
+        `rope`: optional precomputed (cos, sin) [B, 1, O, E] of the new tokens' positions
         `prefix.length_B + start + s` (`self.rope(...)`); a decode loop computes them once for
         all steps instead of evaluating sin/cos every step. Computed per prompt, not per
         continuation (the G continuations share positions).
         Attention reads every cache slot (masked beyond start + s): a decode loop keeps the
         cache only as long as the tokens so far need (`KVCache.grown`), so a step costs
         O(tokens so far), not O(budget).
-        `attention`: "xla" (any backend), or "pallas" / "interpret" for one decode token (S = 1)
+        `attention`: "xla" (any backend), or "pallas" / "interpret" for one decode token (O = 1)
         with a cache through `vpo.kernels.decode_attention` (`decode_attention_impl` picks by
         devices), which reads only slots [0, start + 1) of a cache of any length.
         `remat`: as in `prefill` (the training forward over all T completion tokens).
-        `segment_ids_BGS` (packed rows, `vpo.rl.packing`; no cache, start 0): each row holds
+        `segment_ids_BGO` (packed rows, `vpo.rl.packing`; no cache, start 0): each row holds
         several continuations of its prompt end to end, runs of equal ids; a token attends to
         the prefix and causally to its own segment only, at position `prefix.length_B` + its
         offset in the segment (Krell et al., 2021, arXiv 2107.02027).
-        Returns (hidden_BGSD, KVCache with the new keys written).
+        Returns (hidden_BGOD, KVCache with the new keys written).
         """
-        B, G, S = tokens_BGS.shape
-        C = S if cache is None else cache.k_BGZCE[0].shape[3]
+        B, G, O = tokens_BGO.shape
+        C = O if cache is None else cache.k_BGZCE[0].shape[3]
         kernel = None if attention == "xla" else attention
-        if kernel is not None and (S != 1 or cache is None or kernel not in _KERNELS):
-            raise ValueError(f"attention={attention!r} needs one new token (S = 1, got {S}) "
+        if kernel is not None and (O != 1 or cache is None or kernel not in _KERNELS):
+            raise ValueError(f"attention={attention!r} needs one new token (O = 1, got {O}) "
                              f"and a cache; choose one of 'xla', {', '.join(map(repr, _KERNELS))}")
-        pos_S = start + jnp.arange(S)
-        mask_SC = jnp.arange(C)[None, :] <= pos_S[:, None]
-        mask_BGSC = jnp.broadcast_to(mask_SC, (B, G, S, C))
-        if segment_ids_BGS is not None:
+        pos_O = start + jnp.arange(O)
+        mask_OC = jnp.arange(C)[None, :] <= pos_O[:, None]
+        mask_BGOC = jnp.broadcast_to(mask_OC, (B, G, O, C))
+        if segment_ids_BGO is not None:
             if cache is not None or rope is not None:
-                raise ValueError("segment_ids_BGS packs whole continuations: no cache, no rope")
-            seg = segment_ids_BGS
-            mask_BGSC = mask_BGSC & (seg[..., :, None] == seg[..., None, :])
-            s_BGS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, G, S))
-            new_BGS = jnp.concatenate([jnp.ones((B, G, 1), bool), seg[..., 1:] != seg[..., :-1]],
+                raise ValueError("segment_ids_BGO packs whole continuations: no cache, no rope")
+            seg = segment_ids_BGO
+            mask_BGOC = mask_BGOC & (seg[..., :, None] == seg[..., None, :])
+            s_BGO = jnp.broadcast_to(jnp.arange(O, dtype=jnp.int32), (B, G, O))
+            new_BGO = jnp.concatenate([jnp.ones((B, G, 1), bool), seg[..., 1:] != seg[..., :-1]],
                                       axis=-1)
-            first_BGS = jax.lax.cummax(jnp.where(new_BGS, s_BGS, 0), axis=2)
-            rope = self.rope(prefix.length_B[:, None, None] + (s_BGS - first_BGS))
+            first_BGO = jax.lax.cummax(jnp.where(new_BGO, s_BGO, 0), axis=2)
+            rope = self.rope(prefix.length_B[:, None, None] + (s_BGO - first_BGO))
         if rope is None:
-            rope = self.rope(prefix.length_B[:, None, None] + pos_S[None, None, :])
-        h, k, v = self._run(tokens_BGS, mask_BGSC, cache, start, prefix, rope, kernel, remat)
+            rope = self.rope(prefix.length_B[:, None, None] + pos_O[None, None, :])
+        h, k, v = self._run(tokens_BGO, mask_BGOC, cache, start, prefix, rope, kernel, remat)
         return h, KVCache(k, v)
 
     def init_cache(self, batch: int, group: int, length: int, attention: str = "xla") -> KVCache:
@@ -549,20 +549,20 @@ class Decoder(nnx.Module):
         zeros = tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers))
         return KVCache(zeros, tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers)))
 
-    def extend_rows(self, tokens_R, prefix: Prefix, cache: KVCache, start_R,
+    def extend_rows(self, tokens_N, prefix: Prefix, cache: KVCache, start_N,
                     attention: str = "xla") -> tuple[jax.Array, KVCache]:
-        """One new token for each of R independent rows, row r at its own suffix slot
-        start_R[r] (`extend` puts every row at one slot).
+        """One new token for each of N independent rows, row r at its own suffix slot
+        start_N[r] (`extend` puts every row at one slot).
 
-        Row r is a batch of one prompt with one continuation: `prefix` has R rows (its keys
-        [R, Z, P, E] per layer, `mask_BP` [R, P], `length_B` [R]) and `cache` R rows of one
-        continuation ([R, 1, Z, C, E] per layer; scanned: [L, R, 1, Z, C, E]). This is `extend`
+        Row r is a batch of one prompt with one continuation: `prefix` has N rows (its keys
+        [N, Z, P, E] per layer, `mask_BP` [N, P], `length_B` [N]) and `cache` N rows of one
+        continuation ([N, 1, Z, C, E] per layer; scanned: [L, N, 1, Z, C, E]). This is `extend`
         mapped over the rows (`jax.vmap`): each row writes its key/value at its own slot and
-        attends to its prefix and to its slots ≤ start_R[r]; slots above are masked, so a row
+        attends to its prefix and to its slots ≤ start_N[r]; slots above are masked, so a row
         reused for a new continuation needs no cleared cache. With `attention="xla"` every row
-        reads all C slots. Returns (hidden_RD, KVCache of R rows).
+        reads all C slots. Returns (hidden_ND, KVCache of N rows).
         """
-        ax = 1 if self.scanned else 0  # the row axis of a layer's keys: [(L,) R, ...]
+        ax = 1 if self.scanned else 0  # the row axis of a layer's keys: [(L,) N, ...]
 
         def unit(xs):  # one row's leaves → a batch of one
             return jax.tree.map(lambda x: jnp.expand_dims(x, ax), xs)
@@ -574,10 +574,10 @@ class Decoder(nnx.Module):
             squeeze = functools.partial(jax.tree.map, lambda x: jnp.squeeze(x, ax))
             return h[0, 0, 0], squeeze(c.k_BGZCE), squeeze(c.v_BGZCE)
 
-        h_RD, k, v = jax.vmap(one, in_axes=(0, ax, ax, 0, 0, ax, ax, 0), out_axes=(0, ax, ax))(
-            tokens_R, prefix.k_BZPE, prefix.v_BZPE, prefix.mask_BP, prefix.length_B,
-            cache.k_BGZCE, cache.v_BGZCE, start_R)
-        return h_RD, KVCache(k, v)
+        h_ND, k, v = jax.vmap(one, in_axes=(0, ax, ax, 0, 0, ax, ax, 0), out_axes=(0, ax, ax))(
+            tokens_N, prefix.k_BZPE, prefix.v_BZPE, prefix.mask_BP, prefix.length_B,
+            cache.k_BGZCE, cache.v_BGZCE, start_N)
+        return h_ND, KVCache(k, v)
 
 
 def stack_layers(xs) -> jax.Array:

@@ -4,7 +4,7 @@ real lengths, laid end to end into R ≤ G rows instead of G rows of the full bu
 Packing without cross-contamination (Krell et al., 2021, arXiv 2107.02027): every completion
 is a segment with its own id; a token attends to the prompt's shared prefix and causally to
 the earlier tokens of its own segment only, and its positions restart where its prompt ends
-(`Decoder.extend(segment_ids_BGS=...)`), so each log-prob is the padded layout's.
+(`Decoder.extend(segment_ids_BGO=...)`), so each log-prob is the padded layout's.
 
 Layout. Completion g of real length L_g (up to its last real token, `mask_BGT`) predicts its
 first token from the prompt's last hidden state and token t ≥ 1 from token t − 1, so the

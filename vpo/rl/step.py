@@ -301,7 +301,7 @@ def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT
     slots (`vpo.rl.packing`; `plan.fits(rows)` must hold: segments beyond are left out).
 
     The first token of every completion is predicted from the prompt's last state, the rest
-    from the packed segments (`Decoder.extend(segment_ids_BGS=...)`), all through one kernel
+    from the packed segments (`Decoder.extend(segment_ids_BGO=...)`), all through one kernel
     call over B·(G + R·(T − 1)) tokens instead of B·G·T. Values equal the padded layout's up
     to each completion's last real token; 0 after it.
     """
@@ -309,7 +309,7 @@ def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT
     hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
     D = hidden_BPD.shape[-1]
     inputs_BRW, targets_BRW, segment_BRW = packing.pack(tokens_BGT, plan, rows)
-    hidden_BRWD, _ = model.extend(inputs_BRW, prefix, remat=remat, segment_ids_BGS=segment_BRW)
+    hidden_BRWD, _ = model.extend(inputs_BRW, prefix, remat=remat, segment_ids_BGO=segment_BRW)
     first_ND = jnp.broadcast_to(hidden_BPD[:, None, -1], (B, G, D)).reshape(B * G, D)
     hidden_ND = jnp.concatenate([first_ND, hidden_BRWD.reshape(-1, D)], axis=0)
     targets_N = jnp.concatenate([tokens_BGT[:, :, 0].reshape(-1), targets_BRW.reshape(-1)])

@@ -5,13 +5,13 @@ arrive while it decodes. Here the device state of S slots (`LiveSlots`: each slo
 prefix, suffix cache, next-token logits, position, key and sampling settings) lives between
 calls of two programs, each compiled once per shape and reused:
 
-  - `admit`: prefill A new prompts ([A, P'] with P' ≤ P) and write each into its slot (its
+  - `admit`: prefill B new prompts ([B, P'] with P' ≤ P) and write each into its slot (its
     prefix left-padded to the slot capacity P, its last logits, t = 0, its key and settings);
-  - `decode_chunk`: up to K decode steps of every live slot in one `lax.while_loop`, returning
-    the chunk's tokens, their log-probs and which slots stopped. It ends early when a request
-    waits and a slot is free for it (asked of the host before every step through a callback,
-    so a chunk can be long without keeping an arrival waiting), so the host can hand that slot
-    the next request.
+  - `decode_chunk`: up to `steps` decode steps of every live slot in one `lax.while_loop`,
+    returning the chunk's tokens, their log-probs and which slots stopped. It ends early when
+    a request waits and a slot is free for it (asked of the host before every step through a
+    callback, so a chunk can be long without keeping an arrival waiting), so the host can hand
+    that slot the next request.
 
 A slot's token at position t is drawn as `vpo.rollout.sampler.generate` draws it: the uniform
 `vpo.prng.uniform_per_key(key, t)` inverted through the CDF of the filtered distribution
@@ -20,8 +20,9 @@ request with the keys `vpo sample` splits from a seed gets the tokens `vpo sampl
 float rounding of the row step, as `vpo.rollout.slots`). The log-probs reported are the
 temperature-1 log-probs of the model, the trainer's (`vpo.rl.step.completion_logp`).
 
-Shapes: S slots, P prompt capacity, T suffix capacity (new tokens), K steps per chunk, A rows
-admitted at once, V vocabulary, J top log-probs per token.
+Shapes: S slots, P prompt capacity, T suffix capacity (new tokens; a chunk's [S, T] arrays
+hold the window of them its steps made), B prompts admitted at once, V vocabulary, J top
+log-probs per token.
 """
 
 from __future__ import annotations
@@ -59,15 +60,15 @@ class LiveSlots(NamedTuple):
 
 
 class Chunk(NamedTuple):
-    """What one `decode_chunk` produced: step k of slot s at [s, k] where mask_SK is True."""
+    """What one `decode_chunk` produced: step i of slot s at [s, i] where mask_ST is True."""
 
-    tokens_SK: jax.Array
-    logp_SK: jax.Array  # temperature-1 log-prob of the token under the model
-    mask_SK: jax.Array  # the slot was live and wrote this token
+    tokens_ST: jax.Array
+    logp_ST: jax.Array  # temperature-1 log-prob of the token under the model
+    mask_ST: jax.Array  # the slot was live and wrote this token
     stopped_S: jax.Array  # the slot ended in this chunk on a stop id
     ended_S: jax.Array  # the slot ended in this chunk (stop id or its budget)
-    top_ids_SKJ: jax.Array  # the J most likely tokens at each step (when a slot asked)
-    top_logp_SKJ: jax.Array
+    top_ids_STJ: jax.Array  # the J most likely tokens at each step (when a slot asked)
+    top_logp_STJ: jax.Array
 
 
 def choose_tokens_rows(logits_SV, u_S, temperature_S, top_p_S, top_k_S):
@@ -125,43 +126,43 @@ def init_live(model, slots: int, prompt_len: int, max_new_tokens: int) -> LiveSl
         top_k_S=jnp.zeros((S,), jnp.int32), top_n_S=jnp.zeros((S,), jnp.int32))
 
 
-def admit(model, live: LiveSlots, tokens_AP, mask_AP, slot_A, keys_A2, temperature_A, top_p_A,
-          top_k_A, budget_A, top_n_A) -> LiveSlots:
-    """`live` with A new prompts (left-padded [A, P'], P' ≤ P) prefilled into slots slot_A; a
-    row with slot_A = S (or more) is padding and writes nothing. Each admitted slot starts at
+def admit(model, live: LiveSlots, tokens_BP, mask_BP, slot_B, keys_B2, temperature_B, top_p_B,
+          top_k_B, budget_B, top_n_B) -> LiveSlots:
+    """`live` with B new prompts (left-padded [B, P'], P' ≤ P) prefilled into slots slot_B; a
+    row with slot_B = S (or more) is padding and writes nothing. Each admitted slot starts at
     t = 0 from its prompt's last logits."""
     S, P = live.prefix.mask_BP.shape
-    A, Pa = tokens_AP.shape
-    hidden_APD, prefix = model.prefill(tokens_AP, mask_AP)
-    logits_AV = model.logits(hidden_APD[:, -1])
-    ax = 1 if model.scanned else 0  # the row axis of a layer's prefix keys: [(L,) A, Z, P, E]
+    B, Pa = tokens_BP.shape
+    hidden_BPD, prefix = model.prefill(tokens_BP, mask_BP)
+    logits_BV = model.logits(hidden_BPD[:, -1])
+    ax = 1 if model.scanned else 0  # the row axis of a layer's prefix keys: [(L,) B, Z, P, E]
 
-    def place(dst, src):  # src [.., A, Z, P', E] left-padded to P and written at slot_A
+    def place(dst, src):  # src [.., B, Z, P', E] left-padded to P and written at slot_B
         pad = [(0, 0)] * src.ndim
         pad[ax + 2] = (P - Pa, 0)
         src = jnp.pad(src, pad)
-        return dst.at[(slice(None),) * ax + (slot_A,)].set(src, mode="drop")
+        return dst.at[(slice(None),) * ax + (slot_B,)].set(src, mode="drop")
 
     def each(dst, src):
         return place(dst, src) if isinstance(dst, jax.Array) else tuple(map(place, dst, src))
 
-    mask_AP = jnp.pad(prefix.mask_BP, [(0, 0), (P - Pa, 0)])
+    padded_BP = jnp.pad(prefix.mask_BP, [(0, 0), (P - Pa, 0)])
     new_prefix = Prefix(each(live.prefix.k_BZPE, prefix.k_BZPE),
                         each(live.prefix.v_BZPE, prefix.v_BZPE),
-                        live.prefix.mask_BP.at[slot_A].set(mask_AP, mode="drop"),
-                        live.prefix.length_B.at[slot_A].set(prefix.length_B, mode="drop"))
+                        live.prefix.mask_BP.at[slot_B].set(padded_BP, mode="drop"),
+                        live.prefix.length_B.at[slot_B].set(prefix.length_B, mode="drop"))
 
     def put(a, x):
-        return a.at[slot_A].set(x.astype(a.dtype), mode="drop")
+        return a.at[slot_B].set(x.astype(a.dtype), mode="drop")
 
     return live._replace(
-        prefix=new_prefix, logits_SV=put(live.logits_SV, logits_AV),
-        t_S=put(live.t_S, jnp.zeros((A,), jnp.int32)), live_S=put(live.live_S,
-                                                                jnp.ones((A,), bool)),
-        budget_S=put(live.budget_S, budget_A), keys_S2=put(live.keys_S2, keys_A2),
-        temperature_S=put(live.temperature_S, temperature_A),
-        top_p_S=put(live.top_p_S, top_p_A), top_k_S=put(live.top_k_S, top_k_A),
-        top_n_S=put(live.top_n_S, top_n_A))
+        prefix=new_prefix, logits_SV=put(live.logits_SV, logits_BV),
+        t_S=put(live.t_S, jnp.zeros((B,), jnp.int32)), live_S=put(live.live_S,
+                                                                jnp.ones((B,), bool)),
+        budget_S=put(live.budget_S, budget_B), keys_S2=put(live.keys_S2, keys_B2),
+        temperature_S=put(live.temperature_S, temperature_B),
+        top_p_S=put(live.top_p_S, top_p_B), top_k_S=put(live.top_k_S, top_k_B),
+        top_n_S=put(live.top_n_S, top_n_B))
 
 
 def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
@@ -176,7 +177,7 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
     S = live.t_S.shape[0]
     T = live.cache.k_BGZCE[0].shape[3]
     J = min(TOP_LOGPROBS, live.logits_SV.shape[-1])
-    stop_K = jnp.asarray(stop_ids, jnp.int32)
+    stops = jnp.asarray(stop_ids, jnp.int32)
     zeros = jnp.zeros((S, steps), jnp.float32)
     chunk = Chunk(jnp.full((S, steps), pad_id, jnp.int32), zeros, jnp.zeros((S, steps), bool),
                   jnp.zeros((S,), bool), jnp.zeros((S,), bool),
@@ -198,15 +199,15 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
         ids_SJ, tlogp_SJ = jax.lax.cond(
             want, top, lambda _: (jnp.zeros((S, J), jnp.int32), jnp.zeros((S, J), jnp.float32)),
             s.logits_SV)
-        stop_S = s.live_S & jnp.any(tok_S[:, None] == stop_K[None, :], axis=-1)
+        stop_S = s.live_S & jnp.any(tok_S[:, None] == stops[None, :], axis=-1)
         ended_S = s.live_S & (stop_S | (s.t_S + 1 >= s.budget_S))
         out = out._replace(
-            tokens_SK=out.tokens_SK.at[:, i].set(tok_S),
-            logp_SK=out.logp_SK.at[:, i].set(jnp.where(s.live_S, logp_S, 0.0)),
-            mask_SK=out.mask_SK.at[:, i].set(s.live_S),
+            tokens_ST=out.tokens_ST.at[:, i].set(tok_S),
+            logp_ST=out.logp_ST.at[:, i].set(jnp.where(s.live_S, logp_S, 0.0)),
+            mask_ST=out.mask_ST.at[:, i].set(s.live_S),
             stopped_S=out.stopped_S | stop_S, ended_S=out.ended_S | ended_S,
-            top_ids_SKJ=out.top_ids_SKJ.at[:, i].set(ids_SJ),
-            top_logp_SKJ=out.top_logp_SKJ.at[:, i].set(tlogp_SJ))
+            top_ids_STJ=out.top_ids_STJ.at[:, i].set(ids_SJ),
+            top_logp_STJ=out.top_logp_STJ.at[:, i].set(tlogp_SJ))
         # every slot runs the step (an idle one at a position inside its cache, discarded)
         hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, jnp.minimum(s.t_S, T - 1))
         s = s._replace(cache=cache, logits_SV=model.logits(hidden_SD),
@@ -226,11 +227,11 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("live",))
-def admit_jit(graphdef, state, live, tokens_AP, mask_AP, slot_A, keys_A2, temperature_A,
-              top_p_A, top_k_A, budget_A, top_n_A):
+def admit_jit(graphdef, state, live, tokens_BP, mask_BP, slot_B, keys_B2, temperature_B,
+              top_p_B, top_k_B, budget_B, top_n_B):
     """`admit` under jit on an `nnx.split` model; `live` is donated (updated in place)."""
-    return admit(nnx.merge(graphdef, state), live, tokens_AP, mask_AP, slot_A, keys_A2,
-                 temperature_A, top_p_A, top_k_A, budget_A, top_n_A)
+    return admit(nnx.merge(graphdef, state), live, tokens_BP, mask_BP, slot_B, keys_B2,
+                 temperature_B, top_p_B, top_k_B, budget_B, top_n_B)
 
 
 def rows_of(live: LiveSlots, rows: int, scanned: bool) -> LiveSlots:

@@ -30,7 +30,7 @@ class SamplerModel(Protocol):
     """What `generate` needs from a policy: `vpo.model.decoder.Decoder` is one; a model of your
     own works when it has these five methods (and is an `nnx.Module` for
     `vpo.rollout.slots.sample`, which also reads `model.cfg.max_seq_len` when there is one).
-    Shapes: B prompts, P prompt tokens, G samples per prompt, S new tokens per call (1 while
+    Shapes: B prompts, P prompt tokens, G samples per prompt, O new tokens per call (1 while
     decoding), D hidden size, V vocabulary.
 
     - `prefill(tokens_BP, mask_BP) -> (hidden_BPD, prefix)`: the causal forward over the
@@ -44,9 +44,9 @@ class SamplerModel(Protocol):
     - `rope(positions) -> r`: any pytree of arrays of shape positions.shape + (...,) (for RoPE,
       (cos, sin)); the loop slices each leaf at one step along axis 2 and hands it to `extend`.
       A model without rotary embeddings may return the positions themselves.
-    - `extend(tokens_BGS, prefix, cache, start, rope=r, attention=attention) ->
-      (hidden_BGSD, cache)`: the next S tokens of every continuation, at suffix slots
-      `[start, start + S)`, attending to the prompt's prefix and to the suffix so far.
+    - `extend(tokens_BGO, prefix, cache, start, rope=r, attention=attention) ->
+      (hidden_BGOD, cache)`: the next O tokens of every continuation, at suffix slots
+      `[start, start + O)`, attending to the prompt's prefix and to the suffix so far.
 
     `attention` is "xla" unless `decode_attention_impl` picks the decode kernel; a model may
     ignore it. An optional `platform` attribute names the platform programs are built for, an
@@ -62,7 +62,7 @@ class SamplerModel(Protocol):
 
     def rope(self, positions) -> Any: ...
 
-    def extend(self, tokens_BGS, prefix, cache, start, rope=None,
+    def extend(self, tokens_BGO, prefix, cache, start, rope=None,
                attention: str = "xla") -> tuple[jax.Array, Any]: ...
 
 
@@ -152,22 +152,22 @@ def _first_crossing_blocked(q_BGV, thr_BG):
     V, K = q_BGV.shape[-1], _CPU_SCAN_BLOCK
     nb = -(-V // K)
     nd = q_BGV.ndim
-    tiles_BGNK = jnp.pad(q_BGV, [(0, 0)] * (nd - 1) + [(0, nb * K - V)]).reshape(
-        *q_BGV.shape[:-1], nb, K)
-    total_BGN = tiles_BGNK[..., 0]  # left to right, one add at a time (a reduce may reorder)
+    tiles = jnp.pad(q_BGV, [(0, 0)] * (nd - 1) + [(0, nb * K - V)]).reshape(
+        *q_BGV.shape[:-1], nb, K)  # [.., nb, K]: nb blocks of K tokens
+    totals = tiles[..., 0]  # left to right, one add at a time (a reduce may reorder)
     for j in range(1, K):
-        total_BGN = total_BGN + tiles_BGNK[..., j]
-    ends_BGN = jnp.cumsum(total_BGN, axis=-1)  # ≤ 16 long: one left-to-right scan
+        totals = totals + tiles[..., j]
+    ends = jnp.cumsum(totals, axis=-1)  # ≤ 16 long: one left-to-right scan
     thr_BG1 = thr_BG[..., None]
-    block_BG = jnp.minimum(jnp.sum(ends_BGN <= thr_BG1, axis=-1), nb - 1)
-    offset_BG = jnp.take_along_axis(ends_BGN, jnp.maximum(block_BG - 1, 0)[..., None],
+    block_BG = jnp.minimum(jnp.sum(ends <= thr_BG1, axis=-1), nb - 1)
+    offset_BG = jnp.take_along_axis(ends, jnp.maximum(block_BG - 1, 0)[..., None],
                                     axis=-1)[..., 0]
-    tile_BGK = jnp.take_along_axis(tiles_BGNK, block_BG[..., None, None], axis=-2)[..., 0, :]
-    within_BGK = jnp.cumsum(tile_BGK, axis=-1)
+    tile_q = jnp.take_along_axis(tiles, block_BG[..., None, None], axis=-2)[..., 0, :]
+    within = jnp.cumsum(tile_q, axis=-1)
     # block 0 has no offset (XLA adds an exact 0; adding 0.0 would too, for q ≥ 0)
-    cum_BGK = jnp.where((block_BG > 0)[..., None], within_BGK + offset_BG[..., None], within_BGK)
-    first_BG = block_BG * K + jnp.sum(cum_BGK <= thr_BG1, axis=-1)
-    return _first_or_last(first_BG, ends_BGN[..., -1] > thr_BG, q_BGV)
+    cum = jnp.where((block_BG > 0)[..., None], within + offset_BG[..., None], within)
+    first_BG = block_BG * K + jnp.sum(cum <= thr_BG1, axis=-1)
+    return _first_or_last(first_BG, ends[..., -1] > thr_BG, q_BGV)
 
 
 # the tile of the two-level search for longer vocabularies on CPU (`_first_crossing_two_level`)
@@ -192,19 +192,19 @@ def _first_crossing_two_level(q_BGV, thr_BG):
     V, K = q_BGV.shape[-1], _CPU_TILE
     nt = -(-V // K)
     nd = q_BGV.ndim
-    tiles_BGNK = jnp.pad(q_BGV, [(0, 0)] * (nd - 1) + [(0, nt * K - V)]).reshape(
-        *q_BGV.shape[:-1], nt, K)
-    ends_BGN = jnp.cumsum(jnp.sum(tiles_BGNK, axis=-1), axis=-1)
+    tiles = jnp.pad(q_BGV, [(0, 0)] * (nd - 1) + [(0, nt * K - V)]).reshape(
+        *q_BGV.shape[:-1], nt, K)  # [.., nt, K]: nt tiles of K tokens
+    ends = jnp.cumsum(jnp.sum(tiles, axis=-1), axis=-1)
     thr_BG1 = thr_BG[..., None]
-    tile_BG = jnp.minimum(jnp.sum(ends_BGN <= thr_BG1, axis=-1), nt - 1)
+    tile_BG = jnp.minimum(jnp.sum(ends <= thr_BG1, axis=-1), nt - 1)
     offset_BG = jnp.where(tile_BG > 0, jnp.take_along_axis(
-        ends_BGN, jnp.maximum(tile_BG - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
-    q_BGK = jnp.take_along_axis(tiles_BGNK, tile_BG[..., None, None], axis=-2)[..., 0, :]
-    n_BG = jnp.sum(offset_BG[..., None] + jnp.cumsum(q_BGK, axis=-1) <= thr_BG1, axis=-1)
-    iota_K = jax.lax.broadcasted_iota(jnp.int32, q_BGK.shape, nd - 1)
-    last_in_tile_BG = jnp.max(jnp.where(q_BGK > 0, iota_K, -1), axis=-1)
+        ends, jnp.maximum(tile_BG - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
+    tile_q = jnp.take_along_axis(tiles, tile_BG[..., None, None], axis=-2)[..., 0, :]
+    n_BG = jnp.sum(offset_BG[..., None] + jnp.cumsum(tile_q, axis=-1) <= thr_BG1, axis=-1)
+    iota = jax.lax.broadcasted_iota(jnp.int32, tile_q.shape, nd - 1)
+    last_in_tile_BG = jnp.max(jnp.where(tile_q > 0, iota, -1), axis=-1)
     first_BG = tile_BG * K + jnp.where(n_BG < K, n_BG, last_in_tile_BG)
-    return _first_or_last(first_BG, ends_BGN[..., -1] > thr_BG, q_BGV)
+    return _first_or_last(first_BG, ends[..., -1] > thr_BG, q_BGV)
 
 
 def _first_or_last(first_BG, found_BG, q_BGV):
@@ -344,7 +344,7 @@ def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top
                     jnp.zeros((B, G), bool)),
     )
 
-    stop_S = jnp.asarray(stop_ids, jnp.int32)
+    stops = jnp.asarray(stop_ids, jnp.int32)
     rope_B1TE = model.rope(prefix.length_B[:, None, None] + jnp.arange(T)[None, None, :])
 
     def body(s: _Loop) -> _Loop:
@@ -364,7 +364,7 @@ def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top
         rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.t, 1, axis=2), rope_B1TE)
         hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope,
                                      attention=attention)
-        stopped_BG = live & jnp.any(tok[:, :, None] == stop_S[None, None, :], axis=-1)
+        stopped_BG = live & jnp.any(tok[:, :, None] == stops[None, None, :], axis=-1)
         return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache, s.done_BG | stopped_BG, out)
 
     def cond(s: _Loop, end: int):

@@ -1,11 +1,11 @@
-"""Rollouts through a few refilled slots: generation over a pool of R = B·G rollouts with
-S ≤ R live rows.
+"""Rollouts through a few refilled slots: generation over a pool of N = B·G rollouts with
+S ≤ N live rows.
 
 `vpo.rollout.sampler.generate` decodes all B·G rows until the last one stops: a finished row
 keeps its place and one long completion holds the whole batch. Here S slots decode in one
 `lax.while_loop`; when a slot's rollout stops (a stop token or max_new_tokens) its tokens are
 already in the [B, G, T] outputs and the slot takes the next rollout of the pool at the same
-step, so the work of a decode step follows S rows, not the longest of R. This is
+step, so the work of a decode step follows S rows, not the longest of N. This is
 iteration-level scheduling (Orca, Yu et al., OSDI 2022; the continuous batching of vLLM) inside
 one compiled loop, over a pool fixed in advance.
 
@@ -33,9 +33,9 @@ Memory: per slot a suffix cache of T slots and a copy of one prompt's prefix (L�
 values each), in place of `generate`'s B·G suffix caches. Time: a step costs S rows whose
 attention reads P + T keys each (the cache is not grown in phases: slots sit at different
 positions), so slots pay off when completion lengths spread (a long tail) and S is well below
-R; with S ≥ R, `generate_rollouts` keeps `generate`.
+N; with S ≥ N, `generate_rollouts` keeps `generate`.
 
-Shapes: B prompts, P prompt length, G samples per prompt, R = B·G rollouts, S slots, T =
+Shapes: B prompts, P prompt length, G samples per prompt, N = B·G rollouts, S slots, T =
 max_new_tokens, V vocabulary.
 """
 
@@ -86,10 +86,10 @@ def device_memory() -> int | None:
 
 def slots_for(num_slots: int, model_cfg, seq_len: int, rollouts: int, *,
               memory_bytes: int | None = None) -> int:
-    """`sampler.num_slots` S as the sampler runs it, R = `rollouts`: a value the user set
-    stands; 0 keeps every rollout in its own row (R rows) while R rows' caches
+    """`sampler.num_slots` S as the sampler runs it, N = `rollouts`: a value the user set
+    stands; 0 keeps every rollout in its own row (N rows) while N rows' caches
     (`cache_bytes_per_row` over `seq_len` = prompt + budget) fit `CACHE_SHARE` of
-    `memory_bytes` (default `device_memory()`; None, unknown: R rows), else S = the most rows
+    `memory_bytes` (default `device_memory()`; None, unknown: N rows), else S = the most rows
     that do, rounded down to a multiple of 8 (at least 8). S is fixed at trace time from
     static shapes, so one compiled program serves the run."""
     if num_slots or model_cfg is None:
@@ -105,8 +105,8 @@ def slots_for(num_slots: int, model_cfg, seq_len: int, rollouts: int, *,
 
 
 def uses_slots(num_slots: int, rollouts: int) -> bool:
-    """Whether `num_slots` slots decode `rollouts` rollouts through refills: 0 < S < R (0 or
-    S ≥ R: every rollout has its own row, `generate`)."""
+    """Whether `num_slots` slots decode `rollouts` rollouts through refills: 0 < S < N (0 or
+    S ≥ N: every rollout has its own row, `generate`)."""
     return 0 < num_slots < rollouts
 
 
@@ -122,13 +122,13 @@ def check_slots_model(model) -> None:
 
 
 class _Slots(NamedTuple):
-    rollout_S: jax.Array  # int32, the rollout each slot decodes (R: none)
+    rollout_S: jax.Array  # int32, the rollout each slot decodes (N: none)
     t_S: jax.Array  # int32, the slot's position in its rollout
     next_r: jax.Array  # int32, the first rollout of the pool not yet started
     logits_SV: jax.Array
     prefix: Prefix  # the prompt of each slot's rollout: keys/values [S, Z, P, E] per layer
     cache: KVCache  # [S, 1, Z, T, E] per layer
-    out: Rollout  # [R, T] arrays (reshaped to [B, G, T] at the end)
+    out: Rollout  # [N, T] arrays (reshaped to [B, G, T] at the end)
 
 
 def _rows(prefix: Prefix, b_S, scanned: bool) -> Prefix:
@@ -168,40 +168,40 @@ def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_
     """
     check_slots_model(model)
     B, G = keys_BG.shape
-    R, T = B * G, max_new_tokens
+    N, T = B * G, max_new_tokens
     if num_slots < 1:
         raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-    S = min(num_slots, R)
+    S = min(num_slots, N)
     scanned = bool(getattr(model, "scanned", False))
-    keys_R = keys_BG.reshape(R)
+    keys_N = keys_BG.reshape(N)
     hidden_BPD, prefix = model.prefill(prompts_BP, mask_BP)
     logits_BV = model.logits(hidden_BPD[:, -1])
     rollout_S = jnp.arange(S, dtype=jnp.int32)
-    zeros = jnp.zeros((R, T), jnp.float32)
+    zeros = jnp.zeros((N, T), jnp.float32)
     init = _Slots(
         rollout_S=rollout_S, t_S=jnp.zeros((S,), jnp.int32), next_r=jnp.int32(S),
         logits_SV=logits_BV[rollout_S // G],
         prefix=_rows(prefix, rollout_S // G, scanned),
         cache=model.init_cache(S, 1, T),
-        out=Rollout(jnp.full((R, T), pad_id, jnp.int32), zeros, zeros, zeros,
-                    jnp.zeros((R, T), bool), jnp.zeros((R,), jnp.int32),
-                    jnp.zeros((R,), bool)))
-    stop_K = jnp.asarray(stop_ids, jnp.int32)
+        out=Rollout(jnp.full((N, T), pad_id, jnp.int32), zeros, zeros, zeros,
+                    jnp.zeros((N, T), bool), jnp.zeros((N,), jnp.int32),
+                    jnp.zeros((N,), bool)))
+    stops = jnp.asarray(stop_ids, jnp.int32)
 
     def body(s: _Slots) -> _Slots:
-        live_S = s.rollout_S < R
-        r_S = jnp.minimum(s.rollout_S, R - 1)
-        u_S = _prng.uniform_per_key(keys_R[r_S], s.t_S)
+        live_S = s.rollout_S < N
+        r_S = jnp.minimum(s.rollout_S, N - 1)
+        u_S = _prng.uniform_per_key(keys_N[r_S], s.t_S)
         tok_S, logp_S, slogp_S, ent_S = choose_tokens(
             s.logits_SV[:, None], u_S[:, None], temperature, top_p, top_k)
         tok_S, logp_S, slogp_S, ent_S = tok_S[:, 0], logp_S[:, 0], slogp_S[:, 0], ent_S[:, 0]
-        at = (jnp.where(live_S, s.rollout_S, R), s.t_S)  # an idle slot writes nowhere
+        at = (jnp.where(live_S, s.rollout_S, N), s.t_S)  # an idle slot writes nowhere
 
         def write(a, x):
             return a.at[at].set(x, mode="drop")
 
         o = s.out
-        stop_S = live_S & jnp.any(tok_S[:, None] == stop_K[None, :], axis=-1)
+        stop_S = live_S & jnp.any(tok_S[:, None] == stops[None, :], axis=-1)
         ended_S = live_S & (stop_S | (s.t_S == T - 1))
         out = o._replace(
             tokens_BGT=write(o.tokens_BGT, tok_S), logp_BGT=write(o.logp_BGT, logp_S),
@@ -214,9 +214,9 @@ def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_
         # the stopped slots, in slot order, take the next rollouts of the pool
         order_S = jnp.cumsum(ended_S.astype(jnp.int32)) - 1
         taken_S = jnp.where(ended_S, s.next_r + order_S, s.rollout_S)
-        new_S = ended_S & (taken_S < R)
-        rollout_S = jnp.where(ended_S, jnp.minimum(taken_S, R), s.rollout_S)
-        b_S = jnp.minimum(rollout_S, R - 1) // G
+        new_S = ended_S & (taken_S < N)
+        rollout_S = jnp.where(ended_S, jnp.minimum(taken_S, N), s.rollout_S)
+        b_S = jnp.minimum(rollout_S, N - 1) // G
         refill = functools.partial(_refill, scanned=scanned)
         prefix_rows = jax.lax.cond(jnp.any(new_S), refill, lambda rows, *_: rows, s.prefix,
                                    prefix, b_S, new_S)
@@ -227,7 +227,7 @@ def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_
             prefix=prefix_rows, cache=cache, out=out)
 
     def cond(s: _Slots):
-        return jnp.any(s.rollout_S < R)
+        return jnp.any(s.rollout_S < N)
 
     final = jax.lax.while_loop(cond, body, init).out
     return Rollout(*(x.reshape(B, G, *x.shape[1:]) for x in final))

@@ -217,20 +217,20 @@ class Engine:
         self._live, chunk = live_lib.decode_chunk_jit(self._graphdef, self._state, self._live,
                                                       np.bool_(waiting), rows=rows, **self._kw)
         wants_top = any(r is not None and r.request.gen.top_logprobs for r in self._rows)
-        chunk = jax.device_get(chunk if wants_top else chunk._replace(top_ids_SKJ=None,
-                                                                      top_logp_SKJ=None))
+        chunk = jax.device_get(chunk if wants_top else chunk._replace(top_ids_STJ=None,
+                                                                      top_logp_STJ=None))
         released = np.zeros((self.slots,), bool)
         ended = []
         for s, row in enumerate(self._rows[:rows]):
             if row is None:
                 continue
-            k = chunk.mask_SK[s]
-            row.tokens += chunk.tokens_SK[s][k].tolist()
-            row.logps += chunk.logp_SK[s][k].tolist()
+            k = chunk.mask_ST[s]
+            row.tokens += chunk.tokens_ST[s][k].tolist()
+            row.logps += chunk.logp_ST[s][k].tolist()
             if row.request.gen.top_logprobs:
                 n = row.request.gen.top_logprobs
                 row.top += [tuple(zip(i[:n].tolist(), p[:n].tolist(), strict=True))
-                            for i, p in zip(chunk.top_ids_SKJ[s][k], chunk.top_logp_SKJ[s][k],
+                            for i, p in zip(chunk.top_ids_STJ[s][k], chunk.top_logp_STJ[s][k],
                                             strict=True)]
             cut = self._stop_string(row)
             if cut is not None:
