@@ -16,8 +16,8 @@ from flax import nnx
 from starlette.testclient import TestClient
 
 from vpo.cli.main import main
-from vpo.cli.policy import budget_of
 from vpo.cli.serve import add_serve_args, build
+from vpo.launch.policy_runs import budget_of
 from vpo.rl.step import completion_logp
 from vpo.rollout import sampler
 from vpo.serve.app import make_app

@@ -16,7 +16,7 @@ from vpo.cli.arguments import (
     dataset_kwargs,
     env_kwargs,
 )
-from vpo.launch.policy_runs import budget_of, stage  # noqa: F401  (budget_of: vpo serve's tests)
+from vpo.launch.policy_runs import stage
 from vpo.tasks import TASK_NAMES as TASKS
 
 BUDGET_HELP = ("new tokens per generation on host-scored tasks (--data, arithmetic); default: "

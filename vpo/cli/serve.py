@@ -7,7 +7,7 @@ import argparse
 import os
 import time
 
-from vpo.cli.policy import stage
+from vpo.launch.policy_runs import stage
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PROMPT_TOKENS = 512
