@@ -139,24 +139,25 @@ def decode_attention_reference(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE,
     return out.astype(q_BGZHE.dtype)
 
 
-def _online_step(carry, q_RE, k_KE, v_KE, bias_1K, start, limit, *, scale: float,
+def _online_step(carry, q_NE, k_block, v_block, bias, start, limit, *, scale: float,
                  ragged: bool, dot_platform: str):
-    """Fold keys [start, start + K) into (m, l, a); keys ≥ `limit` are masked out, and with
+    """Fold keys [start, start + block) into (m, l, a); keys ≥ `limit` are masked out, and with
     `ragged` their values (past the array's end: unspecified) are zeroed first."""
     m, l, a = carry
-    s = einsum_f32("re,ke->rk", q_RE, k_KE, platform=dot_platform) * scale
-    if bias_1K is not None:
-        s = s + bias_1K
+    s = einsum_f32("re,ke->rk", q_NE, k_block, platform=dot_platform) * scale
+    if bias is not None:
+        s = s + bias
     cols = start + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
     s = jnp.where(cols < limit, s, _NEG)
     if ragged:
-        slots = start + jax.lax.broadcasted_iota(jnp.int32, (v_KE.shape[0], 1), 0)
-        v_KE = jnp.where(slots < limit, v_KE, jnp.zeros_like(v_KE))
+        slots = start + jax.lax.broadcasted_iota(jnp.int32, (v_block.shape[0], 1), 0)
+        v_block = jnp.where(slots < limit, v_block, jnp.zeros_like(v_block))
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new)
     l = l * alpha + jnp.sum(p, axis=1, keepdims=True)
-    a = a * alpha + einsum_f32("rk,ke->re", p.astype(v_KE.dtype), v_KE, platform=dot_platform)
+    a = a * alpha + einsum_f32("rk,ke->re", p.astype(v_block.dtype), v_block,
+                               platform=dot_platform)
     return m_new, l, a
 
 
@@ -165,7 +166,7 @@ def _online_step(carry, q_RE, k_KE, v_KE, bias_1K, start, limit, *, scale: float
 def _tpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
     """One key block of one (b, z) [prefix] or (b, g, z) [suffix] row block.
 
-    refs: length (SMEM, scalar prefetch), q, k, v, then bias [1, K] (prefix) or m0, l0, a0
+    refs: length (SMEM, scalar prefetch), q, k, v, then bias [1, block_k] (prefix) or m0, l0, a0
     (suffix); outputs a, m, l (prefix) or out (suffix); scratch m, l, a.
     """
     length_ref, q_ref, k_ref, v_ref, *rest = refs
@@ -203,11 +204,11 @@ def _tpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_
             out_ref[...] = (a_sc[...] / l_sc[...]).astype(out_ref.dtype)
 
 
-def _tpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
+def _tpu_passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
                 scale, bk, interpret, per_sample, platform):
     from jax.experimental.pallas import tpu as pltpu
 
-    B, Z, Rp, E = q_BZRE.shape
+    B, Z, Np, E = q_BZNE.shape
     P = k_BZPE.shape[2]
     _, G, _, Hp, _ = q_BGZHE.shape
     C = k_BGZCE.shape[3]
@@ -215,27 +216,27 @@ def _tpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
     dot_platform = "cpu" if interpret else platform
     params = functools.partial(hardware.compiler_params, platform)
 
-    def scratch(R):
-        return [pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, 1), f32), pltpu.VMEM((R, E), f32)]
+    def scratch(N):
+        return [pltpu.VMEM((N, 1), f32), pltpu.VMEM((N, 1), f32), pltpu.VMEM((N, E), f32)]
 
-    rows = pl.BlockSpec((None, None, Rp, E), lambda b, z, j, _: (b, z, 0, 0))
-    col = pl.BlockSpec((None, None, Rp, 1), lambda b, z, j, _: (b, z, 0, 0))
+    rows = pl.BlockSpec((None, None, Np, E), lambda b, z, j, _: (b, z, 0, 0))
+    col = pl.BlockSpec((None, None, Np, 1), lambda b, z, j, _: (b, z, 0, 0))
     keys = pl.BlockSpec((None, None, bk, E), lambda b, z, j, _: (b, z, j, 0))
-    a_BZRE, m_BZR1, l_BZR1 = pl.pallas_call(
+    a_BZNE, m_BZN1, l_BZN1 = pl.pallas_call(
         functools.partial(_tpu_kernel, block_k=bk, scale=scale, keys=P, prefix=True,
                           dot_platform=dot_platform),
-        out_shape=(jax.ShapeDtypeStruct((B, Z, Rp, E), f32),
-                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32),
-                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32)),
+        out_shape=(jax.ShapeDtypeStruct((B, Z, Np, E), f32),
+                   jax.ShapeDtypeStruct((B, Z, Np, 1), f32),
+                   jax.ShapeDtypeStruct((B, Z, Np, 1), f32)),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(B, Z, pl.cdiv(P, bk)),
             in_specs=[rows, keys, keys,
                       pl.BlockSpec((None, 1, bk), lambda b, z, j, _: (b, 0, j))],
-            out_specs=(rows, col, col), scratch_shapes=scratch(Rp)),
+            out_specs=(rows, col, col), scratch_shapes=scratch(Np)),
         compiler_params=None if interpret else params(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret,
-    )(length_1, q_BZRE, k_BZPE, v_BZPE, bias_B1P)
+    )(length_1, q_BZNE, k_BZPE, v_BZPE, bias_B1P)
 
     def needed(j, length_ref):  # blocks past the length repeat the last needed one: no fetch
         return jnp.minimum(j, jnp.maximum(pl.cdiv(length_ref[0], bk) - 1, 0))
@@ -255,8 +256,8 @@ def _tpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
         compiler_params=None if interpret else params(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
-    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZR1), per_sample(l_BZR1),
-      per_sample(a_BZRE))
+    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZN1), per_sample(l_BZN1),
+      per_sample(a_BZNE))
 
 
 # -- GPU: each program loops over its key blocks ---------------------------------------------
@@ -264,19 +265,19 @@ def _tpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
 def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
     """All key blocks of one (b, z) [prefix] or (b, g, z) [suffix] row block.
 
-    refs: length (1,), q, k, v, then bias [1, K'] (prefix, padded to whole blocks) or m0, l0,
+    refs: length (1,), q, k, v, then bias [1, P'] (prefix, padded to whole blocks) or m0, l0,
     a0 (suffix); outputs a, m, l (prefix) or out (suffix).
     """
     from jax.experimental.pallas import triton as pltriton
 
     length_ref, q_ref, k_ref, v_ref, *rest = refs
     q = q_ref[...]
-    R, E = q.shape
+    N, E = q.shape
     ragged = keys % block_k != 0
     limit = keys if prefix else length_ref[0]
     if prefix:
-        init = (jnp.full((R, 1), _NEG, jnp.float32), jnp.zeros((R, 1), jnp.float32),
-                jnp.zeros((R, E), jnp.float32))
+        init = (jnp.full((N, 1), _NEG, jnp.float32), jnp.zeros((N, 1), jnp.float32),
+                jnp.zeros((N, E), jnp.float32))
     else:
         init = tuple(r[...] for r in rest[:3])
 
@@ -302,9 +303,9 @@ def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_
         out_ref[...] = (a / l).astype(out_ref.dtype)
 
 
-def _gpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
+def _gpu_passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
                 scale, bk, interpret, per_sample, platform):
-    B, Z, Rp, E = q_BZRE.shape
+    B, Z, Np, E = q_BZNE.shape
     P = k_BZPE.shape[2]
     _, G, _, Hp, _ = q_BGZHE.shape
     C = k_BGZCE.shape[3]
@@ -314,22 +315,22 @@ def _gpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
                                                               num_stages=2)
     kernel = functools.partial(_gpu_kernel, block_k=bk, scale=scale, dot_platform=dot_platform)
     scalar = pl.BlockSpec((1,), lambda *_: (0,))
-    rows = pl.BlockSpec((None, None, Rp, E), lambda b, z: (b, z, 0, 0))
-    col = pl.BlockSpec((None, None, Rp, 1), lambda b, z: (b, z, 0, 0))
+    rows = pl.BlockSpec((None, None, Np, E), lambda b, z: (b, z, 0, 0))
+    col = pl.BlockSpec((None, None, Np, 1), lambda b, z: (b, z, 0, 0))
     keys = pl.BlockSpec((None, None, P, E), lambda b, z: (b, z, 0, 0))
     Pb = bias_B1P.shape[2]
-    a_BZRE, m_BZR1, l_BZR1 = pl.pallas_call(
+    a_BZNE, m_BZN1, l_BZN1 = pl.pallas_call(
         functools.partial(kernel, keys=P, prefix=True),
-        out_shape=(jax.ShapeDtypeStruct((B, Z, Rp, E), f32),
-                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32),
-                   jax.ShapeDtypeStruct((B, Z, Rp, 1), f32)),
+        out_shape=(jax.ShapeDtypeStruct((B, Z, Np, E), f32),
+                   jax.ShapeDtypeStruct((B, Z, Np, 1), f32),
+                   jax.ShapeDtypeStruct((B, Z, Np, 1), f32)),
         grid=(B, Z),
         in_specs=[scalar, rows, keys, keys,
                   pl.BlockSpec((None, 1, Pb), lambda b, z: (b, 0, 0))],
         out_specs=(rows, col, col),
         compiler_params=params,
         interpret=interpret,
-    )(length_1, q_BZRE, k_BZPE, v_BZPE, bias_B1P)
+    )(length_1, q_BZNE, k_BZPE, v_BZPE, bias_B1P)
 
     rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, z: (b, g, z, 0, 0))
     col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, z: (b, g, z, 0, 0))
@@ -342,8 +343,8 @@ def _gpu_passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
         out_specs=rows,
         compiler_params=params,
         interpret=interpret,
-    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZR1), per_sample(l_BZR1),
-      per_sample(a_BZRE))
+    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZN1), per_sample(l_BZN1),
+      per_sample(a_BZNE))
 
 
 def _pad_axis(x, axis: int, size: int, value=0):
@@ -366,19 +367,19 @@ def _decode_attention(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE,
         return max(br, hardware.pow2_ceil(r)) if gpu else hardware.round_up(r, br)
 
     # pass 1 (prefix): rows g·H + h of KV head z, all G samples together
-    R = G * H
-    q_BZRE = _pad_axis(q_BGZHE.transpose(0, 2, 1, 3, 4).reshape(B, Z, R, E), 2, rows_for(R))
+    N = G * H
+    q_BZNE = _pad_axis(q_BGZHE.transpose(0, 2, 1, 3, 4).reshape(B, Z, N, E), 2, rows_for(N))
     P = k_BZPE.shape[2]
     bias_B1P = _pad_axis(jnp.where(prefix_mask_BP, 0.0, _NEG).astype(jnp.float32), 1,
                          hardware.round_up(P, bk), _NEG)[:, None]
     Hp = rows_for(H)
 
-    def per_sample(x_BZRX):  # [B, Z, Rp, X] -> [B, G, Z, Hp, X]
-        x = x_BZRX[:, :, :R].reshape(B, Z, G, H, -1).transpose(0, 2, 1, 3, 4)
+    def per_sample(x_rows):  # [B, Z, Np, ..] -> [B, G, Z, Hp, ..]
+        x = x_rows[:, :, :N].reshape(B, Z, G, H, -1).transpose(0, 2, 1, 3, 4)
         return _pad_axis(x, 3, Hp)
 
     passes = _gpu_passes if gpu else _tpu_passes
-    out = passes(q_BZRE, k_BZPE, v_BZPE, bias_B1P, _pad_axis(q_BGZHE, 3, Hp), k_BGZCE, v_BGZCE,
+    out = passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, _pad_axis(q_BGZHE, 3, Hp), k_BGZCE, v_BGZCE,
                  jnp.reshape(length, (1,)).astype(jnp.int32), scale=scale, bk=bk,
                  interpret=interpret, per_sample=per_sample, platform=platform)
     return out[:, :, :, :H]

@@ -140,10 +140,10 @@ def logprob_entropy_reference(hidden_ND, w_DV, targets_N, *, platform: str | Non
     return logp_N, entropy_N
 
 
-def _merge(carry, z_NC, cols_NC, targets):
+def _merge(carry, z_NV, cols_NV, targets):
     """Fold one vocabulary tile of logits into the running (max, Σe, Σe·z, target logit).
 
-    The carry arrays and `targets` are [N] or [N, 1]; `cols_NC` are the tile's vocabulary ids.
+    The carry arrays and `targets` are [N] or [N, 1]; `cols_NV` are the tile's vocabulary ids.
     """
     m, s, sz, tgt = carry
     keep = m.ndim == 2
@@ -151,12 +151,12 @@ def _merge(carry, z_NC, cols_NC, targets):
     def total(x):
         return jnp.sum(x, axis=-1, keepdims=keep)
 
-    m_new = jnp.maximum(m, jnp.max(z_NC, axis=-1, keepdims=keep))
+    m_new = jnp.maximum(m, jnp.max(z_NV, axis=-1, keepdims=keep))
     scale = jnp.exp(m - m_new)
-    e = jnp.exp(z_NC - (m_new if keep else m_new[:, None]))
-    hit = cols_NC == (targets if keep else targets[:, None])
-    tgt = tgt + total(jnp.where(hit, z_NC, 0.0))
-    return m_new, s * scale + total(e), sz * scale + total(e * z_NC), tgt
+    e = jnp.exp(z_NV - (m_new if keep else m_new[:, None]))
+    hit = cols_NV == (targets if keep else targets[:, None])
+    tgt = tgt + total(jnp.where(hit, z_NV, 0.0))
+    return m_new, s * scale + total(e), sz * scale + total(e * z_NV), tgt
 
 
 def _finish(m, s, sz, tgt):
@@ -176,21 +176,21 @@ def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048, *,
     N = hidden_ND.shape[0]
     D, V = w_DV.shape
     nb = -(-V // block_v)
-    w_BCD = jnp.pad(w_DV.T, ((0, nb * block_v - V), (0, 0))).reshape(nb, block_v, D)
-    valid_BC = (jnp.arange(nb * block_v) < V).reshape(nb, block_v)
+    w_blocks = jnp.pad(w_DV.T, ((0, nb * block_v - V), (0, 0))).reshape(nb, block_v, D)
+    valid_blocks = (jnp.arange(nb * block_v) < V).reshape(nb, block_v)
 
     @jax.checkpoint
     def body(carry, xs):
-        w_CD, valid_C, offset = xs
-        z = einsum_f32("nd,cd->nc", hidden_ND, w_CD, platform=platform)
-        z = jnp.where(valid_C[None, :], z, _NEG)
+        w_VD, valid_V, offset = xs
+        z = einsum_f32("nd,cd->nc", hidden_ND, w_VD, platform=platform)
+        z = jnp.where(valid_V[None, :], z, _NEG)
         cols = offset + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
         return _merge(carry, z, cols, targets_N), None
 
     init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
             jnp.zeros((N,), jnp.float32), jnp.zeros((N,), jnp.float32))
     offsets = jnp.arange(nb, dtype=jnp.int32) * block_v
-    carry, _ = jax.lax.scan(body, init, (w_BCD, valid_BC, offsets))
+    carry, _ = jax.lax.scan(body, init, (w_blocks, valid_blocks, offsets))
     return _finish(*carry)
 
 
@@ -214,17 +214,17 @@ def _grid_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v:
     m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...] = _merge(carry, z, cols, t_ref[...])
 
 
-def _forward_grid(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: str):
-    P, D = h_PD.shape
+def _forward_grid(h_ND, w_DV, t_N, bs: BlockSizes, interpret: bool, platform: str):
+    N, D = h_ND.shape
     V = w_DV.shape[1]
     bn, bv = bs.block_n, bs.block_v
-    acc = jax.ShapeDtypeStruct((P, 1), jnp.float32)
+    acc = jax.ShapeDtypeStruct((N, 1), jnp.float32)
     row = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
     return pl.pallas_call(
         functools.partial(_grid_kernel, block_v=bv, vocab=V,
                           dot_platform="cpu" if interpret else platform),
         out_shape=(acc, acc, acc, acc),
-        grid=(P // bn, pl.cdiv(V, bv)),
+        grid=(N // bn, pl.cdiv(V, bv)),
         in_specs=[pl.BlockSpec((bn, D), lambda i, j: (i, 0)),
                   pl.BlockSpec((D, bv), lambda i, j: (0, j)),
                   row],
@@ -232,7 +232,7 @@ def _forward_grid(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: st
         compiler_params=None if interpret else hardware.compiler_params(
             platform, dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(h_PD, w_DV, t_P[:, None])
+    )(h_ND, w_DV, t_N[:, None])
 
 
 def _split_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int,
@@ -247,18 +247,18 @@ def _split_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v
 
     def tile(k, carry):
         start = pl.multiple_of(k * block_v, block_v)
-        cols_C = first + start + jnp.arange(block_v, dtype=jnp.int32)
-        valid_C = cols_C < vocab
+        cols_V = first + start + jnp.arange(block_v, dtype=jnp.int32)
+        valid_V = cols_V < vocab
 
         def step(i, z):
             d = pl.ds(pl.multiple_of(i * block_d, block_d), block_d)
-            w = pltriton.load(w_ref.at[d, pl.ds(start, block_v)], mask=valid_C[None, :],
+            w = pltriton.load(w_ref.at[d, pl.ds(start, block_v)], mask=valid_V[None, :],
                               other=0)
             return z + dot_f32(h_ref[:, d], w, platform=dot_platform)
 
         z = jax.lax.fori_loop(0, D // block_d, step, jnp.zeros((bn, block_v), jnp.float32))
-        z = jnp.where(valid_C[None, :], z, _NEG)
-        cols = jnp.broadcast_to(cols_C[None, :], z.shape)
+        z = jnp.where(valid_V[None, :], z, _NEG)
+        cols = jnp.broadcast_to(cols_V[None, :], z.shape)
         return _merge(carry, z, cols, t_N)
 
     init = (jnp.full((bn,), _NEG, jnp.float32), jnp.zeros((bn,), jnp.float32),
@@ -266,46 +266,46 @@ def _split_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v
     m_ref[...], s_ref[...], sz_ref[...], tgt_ref[...] = jax.lax.fori_loop(0, tiles, tile, init)
 
 
-def _forward_split(h_PD, w_DV, t_P, bs: BlockSizes, interpret: bool, platform: str):
-    P, D = h_PD.shape
+def _forward_split(h_ND, w_DV, t_N, bs: BlockSizes, interpret: bool, platform: str):
+    N, D = h_ND.shape
     V = w_DV.shape[1]
     bn, bv = bs.block_n, bs.block_v
     bd = bs.block_d or max(16, min(64, hardware.pow2_factor(D)))
     if D % bd:  # D with a power-of-two factor below 16: pad D (copies the table)
-        h_PD = jnp.pad(h_PD, ((0, 0), (0, -D % bd)))
+        h_ND = jnp.pad(h_ND, ((0, 0), (0, -D % bd)))
         w_DV = jnp.pad(w_DV, ((0, -D % bd), (0, 0)))
-        D = h_PD.shape[1]
+        D = h_ND.shape[1]
     n_tiles = pl.cdiv(V, bv)
     per_split = pl.cdiv(n_tiles, max(1, min(bs.num_splits, n_tiles)))
     S = pl.cdiv(n_tiles, per_split)  # every range starts below V
-    part = jax.ShapeDtypeStruct((S, P), jnp.float32)
+    part = jax.ShapeDtypeStruct((S, N), jnp.float32)
     row = pl.BlockSpec((None, bn), lambda i, s: (s, i))
     m, s, sz, tgt = pl.pallas_call(
         functools.partial(_split_kernel, block_v=bv, block_d=bd, tiles=per_split, vocab=V,
                           dot_platform="cpu" if interpret else platform),
         out_shape=(part, part, part, part),
-        grid=(P // bn, S),
+        grid=(N // bn, S),
         in_specs=[pl.BlockSpec((bn, D), lambda i, s: (i, 0)),
                   pl.BlockSpec((D, per_split * bv), lambda i, s: (0, s)),
                   pl.BlockSpec((bn,), lambda i, s: (i,))],
         out_specs=(row, row, row, row),
         compiler_params=None if interpret else hardware.compiler_params(platform),
         interpret=interpret,
-    )(h_PD, w_DV, t_P)
-    m_P = jnp.max(m, axis=0)
-    scale = jnp.exp(m - m_P[None])
-    return m_P, jnp.sum(s * scale, 0), jnp.sum(sz * scale, 0), jnp.sum(tgt, 0)
+    )(h_ND, w_DV, t_N)
+    m_N = jnp.max(m, axis=0)
+    scale = jnp.exp(m - m_N[None])
+    return m_N, jnp.sum(s * scale, 0), jnp.sum(sz * scale, 0), jnp.sum(tgt, 0)
 
 
 def _forward(hidden_ND, w_DV, targets_N, block_sizes: BlockSizes, interpret: bool,
              platform: str):
     N = hidden_ND.shape[0]
     bn = block_sizes.block_n
-    P = -(-N // bn) * bn
-    h = jnp.pad(hidden_ND, ((0, P - N), (0, 0)))
-    t = jnp.pad(targets_N.astype(jnp.int32), (0, P - N))
+    Np = -(-N // bn) * bn
+    h = jnp.pad(hidden_ND, ((0, Np - N), (0, 0)))
+    t = jnp.pad(targets_N.astype(jnp.int32), (0, Np - N))
     forward = _forward_split if platform == "gpu" else _forward_grid
-    m, s, sz, tgt = (x.reshape(P) for x in forward(h, w_DV, t, block_sizes, interpret,
+    m, s, sz, tgt = (x.reshape(Np) for x in forward(h, w_DV, t, block_sizes, interpret,
                                                     platform))
     logp, ent = _finish(m, s, sz, tgt)
     return logp[:N], ent[:N]

@@ -224,8 +224,8 @@ def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBU, present_IBU, f
     kids = _children(task, cfg, propose, state.problem, key, parents,
                      present_IBU.reshape(I * B, U), fresh_IB.reshape(I * B), state.evaluated)
     state = _record(task, state, kids)
-    kids_IC = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
-    return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IC),
+    kids_IX = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
+    return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IX),
                                                 mesh))
 
 
@@ -373,7 +373,8 @@ def _best_of_n(model, task, cfg, propose, mesh, problem, key):
 def _revision(model, task, cfg, propose, mesh, problem, key):
     """Sequential revision: H = I·Q/m lineages start from fresh samples (best of the call's m);
     each step makes I·C/m calls, round-robin over lineages, feeding the lineage's best back as
-    the single parent of `mutation_prompt`; a lineage keeps its best candidate."""
+    the single parent of `mutation_prompt`; a lineage keeps its best candidate. The lineages'
+    best form one population, a slot X per lineage (the children compared with them: Y)."""
     propose = functools.partial(propose, model, task=task, cfg=cfg)
     m, A, R = cfg.num_answers, task.answer_len, task.num_rewards
     H, B = cfg.islands * cfg.members // m, cfg.islands * cfg.children // m
@@ -383,7 +384,7 @@ def _revision(model, task, cfg, propose, mesh, problem, key):
                      ops.empty_population((H, 1), A, R), jnp.zeros((H, 1), bool),
                      jnp.ones((H,), bool), state.evaluated)
     state = _record(task, state, kids)
-    best_H = ops.take(jax.tree.map(lambda x: x.reshape((H, m) + x.shape[1:]), kids),
+    best_X = ops.take(jax.tree.map(lambda x: x.reshape((H, m) + x.shape[1:]), kids),
                       (jnp.arange(H), jnp.argmax(kids.fitness_X.reshape(H, m), axis=-1)))
 
     def step(carry, xs):
@@ -394,18 +395,18 @@ def _revision(model, task, cfg, propose, mesh, problem, key):
         kids = _children(task, cfg, propose, problem, k, parents, parents.valid_X,
                          ~parents.valid_X[:, 0], state.evaluated)
         state = _record(task, state, kids)
-        own_HN = jnp.repeat(line_B[None, :] == jnp.arange(H)[:, None], m, axis=1)
-        cand_HN = jnp.where(own_HN, kids.fitness_X[None, :], -jnp.inf)
-        j_H = jnp.argmax(cand_HN, axis=-1)
-        better_H = jnp.max(cand_HN, axis=-1) > lines.fitness_X
+        own_XY = jnp.repeat(line_B[None, :] == jnp.arange(H)[:, None], m, axis=1)
+        cand_XY = jnp.where(own_XY, kids.fitness_X[None, :], -jnp.inf)
+        j_X = jnp.argmax(cand_XY, axis=-1)
+        better_X = jnp.max(cand_XY, axis=-1) > lines.fitness_X
         lines = jax.tree.map(lambda old, new: jnp.where(
-            better_H.reshape((H,) + (1,) * (old.ndim - 1)), new[j_H], old), lines, kids)
+            better_X.reshape((H,) + (1,) * (old.ndim - 1)), new[j_X], old), lines, kids)
         div = metrics.reward_diversity(lines.rewards_XR[None], lines.valid_X[None])[0]
         return (state, lines), trace_point(state, div)
 
-    first = trace_point(state, metrics.reward_diversity(best_H.rewards_XR[None],
-                                                      best_H.valid_X[None])[0])
-    (final, _), trace = jax.lax.scan(step, (state, best_H),
+    first = trace_point(state, metrics.reward_diversity(best_X.rewards_XR[None],
+                                                      best_X.valid_X[None])[0])
+    (final, _), trace = jax.lax.scan(step, (state, best_X),
                                      (jnp.arange(cfg.generations),
                                       jax.random.split(k_run, cfg.generations)))
     return final, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, trace)

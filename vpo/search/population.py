@@ -2,7 +2,7 @@
 the in-graph search (`vpo.search.ingraph`) and the host-scored one (`vpo.search.host`).
 
 A `Population` holds candidate slots; its suffix X stands for the slot axes, which the caller
-names: [Q] members of one island, [I, Q] all islands, [C] or [N] a flat batch of children. A
+names: [Q] members of one island, [I, Q] all islands, [N] a flat batch of children. A
 candidate is one answer as symbol ids of the task's alphabet (`Task.symbols`; for host search,
 the id of its text), with a mask. Empty slots have `valid = False`, `fitness = -inf`, `id = -1`
 and zero symbols. Two candidates are the same when their symbols (under their masks) agree.
@@ -74,11 +74,11 @@ def first_unique(tokens_XA, mask_XA, valid_X) -> jax.Array:
 
 def dedup_children(members: Population, children: Population) -> jax.Array:
     """valid_C of the children that differ from every valid member and every earlier child."""
-    in_members_C = jnp.any(same_answers(children.tokens_XA, children.mask_XA,
+    in_members_X = jnp.any(same_answers(children.tokens_XA, children.mask_XA,
                                         members.tokens_XA, members.mask_XA)
                            & members.valid_X[None, :], axis=-1)
-    unique_C = first_unique(children.tokens_XA, children.mask_XA, children.valid_X)
-    return unique_C & ~in_members_C
+    unique_X = first_unique(children.tokens_XA, children.mask_XA, children.valid_X)
+    return unique_X & ~in_members_X
 
 
 def take(pop: Population, idx) -> Population:
@@ -91,8 +91,8 @@ def replace_elitist(members: Population, children: Population) -> Population:
 
     Survivors age by one generation; children enter with age 0.
     """
-    keep_C = dedup_children(members, children)
-    children = clear_invalid(children._replace(valid_X=keep_C))
+    keep_X = dedup_children(members, children)
+    children = clear_invalid(children._replace(valid_X=keep_X))
     both = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), members, children)
     both = both._replace(age_X=jnp.concatenate([members.age_X + 1, children.age_X]))
     Q = members.valid_X.shape[0]
@@ -117,10 +117,10 @@ def select_parents(key, fitness_Q, valid_Q, *, num_calls: int, num_parents: int,
         _, idx_BU = jax.lax.top_k(logits_Q[None, :] + g_BQ, U)
     else:
         log_valid_Q = jnp.where(valid_Q, 0.0, -jnp.inf)
-        logits_BUSQ = jnp.broadcast_to(log_valid_Q, (B, U, tournament_size, Q))
-        contest_BUS = jax.random.categorical(key, logits_BUSQ)
-        best_BU = jnp.argmax(fitness_Q[contest_BUS], axis=-1)
-        idx_BU = jnp.take_along_axis(contest_BUS, best_BU[..., None], axis=-1)[..., 0]
+        entrant_logits = jnp.broadcast_to(log_valid_Q, (B, U, tournament_size, Q))
+        entrants = jax.random.categorical(key, entrant_logits)
+        best_BU = jnp.argmax(fitness_Q[entrants], axis=-1)
+        idx_BU = jnp.take_along_axis(entrants, best_BU[..., None], axis=-1)[..., 0]
     idx_BU = idx_BU.astype(jnp.int32)
     earlier_UU = jnp.arange(U)[None, :] < jnp.arange(U)[:, None]
     repeat_BU = jnp.any((idx_BU[:, :, None] == idx_BU[:, None, :]) & earlier_UU[None], axis=-1)
