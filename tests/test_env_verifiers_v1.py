@@ -11,12 +11,15 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 vf = pytest.importorskip("verifiers.v1", reason="needs verifiers 0.4: pip install "
                          "'verifiers==0.4.0' (its own venv: it pins mcp and many others)")
 pytest.importorskip("uvicorn", reason="vpo serve's extra: pip install -e '.[serve]'")
+
+from flax import nnx  # noqa: E402
 
 from vpo.env.base import check_environment, load_env_factory  # noqa: E402
 from vpo.env.from_verifiers_v1 import (  # noqa: E402
@@ -124,6 +127,21 @@ def _run(policy, monkeypatch, spec, T, G=2, rows=2):
     return ep, trained, seen[0].calls, ids
 
 
+def _same_as_the_trainer(policy, ep):
+    """The policy's forward pass over the rollout gives the server's log-probs on the trained
+    tokens (the layout is right), and the rollout's entropies are that pass's (not 0)."""
+    graphdef, state = nnx.split(policy[0])
+    r = ep.rollout
+    logp, entropy = env_served.token_logp_entropy_jit(graphdef, state, jnp.asarray(ep.prompt_BP),
+                                                      jnp.asarray(ep.prompt_mask_BP),
+                                                      r.tokens_BGT)
+    mask = np.asarray(r.mask_BGT)
+    np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(r.logp_BGT)[mask], atol=2e-4)
+    got = np.asarray(r.entropy_BGT)
+    np.testing.assert_allclose(got[mask], np.asarray(entropy)[mask], rtol=1e-5, atol=1e-6)
+    assert (got[mask] > 0).all() and (got[~mask] == 0).all()
+
+
 @pytest.mark.slow
 def test_single_turn_episodes_hold_the_tokens_the_server_sampled(policy, monkeypatch):
     ep, trained, calls, ids = _run(policy, monkeypatch, SINGLE, T=16)
@@ -140,6 +158,7 @@ def test_single_turn_episodes_hold_the_tokens_the_server_sampled(policy, monkeyp
     assert all(body["prompt_token_ids"] == ids[0] for body in bodies)  # every row: one prompt
     logp = np.asarray(ep.rollout.logp_BGT)[mask]
     assert np.isfinite(logp).all() and (logp <= 0).all() and (logp < 0).any()
+    _same_as_the_trainer(policy, ep)
     assert ep.applies_BGR.all() and ((ep.rewards_BGR >= 0) & (ep.rewards_BGR <= 1)).all()
     np.testing.assert_allclose(ep.rewards_BGR[..., 1], 1.0)  # few_guesses: one guess
     assert ep.messages[0][0][-1]["role"] == "assistant"
@@ -159,6 +178,7 @@ def test_multi_turn_episodes_train_on_their_last_request(policy, monkeypatch):
     assert ep.observation_tokens_BG.max() > 0
     mask = np.asarray(ep.rollout.mask_BGT)
     tokens = np.asarray(ep.rollout.tokens_BGT)
+    _same_as_the_trainer(policy, ep)
     lasts = {tuple(bodies[-1]["choices"][0]["token_ids"]) for bodies in calls.values()}
     for b, g in np.ndindex(B, G):
         n = int(np.nonzero(mask[b, g])[0].max()) + 1

@@ -17,11 +17,14 @@ episode's budget T (`sampler.max_new_tokens`) after the row's prompt (`Recorder`
 holds prompts up to the model's positions less T: an episode whose request outgrows that is
 refused by the server and the run ends with that error named. The log-probs the server reports
 are the model's at temperature 1 (the trainer's): `logp_BGT`, and `sample_logp_BGT` too (equal
-at temperature 1 without top-p / top-k filtering). Token entropies are not reported: 0.
+at temperature 1 without top-p / top-k filtering). The server does not report token entropies:
+`entropy_BGT` is the model's temperature-1 entropy at each token, from one forward pass of the
+policy over the episodes (`token_logp_entropy_jit`), as the sampler reports it on other tasks.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -29,11 +32,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from vpo.env.episode import Episodes
 from vpo.errors import ConfigError, EnvError
+from vpo.rl.step import completion_logp
 from vpo.types import Rollout
 
 SERVED_NAME = "vpo-policy"  # the model name the environment's requests are sent for
@@ -134,6 +140,13 @@ def _serve(app) -> tuple[Any, threading.Thread, int]:
     return server, thread, port
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def token_logp_entropy_jit(graphdef, state, prompt_BP, mask_BP, tokens_BGT):
+    """The policy's temperature-1 log-prob and entropy at each of `tokens_BGT` after its prompt
+    → (logp_BGT, entropy_BGT) (`vpo.rl.step.completion_logp`)."""
+    return completion_logp(nnx.merge(graphdef, state), prompt_BP, mask_BP, tokens_BGT)
+
+
 def run_served_episodes(model, tokenizer, make: Callable[[], Any],
                         rows: Sequence[dict[str, Any]], G: int, *,
                         prompts: tuple[np.ndarray, np.ndarray], max_tokens: int,
@@ -207,8 +220,11 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
         obs[b, g] = n - int(ep["mask"].sum())
         rewards[b, g] = v1.trace_rewards(trace, adapter.reward_names, where, row)
         messages[b][g] = v1.trace_messages(trace)
+    graphdef, state = nnx.split(model)
+    _, entropy = token_logp_entropy_jit(graphdef, state, jnp.asarray(prompt_BP),
+                                        jnp.asarray(mask_BP), jnp.asarray(tokens))
     rollout = Rollout(jnp.asarray(tokens), jnp.asarray(logp), jnp.asarray(logp),
-                      jnp.zeros((B, G, T), jnp.float32), jnp.asarray(mask),
+                      jnp.where(jnp.asarray(mask), entropy, 0.0), jnp.asarray(mask),
                       jnp.asarray(mask.sum(-1), jnp.int32), jnp.asarray(finished))
     return Episodes(rollout, prompt_BP, mask_BP, messages, rewards, np.ones((B, G, R), bool),
                     turns, obs, prefills=int(turns.sum())), trained
