@@ -6,7 +6,7 @@ this process `VPO_KILL_SIGNAL` (KILL, INT or TERM; default KILL) as the loop pas
 
 `VPO_FILL_AT=point:step` fills the disk instead: a file `VPO_FILL_FILE` takes all the free space
 of the disk it is on but `VPO_FILL_LEAVE` bytes (default 0) as the loop passes that point (use
-a small disk of its own, e.g. a tmpfs: tests/test_faults.py); deleting the file frees it.
+a small disk of its own, e.g. a tmpfs: tests/run/test_faults.py); deleting the file frees it.
 
     VPO_FILL_AT=logged:3 VPO_FILL_FILE=/mnt/small/ballast python experiments/kill_at.py train ...
 

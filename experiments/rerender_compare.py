@@ -2,7 +2,7 @@
 the claim logic, the multiplicity correction and the design lines are recomputed from the run's
 recorded per-seed values, nothing is retrained or re-evaluated. report.md is a pure function of
 summary.json (`vpo.compare.report.render`), so this is how every committed docs/*/report.md is
-made and what tests/test_committed_reports.py checks.
+made and what tests/project/test_committed_reports.py checks.
 
 Run:  python experiments/rerender_compare.py docs/full/summary.json docs/full
       (report.md only; the committed summaries are left as they are)

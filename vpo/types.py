@@ -11,7 +11,8 @@ E head dim · L layers · C cache length · N rows of a flat batch (problems, or
 from several axes) · I islands · Q members per island · X candidate slots of a population ·
 Y candidate slots of a second population (compared with X's) · J top log-probs per token ·
 W row width (a packed row, a token's or a symbol's bytes, a grid).
-`tests/test_architecture.py` checks that every shape suffix in the package uses these letters.
+`tests/project/test_architecture.py` checks that every shape suffix in the package uses these
+letters.
 """
 
 from __future__ import annotations

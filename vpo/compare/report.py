@@ -10,7 +10,7 @@ Holm-corrected as a family in both directions (`verdict_families`) and says so.
 
 report.md is a pure function of summary.json (`render`): `write_report` stores the summary and
 renders the report from it, so a committed report can be re-rendered and compared
-(tests/test_committed_reports.py). Reads what the stages in `vpo.compare.driver` produced;
+(tests/project/test_committed_reports.py). Reads what the stages in `vpo.compare.driver` produced;
 computes nothing new about the policies.
 """
 

@@ -52,7 +52,7 @@ Kendall's τ of the metric against the step and its one-sided p; across runs, th
 test of the τ's signs (the runs are the units), so it never rests on two endpoints.
 
 Everything here is pure (lists of floats in, dicts out) so the verdict logic is tested on
-synthetic summaries (tests/test_claims*.py) without training anything; the claims of a
+synthetic summaries (tests/eval/test_claims*.py) without training anything; the claims of a
 `vpo compare` headline are built from them in `vpo.compare.verdicts`.
 """
 

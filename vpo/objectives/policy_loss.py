@@ -47,7 +47,7 @@ LOSS_SETTINGS = _frozen(
 VPO_PAPER_LOSS = LOSS_SETTINGS["vpo"]
 
 # The `policy_loss` keyword arguments a run's objective sets: `vpo.config.ObjectiveConfig` has a
-# field of each name (tests/test_objective_api.py), read by `loss_options`.
+# field of each name (tests/objectives/test_objective_api.py), read by `loss_options`.
 LOSS_FIELDS = ("clip_eps_low", "clip_eps_high", "dual_clip", "ratio_level", "agg", "kl_coef",
                "kl_estimator", "entropy_coef", "entropy_top_frac", "cov_control",
                "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef",

@@ -23,7 +23,7 @@ Each rollout draws the uniforms of `generate` (same key, same position), so the 
 the same tokens as `generate` up to float rounding: the slot loop's row step (`extend` mapped
 over rows) compiles to other fusions than `generate`'s step and rounds differently (its
 attention alone by ~2e-7). The tiny preset's rollouts are equal bit for bit
-(tests/test_rollout_slots.py); on
+(tests/rollout/test_rollout_slots.py); on
 SmolLM2-135M (30 layers, 49,152 tokens) the last hidden states differ by ~2e-5, logp agrees to
 ~4e-5, and a draw whose uniform falls that close to a CDF boundary can flip, after which the
 rollout is another sample of the same distribution (21-23 of 32 rollouts of 128 tokens were
