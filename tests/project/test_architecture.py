@@ -294,13 +294,6 @@ def test_shape_letters_table_follows_the_key():
 # that meaning}: each to be renamed to the key's letter for it (the test below fails once a
 # module no longer uses the letter, so the entry goes with the last such name).
 SHAPE_LETTER_LOCAL: dict[tuple[str, str], str] = {
-    ("compare.search_leg", "P"): "search budget points",
-    ("compare.search_leg", "S"): "seeds",
-    ("compare.search_report", "S"): "seeds",
-    ("compare.verdicts", "K"): "k of best@k",
-    ("compare.verdicts", "R"): "runs",
-    ("compare.verdicts", "S"): "seeds",
-    ("compare.verdicts", "X"): "budget points",
     ("env.episode", "C"): "tokens of a turn",
     ("env.episode", "L"): "queued tokens",
     ("env.episode", "S"): "stop ids",

@@ -71,9 +71,9 @@ def first_solved(solved_NG, S: int, P: int) -> np.ndarray:
     return np.where(s.any(-1), s.argmax(-1), -1)
 
 
-def solved_at(first_SP, point: int) -> np.ndarray:
+def solved_at(first, point: int) -> np.ndarray:
     """[S, P] bool: solved by budget point `point` (0 = after the initial population)."""
-    f = np.asarray(first_SP)
+    f = np.asarray(first)
     return (f >= 0) & (f <= point)
 
 

@@ -30,8 +30,7 @@ def has_curves(searches) -> bool:
     return bool(rows) and all("first_SP" in r for rs in rows.values() for r in rs)
 
 
-def solved_fraction_SG(  # noqa: N802 (shape suffix)
-        rec: dict[str, Any], method: str) -> np.ndarray:
+def solved_fractions(rec: dict[str, Any], method: str) -> np.ndarray:
     """[search, point] solved fraction of one row seed's searches with `method`."""
     first = np.asarray(rec["first_SP"][method])
     return np.stack([solved_at(first, g).mean(-1) for g in range(len(rec["evaluated"]))], -1)
@@ -40,7 +39,7 @@ def solved_fraction_SG(  # noqa: N802 (shape suffix)
 def seed_curves(rows: list[dict[str, Any]], method: str) -> tuple[list[int], np.ndarray]:
     """(seed ids, [seed, point] solved fraction, mean over the seed's searches)."""
     return ([r["seed"] for r in rows],
-            np.array([solved_fraction_SG(r, method).mean(0) for r in rows]))
+            np.array([solved_fractions(r, method).mean(0) for r in rows]))
 
 
 def budget_curves(searches) -> dict[str, dict[str, tuple]]:
@@ -64,15 +63,15 @@ def budget_claims(searches, a: str = "vpo", b: str = "grpo") -> list[dict[str, A
         return []
     out = []
     for method in searches.get("methods", ["search"]):
-        seeds_a, a_SG = seed_curves(rows[a], method)
-        seeds_b, b_SG = seed_curves(rows[b], method)
+        seeds_a, a_seed_point = seed_curves(rows[a], method)
+        seeds_b, b_seed_point = seed_curves(rows[b], method)
         seeds = claims.matched_seeds(seeds_a, seeds_b, names=(a, b))
         order_b = [seeds_b.index(s) for s in seeds]
         budgets = rows[a][0]["evaluated"]
         out.append(claims.gap_grows(
             f"with {METHOD_NAMES[method]}, the solved-fraction gap {a} - {b} grows with the "
-            f"candidate budget and is positive at {budgets[-1]}", a_SG, b_SG[order_b],
-            budgets, names=(a, b), label="budget"))
+            f"candidate budget and is positive at {budgets[-1]}", a_seed_point,
+            b_seed_point[order_b], budgets, names=(a, b), label="budget"))
     return out
 
 

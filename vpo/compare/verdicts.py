@@ -84,12 +84,12 @@ def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
             out.append(c)
             seeds = matched_seeds(_seeds(head, "vpo"), _seeds(head, base), names=names,
                                   text=f"the best@k gap VPO - {base}")
-            a_SK = np.transpose([at_seeds(*_series(head, "vpo", f"best@{k}"), seeds,
-                                          name="vpo") for k in ks])
-            b_SK = np.transpose([at_seeds(*_series(head, base, f"best@{k}"), seeds, name=base)
-                                 for k in ks])
+            a_seed_k = np.transpose([at_seeds(*_series(head, "vpo", f"best@{k}"), seeds,
+                                              name="vpo") for k in ks])
+            b_seed_k = np.transpose([at_seeds(*_series(head, base, f"best@{k}"), seeds,
+                                              name=base) for k in ks])
             out.append(gap_grows(f"the best@k gap VPO - {base} grows with k and is positive at "
-                                 f"k={N}", a_SK, b_SK, ks, names=names))
+                                 f"k={N}", a_seed_k, b_seed_k, ks, names=names))
             out.append(_paired(f"VPO's eval candidates have higher reward-space diversity "
                                f"than {base}'s", _series(head, "vpo", "diversity"),
                                _series(head, base, "diversity"), names))
@@ -119,13 +119,13 @@ def check(head: Mapping[str, Any], ks: Sequence[int], *, law=None, search=None
     return holm(out)
 
 
-def search_claim_inputs(solved_RSX: Mapping[str, Any], seeds: Mapping[str, Sequence[int]]
+def search_claim_inputs(solved_by_row: Mapping[str, Any], seeds: Mapping[str, Sequence[int]]
                         ) -> dict[str, dict[str, list]]:
     """Per row, the seed ids and the number of hard problems solved per training seed, averaged
-    over search seeds: solved_RSX[row] is bool [training seed, search seed, problem] with
+    over search seeds: solved_by_row[row] is bool [training seed, search seed, problem] with
     training seed r = seeds[row][r] → {row: {"seeds": [...], "values": [per seed]}}."""
     out = {}
-    for row, x in solved_RSX.items():
+    for row, x in solved_by_row.items():
         values = np.asarray(x, float).sum(-1).mean(-1).tolist()
         if len(seeds[row]) != len(values):
             raise ValueError(f"search rows of {row}: {len(values)} training seeds, seed ids "
