@@ -10,7 +10,7 @@ D model width · F MLP width · H query heads · Z KV heads ·
 E head dim · L layers · C cache length · N rows of a flat batch (problems, or rows flattened
 from several axes) · I islands · Q members per island · X candidate slots of a population ·
 Y candidate slots of a second population (compared with X's) · J top log-probs per token ·
-W row width (a packed row, a token's or a symbol's bytes, a grid).
+W row width (a packed row, an observation queue, a token's or a symbol's bytes, a grid).
 `tests/project/test_architecture.py` checks that every shape suffix in the package uses these
 letters.
 """

@@ -64,6 +64,7 @@ class _Carry(NamedTuple):
     pos_BG: jax.Array  # each episode's real tokens so far (its next rotary position offset)
     status_BG: jax.Array
     fed_BG: jax.Array  # queued observation tokens already fed
+    # [B, G, C]: one entry per cache slot (the cache holds `slots`; t is the next)
     tokens_BGC: jax.Array
     logp_BGC: jax.Array
     sample_logp_BGC: jax.Array
@@ -95,7 +96,7 @@ def prefill_episodes(graphdef, params, prompts_BP, mask_BP, *, group: int, slots
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "stop_ids", "pad_id", "budget"),
                    donate_argnums=(2,))
-def advance_episodes(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG, keys_BG,
+def advance_episodes(graphdef, params, carry: _Carry, queued_BGW, queued_len_BG, keys_BG,
                      temperature, top_p, top_k, *, stop_ids: tuple[int, ...], pad_id: int,
                      budget: int) -> _Carry:
     """Decode until no episode is generating or has queued tokens left (or the slots run out).
@@ -106,8 +107,8 @@ def advance_episodes(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG,
     reaching `budget` real tokens ends the episode (DONE, cut off)."""
     model = nnx.merge(graphdef, params)
     C = carry.tokens_BGC.shape[-1]
-    L = queued_BGL.shape[-1]
-    stop_S = jnp.asarray(stop_ids, jnp.int32)
+    W = queued_BGW.shape[-1]
+    stops = jnp.asarray(stop_ids, jnp.int32)
 
     def busy(c: _Carry):
         feeding = c.fed_BG < queued_len_BG
@@ -119,7 +120,7 @@ def advance_episodes(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG,
         real = feeding | sampling
         u_BG = _prng.uniform_per_key(keys_BG, c.t)
         tok, logp, slogp, ent = choose_tokens(c.logits_BGV, u_BG, temperature, top_p, top_k)
-        queued = jnp.take_along_axis(queued_BGL, jnp.minimum(c.fed_BG, L - 1)[..., None],
+        queued = jnp.take_along_axis(queued_BGW, jnp.minimum(c.fed_BG, W - 1)[..., None],
                                      axis=-1)[..., 0]
         tok = jnp.where(feeding, queued, jnp.where(sampling, tok, pad_id))
 
@@ -132,7 +133,7 @@ def advance_episodes(graphdef, params, carry: _Carry, queued_BGL, queued_len_BG,
                                           valid[:, :, None, :], rope)
         logits = jnp.where(real[..., None], model.logits(hidden[:, :, 0]), c.logits_BGV)
         pos = c.pos_BG + real
-        stopped = sampling & jnp.any(tok[..., None] == stop_S[None, None, :], axis=-1)
+        stopped = sampling & jnp.any(tok[..., None] == stops[None, None, :], axis=-1)
         status = jnp.where(stopped, WAITING, c.status_BG)
         status = jnp.where((status == GENERATING) & ~feeding & (pos >= budget) & sampling,
                            DONE, status)
@@ -348,12 +349,12 @@ def _contiguous(carry: _Carry, T: int, ended_BG: np.ndarray, pad_id: int) -> Rol
                                       carry.entropy_BGC, carry.assistant_BGC)]
     B, G, _ = valid.shape
     # a stable sort on "not valid" brings the real slots to the front in their order
-    order_BGC = np.argsort(~valid, axis=-1, kind="stable")[..., :T]
-    keep_BGT = np.take_along_axis(valid, order_BGC, axis=-1)
-    tokens, logp, slogp, ent, assistant = (np.take_along_axis(a, order_BGC, axis=-1)
+    order_BGT = np.argsort(~valid, axis=-1, kind="stable")[..., :T]
+    keep_BGT = np.take_along_axis(valid, order_BGT, axis=-1)
+    tokens, logp, slogp, ent, assistant = (np.take_along_axis(a, order_BGT, axis=-1)
                                            for a in arrays)
-    if order_BGC.shape[-1] < T:  # fewer slots than the budget: pad
-        pad = [(0, 0), (0, 0), (0, T - order_BGC.shape[-1])]
+    if order_BGT.shape[-1] < T:  # fewer slots than the budget: pad
+        pad = [(0, 0), (0, 0), (0, T - order_BGT.shape[-1])]
         keep_BGT, tokens, logp, slogp, ent, assistant = (np.pad(a, pad) for a in (
             keep_BGT, tokens, logp, slogp, ent, assistant))
     tokens = np.where(keep_BGT, tokens, pad_id)
