@@ -38,13 +38,13 @@ from vpo.eval import policies as policy_eval
 def hit_rates(pool, m: int) -> dict[str, float]:
     """Per-target hit shares over candidate slots, the parse rate and, for m > 1, the share of
     generations whose m answers hit both targets."""
-    r = np.asarray(pool.rewards_PNR, float)  # [P, N, 2], zero rows for invalid slots
-    valid = np.asarray(pool.valid_PN, bool)
+    r = np.asarray(pool.rewards_BNR, float)  # [B, N, 2], zero rows for invalid slots
+    valid = np.asarray(pool.valid_BN, bool)
     out = {"hit1": float(r[..., 0].mean()), "hit2": float(r[..., 1].mean()),
            "valid": float(valid.mean())}
     if m > 1:
-        P, N, _ = r.shape
-        gens = r.reshape(P, N // m, m, 2).max(2)  # [P, G, 2]: did the set hit each target
+        B, N, _ = r.shape
+        gens = r.reshape(B, N // m, m, 2).max(2)  # [B, G, 2]: did the set hit each target
         out["set_covers_both"] = float((gens.min(-1) > 0).mean())
     return out
 
@@ -82,7 +82,7 @@ def main(argv=None) -> None:
     pool = policy_eval.sample_pool(policy, task, train, num_answers=1, budget=G,
                                    key=jax.random.key(cfg.train.seed + 5),
                                    temperature=cfg.sampler.temperature)[0]
-    s = np.asarray(pool.scores_PN, float)
+    s = np.asarray(pool.scores_BN, float)
     print(json.dumps({"step0_groups": args.problems, "G": G,
                       "unequal": float(np.mean(s.max(-1) - s.min(-1) > 1e-6)),
                       "some_hit": float(np.mean(s.max(-1) > 0)),

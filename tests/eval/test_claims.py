@@ -15,8 +15,8 @@ KS = [1, 2, 3, 5, 10, 20, 30]
 NOT_REPRODUCED = {claims.INCONCLUSIVE, claims.REFUTED}
 
 
-def _best_at_ks(scores_PN) -> dict[str, float]:
-    s = np.sort(scores_PN, axis=-1)
+def _best_at_ks(scores_BN) -> dict[str, float]:
+    s = np.sort(scores_BN, axis=-1)
     return {f"best@{k}": float(np.mean(s @ eval_metrics.best_at_k_weights(s.shape[1], k)))
             for k in KS}
 

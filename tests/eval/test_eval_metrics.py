@@ -27,10 +27,10 @@ def _brute_best(scores, k):
 def test_pass_at_k_equals_enumeration_over_all_k_subsets():
     rng = np.random.default_rng(0)
     for n in (1, 4, 7):
-        correct_PN = rng.random((6, n)) < rng.random((6, 1))
+        correct_BN = rng.random((6, n)) < rng.random((6, 1))
         for k in range(1, n + 1):
-            got = np.asarray(eval_metrics.pass_at_k(correct_PN, k))
-            want = [_brute_pass(row, k) for row in correct_PN]
+            got = np.asarray(eval_metrics.pass_at_k(correct_BN, k))
+            want = [_brute_pass(row, k) for row in correct_BN]
             np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"n={n} k={k}")
 
 
@@ -65,31 +65,31 @@ def test_bad_k_names_the_argument(k):
 
 
 def test_pool_shape_metrics_by_hand():
-    r_PNR = jnp.array([[[1, 0], [0, 1], [0.6, 0.6], [0.5, 0.5], [0.9, 0.9]]], jnp.float32)
-    valid_PN = jnp.array([[True, True, True, True, False]])
+    r_BNR = jnp.array([[[1, 0], [0, 1], [0.6, 0.6], [0.5, 0.5], [0.9, 0.9]]], jnp.float32)
+    valid_BN = jnp.array([[True, True, True, True, False]])
     # pairs: |A-B| = 2, |A-C| = |B-C| = |A-D| = |B-D| = 1, |C-D| = 0.2 -> mean 6.2 / 6
-    np.testing.assert_allclose(eval_metrics.reward_diversity(r_PNR, valid_PN), [6.2 / 6], atol=1e-6)
-    np.testing.assert_allclose(eval_metrics.pareto_fraction(r_PNR, valid_PN), [0.75])  # D dominated
-    np.testing.assert_allclose(eval_metrics.pareto_fraction(r_PNR, ~valid_PN), [1.0])
-    none_PN = jnp.zeros_like(valid_PN)
-    assert float(eval_metrics.reward_diversity(r_PNR, none_PN)[0]) == 0.0
-    assert float(eval_metrics.pareto_fraction(r_PNR, none_PN)[0]) == 0.0
+    np.testing.assert_allclose(eval_metrics.reward_diversity(r_BNR, valid_BN), [6.2 / 6], atol=1e-6)
+    np.testing.assert_allclose(eval_metrics.pareto_fraction(r_BNR, valid_BN), [0.75])  # D dominated
+    np.testing.assert_allclose(eval_metrics.pareto_fraction(r_BNR, ~valid_BN), [1.0])
+    none_BN = jnp.zeros_like(valid_BN)
+    assert float(eval_metrics.reward_diversity(r_BNR, none_BN)[0]) == 0.0
+    assert float(eval_metrics.pareto_fraction(r_BNR, none_BN)[0]) == 0.0
 
 
 def test_expected_max_pool_reuses_the_vpo_set_score():
-    r_PNR = jnp.array([[[1, 0], [0, 1], [0, 0]], [[0.6, 0.6], [0, 0], [1, 1]]], jnp.float32)
-    valid_PN = jnp.array([[True, True, False], [True, False, False]])
-    got = eval_metrics.expected_max_pool(r_PNR, valid_PN, jax.random.key(0), num_weights=20_000)
+    r_BNR = jnp.array([[[1, 0], [0, 1], [0, 0]], [[0.6, 0.6], [0, 0], [1, 1]]], jnp.float32)
+    valid_BN = jnp.array([[True, True, False], [True, False, False]])
+    got = eval_metrics.expected_max_pool(r_BNR, valid_BN, jax.random.key(0), num_weights=20_000)
     np.testing.assert_allclose(got, [0.75, 0.6], atol=0.01)
-    empty = eval_metrics.expected_max_pool(r_PNR, jnp.zeros_like(valid_PN), jax.random.key(0))
+    empty = eval_metrics.expected_max_pool(r_BNR, jnp.zeros_like(valid_BN), jax.random.key(0))
     np.testing.assert_array_equal(empty, [0.0, 0.0])
 
 
 def test_distinct_solutions_counts_valid_token_sequences():
-    answers_PNA = jnp.array([[[4, 5], [4, 5], [4, 0], [6, 6], [4, 5]]])
-    mask_PNA = answers_PNA != 0
-    valid_PN = jnp.array([[True, True, True, False, True]])
-    assert int(eval_metrics.distinct_solutions(answers_PNA, mask_PNA, valid_PN)[0]) == 2
+    answers_BNA = jnp.array([[[4, 5], [4, 5], [4, 0], [6, 6], [4, 5]]])
+    mask_BNA = answers_BNA != 0
+    valid_BN = jnp.array([[True, True, True, False, True]])
+    assert int(eval_metrics.distinct_solutions(answers_BNA, mask_BNA, valid_BN)[0]) == 2
 
 
 def test_entropy_stats_match_numpy_on_the_masked_tokens():
@@ -109,21 +109,21 @@ def test_entropy_stats_match_numpy_on_the_masked_tokens():
 def test_budget_fair_pool_counts_every_slot_as_a_candidate():
     task = bandit.make_bandit_task()
     # One problem, G = 2 generations of M = 3 answers: (A, B, invalid) and (C, invalid, invalid).
-    rewards_PGMR = jnp.array([[[[1, 0], [0, 1], [0, 0]], [[0.6, 0.6], [0, 0], [0, 0]]]])
-    mask_PGM = jnp.array([[[True, True, False], [True, False, False]]])
-    pool = eval_metrics.pool_candidates(rewards_PGMR, mask_PGM, task.eval_weights_R, task.solved)
-    assert pool.scores_PN.shape == (1, 6)  # 2 generations x 3 answers = 6 candidates
-    np.testing.assert_allclose(pool.scores_PN, [[0.5, 0.5, 0, 0.6, 0, 0]], atol=1e-6)
-    np.testing.assert_array_equal(pool.correct_PN, [[False, False, False, True, False, False]])
+    rewards_BGMR = jnp.array([[[[1, 0], [0, 1], [0, 0]], [[0.6, 0.6], [0, 0], [0, 0]]]])
+    mask_BGM = jnp.array([[[True, True, False], [True, False, False]]])
+    pool = eval_metrics.pool_candidates(rewards_BGMR, mask_BGM, task.eval_weights_R, task.solved)
+    assert pool.scores_BN.shape == (1, 6)  # 2 generations x 3 answers = 6 candidates
+    np.testing.assert_allclose(pool.scores_BN, [[0.5, 0.5, 0, 0.6, 0, 0]], atol=1e-6)
+    np.testing.assert_array_equal(pool.correct_BN, [[False, False, False, True, False, False]])
     # The same candidates from 6 single-answer generations form the same pool.
-    single = eval_metrics.pool_candidates(rewards_PGMR.reshape(1, 6, 1, 2),
-                                        mask_PGM.reshape(1, 6, 1), task.eval_weights_R,
+    single = eval_metrics.pool_candidates(rewards_BGMR.reshape(1, 6, 1, 2),
+                                        mask_BGM.reshape(1, 6, 1), task.eval_weights_R,
                                         task.solved)
     for a, b in zip(pool, single, strict=True):
         np.testing.assert_array_equal(a, b)
     # best@3 over 6 candidates: invalid slots count (they consumed budget) and score 0.
     want = _brute_best([0.5, 0.5, 0, 0.6, 0, 0], 3)
-    assert float(eval_metrics.best_at_k(pool.scores_PN, 3)[0]) == pytest.approx(want, abs=1e-6)
+    assert float(eval_metrics.best_at_k(pool.scores_BN, 3)[0]) == pytest.approx(want, abs=1e-6)
     summary = eval_metrics.summarize_pool(pool, [1, 3, 6], key=jax.random.key(0))
     assert summary["pass@6"] == 1.0 and summary["valid_fraction"] == pytest.approx(0.5)
     assert {"best@1", "pass@3", "diversity", "pareto_fraction", "emax"} <= set(summary)
@@ -206,16 +206,16 @@ def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host)
                     rngs=nnx.Rngs(0))
     pool, answers, amask, entropy = policy_eval.sample_pool(
         model, task, records, num_answers=2, budget=4, key=jax.random.key(0), chunk=2)
-    np.testing.assert_allclose(pool.scores_PN, [[0.5, 0.5, 0.6, 0.6]] * 3, atol=1e-6)
-    np.testing.assert_array_equal(pool.correct_PN, [[False, False, True, True]] * 3)
-    np.testing.assert_array_equal(pool.valid_PN, [[True, True, True, True]] * 3)
+    np.testing.assert_allclose(pool.scores_BN, [[0.5, 0.5, 0.6, 0.6]] * 3, atol=1e-6)
+    np.testing.assert_array_equal(pool.correct_BN, [[False, False, True, True]] * 3)
+    np.testing.assert_array_equal(pool.valid_BN, [[True, True, True, True]] * 3)
     assert entropy == pytest.approx(0.5)
     if host:
         assert answers is None and amask is None
     else:
         arms = [task.task.symbols.index(a) for a in "ABC"]
         np.testing.assert_array_equal(np.asarray(answers)[:, :3, 0], [arms] * 3)
-        assert int(eval_metrics.distinct_solutions(answers, amask, pool.valid_PN)[0]) == 3
+        assert int(eval_metrics.distinct_solutions(answers, amask, pool.valid_BN)[0]) == 3
     out, per = policy_eval.evaluate_policy_per_problem(
         model, task, records, num_answers=2, budget=4, ks=[1, 4], key=jax.random.key(0))
     assert out["best@4"] == pytest.approx(0.6) and out["best@1"] == pytest.approx(0.55)
@@ -262,6 +262,6 @@ def test_pass_at_k_refuses_scores_and_a_missing_axis():
     """Float scores would be truncated to 0 (0.9 "not correct"): refused, as is a 1-D input."""
     with pytest.raises(TypeError, match="threshold scores first"):
         eval_metrics.pass_at_k(jnp.array([[0.5, 0.9]]), 1)
-    with pytest.raises(ValueError, match=r"expected \[P problems, N candidates\]"):
+    with pytest.raises(ValueError, match=r"expected \[B problems, N candidates\]"):
         eval_metrics.pass_at_k(jnp.array([True, False]), 1)
     np.testing.assert_allclose(eval_metrics.pass_at_k(jnp.array([[1, 0]]), 1), [0.5])

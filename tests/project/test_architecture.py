@@ -294,8 +294,6 @@ def test_shape_letters_table_follows_the_key():
 # that meaning}: each to be renamed to the key's letter for it (the test below fails once a
 # module no longer uses the letter, so the entry goes with the last such name).
 SHAPE_LETTER_LOCAL: dict[tuple[str, str], str] = {
-    ("eval.metrics", "P"): "problems",
-    ("eval.policies", "P"): "problems",
     ("objectives.vpo", "D"): "weight draws of one row",
     ("rl.env_step", "S"): "sets of m episodes (the samples of an environment)",
     ("rl.packing", "R"): "packed rows",

@@ -44,11 +44,11 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
                                    key=jax.random.key(cfg.train.seed + 5),
                                    temperature=cfg.sampler.temperature,
                                    top_p=cfg.sampler.top_p)[0]
-    scores_PG = np.asarray(pool.scores_PN, float)
-    spread = float(np.mean(scores_PG.max(-1) - scores_PG.min(-1) > 1e-6))
+    scores_BG = np.asarray(pool.scores_BN, float)
+    spread = float(np.mean(scores_BG.max(-1) - scores_BG.min(-1) > 1e-6))
     # per weighted component, the share of scored candidates at full marks (what "solved" needs
     # of each, on a task whose solved is every weighted component at 1)
-    rewards = np.asarray(pool.rewards_PNR, float)[np.asarray(pool.valid_PN, bool)]
+    rewards = np.asarray(pool.rewards_BNR, float)[np.asarray(pool.valid_BN, bool)]
     full = {name: float(np.mean(rewards[:, r] >= 1.0 - 1e-6)) if rewards.size else 0.0
             for r, name in enumerate(task.reward_names) if task.eval_weights_R[r] > 0}
     out = {"problems": cfg.gate_problems, "pass@1": ev["pass@1"], f"pass@{N}": ev[f"pass@{N}"],
@@ -61,11 +61,11 @@ def pilot_gate(cfg: CompareConfig, task, policy) -> dict[str, Any]:
         "signal": spread >= cfg.spread_min}
     cover = task.task.cover_components
     if cover:  # the signal a cover claim needs: hits of each component, not format spread
-        r_PGR = np.asarray(pool.rewards_PNR, float)
-        hit_PGC = r_PGR[..., list(cover)] >= 1.0 - 1e-6
-        out["hit_rates"] = {task.reward_names[c]: float(hit_PGC[..., i].mean())
+        r_BGR = np.asarray(pool.rewards_BNR, float)
+        hit_BGR = r_BGR[..., list(cover)] >= 1.0 - 1e-6
+        out["hit_rates"] = {task.reward_names[c]: float(hit_BGR[..., i].mean())
                             for i, c in enumerate(cover)}
-        out["hit_groups"] = float(np.mean(hit_PGC.any(-1).any(-1)))
+        out["hit_groups"] = float(np.mean(hit_BGR.any(-1).any(-1)))
         out[f"cover@{kc}"] = ev.get(f"cover@{kc}", 0.0)
         out["checks"] |= {
             "hits": min(out["hit_rates"].values()) >= cfg.gate_hit_min,

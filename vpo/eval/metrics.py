@@ -1,12 +1,13 @@
 """Search-aware evaluation: pass@k, best@k, E_w[max], reward-space diversity, entropy statistics.
 
-Shapes: P problems, N candidates per problem, R reward components, A answer tokens, G generations
-per problem, M answers per generation. All metric functions are pure jnp (jittable; `k`,
-quantiles and other Python ints are static) and return one value per problem unless noted.
+Shapes: B problems (the prompts of a batch), N candidates per problem, R reward components,
+A answer tokens, G generations per problem, M answers per generation. All metric functions are
+pure jnp (jittable; `k`, quantiles and other Python ints are static) and return one value per
+problem unless noted.
 
 Budget-fair accounting (the VPO paper's evaluation, Bahlous-Boldi et al., arXiv 2605.22817): k
 counts CANDIDATE SOLUTIONS, not generations. `pool_candidates` turns per-generation results
-[P, G, M, ...] into per-candidate pools [P, G*M, ...], so one m-answer generation is m candidates
+[B, G, M, ...] into per-candidate pools [B, G*M, ...], so one m-answer generation is m candidates
 and is compared with m single-answer samples (an M = 1 arm with G*M generations has the same pool
 size). Invalid slots (missing, truncated, malformed or duplicate answers) stay in the pool as
 candidates that score 0 and are never correct: they consumed budget. Pool-shape metrics (diversity,
@@ -35,34 +36,34 @@ def _check_k(k: int, n: int) -> None:
 
 
 @functools.partial(jax.jit, static_argnames="k")
-def pass_at_k(correct_PN: jax.Array, k: int) -> jax.Array:
+def pass_at_k(correct_BN: jax.Array, k: int) -> jax.Array:
     """Unbiased pass@k per problem (Chen et al. 2021, Codex, arXiv 2107.03374).
 
     With n = N candidates of which c are correct:
         pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1..n} (1 - k/i),   and 1 if n - c < k.
 
     Args:
-      correct_PN: bool (or 0/1), whether each candidate solves its problem.
+      correct_BN: bool (or 0/1), whether each candidate solves its problem.
       k: candidates drawn, 1 <= k <= N (static).
 
     Returns:
-      pass_P, float32.
+      pass_B, float32.
     """
-    correct_PN = jnp.asarray(correct_PN)
-    if correct_PN.ndim != 2:
-        raise ValueError(f"correct_PN: expected [P problems, N candidates]; got shape "
-                         f"{correct_PN.shape}")
-    if jnp.issubdtype(correct_PN.dtype, jnp.floating):
-        raise TypeError(f"correct_PN: bool (or 0/1 integers) per candidate; got "
-                        f"{correct_PN.dtype} (threshold scores first, e.g. scores_PN >= 1.0)")
-    P, N = correct_PN.shape
+    correct_BN = jnp.asarray(correct_BN)
+    if correct_BN.ndim != 2:
+        raise ValueError(f"correct_BN: expected [B problems, N candidates]; got shape "
+                         f"{correct_BN.shape}")
+    if jnp.issubdtype(correct_BN.dtype, jnp.floating):
+        raise TypeError(f"correct_BN: bool (or 0/1 integers) per candidate; got "
+                        f"{correct_BN.dtype} (threshold scores first, e.g. scores_BN >= 1.0)")
+    B, N = correct_BN.shape
     _check_k(k, N)
-    c_P = jnp.sum(correct_PN.astype(jnp.int32), axis=-1)
+    c_B = jnp.sum(correct_BN.astype(jnp.int32), axis=-1)
     i_N = jnp.arange(1, N + 1, dtype=jnp.int32)
-    in_prod_PN = i_N[None, :] > (N - c_P)[:, None]
+    in_prod_BN = i_N[None, :] > (N - c_B)[:, None]
     factor_N = 1.0 - k / jnp.maximum(i_N, 1).astype(jnp.float32)
-    prod_P = jnp.prod(jnp.where(in_prod_PN, factor_N[None, :], 1.0), axis=-1)
-    return jnp.where(N - c_P < k, 1.0, 1.0 - prod_P).astype(jnp.float32)
+    prod_B = jnp.prod(jnp.where(in_prod_BN, factor_N[None, :], 1.0), axis=-1)
+    return jnp.where(N - c_B < k, 1.0, 1.0 - prod_B).astype(jnp.float32)
 
 
 def best_at_k_weights(n: int, k: int) -> np.ndarray:
@@ -82,7 +83,7 @@ def best_at_k_weights(n: int, k: int) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames="k")
-def cover_at_k(rewards_PNR: jax.Array, valid_PN: jax.Array, k: int,
+def cover_at_k(rewards_BNR: jax.Array, valid_BN: jax.Array, k: int,
                components: tuple[int, ...]) -> jax.Array:
     """Unbiased probability, per problem, that k of the N candidates drawn without replacement
     hold, for EVERY reward component c in `components`, a valid candidate with r_c = 1 (a set
@@ -92,22 +93,22 @@ def cover_at_k(rewards_PNR: jax.Array, valid_PN: jax.Array, k: int,
 
     n_S the candidates hitting some component of S (n_∅ = 0), each term the pass@k estimator of
     Chen et al. 2021 (arXiv 2107.03374) in its complement form. With one component it is
-    pass@k of that component. Returns float32 [P]."""
+    pass@k of that component. Returns float32 [B]."""
     import itertools
 
-    r = jnp.asarray(rewards_PNR, jnp.float32)
-    hit_PNR = jnp.asarray(valid_PN, bool)[..., None] & (r[..., list(components)] >= 1.0 - 1e-6)
+    r = jnp.asarray(rewards_BNR, jnp.float32)
+    hit_BNR = jnp.asarray(valid_BN, bool)[..., None] & (r[..., list(components)] >= 1.0 - 1e-6)
     total = jnp.zeros(r.shape[0], jnp.float32)
     for size in range(len(components) + 1):
         for subset in itertools.combinations(range(len(components)), size):
-            hit_PN = jnp.any(hit_PNR[..., list(subset)], axis=-1) if subset else jnp.zeros(
-                hit_PNR.shape[:2], bool)
-            miss = 1.0 - pass_at_k(hit_PN, k)  # C(n - n_S, k) / C(n, k)
+            hit_BN = jnp.any(hit_BNR[..., list(subset)], axis=-1) if subset else jnp.zeros(
+                hit_BNR.shape[:2], bool)
+            miss = 1.0 - pass_at_k(hit_BN, k)  # C(n - n_S, k) / C(n, k)
             total = total + (-1.0) ** size * miss
     return total
 
 
-def best_at_k(scores_PN: jax.Array, k: int) -> jax.Array:
+def best_at_k(scores_BN: jax.Array, k: int) -> jax.Array:
     """Exact expected max of a uniformly random k-subset of the N scores, per problem.
 
         best@k = sum_{i=k..n} C(i-1, k-1) / C(n, k) * s_(i),   s_(1) <= ... <= s_(n)
@@ -116,16 +117,16 @@ def best_at_k(scores_PN: jax.Array, k: int) -> jax.Array:
     handling. Use scores = w*ᵀ r with 0 for invalid candidates (`pool_candidates`).
 
     Returns:
-      best_P, float32.
+      best_B, float32.
     """
-    P, N = scores_PN.shape
+    B, N = scores_BN.shape
     w_N = jnp.asarray(best_at_k_weights(N, k), jnp.float32)
-    sorted_PN = jnp.sort(jnp.asarray(scores_PN, jnp.float32), axis=-1)
-    return jnp.einsum("pn,n->p", sorted_PN, w_N, precision=jax.lax.Precision.HIGHEST)
+    sorted_BN = jnp.sort(jnp.asarray(scores_BN, jnp.float32), axis=-1)
+    return jnp.einsum("bn,n->b", sorted_BN, w_N, precision=jax.lax.Precision.HIGHEST)
 
 
 @functools.partial(jax.jit, static_argnames=("num_weights", "alpha", "sampler"))
-def expected_max_pool(rewards_PNR: jax.Array, valid_PN: jax.Array, key: jax.Array, *,
+def expected_max_pool(rewards_BNR: jax.Array, valid_BN: jax.Array, key: jax.Array, *,
                       num_weights: int = 100, alpha: float = 1.0, sampler: str = "iid"
                       ) -> jax.Array:
     """E_{w~Dir(alpha)}[max_{valid j} wᵀ r_j] of each problem's whole pool (VPO's objective,
@@ -135,65 +136,65 @@ def expected_max_pool(rewards_PNR: jax.Array, valid_PN: jax.Array, key: jax.Arra
     `objectives.expected_max` with G = 1 and M = N. A pool with no valid candidate scores 0.
 
     Returns:
-      emax_P, float32.
+      emax_B, float32.
     """
-    P, N, R = rewards_PNR.shape
-    weights_PKR = objectives.dirichlet_weights(key, P, num_weights, R, alpha=alpha,
+    B, N, R = rewards_BNR.shape
+    weights_BKR = objectives.dirichlet_weights(key, B, num_weights, R, alpha=alpha,
                                                sampler=sampler)
-    raw_P1 = objectives.expected_max(rewards_PNR[:, None], valid_PN[:, None], weights_PKR)
-    return raw_P1[:, 0]
+    raw_B1 = objectives.expected_max(rewards_BNR[:, None], valid_BN[:, None], weights_BKR)
+    return raw_B1[:, 0]
 
 
-def _pair_mask(valid_PN: jax.Array) -> jax.Array:
-    """[P, N, N] True for pairs i < j of valid candidates."""
-    N = valid_PN.shape[-1]
+def _pair_mask(valid_BN: jax.Array) -> jax.Array:
+    """[B, N, N] True for pairs i < j of valid candidates."""
+    N = valid_BN.shape[-1]
     upper_NN = jnp.arange(N)[:, None] < jnp.arange(N)[None, :]
-    return valid_PN[:, :, None] & valid_PN[:, None, :] & upper_NN[None]
+    return valid_BN[:, :, None] & valid_BN[:, None, :] & upper_NN[None]
 
 
 @jax.jit
-def reward_diversity(rewards_PNR: jax.Array, valid_PN: jax.Array) -> jax.Array:
+def reward_diversity(rewards_BNR: jax.Array, valid_BN: jax.Array) -> jax.Array:
     """Mean pairwise L1 distance sum_r |r_ir - r_jr| over pairs of valid candidates (VPO,
     arXiv 2605.22817; the authors' `eval_metrics.diversity`). 0 when fewer than two candidates
     are valid.
 
     Returns:
-      diversity_P, float32.
+      diversity_B, float32.
     """
-    r_PNR = jnp.asarray(rewards_PNR, jnp.float32)
-    l1_PNN = jnp.sum(jnp.abs(r_PNR[:, :, None, :] - r_PNR[:, None, :, :]), axis=-1)
-    pairs_PNN = _pair_mask(jnp.asarray(valid_PN, bool))
-    count_P = jnp.sum(pairs_PNN.astype(jnp.float32), axis=(1, 2))
-    total_P = jnp.sum(jnp.where(pairs_PNN, l1_PNN, 0.0), axis=(1, 2))
-    return total_P / jnp.maximum(count_P, 1.0)
+    r_BNR = jnp.asarray(rewards_BNR, jnp.float32)
+    l1_BNN = jnp.sum(jnp.abs(r_BNR[:, :, None, :] - r_BNR[:, None, :, :]), axis=-1)
+    pairs_BNN = _pair_mask(jnp.asarray(valid_BN, bool))
+    count_B = jnp.sum(pairs_BNN.astype(jnp.float32), axis=(1, 2))
+    total_B = jnp.sum(jnp.where(pairs_BNN, l1_BNN, 0.0), axis=(1, 2))
+    return total_B / jnp.maximum(count_B, 1.0)
 
 
 @jax.jit
-def pareto_fraction(rewards_PNR: jax.Array, valid_PN: jax.Array) -> jax.Array:
+def pareto_fraction(rewards_BNR: jax.Array, valid_BN: jax.Array) -> jax.Array:
     """Fraction of valid candidates that no valid candidate Pareto-dominates (>= in every
     component, > in one). Equal vectors do not dominate each other. 0 for an empty pool.
 
     Returns:
-      fraction_P, float32.
+      fraction_B, float32.
     """
-    r_PNR = jnp.asarray(rewards_PNR, jnp.float32)
-    valid_PN = jnp.asarray(valid_PN, bool)
-    ge_PNN = jnp.all(r_PNR[:, :, None, :] >= r_PNR[:, None, :, :], axis=-1)  # [p, i, j]: r_i>=r_j
-    gt_PNN = jnp.any(r_PNR[:, :, None, :] > r_PNR[:, None, :, :], axis=-1)
-    dominated_PN = jnp.any(ge_PNN & gt_PNN & valid_PN[:, :, None], axis=1)
-    front_P = jnp.sum((valid_PN & ~dominated_PN).astype(jnp.float32), axis=-1)
-    return front_P / jnp.maximum(jnp.sum(valid_PN.astype(jnp.float32), axis=-1), 1.0)
+    r_BNR = jnp.asarray(rewards_BNR, jnp.float32)
+    valid_BN = jnp.asarray(valid_BN, bool)
+    ge_BNN = jnp.all(r_BNR[:, :, None, :] >= r_BNR[:, None, :, :], axis=-1)  # [b, i, j]: r_i>=r_j
+    gt_BNN = jnp.any(r_BNR[:, :, None, :] > r_BNR[:, None, :, :], axis=-1)
+    dominated_BN = jnp.any(ge_BNN & gt_BNN & valid_BN[:, :, None], axis=1)
+    front_B = jnp.sum((valid_BN & ~dominated_BN).astype(jnp.float32), axis=-1)
+    return front_B / jnp.maximum(jnp.sum(valid_BN.astype(jnp.float32), axis=-1), 1.0)
 
 
 @jax.jit
-def distinct_solutions(answers_PNA: jax.Array, answer_mask_PNA: jax.Array,
-                       valid_PN: jax.Array) -> jax.Array:
-    """Number of distinct token sequences among the valid candidates (int32 [P]).
+def distinct_solutions(answers_BNA: jax.Array, answer_mask_BNA: jax.Array,
+                       valid_BN: jax.Array) -> jax.Array:
+    """Number of distinct token sequences among the valid candidates (int32 [B]).
 
-    Pass `valid_PN & correct_PN` to count distinct correct solutions.
+    Pass `valid_BN & correct_BN` to count distinct correct solutions.
     """
-    first_PN = jax.vmap(answers_lib.first_occurrence)(answers_PNA, answer_mask_PNA, valid_PN)
-    return jnp.sum(first_PN.astype(jnp.int32), axis=-1)
+    first_BN = jax.vmap(answers_lib.first_occurrence)(answers_BNA, answer_mask_BNA, valid_BN)
+    return jnp.sum(first_BN.astype(jnp.int32), axis=-1)
 
 
 def entropy_stats(entropy: jax.Array, mask: jax.Array,
@@ -233,39 +234,39 @@ def _entropy_stats(entropy: jax.Array, mask: jax.Array, quantiles: tuple[float, 
 class CandidatePool(NamedTuple):
     """Per-candidate pool of each problem (N = G*M candidates; see the module docstring).
 
-    rewards_PNR: float32, zero rows for invalid slots.  valid_PN: bool, a scored answer.
-    scores_PN: float32 w*ᵀr (0 for invalid).  correct_PN: bool, valid and `task.solved`.
+    rewards_BNR: float32, zero rows for invalid slots.  valid_BN: bool, a scored answer.
+    scores_BN: float32 w*ᵀr (0 for invalid).  correct_BN: bool, valid and `task.solved`.
     """
 
-    rewards_PNR: jax.Array
-    valid_PN: jax.Array
-    scores_PN: jax.Array
-    correct_PN: jax.Array
+    rewards_BNR: jax.Array
+    valid_BN: jax.Array
+    scores_BN: jax.Array
+    correct_BN: jax.Array
 
 
-def flatten_generations(x_PGM: jax.Array) -> jax.Array:
-    """[P, G, M, ...] -> [P, G*M, ...]: generation g's answer m becomes candidate g*M + m."""
-    P, G, M = x_PGM.shape[:3]
-    return jnp.reshape(x_PGM, (P, G * M) + tuple(x_PGM.shape[3:]))
+def flatten_generations(x_BGM: jax.Array) -> jax.Array:
+    """[B, G, M, ...] -> [B, G*M, ...]: generation g's answer m becomes candidate g*M + m."""
+    B, G, M = x_BGM.shape[:3]
+    return jnp.reshape(x_BGM, (B, G * M) + tuple(x_BGM.shape[3:]))
 
 
-def pool_candidates(rewards_PGMR: jax.Array, solution_mask_PGM: jax.Array,
+def pool_candidates(rewards_BGMR: jax.Array, solution_mask_BGM: jax.Array,
                     eval_weights_R: jax.Array | np.ndarray,
                     solved: Callable[[jax.Array], jax.Array]) -> CandidatePool:
     """Budget-fair candidate pool from per-generation rewards (`task.eval_weights_R`,
     `task.solved`). Every slot is a candidate; invalid ones score 0 and are never correct."""
-    valid_PN = flatten_generations(jnp.asarray(solution_mask_PGM, bool))
-    rewards_PNR = jnp.where(valid_PN[..., None],
-                            flatten_generations(jnp.asarray(rewards_PGMR, jnp.float32)), 0.0)
-    scores_PN = jnp.einsum("pnr,r->pn", rewards_PNR, jnp.asarray(eval_weights_R, jnp.float32),
+    valid_BN = flatten_generations(jnp.asarray(solution_mask_BGM, bool))
+    rewards_BNR = jnp.where(valid_BN[..., None],
+                            flatten_generations(jnp.asarray(rewards_BGMR, jnp.float32)), 0.0)
+    scores_BN = jnp.einsum("bnr,r->bn", rewards_BNR, jnp.asarray(eval_weights_R, jnp.float32),
                            precision=jax.lax.Precision.HIGHEST)
-    correct_PN = jax.vmap(jax.vmap(solved))(rewards_PNR) & valid_PN
-    return CandidatePool(rewards_PNR, valid_PN, scores_PN, correct_PN)
+    correct_BN = jax.vmap(jax.vmap(solved))(rewards_BNR) & valid_BN
+    return CandidatePool(rewards_BNR, valid_BN, scores_BN, correct_BN)
 
 
 def summarize_pool(pool: CandidatePool, ks: Sequence[int], *, key: jax.Array | None = None,
-                   num_weights: int = 100, answers_PNA: jax.Array | None = None,
-                   answer_mask_PNA: jax.Array | None = None) -> dict[str, float]:
+                   num_weights: int = 100, answers_BNA: jax.Array | None = None,
+                   answer_mask_BNA: jax.Array | None = None) -> dict[str, float]:
     """Problem-averaged metrics of a pool, as Python floats (host-side convenience).
 
     Keys: `best@k`, `pass@k` for each k in `ks` (k <= N), `diversity`, `pareto_fraction`,
@@ -273,15 +274,15 @@ def summarize_pool(pool: CandidatePool, ks: Sequence[int], *, key: jax.Array | N
     """
     out: dict[str, float] = {}
     for k in ks:
-        out[f"best@{k}"] = float(jnp.mean(best_at_k(pool.scores_PN, k)))
-        out[f"pass@{k}"] = float(jnp.mean(pass_at_k(pool.correct_PN, k)))
-    out["diversity"] = float(jnp.mean(reward_diversity(pool.rewards_PNR, pool.valid_PN)))
-    out["pareto_fraction"] = float(jnp.mean(pareto_fraction(pool.rewards_PNR, pool.valid_PN)))
-    out["valid_fraction"] = float(jnp.mean(pool.valid_PN.astype(jnp.float32)))
+        out[f"best@{k}"] = float(jnp.mean(best_at_k(pool.scores_BN, k)))
+        out[f"pass@{k}"] = float(jnp.mean(pass_at_k(pool.correct_BN, k)))
+    out["diversity"] = float(jnp.mean(reward_diversity(pool.rewards_BNR, pool.valid_BN)))
+    out["pareto_fraction"] = float(jnp.mean(pareto_fraction(pool.rewards_BNR, pool.valid_BN)))
+    out["valid_fraction"] = float(jnp.mean(pool.valid_BN.astype(jnp.float32)))
     if key is not None:
-        out["emax"] = float(jnp.mean(expected_max_pool(pool.rewards_PNR, pool.valid_PN, key,
+        out["emax"] = float(jnp.mean(expected_max_pool(pool.rewards_BNR, pool.valid_BN, key,
                                                        num_weights=num_weights)))
-    if answers_PNA is not None:
+    if answers_BNA is not None:
         out["distinct"] = float(jnp.mean(distinct_solutions(
-            answers_PNA, answer_mask_PNA, pool.valid_PN).astype(jnp.float32)))
+            answers_BNA, answer_mask_BNA, pool.valid_BN).astype(jnp.float32)))
     return out

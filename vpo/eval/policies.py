@@ -83,11 +83,11 @@ def sample_pool(model: Decoder, task: BoundTask, records, *, num_answers: int, b
                 key, temperature: float = 1.0, top_p: float = 1.0, chunk: int = 16,
                 max_new_tokens: int | None = None, progress: bool = False, desc: str = "eval",
                 num_slots: int = 0):
-    """Sample budget/m generations per problem → (pool, answers_PNA, answer_mask_PNA, entropy).
+    """Sample budget/m generations per problem → (pool, answers_BNA, answer_mask_BNA, entropy).
 
     `budget` must be a multiple of `num_answers`. Problems are processed `chunk` at a time.
     Every parsed answer is a scored candidate (`score_all_answers`, `host_score_all_answers`;
-    on an environment each candidate is an episode, `_episode_pool`). answers_PNA are symbol
+    on an environment each candidate is an episode, `_episode_pool`). answers_BNA are symbol
     ids for in-graph tasks (distinct-solution counts); None for host tasks. `max_new_tokens`:
     the generation budget of host-scored tasks (default: the task's for m answers;
     `vpo.launch.rules.completion_budget` is the commands' rule). `progress`: a bar over the
@@ -254,15 +254,15 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
                                                 max_new_tokens=max_new_tokens,
                                                 progress=progress, desc=desc,
                                                 num_slots=num_slots)
-    out = metrics.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_PNA=answers,
-                                    answer_mask_PNA=amask)
+    out = metrics.summarize_pool(pool, ks, key=jax.random.fold_in(key, 7), answers_BNA=answers,
+                                    answer_mask_BNA=amask)
     cover = task.task.cover_components
     if cover:  # a set covering modes no single answer joins (countdown2: both targets)
         out |= {f"cover@{k}": float(jnp.mean(metrics.cover_at_k(
-            pool.rewards_PNR, pool.valid_PN, k, cover))) for k in ks}
+            pool.rewards_BNR, pool.valid_BN, k, cover))) for k in ks}
     out["entropy"] = entropy
-    per_problem = {"best_P": np.asarray(jnp.max(pool.scores_PN, axis=-1)),
-                   "solved_P": np.asarray(jnp.any(pool.correct_PN, axis=-1))}
+    per_problem = {"best_P": np.asarray(jnp.max(pool.scores_BN, axis=-1)),
+                   "solved_P": np.asarray(jnp.any(pool.correct_BN, axis=-1))}
     return out, per_problem
 
 
