@@ -30,11 +30,11 @@ def test_episode_sets_give_each_episode_its_sets_value():
     np.testing.assert_array_equal(rewards_BGMR[:, 2], r_BGR[:, 2:4])
     w = jax.random.dirichlet(jax.random.key(1), np.ones(2), (3, 100))
     adv_BG, _ = vpo_advantages(None, rewards_BGMR, smask_BGM, weights_BKR=w)
-    sets_BSMR = r_BGR.reshape(3, 2, 2, 2)
-    adv_BS, _ = vpo_advantages(None, sets_BSMR, np.ones((3, 2, 2), bool), weights_BKR=w)
+    sets_BGMR = r_BGR.reshape(3, 2, 2, 2)
+    adv_sets, _ = vpo_advantages(None, sets_BGMR, np.ones((3, 2, 2), bool), weights_BKR=w)
     adv_BG = np.asarray(adv_BG)
     np.testing.assert_allclose(adv_BG[:, 0], adv_BG[:, 1])
-    np.testing.assert_allclose(adv_BG[:, ::2], np.asarray(adv_BS), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv_BG[:, ::2], np.asarray(adv_sets), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="multiple of 3"):
         episode_sets(r_BGR, a_BGR, 3)
 

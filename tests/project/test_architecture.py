@@ -294,10 +294,6 @@ def test_shape_letters_table_follows_the_key():
 # that meaning}: each to be renamed to the key's letter for it (the test below fails once a
 # module no longer uses the letter, so the entry goes with the last such name).
 SHAPE_LETTER_LOCAL: dict[tuple[str, str], str] = {
-    ("objectives.vpo", "D"): "weight draws of one row",
-    ("rl.env_step", "S"): "sets of m episodes (the samples of an environment)",
-    ("rl.packing", "R"): "packed rows",
-    ("rl.step", "R"): "packed rows",
     ("tasks.answers", "X"): "bytes of a completion",
     ("tasks.bound", "X"): "bytes of a completion",
 }

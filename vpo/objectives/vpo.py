@@ -46,26 +46,28 @@ def _kronecker_generator(dim: int) -> np.ndarray:
 _SORT_NETWORKS = {4: ((0, 1), (2, 3), (0, 2), (1, 3), (1, 2))}
 
 
-def _sorted_rows(u_BDK: Array) -> list[Array]:
-    """Axis 1 sorted, as a list of D [B, K] slices: a min/max network for small D (XLA's
-    comparator sort is slow on CPU), `jnp.sort` otherwise. Any network gives the same values."""
-    D = u_BDK.shape[1]
-    if D > 8:
-        s_BDK = jnp.sort(u_BDK, axis=1)
-        return [s_BDK[:, i] for i in range(D)]
-    pairs = _SORT_NETWORKS.get(D) or [  # odd-even transposition sort
-        (i, i + 1) for p in range(D) for i in range(p % 2, D - 1, 2)
+def _sorted_rows(u: Array) -> list[Array]:
+    """Axis 1 of u [B, n, K] sorted, as a list of n [B, K] slices: a min/max network for small n
+    (XLA's comparator sort is slow on CPU), `jnp.sort` otherwise. Any network gives the same
+    values."""
+    n = u.shape[1]
+    if n > 8:
+        s = jnp.sort(u, axis=1)
+        return [s[:, i] for i in range(n)]
+    pairs = _SORT_NETWORKS.get(n) or [  # odd-even transposition sort
+        (i, i + 1) for p in range(n) for i in range(p % 2, n - 1, 2)
     ]
-    rows = [u_BDK[:, i] for i in range(D)]
+    rows = [u[:, i] for i in range(n)]
     for i, j in pairs:
         rows[i], rows[j] = jnp.minimum(rows[i], rows[j]), jnp.maximum(rows[i], rows[j])
     return rows
 
 
-def _spacings(u_BDK: Array) -> Array:
-    """Uniform points on the R-simplex (R = D + 1) from D uniforms each: the gaps between the
-    sorted uniforms and 0, 1 (Dir(1_R); a low-discrepancy input keeps its structure) → w_BRK."""
-    rows = _sorted_rows(u_BDK)
+def _spacings(u: Array) -> Array:
+    """Uniform points on the R-simplex from R − 1 uniforms each (u [B, R − 1, K]): the gaps
+    between the sorted uniforms and 0, 1 (Dir(1_R); a low-discrepancy input keeps its
+    structure) → w_BRK."""
+    rows = _sorted_rows(u)
     edges = [jnp.zeros_like(rows[0])] + rows + [jnp.ones_like(rows[0])]
     return jnp.stack([hi - lo for lo, hi in zip(edges[:-1], edges[1:], strict=True)], axis=1)
 
@@ -157,13 +159,13 @@ def _draw_weights(key, num_groups, num_weights, num_rewards, alpha, sampler) -> 
         raise ValueError("sampler='lattice' needs a Python float alpha (it is used at trace time)")
     if R == 1:
         return jnp.ones((B, 1, K), jnp.float32)
-    D = R - 1 if is_one else R
-    base_DK = np.mod(_kronecker_generator(D)[:, None] * np.arange(K)[None, :], 1.0)
-    shift_BD1 = _prng.uniform(key, (B, D, 1))  # the only random numbers: D per group
-    u_BDK = jnp.mod(shift_BD1 + jnp.asarray(base_DK, jnp.float32)[None], 1.0)
+    dims = R - 1 if is_one else R  # the lattice's coordinates: R − 1 spacings or R gammas
+    base = np.mod(_kronecker_generator(dims)[:, None] * np.arange(K)[None, :], 1.0)  # [dims, K]
+    shift = _prng.uniform(key, (B, dims, 1))  # the only random numbers: dims per group
+    u = jnp.mod(shift + jnp.asarray(base, jnp.float32)[None], 1.0)  # [B, dims, K]
     if is_one:
-        return _spacings(u_BDK)
-    g_BRK = _gamma_icdf(u_BDK, float(alpha))
+        return _spacings(u)
+    g_BRK = _gamma_icdf(u, float(alpha))
     return g_BRK / jnp.sum(g_BRK, 1, keepdims=True)
 
 

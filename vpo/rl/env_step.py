@@ -49,10 +49,10 @@ def episode_sets(rewards_BGR: np.ndarray, applies_BGR: np.ndarray, m: int):
     if G % m:
         raise ConfigError(f"sampler.num_samples: {G} episodes per row do not split into sets "
                           f"of episodes_per_set={m}; use a multiple of {m}")
-    sets_BSMR = rewards_BGR.reshape(B, G // m, m, R)
-    applies_BSMR = applies_BGR.reshape(B, G // m, m, R)
-    rewards_BGMR = np.repeat(sets_BSMR, m, axis=1)
-    applies_BGMR = np.repeat(applies_BSMR, m, axis=1)
+    sets = rewards_BGR.reshape(B, G // m, m, R)  # [B, G/m sets, m, R]
+    applies_sets = applies_BGR.reshape(B, G // m, m, R)
+    rewards_BGMR = np.repeat(sets, m, axis=1)
+    applies_BGMR = np.repeat(applies_sets, m, axis=1)
     return rewards_BGMR, np.ones((B, G, m), bool), applies_BGMR
 
 

@@ -1,5 +1,5 @@
 """Sequence packing for the update's log-prob pass: the G completions of a prompt, of ragged
-real lengths, laid end to end into R ≤ G rows instead of G rows of the full budget T.
+real lengths, laid end to end into `rows` ≤ G rows instead of G rows of the full budget T.
 
 Packing without cross-contamination (Krell et al., 2021, arXiv 2107.02027): every completion
 is a segment with its own id; a token attends to the prompt's shared prefix and causally to
@@ -11,12 +11,13 @@ first token from the prompt's last hidden state and token t ≥ 1 from token t �
 decoder reads only its inputs y_0 … y_{L_g−2}: a segment of n_g = max(L_g − 1, 0) slots. A row
 holds W = T − 1 slots, the most one segment needs, so a completion never straddles rows.
 Segments are assigned by first-fit decreasing (Johnson, 1973): longest first, each into the
-first row with room. The row count R is static; `PackPlan.rows_needed_B` says whether a batch
+first row with room. The row count `rows` is static; `PackPlan.rows_needed_B` says whether a batch
 fits, and a batch that does not is never packed (`vpo.rl.step.completion_logp` then takes the
 padded path: no token is dropped).
 
-Dimension key: B prompts, G completions per prompt, T completion budget, R packed rows per
-prompt, W = T − 1 slots per row, N = R·W slots per prompt.
+Dimension key: B prompts, G completions per prompt, T completion budget, W = T − 1 slots per
+row, N = rows·W slots per prompt. The packed rows of a prompt have no letter of their own:
+packed arrays are [B, rows, W] and named without a suffix.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _slots_BGW(plan: PackPlan, rows: int, W: int):  # noqa: N802  (shape suffix)
 
 
 def pack(tokens_BGT, plan: PackPlan, rows: int):
-    """Completions → packed rows: (inputs_BRW, targets_BRW, segment_BRW).
+    """Completions → packed rows: (inputs, targets, segment), each [B, rows, W].
 
     Slot s of completion g's segment holds input y_s and target y_{s+1} (s < n_g), segment id
     g; unused slots hold token 0 and segment id `NO_SEGMENT`. Segments beyond `rows` rows are
@@ -103,17 +104,18 @@ def pack(tokens_BGT, plan: PackPlan, rows: int):
             scatter(g_BGW, NO_SEGMENT))
 
 
-def unpack(x_BRW, first_BG, plan: PackPlan):
-    """Per-slot values of the packed rows (the prediction of each slot's target) → x_BGT.
+def unpack(x, first_BG, plan: PackPlan):
+    """Per-slot values x [B, rows, W] of the packed rows (the prediction of each slot's target)
+    → x_BGT.
 
     Token 0 of completion g takes `first_BG` (predicted from the prompt), token t ≥ 1 its
     segment's slot t − 1 for t ≤ n_g, and 0 after its last real token.
     """
-    B, R, W = x_BRW.shape
-    slot_BGW, valid_BGW = _slots_BGW(plan, R, W)
-    x_BN = x_BRW.reshape(B, R * W)
+    B, rows, W = x.shape
+    slot_BGW, valid_BGW = _slots_BGW(plan, rows, W)
+    x_BN = x.reshape(B, rows * W)
     G = first_BG.shape[1]
     taken = jnp.take_along_axis(x_BN, jnp.where(valid_BGW, slot_BGW, 0).reshape(B, G * W),
                                 axis=1).reshape(B, G, W)
-    rest_BGW = jnp.where(valid_BGW, taken, jnp.zeros((), x_BRW.dtype))
-    return jnp.concatenate([first_BG[..., None].astype(x_BRW.dtype), rest_BGW], axis=-1)
+    rest_BGW = jnp.where(valid_BGW, taken, jnp.zeros((), x.dtype))
+    return jnp.concatenate([first_BG[..., None].astype(x.dtype), rest_BGW], axis=-1)

@@ -302,22 +302,22 @@ def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT
 
     The first token of every completion is predicted from the prompt's last state, the rest
     from the packed segments (`Decoder.extend(segment_ids_BGO=...)`), all through one kernel
-    call over B·(G + R·(T − 1)) tokens instead of B·G·T. Values equal the padded layout's up
+    call over B·(G + rows·(T − 1)) tokens instead of B·G·T. Values equal the padded layout's up
     to each completion's last real token; 0 after it.
     """
     B, G, T = tokens_BGT.shape
     hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
     D = hidden_BPD.shape[-1]
-    inputs_BRW, targets_BRW, segment_BRW = packing.pack(tokens_BGT, plan, rows)
-    hidden_BRWD, _ = model.extend(inputs_BRW, prefix, remat=remat, segment_ids_BGO=segment_BRW)
+    inputs, targets, segment = packing.pack(tokens_BGT, plan, rows)  # [B, rows, W]
+    hidden, _ = model.extend(inputs, prefix, remat=remat, segment_ids_BGO=segment)
     first_ND = jnp.broadcast_to(hidden_BPD[:, None, -1], (B, G, D)).reshape(B * G, D)
-    hidden_ND = jnp.concatenate([first_ND, hidden_BRWD.reshape(-1, D)], axis=0)
-    targets_N = jnp.concatenate([tokens_BGT[:, :, 0].reshape(-1), targets_BRW.reshape(-1)])
+    hidden_ND = jnp.concatenate([first_ND, hidden.reshape(-1, D)], axis=0)
+    targets_N = jnp.concatenate([tokens_BGT[:, :, 0].reshape(-1), targets.reshape(-1)])
     logp_N, entropy_N = token_logp_entropy(model, hidden_ND, targets_N, vocab_block=vocab_block,
                                            impl=impl, platform=platform)
 
     def unpacked(x_N):
-        return packing.unpack(x_N[B * G:].reshape(targets_BRW.shape), x_N[:B * G].reshape(B, G),
+        return packing.unpack(x_N[B * G:].reshape(targets.shape), x_N[:B * G].reshape(B, G),
                               plan)
 
     return unpacked(logp_N), unpacked(entropy_N)
