@@ -295,7 +295,6 @@ def test_shape_letters_table_follows_the_key():
 # module no longer uses the letter, so the entry goes with the last such name).
 SHAPE_LETTER_LOCAL: dict[tuple[str, str], str] = {
     ("tasks.answers", "X"): "bytes of a completion",
-    ("tasks.bound", "X"): "bytes of a completion",
 }
 _SHAPE_NAME = re.compile(r"^(?=\w*[a-z])\w*_([A-Z]+)$")
 

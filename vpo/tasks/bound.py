@@ -352,10 +352,10 @@ class BoundTask:
         (training, search) duplicates of an earlier valid answer are invalid, without it
         (evaluation: every parsed answer is a candidate) repeats are kept."""
         bytes_VW, len_V, sym_VW, sym_len_V = (jnp.asarray(x) for x in self._tables)
-        b_X, live_X = answers_lib.completion_bytes(completion_T, mask_T, bytes_VW, len_V,
-                                                   self.num_bytes(completion_T.shape[-1]))
+        text, live = answers_lib.completion_bytes(completion_T, mask_T, bytes_VW, len_V,
+                                                  self.num_bytes(completion_T.shape[-1]))
         sym_MA, smask_MA, valid_M = answers_lib.read_symbols(
-            b_X, live_X, sym_VW, sym_len_V, num_answers=num_answers, answer_len=self.answer_len)
+            text, live, sym_VW, sym_len_V, num_answers=num_answers, answer_len=self.answer_len)
         if dedup:
             valid_M = answers_lib.first_occurrence(sym_MA, smask_MA, valid_M)
         return sym_MA, smask_MA & valid_M[:, None], valid_M
