@@ -64,10 +64,10 @@ def _trace(task, model, records, scfg, method: str, key):
     return run_all_methods(key, model, task, records, scfg, methods=(method,))[method].trace
 
 
-def first_solved(solved_NG, S: int, P: int) -> np.ndarray:
+def first_solved(solved, S: int, P: int) -> np.ndarray:
     """[S, P] int: the first budget point at which each search had solved its problem (-1:
     never), from a trace's solved [S·P copies, G + 1] (copies ordered search-major)."""
-    s = np.asarray(solved_NG, bool).reshape(S, P, -1)
+    s = np.asarray(solved, bool).reshape(S, P, -1)
     return np.where(s.any(-1), s.argmax(-1), -1)
 
 
