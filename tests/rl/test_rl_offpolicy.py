@@ -336,7 +336,7 @@ def test_checkpoints_from_before_the_pending_field_restore(tmp_path):
 
 
 def test_host_reward_tasks_refuse_the_overlapped_step(tmp_path):
-    from test_rl_step import bound
+    from tests.rl.test_rl_step import bound
 
     task = bound("arithmetic")
     if not task.is_host:

@@ -169,7 +169,7 @@ def test_pack_rows_must_be_below_num_samples():
 def test_rl_step_with_packing_matches_padded():
     """Whole RL steps (bandit, test_rl_step.py's shapes) with train.pack_rows: the same updates
     as the padded step to float tolerance, whichever path each micro-batch took."""
-    from test_rl_step import compact_bandit, run_config, run_steps
+    from tests.rl.test_rl_step import compact_bandit, run_config, run_steps
 
     task = compact_bandit()
     state_pad, hist_pad = run_steps(task, run_config(task, steps=2), 2)
