@@ -154,10 +154,10 @@ def short(prompts, completions, **kw):
     return [max(0.0, 1.0 - len(text(c)) / 40) for c in completions]
 
 def flaky(prompts, completions, **kw):  # fails from its 2nd call on while FAIL exists
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "calls")
+    path = os.path.join(os.path.dirname(__file__), "calls")
     n = int(open(path).read()) if os.path.exists(path) else 0
     open(path, "w").write(str(n + 1))
-    if n >= 1 and os.path.exists(os.path.join(os.path.dirname(os.path.dirname(__file__)), "FAIL")):
+    if n >= 1 and os.path.exists(os.path.join(os.path.dirname(__file__), "FAIL")):
         return [float("nan")] * len(completions)
     return [0.5] * len(completions)
 flaky.reward_names = ("flaky",)
