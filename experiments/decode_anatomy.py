@@ -2,11 +2,12 @@
 the sampler built ahead of time for the target (`vpo.accel`), its decode loop body's kernels
 (fusions, custom calls, library calls such as cuBLAS GEMMs, copies, sorts), the bytes each
 moves (an estimate from the operand and result shapes: in-place updates, gathers and slices
-counted by what they touch), and the kernels over a vocabulary-wide array; against the step's
-floor, the bf16 weights and the whole suffix cache read once.
+counted by what they touch, a cuBLAS call's scratch result left out), and the kernels over a
+vocabulary-wide array; against the step's floor, the bf16 weights and the whole suffix cache
+read once. `--separate` builds the loop without `Decoder.loop_weights`, for the comparison.
 
     .venv-aot/bin/python experiments/decode_anatomy.py [--target h100] [--model qwen2.5-0.5b]
-        [--B 16] [--G 8] [--T 512] [--json OUT.json]
+        [--B 16] [--G 8] [--T 512] [--separate] [--json OUT.json]
 
 (the interpreter needs jax's CUDA plugin: the `aot` extra, as for `vpo plan`). Nothing runs on
 a device; the kernel count bounds the launch overhead (a few microseconds each on an H100
@@ -24,6 +25,7 @@ import re
 # HLO text: `%name = f32[128,151936]{1,0} fusion(...), kind=kLoop, calls=%fused_computation...`
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
 _ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
+_S8 = re.compile(r"\bs8\[([\d,]*)\]")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 # instructions that launch no kernel of their own
@@ -88,14 +90,16 @@ def anatomy(lines: list[str], vocab: int) -> dict:
         if op in _FREE:
             continue
         operands = re.findall(r"%([\w.\-]+)", rest.split("),")[0])
-        moved = _moved(name, array_bytes(shape), [array_bytes(shapes.get(o, ""))
-                                                  for o in operands])
+        result = array_bytes(shape)
         kind = op
         if op == "fusion":
             kind = "fusion " + (re.search(r"kind=(\w+)", rest) or [None, "?"])[1]
         elif op == "custom-call":
             target = re.search(r'custom_call_target="([^"]+)"', rest)
             kind = "custom-call " + (target.group(1) if target else "?")
+            if "cublas" in kind:  # its s8 result is the library's scratch, not moved data
+                result -= array_bytes(" ".join(f"s8[{d}]" for d in _S8.findall(shape)))
+        moved = _moved(name, result, [array_bytes(shapes.get(o, "")) for o in operands])
         kinds[kind] += 1
         bytes_by_kind[kind] += moved
         touched = [shape] + [shapes.get(o, "") for o in operands]
@@ -110,6 +114,14 @@ def anatomy(lines: list[str], vocab: int) -> dict:
                 largest=[dict(bytes=b, kind=k, name=n) for b, k, n in big[:12]])
 
 
+def report(out: dict, path: str | None) -> None:
+    """Print `out` as JSON, and write it to `path` when given."""
+    print(json.dumps(out, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="h100")
@@ -117,6 +129,9 @@ def main() -> None:
     ap.add_argument("--B", type=int, default=16)
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--T", type=int, default=512)
+    ap.add_argument("--separate", action="store_true",
+                    help="build the decode loop without Decoder.loop_weights (the separate "
+                         "products, as before the merge) to compare")
     ap.add_argument("--json")
     ap.add_argument("--hlo", help="also write the compiled program's text here")
     a = ap.parse_args()
@@ -130,6 +145,11 @@ def main() -> None:
     jax.config.update("jax_platforms", "cpu")
     from vpo.accel import build as build_lib
     from vpo.launch.assemble import assemble_run
+
+    if a.separate:  # every decode loop without merged weights
+        from vpo.rollout import sampler, slots
+
+        sampler.step_kwargs = slots.step_kwargs = lambda model: {}
 
     overrides = [f"model={a.model}", "model.dtype=bfloat16", f"train.batch_size={a.B}",
                  f"sampler.num_samples={a.G}", f"sampler.max_new_tokens={a.T}"]
@@ -155,6 +175,7 @@ def main() -> None:
     floor = weight_bytes + cache_bytes
     bw = HBM_BYTES_PER_S.get(target.chip.name)
     out = dict(target=target.name, model=a.model, B=a.B, G=a.G, T=a.T, prompt_len=P,
+               merged=not a.separate,
                compile_s=built.seconds, loops=len(bodies), decode_body=decode[0],
                **{k: v for k, v in decode[1].items()},
                floor_bytes=floor, weight_bytes=weight_bytes, cache_bytes=cache_bytes,
@@ -162,10 +183,7 @@ def main() -> None:
                               if k in ("flops", "bytes accessed")})
     if bw:
         out.update(floor_ms=floor / bw * 1e3, body_bytes_ms=decode[1]["bytes"] / bw * 1e3)
-    print(json.dumps(out, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    report(out, a.json)
 
 
 if __name__ == "__main__":

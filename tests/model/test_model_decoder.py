@@ -3,6 +3,7 @@ causality via gradients, bf16 on CPU, config validation; the scanned layer stack
 remat) equals the unrolled one in logits, prefix, decode and gradients."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -299,3 +300,59 @@ def test_grown_stacked_cache_keeps_its_slots():
     np.testing.assert_array_equal(g.v_BGZCE[:, :, :, :, :3], cache.v_BGZCE)
     assert not np.asarray(g.k_BGZCE[:, :, :, :, 3:]).any()
     assert cache.grown(3) is cache
+
+
+def _randomised(cfg):
+    """A decoder with every parameter (LoRA B included) moved off its initial value."""
+    m = Decoder(cfg, rngs=nnx.Rngs(0))
+    leaves, treedef = jax.tree.flatten(nnx.state(m, nnx.Param))
+    keys = jax.random.split(jax.random.key(5), len(leaves))
+    nnx.update(m, jax.tree.unflatten(treedef, [
+        x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]))
+    return m
+
+
+@pytest.mark.parametrize("kw", [dict(qkv_bias=True, qk_norm=True, head_dim=16),
+                                dict(lora_rank=4, qkv_bias=True),
+                                dict(scan_layers=True, qkv_bias=True)])
+def test_merged_weights_match_separate_products(kw):
+    """A decode loop's merged products ([wq ‖ wk ‖ wv], [w_gate ‖ w_up], made once before it;
+    biases, q/k norms and LoRA adapters applied per projection after the split) give the
+    separate products' hidden states and caches, through `extend` and `extend_rows`."""
+    model = _randomised(model_preset("tiny", **kw))
+    L, B, G, P, T = model.cfg.num_layers, 2, 3, 5, 4
+    merged = model.merged_weights()
+    D, H, Z, E, F = (model.cfg.dim, model.cfg.num_heads, model.cfg.num_kv_heads,
+                     model.cfg.head_dim, model.cfg.mlp_dim)
+    qkv, gate_up = ((D, (H + 2 * Z) * E), (D, 2 * F))
+    if model.scanned:
+        assert merged[0].shape == (L, *qkv) and merged[1].shape == (L, *gate_up)
+    else:
+        assert len(merged) == L and merged[0][0].shape == qkv and merged[0][1].shape == gate_up
+    rng = np.random.default_rng(0)
+    prompts = jnp.asarray(rng.integers(3, 64, (B, P)), jnp.int32)
+    tokens = jnp.asarray(rng.integers(3, 64, (B, G, T)), jnp.int32)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def run(use):
+        _, prefix = model.prefill(prompts)
+        w = model.merged_weights() if use else None
+        cache, hs = model.init_cache(B, G, T), []
+        for t in range(T):
+            h, cache = model.extend(tokens[:, :, t:t + 1], prefix, cache, t, merged=w)
+            hs.append(h)
+        ax = 1 if model.scanned else 0
+        kv = [jax.tree.map(lambda x: jnp.repeat(x, G, axis=ax), k)
+              for k in (prefix.k_BZPE, prefix.v_BZPE)]
+        rows = Prefix(*kv, jnp.repeat(prefix.mask_BP, G, 0), jnp.repeat(prefix.length_B, G, 0))
+        flat = jax.tree.map(lambda x: x.reshape(
+            (L, B * G, 1, *x.shape[3:]) if model.scanned else (B * G, 1, *x.shape[2:])), cache)
+        h_rows, _ = model.extend_rows(tokens[:, :, 0].reshape(-1), rows, flat,
+                                      jnp.full((B * G,), T - 1), merged=w)
+        return jnp.concatenate(hs, 2), cache, h_rows
+
+    (h_m, c_m, r_m), (h_s, c_s, r_s) = run(True), run(False)
+    np.testing.assert_allclose(h_m, h_s, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(r_m, r_s, atol=1e-5, rtol=0)
+    for x, y in zip(jax.tree.leaves(c_m), jax.tree.leaves(c_s), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)

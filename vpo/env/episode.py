@@ -50,7 +50,7 @@ from vpo.env.base import (
 from vpo.env.workers import call_envs
 from vpo.errors import ConfigError, EnvError
 from vpo.io.tokenizer import Tokenizer, left_pad
-from vpo.rollout.sampler import choose_tokens
+from vpo.rollout.sampler import choose_tokens, step_kwargs
 from vpo.types import Rollout
 
 GENERATING, WAITING, DONE = 0, 1, 2  # an episode's status in the decode loop
@@ -109,6 +109,7 @@ def advance_episodes(graphdef, params, carry: _Carry, queued_BGW, queued_len_BG,
     C = carry.tokens_BGC.shape[-1]
     W = queued_BGW.shape[-1]
     stops = jnp.asarray(stop_ids, jnp.int32)
+    weights = step_kwargs(model)
 
     def busy(c: _Carry):
         feeding = c.fed_BG < queued_len_BG
@@ -130,7 +131,7 @@ def advance_episodes(graphdef, params, carry: _Carry, queued_BGW, queued_len_BG,
         valid = write(c.valid_BGC, real)
         rope = model.rope(c.prefix.length_B[:, None, None] + c.pos_BG[:, :, None])
         hidden, cache = model.extend_masked(tok[:, :, None], c.prefix, c.cache, c.t,
-                                          valid[:, :, None, :], rope)
+                                          valid[:, :, None, :], rope, **weights)
         logits = jnp.where(real[..., None], model.logits(hidden[:, :, 0]), c.logits_BGV)
         pos = c.pos_BG + real
         stopped = sampling & jnp.any(tok[..., None] == stops[None, None, :], axis=-1)

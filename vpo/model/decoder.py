@@ -282,16 +282,41 @@ class Attention(nnx.Module):
         y = plus_lora(_dense(x, w[...].astype(self.dtype)), lora, x)
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
+    def merged_weight(self):
+        """[wq ‖ wk ‖ wv] as one [D, (H + 2Z)·E] matrix in the compute dtype."""
+        D = self.wq.shape[0]
+        return jnp.concatenate([w[...].astype(self.dtype).reshape(D, -1)
+                                for w in (self.wq, self.wk, self.wv)], axis=1)
+
+    def _project_merged(self, x_BGOD, w_qkv):
+        """q, k, v from one product with `merged_weight()` (then each projection's adapter and
+        bias): the same values as three products."""
+        H, Z = self.wq.shape[1], self.wk.shape[1]
+        E = self.wq.shape[2]
+        y = _dense(x_BGOD, w_qkv)
+        parts = jnp.split(y, [H * E, (H + Z) * E], axis=-1)
+        out = []
+        for part, w, b, lora in zip(parts, (self.wq, self.wk, self.wv),
+                                    (self.bq, self.bk, self.bv),
+                                    (self.wq_lora, self.wk_lora, self.wv_lora), strict=True):
+            part = plus_lora(part.reshape(x_BGOD.shape[:-1] + w.shape[1:]), lora, x_BGOD)
+            out.append(part if b is None else part + _lead(b[...].astype(self.dtype), part.ndim))
+        return out
+
     def __call__(self, x_BGOD, cos, sin, mask_BGOC, cache_kv, start, prefix_kv, prefix_mask_BP,
-                 kernel=None, platform=None):
+                 kernel=None, platform=None, w_qkv=None):
         """Attention of the O new tokens. `kernel` ("pallas" | "interpret"): one decode token
         (O = 1) through the Pallas kernel, which reads only cache slots [0, start + 1).
-        `platform`: the target (`Decoder.platform`).
+        `platform`: the target (`Decoder.platform`). `w_qkv`: `merged_weight()` made once
+        outside a decode loop (`Decoder.merged_weights`); None: three products.
         Returns (y_BGOD, (k, v)): the whole cache with the new keys written (without a cache:
         the new keys)."""
-        q = self._project(x_BGOD, self.wq, self.bq, self.wq_lora)
-        k = self._project(x_BGOD, self.wk, self.bk, self.wk_lora)
-        v = self._project(x_BGOD, self.wv, self.bv, self.wv_lora)
+        if w_qkv is None:
+            q = self._project(x_BGOD, self.wq, self.bq, self.wq_lora)
+            k = self._project(x_BGOD, self.wk, self.bk, self.wk_lora)
+            v = self._project(x_BGOD, self.wv, self.bv, self.wv_lora)
+        else:
+            q, k, v = self._project_merged(x_BGOD, w_qkv)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -336,9 +361,20 @@ class MLP(nnx.Module):
         self.w_down = _param(init, rngs.params(), (F, D), pd, ("mlp", "embed"))
         self.w_gate_lora = self.w_up_lora = self.w_down_lora = None  # `add_adapters`
 
-    def __call__(self, x):
-        gate = plus_lora(_dense(x, self.w_gate[...].astype(self.dtype)), self.w_gate_lora, x)
-        up = plus_lora(_dense(x, self.w_up[...].astype(self.dtype)), self.w_up_lora, x)
+    def merged_weight(self):
+        """[w_gate ‖ w_up] as one [D, 2F] matrix in the compute dtype."""
+        return jnp.concatenate([self.w_gate[...].astype(self.dtype),
+                                self.w_up[...].astype(self.dtype)], axis=1)
+
+    def __call__(self, x, w_gate_up=None):
+        """`w_gate_up`: `merged_weight()` made once outside a decode loop; gate and up are
+        then one product (the same values)."""
+        if w_gate_up is None:
+            gate = _dense(x, self.w_gate[...].astype(self.dtype))
+            up = _dense(x, self.w_up[...].astype(self.dtype))
+        else:
+            gate, up = jnp.split(_dense(x, w_gate_up), [self.w_gate.shape[1]], axis=-1)
+        gate, up = plus_lora(gate, self.w_gate_lora, x), plus_lora(up, self.w_up_lora, x)
         h = jax.nn.silu(gate) * up
         return plus_lora(_dense(h, self.w_down[...].astype(self.dtype)), self.w_down_lora, h)
 
@@ -351,12 +387,17 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, pd, "embed")
         self.mlp = MLP(cfg, rngs)
 
+    def merged_weights(self):
+        """(w_qkv, w_gate_up): the block's products that share an input, concatenated."""
+        return self.attn.merged_weight(), self.mlp.merged_weight()
+
     def __call__(self, x, cos, sin, mask, cache_kv, start, prefix_kv, prefix_mask, kernel=None,
-                 platform=None):
+                 platform=None, merged=None):
+        w_qkv, w_gate_up = (None, None) if merged is None else merged
         h, kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, start, prefix_kv,
-                          prefix_mask, kernel, platform)
+                          prefix_mask, kernel, platform, w_qkv)
         x = x + h
-        return x + self.mlp(self.mlp_norm(x)), kv
+        return x + self.mlp(self.mlp_norm(x), w_gate_up), kv
 
 
 class Decoder(nnx.Module):
@@ -394,39 +435,63 @@ class Decoder(nnx.Module):
         """Whether the layer stack runs as one `lax.scan` (`ModelConfig.scan`)."""
         return self.cfg.scan
 
+    def merged_weights(self):
+        """Each block's products that share an input as one matrix: ([wq ‖ wk ‖ wv],
+        [w_gate ‖ w_up]) in the compute dtype, a tuple of L pairs (unrolled) or one pair of
+        stacked [L, ...] arrays (scanned). A decode loop makes them once before it and hands
+        them to every `extend(..., merged=)`: one product instead of three and of two, and no
+        concatenation inside the loop (XLA:GPU merges such products by itself, concatenating
+        the weights again at every token: 0.94 GB a step for Qwen2.5-0.5B). The same values as
+        the separate products; one more copy of those weights while the loop runs."""
+        pairs = tuple(layer.merged_weights() for layer in self.layers)
+        if self.scanned:
+            return tuple(jnp.stack(ws) for ws in zip(*pairs, strict=True))
+        return pairs
+
+    def loop_weights(self) -> dict:
+        """What a decode loop makes once before it and hands to every step
+        (`vpo.rollout.sampler.step_kwargs`): `merged=merged_weights()` on a GPU; nothing
+        elsewhere (on the CPU the merged products measured 0.94x the separate ones,
+        `experiments/bench_merged.py`; a TPU build was not examined)."""
+        if hardware.resolve_platform(self.platform) != "gpu":
+            return {}
+        return {"merged": self.merged_weights()}
+
     def _run(self, tokens_BGO, mask_BGOC, cache, start, prefix, cos_sin, kernel=None,
-             remat=False):
+             remat=False, merged=None):
         """Embedding → the L blocks → final norm. Returns (hidden, keys, values): the keys and
         values of every layer (the whole caches when `cache` is given), a tuple of L arrays
-        (unrolled) or one stacked [L, ...] array (scanned)."""
+        (unrolled) or one stacked [L, ...] array (scanned). `merged`: `merged_weights()`."""
         x = self.embed[...].astype(self.dtype)[tokens_BGO]
         cos, sin = cos_sin  # [B or 1, G or 1, O, E]: broadcast over the dims they lack
         prefix_mask = None if prefix is None else prefix.mask_BP
         block_def = nnx.graphdef(self.layers[0])
 
-        def block(state, x, cache_kv, prefix_kv):
+        def block(state, x, cache_kv, prefix_kv, merged_i=None):
             return nnx.merge(block_def, state)(x, cos, sin, mask_BGOC, cache_kv, start,
-                                               prefix_kv, prefix_mask, kernel, self.platform)
+                                               prefix_kv, prefix_mask, kernel, self.platform,
+                                               merged_i)
 
         if remat:  # keep only each block's input for the backward pass; recompute the rest
             block = jax.checkpoint(block, prevent_cse=not self.scanned)
         if self.scanned:
-            x, ks, vs = self._scan_blocks(block, x, cache, prefix)
+            x, ks, vs = self._scan_blocks(block, x, cache, prefix, merged)
             return self.final_norm(x), ks, vs
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
             cache_kv = None if cache is None else (cache.k_BGZCE[i], cache.v_BGZCE[i])
             prefix_kv = None if prefix is None else (prefix.k_BZPE[i], prefix.v_BZPE[i])
+            merged_i = None if merged is None else merged[i]
             if remat:
-                x, (k, v) = block(nnx.state(layer), x, cache_kv, prefix_kv)
+                x, (k, v) = block(nnx.state(layer), x, cache_kv, prefix_kv, merged_i)
             else:
                 x, (k, v) = layer(x, cos, sin, mask_BGOC, cache_kv, start, prefix_kv,
-                                  prefix_mask, kernel, self.platform)
+                                  prefix_mask, kernel, self.platform, merged_i)
             ks.append(k)
             vs.append(v)
         return self.final_norm(x), tuple(ks), tuple(vs)
 
-    def _scan_blocks(self, block, x, cache, prefix):
+    def _scan_blocks(self, block, x, cache, prefix, merged=None):
         """The L blocks as one `lax.scan` over their stacked weights: one compiled block body
         instead of L (compile time and compile memory do not grow with L). The layers' weights
         are stacked [L, ...] for the scan (one copy of the blocks' weights, which the backward
@@ -441,9 +506,10 @@ class Decoder(nnx.Module):
 
         def body(carry, xs):
             x, kc, vc = carry
-            i, state, pk_i, pv_i = xs
+            i, state, pk_i, pv_i, merged_i = xs
             cache_kv = None if kc is None else (kc[i], vc[i])
-            x, (k, v) = block(state, x, cache_kv, None if pk_i is None else (pk_i, pv_i))
+            x, (k, v) = block(state, x, cache_kv, None if pk_i is None else (pk_i, pv_i),
+                              merged_i)
             if kc is None:
                 return (x, None, None), (k, v)
             kc = jax.lax.dynamic_update_index_in_dim(kc, k.astype(kc.dtype), i, 0)
@@ -451,7 +517,7 @@ class Decoder(nnx.Module):
             return (x, kc, vc), None
 
         layers = jnp.arange(self.cfg.num_layers, dtype=jnp.int32)
-        (x, kc, vc), kv = jax.lax.scan(body, (x, kc, vc), (layers, stacked, pk, pv))
+        (x, kc, vc), kv = jax.lax.scan(body, (x, kc, vc), (layers, stacked, pk, pv, merged))
         return (x, *kv) if kc is None else (x, kc, vc)
 
     # -- entry points -------------------------------------------------------------------------
@@ -473,15 +539,15 @@ class Decoder(nnx.Module):
         return h[:, 0], Prefix(k, v, mask_BP, mask_BP.sum(axis=1).astype(jnp.int32))
 
     def extend_masked(self, tokens_BGO, prefix: Prefix, cache: KVCache, start, mask_BGOC,
-                      rope):
+                      rope, *, merged=None):
         """`extend` with the attention mask and positions given per row: each continuation
         writes its O new tokens at slots [start, start + O) of `cache` and attends to the slots
         `mask_BGOC` marks (and to its prompt's prefix); `rope` is the (cos, sin) of each row's
         own positions, [B, G, O, E] (`self.rope(positions_BGO)`). For continuations that do not
         advance together (a multi-turn episode idles while others finish their turn): a slot
         left out of the mask is never read, so positions need not equal slots. Returns
-        (hidden_BGOD, KVCache)."""
-        h, k, v = self._run(tokens_BGO, mask_BGOC, cache, start, prefix, rope)
+        (hidden_BGOD, KVCache). `merged`: as in `extend`."""
+        h, k, v = self._run(tokens_BGO, mask_BGOC, cache, start, prefix, rope, merged=merged)
         return h, KVCache(k, v)
 
     def __call__(self, tokens_BO, mask_BO=None):
@@ -490,7 +556,7 @@ class Decoder(nnx.Module):
 
     def extend(self, tokens_BGO, prefix: Prefix, cache: KVCache | None = None, start=0,
                rope=None, attention: str = "xla", *, remat: bool = False,
-               segment_ids_BGO=None):
+               segment_ids_BGO=None, merged=None):
         """G continuations per prompt: new tokens at suffix slots [start, start+O).
 
         Attends to the prompt's shared prefix and causally to the suffix: the cache's slots
@@ -510,6 +576,8 @@ class Decoder(nnx.Module):
         several continuations of its prompt end to end, runs of equal ids; a token attends to
         the prefix and causally to its own segment only, at position `prefix.length_B` + its
         offset in the segment (Krell et al., 2021, arXiv 2107.02027).
+        `merged`: `self.merged_weights()`, made once before a decode loop (None: the separate
+        products).
         Returns (hidden_BGOD, KVCache with the new keys written).
         """
         B, G, O = tokens_BGO.shape
@@ -533,7 +601,8 @@ class Decoder(nnx.Module):
             rope = self.rope(prefix.length_B[:, None, None] + (s_BGO - first_BGO))
         if rope is None:
             rope = self.rope(prefix.length_B[:, None, None] + pos_O[None, None, :])
-        h, k, v = self._run(tokens_BGO, mask_BGOC, cache, start, prefix, rope, kernel, remat)
+        h, k, v = self._run(tokens_BGO, mask_BGOC, cache, start, prefix, rope, kernel, remat,
+                            merged)
         return h, KVCache(k, v)
 
     def init_cache(self, batch: int, group: int, length: int, attention: str = "xla") -> KVCache:
@@ -550,7 +619,7 @@ class Decoder(nnx.Module):
         return KVCache(zeros, tuple(jnp.zeros(shape, self.dtype) for _ in range(c.num_layers)))
 
     def extend_rows(self, tokens_N, prefix: Prefix, cache: KVCache, start_N,
-                    attention: str = "xla") -> tuple[jax.Array, KVCache]:
+                    attention: str = "xla", *, merged=None) -> tuple[jax.Array, KVCache]:
         """One new token for each of N independent rows, row r at its own suffix slot
         start_N[r] (`extend` puts every row at one slot).
 
@@ -560,7 +629,8 @@ class Decoder(nnx.Module):
         mapped over the rows (`jax.vmap`): each row writes its key/value at its own slot and
         attends to its prefix and to its slots ≤ start_N[r]; slots above are masked, so a row
         reused for a new continuation needs no cleared cache. With `attention="xla"` every row
-        reads all C slots. Returns (hidden_ND, KVCache of N rows).
+        reads all C slots. `merged`: as in `extend` (shared by the rows). Returns (hidden_ND,
+        KVCache of N rows).
         """
         ax = 1 if self.scanned else 0  # the row axis of a layer's keys: [(L,) N, ...]
 
@@ -570,7 +640,7 @@ class Decoder(nnx.Module):
         def one(token, k, v, mask_P, length, ck, cv, start):
             row = Prefix(unit(k), unit(v), mask_P[None], length[None])
             h, c = self.extend(token.reshape(1, 1, 1), row, KVCache(unit(ck), unit(cv)), start,
-                               attention=attention)
+                               attention=attention, merged=merged)
             squeeze = functools.partial(jax.tree.map, lambda x: jnp.squeeze(x, ax))
             return h[0, 0, 0], squeeze(c.k_BGZCE), squeeze(c.v_BGZCE)
 

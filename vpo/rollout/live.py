@@ -37,7 +37,13 @@ from jax.experimental import io_callback
 
 from vpo import prng as _prng
 from vpo.model.decoder import KVCache, Prefix
-from vpo.rollout.sampler import _filter_logits, _first_crossing, _inverse_cdf_draw, _pick
+from vpo.rollout.sampler import (
+    _filter_logits,
+    _first_crossing,
+    _inverse_cdf_draw,
+    _pick,
+    step_kwargs,
+)
 from vpo.rollout.slots import check_slots_model
 
 TOP_LOGPROBS = 20  # the most alternatives a token's log-prob comes with (OpenAI's limit)
@@ -182,6 +188,7 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
     chunk = Chunk(jnp.full((S, steps), pad_id, jnp.int32), zeros, jnp.zeros((S, steps), bool),
                   jnp.zeros((S,), bool), jnp.zeros((S,), bool),
                   jnp.zeros((S, steps, J), jnp.int32), jnp.zeros((S, steps, J), jnp.float32))
+    weights = step_kwargs(model)
 
     def body(carry):
         i, s, out = carry
@@ -209,7 +216,8 @@ def decode_chunk(model, live: LiveSlots, yield_free, *, steps: int,
             top_ids_STJ=out.top_ids_STJ.at[:, i].set(ids_SJ),
             top_logp_STJ=out.top_logp_STJ.at[:, i].set(tlogp_SJ))
         # every slot runs the step (an idle one at a position inside its cache, discarded)
-        hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, jnp.minimum(s.t_S, T - 1))
+        hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, jnp.minimum(s.t_S, T - 1),
+                                             **weights)
         s = s._replace(cache=cache, logits_SV=model.logits(hidden_SD),
                        t_S=jnp.where(s.live_S, s.t_S + 1, s.t_S), live_S=s.live_S & ~ended_S)
         return i + 1, s, out

@@ -49,8 +49,11 @@ class SamplerModel(Protocol):
       `[start, start + O)`, attending to the prompt's prefix and to the suffix so far.
 
     `attention` is "xla" unless `decode_attention_impl` picks the decode kernel; a model may
-    ignore it. An optional `platform` attribute names the platform programs are built for, an
-    optional `cfg.decode_attention` the choice ("auto" when absent). `generate` raises
+    ignore it. A model may also have `loop_weights() -> dict`: keyword arguments made once
+    before the decode loop and handed to every `extend` call in it (the decoder's products
+    that share an input, concatenated on a GPU: `Decoder.loop_weights`). An optional
+    `platform` attribute names the platform programs are built for, an optional
+    `cfg.decode_attention` the choice ("auto" when absent). `generate` raises
     `SamplerModelError` naming the missing methods.
     """
 
@@ -71,6 +74,13 @@ class SamplerModelError(TypeError):
 
 
 SAMPLER_METHODS = ("prefill", "logits", "init_cache", "rope", "extend")
+
+
+def step_kwargs(model) -> dict:
+    """The keyword arguments a decode loop hands to every step of `model`: its
+    `loop_weights()`, made here (call it before the loop); {} for a model without them."""
+    made = getattr(model, "loop_weights", None)
+    return {} if made is None else made()
 
 
 def check_sampler_model(model) -> None:
@@ -346,6 +356,7 @@ def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top
 
     stops = jnp.asarray(stop_ids, jnp.int32)
     rope_B1TE = model.rope(prefix.length_B[:, None, None] + jnp.arange(T)[None, None, :])
+    weights = step_kwargs(model)
 
     def body(s: _Loop) -> _Loop:
         u_BG = _prng.uniform_per_key(keys_BG, s.t)
@@ -363,7 +374,7 @@ def generate(model: SamplerModel, prompts_BP, mask_BP, keys_BG, temperature, top
         )
         rope = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, s.t, 1, axis=2), rope_B1TE)
         hidden, cache = model.extend(tok[:, :, None], prefix, s.cache, s.t, rope=rope,
-                                     attention=attention)
+                                     attention=attention, **weights)
         stopped_BG = live & jnp.any(tok[:, :, None] == stops[None, None, :], axis=-1)
         return _Loop(s.t + 1, model.logits(hidden[:, :, 0]), cache, s.done_BG | stopped_BG, out)
 

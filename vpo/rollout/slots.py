@@ -58,6 +58,7 @@ from vpo.rollout.sampler import (
     choose_tokens,
     generate,
     generate_jit,
+    step_kwargs,
 )
 from vpo.types import Rollout
 
@@ -187,6 +188,7 @@ def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_
                     jnp.zeros((N, T), bool), jnp.zeros((N,), jnp.int32),
                     jnp.zeros((N,), bool)))
     stops = jnp.asarray(stop_ids, jnp.int32)
+    weights = step_kwargs(model)
 
     def body(s: _Slots) -> _Slots:
         live_S = s.rollout_S < N
@@ -209,7 +211,7 @@ def generate_slots(model, prompts_BP, mask_BP, keys_BG, temperature, top_p, top_
             entropy_BGT=write(o.entropy_BGT, ent_S), mask_BGT=write(o.mask_BGT, live_S),
             length_BG=o.length_BG.at[at[0]].set(s.t_S + 1, mode="drop"),
             finished_BG=o.finished_BG.at[at[0]].set(stop_S, mode="drop"))
-        hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, s.t_S)
+        hidden_SD, cache = model.extend_rows(tok_S, s.prefix, s.cache, s.t_S, **weights)
         logits_SV = model.logits(hidden_SD)
         # the stopped slots, in slot order, take the next rollouts of the pool
         order_S = jnp.cumsum(ended_S.astype(jnp.int32)) - 1
