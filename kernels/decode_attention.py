@@ -29,10 +29,13 @@ Per platform (`platform=` argument, else the default backend):
     multiple of 128 lanes.
   * GPU (Triton): a grid axis cannot carry the softmax state (programs run at once), so each
     program loops over its key blocks, loading [block_k, E] tiles from the cache in place.
-    Rows are padded to a power of two ≥ 16 (Triton's tile and dot rules); ragged key tails are
-    loaded masked. Triton, not Mosaic GPU: Mosaic GPU does not lower this `jnp.dot` of a plain
-    `pallas_call` (it needs `plgpu` warpgroup code); on jax ≥ 0.11, which drops the Triton
-    lowering, `supported("gpu")` is False and callers take the XLA path.
+    Rows are padded to a power of two ≥ 16 (Triton's tile and dot rules): one query array
+    [B, Z, G', H', E] (samples and heads each padded to a power of two) serves both passes, the
+    prefix reading (b, z)'s rows in blocks of 64, the suffix reading (b, z, g)'s, so no copy
+    is made between the passes; ragged key tails are loaded masked. Triton, not Mosaic GPU:
+    Mosaic GPU does not lower this `jnp.dot` of a plain `pallas_call` (it needs `plgpu`
+    warpgroup code); on jax ≥ 0.11, which drops the Triton lowering, `supported("gpu")` is
+    False and callers take the XLA path.
 Key lengths need not be multiples of `block_k`: the tail block's slots past the array are
 masked (their values zeroed), nothing is copied. `decode_attention_reference` is the plain-jnp
 definition.
@@ -262,6 +265,9 @@ def _tpu_passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
 
 # -- GPU: each program loops over its key blocks ---------------------------------------------
 
+# query rows of one prefix program: the 64 x 128 score tile of the kernel as first measured
+_GPU_PREFIX_ROWS = 64
+
 def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_platform: str):
     """All key blocks of one (b, z) [prefix] or (b, g, z) [suffix] row block.
 
@@ -303,11 +309,17 @@ def _gpu_kernel(*refs, block_k: int, scale: float, keys: int, prefix: bool, dot_
         out_ref[...] = (a / l).astype(out_ref.dtype)
 
 
-def _gpu_passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, length_1, *,
-                scale, bk, interpret, per_sample, platform):
-    B, Z, Np, E = q_BZNE.shape
+def _gpu_passes(q_BZGHE, k_BZPE, v_BZPE, bias_B1P, k_BGZCE, v_BGZCE, length_1, *, G: int,
+                scale, bk, interpret, platform):
+    """Both passes from one padded query array [B, Z, G', H', E] (G' ≥ G samples and H' ≥ H/Z
+    heads, powers of two): the prefix pass reads the G'·H' rows of (b, z) in blocks of at most
+    `_GPU_PREFIX_ROWS` (the prefix keys once per block), the suffix pass reads row block
+    (b, z, g) of the same array and of the prefix's (m, l, a), so no transposed or padded copy
+    is made between them. Returns [B, G, Z, H', E]."""
+    B, Z, Gp, Hp, E = q_BZGHE.shape
+    Np = Gp * Hp
+    R = min(Np, _GPU_PREFIX_ROWS)
     P = k_BZPE.shape[2]
-    _, G, _, Hp, _ = q_BGZHE.shape
     C = k_BGZCE.shape[3]
     f32 = jnp.float32
     dot_platform = "cpu" if interpret else platform
@@ -315,36 +327,39 @@ def _gpu_passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, q_BGZHE, k_BGZCE, v_BGZCE, len
                                                               num_stages=2)
     kernel = functools.partial(_gpu_kernel, block_k=bk, scale=scale, dot_platform=dot_platform)
     scalar = pl.BlockSpec((1,), lambda *_: (0,))
-    rows = pl.BlockSpec((None, None, Np, E), lambda b, z: (b, z, 0, 0))
-    col = pl.BlockSpec((None, None, Np, 1), lambda b, z: (b, z, 0, 0))
-    keys = pl.BlockSpec((None, None, P, E), lambda b, z: (b, z, 0, 0))
+    rows = pl.BlockSpec((None, None, R, E), lambda b, z, r: (b, z, r, 0))
+    col = pl.BlockSpec((None, None, R, 1), lambda b, z, r: (b, z, r, 0))
+    keys = pl.BlockSpec((None, None, P, E), lambda b, z, r: (b, z, 0, 0))
     Pb = bias_B1P.shape[2]
     a_BZNE, m_BZN1, l_BZN1 = pl.pallas_call(
         functools.partial(kernel, keys=P, prefix=True),
         out_shape=(jax.ShapeDtypeStruct((B, Z, Np, E), f32),
                    jax.ShapeDtypeStruct((B, Z, Np, 1), f32),
                    jax.ShapeDtypeStruct((B, Z, Np, 1), f32)),
-        grid=(B, Z),
+        grid=(B, Z, Np // R),
         in_specs=[scalar, rows, keys, keys,
-                  pl.BlockSpec((None, 1, Pb), lambda b, z: (b, 0, 0))],
+                  pl.BlockSpec((None, 1, Pb), lambda b, z, r: (b, 0, 0))],
         out_specs=(rows, col, col),
         compiler_params=params,
         interpret=interpret,
-    )(length_1, q_BZNE, k_BZPE, v_BZPE, bias_B1P)
+    )(length_1, q_BZGHE.reshape(B, Z, Np, E), k_BZPE, v_BZPE, bias_B1P)
 
-    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, z: (b, g, z, 0, 0))
-    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, z: (b, g, z, 0, 0))
+    def by_sample(x_BZN1):  # [B, Z, G'·H', d] -> [B, Z, G', H', d]: a free reshape
+        return x_BZN1.reshape(B, Z, Gp, Hp, -1)
+
+    rows = pl.BlockSpec((None, None, None, Hp, E), lambda b, g, z: (b, z, g, 0, 0))
+    col = pl.BlockSpec((None, None, None, Hp, 1), lambda b, g, z: (b, z, g, 0, 0))
     keys = pl.BlockSpec((None, None, None, C, E), lambda b, g, z: (b, g, z, 0, 0))
     return pl.pallas_call(
         functools.partial(kernel, keys=C, prefix=False),
-        out_shape=jax.ShapeDtypeStruct((B, G, Z, Hp, E), q_BGZHE.dtype),
+        out_shape=jax.ShapeDtypeStruct((B, G, Z, Hp, E), q_BZGHE.dtype),
         grid=(B, G, Z),
         in_specs=[scalar, rows, keys, keys, col, col, rows],
-        out_specs=rows,
+        out_specs=pl.BlockSpec((None, None, None, Hp, E), lambda b, g, z: (b, g, z, 0, 0)),
         compiler_params=params,
         interpret=interpret,
-    )(length_1, q_BGZHE, k_BGZCE, v_BGZCE, per_sample(m_BZN1), per_sample(l_BZN1),
-      per_sample(a_BZNE))
+    )(length_1, q_BZGHE, k_BGZCE, v_BGZCE, by_sample(m_BZN1), by_sample(l_BZN1),
+      by_sample(a_BZNE))
 
 
 def _pad_axis(x, axis: int, size: int, value=0):
@@ -366,22 +381,29 @@ def _decode_attention(q_BGZHE, k_BZPE, v_BZPE, prefix_mask_BP, k_BGZCE, v_BGZCE,
     def rows_for(r):  # GPU: a power of two (Triton); else a multiple of the sublane tile
         return max(br, hardware.pow2_ceil(r)) if gpu else hardware.round_up(r, br)
 
-    # pass 1 (prefix): rows g·H + h of KV head z, all G samples together
-    N = G * H
-    q_BZNE = _pad_axis(q_BGZHE.transpose(0, 2, 1, 3, 4).reshape(B, Z, N, E), 2, rows_for(N))
     P = k_BZPE.shape[2]
     bias_B1P = _pad_axis(jnp.where(prefix_mask_BP, 0.0, _NEG).astype(jnp.float32), 1,
                          hardware.round_up(P, bk), _NEG)[:, None]
     Hp = rows_for(H)
+    length_1 = jnp.reshape(length, (1,)).astype(jnp.int32)
+    if gpu:  # one padded query array serves both passes (`_gpu_passes`)
+        q_BZGHE = _pad_axis(_pad_axis(q_BGZHE.transpose(0, 2, 1, 3, 4), 3, Hp), 2,
+                            hardware.pow2_ceil(G))
+        out = _gpu_passes(q_BZGHE, k_BZPE, v_BZPE, bias_B1P, k_BGZCE, v_BGZCE, length_1, G=G,
+                          scale=scale, bk=bk, interpret=interpret, platform=platform)
+        return out[:, :, :, :H]
+
+    # pass 1 (prefix): rows g·H + h of KV head z, all G samples together
+    N = G * H
+    q_BZNE = _pad_axis(q_BGZHE.transpose(0, 2, 1, 3, 4).reshape(B, Z, N, E), 2, rows_for(N))
 
     def per_sample(x_rows):  # [B, Z, Np, ..] -> [B, G, Z, Hp, ..]
         x = x_rows[:, :, :N].reshape(B, Z, G, H, -1).transpose(0, 2, 1, 3, 4)
         return _pad_axis(x, 3, Hp)
 
-    passes = _gpu_passes if gpu else _tpu_passes
-    out = passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, _pad_axis(q_BGZHE, 3, Hp), k_BGZCE, v_BGZCE,
-                 jnp.reshape(length, (1,)).astype(jnp.int32), scale=scale, bk=bk,
-                 interpret=interpret, per_sample=per_sample, platform=platform)
+    out = _tpu_passes(q_BZNE, k_BZPE, v_BZPE, bias_B1P, _pad_axis(q_BGZHE, 3, Hp), k_BGZCE,
+                      v_BGZCE, length_1, scale=scale, bk=bk, interpret=interpret,
+                      per_sample=per_sample, platform=platform)
     return out[:, :, :, :H]
 
 

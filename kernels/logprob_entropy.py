@@ -13,7 +13,7 @@ instead of O(N · V), which is what caps the batch for 150k-token vocabularies.
 Three implementations with one signature:
   * `logprob_entropy_reference` — plain jnp, materialises the logits (the definition).
   * `logprob_entropy_chunked` — plain jnp `lax.scan` over vocabulary tiles (any backend; used on
-    CPU); differentiable, with the tile body rematerialised in the backward pass.
+    CPU); its backward is one more pass over the tiles with the logit gradient in closed form.
   * `logprob_entropy` — the Pallas kernel, with a `custom_vjp` whose backward recomputes through
     the chunked path. `interpret=True` runs it on CPU (slowly; tests only).
 
@@ -164,34 +164,94 @@ def _finish(m, s, sz, tgt):
     return tgt - log_z, log_z - sz / s
 
 
-def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048, *,
-                            platform: str | None = None):
-    """Same values as the reference with a `lax.scan` over vocabulary tiles of `block_v`.
-
-    The tiles are rows of W^T [V, D], the layout of a tied embedding: given `embed_VD.T` the two
-    transposes cancel, so neither the forward tiles nor the weight gradient (stacked [V, D] row
-    tiles) copy the whole table through a transpose.
-    """
-    _validate(hidden_ND, w_DV, targets_N)
-    N = hidden_ND.shape[0]
+def _tiles(w_DV, block_v: int):
+    """W^T [V, D] as `nb` row tiles [nb, block_v, D] (the last padded), their valid columns
+    [nb, block_v] and first vocabulary ids [nb]. The tiles are rows of W^T, the layout of a
+    tied embedding: given `embed_VD.T` the two transposes cancel, so neither the tiles nor the
+    weight gradient (stacked row tiles) copy the whole table through a transpose."""
     D, V = w_DV.shape
     nb = -(-V // block_v)
     w_blocks = jnp.pad(w_DV.T, ((0, nb * block_v - V), (0, 0))).reshape(nb, block_v, D)
     valid_blocks = (jnp.arange(nb * block_v) < V).reshape(nb, block_v)
+    return w_blocks, valid_blocks, jnp.arange(nb, dtype=jnp.int32) * block_v
 
-    @jax.checkpoint
+
+def _tile_logits(hidden_ND, w_VD, valid_V, offset, platform):
+    """One tile's logits z [N, block_v] (float32, columns past V at −1e30) and vocabulary ids."""
+    z = einsum_f32("nd,cd->nc", hidden_ND, w_VD, platform=platform)
+    z = jnp.where(valid_V[None, :], z, _NEG)
+    return z, offset + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
+
+
+def _chunked_stats(hidden_ND, w_DV, targets_N, block_v, platform):
+    """(max, Σe, Σe·z, target logit) per row, streamed over the vocabulary tiles."""
+    N = hidden_ND.shape[0]
+
     def body(carry, xs):
         w_VD, valid_V, offset = xs
-        z = einsum_f32("nd,cd->nc", hidden_ND, w_VD, platform=platform)
-        z = jnp.where(valid_V[None, :], z, _NEG)
-        cols = offset + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
+        z, cols = _tile_logits(hidden_ND, w_VD, valid_V, offset, platform)
         return _merge(carry, z, cols, targets_N), None
 
     init = (jnp.full((N,), _NEG, jnp.float32), jnp.zeros((N,), jnp.float32),
             jnp.zeros((N,), jnp.float32), jnp.zeros((N,), jnp.float32))
-    offsets = jnp.arange(nb, dtype=jnp.int32) * block_v
-    carry, _ = jax.lax.scan(body, init, (w_blocks, valid_blocks, offsets))
-    return _finish(*carry)
+    carry, _ = jax.lax.scan(body, init, _tiles(w_DV, block_v))
+    return carry
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked(hidden_ND, w_DV, targets_N, block_v, platform):
+    return _finish(*_chunked_stats(hidden_ND, w_DV, targets_N, block_v, platform))
+
+
+def _chunked_fwd(hidden_ND, w_DV, targets_N, block_v, platform):
+    m, s, sz, tgt = _chunked_stats(hidden_ND, w_DV, targets_N, block_v, platform)
+    log_z = m + jnp.log(s)
+    return _finish(m, s, sz, tgt), (hidden_ND, w_DV, targets_N, log_z, sz / s)
+
+
+def _chunked_bwd(block_v, platform, res, cotangents):
+    """One pass over the tiles: each tile's logits recomputed, their gradient
+        dz_v = g_logp · (1[v = y] − p_v) − g_ent · p_v · (z_v − E_p[z]),
+    p = softmax(z) from the forward's log Z, rounded to the operands' dtype, then its two
+    products dh += dz·W_tile and dW_tile = dzᵀ·h (bf16 products on an accelerator for a bf16
+    policy, accumulated in float32)."""
+    hidden_ND, w_DV, targets_N, log_z_N, mean_z_N = res
+    g_logp_N, g_ent_N = cotangents
+    dtype = jnp.promote_types(hidden_ND.dtype, w_DV.dtype)
+    N, D = hidden_ND.shape
+    V = w_DV.shape[1]
+
+    def body(dh_ND, xs):
+        w_VD, valid_V, offset = xs
+        z, cols = _tile_logits(hidden_ND, w_VD, valid_V, offset, platform)
+        p = jnp.exp(z - log_z_N[:, None])  # 0 on the padded columns
+        hit = (cols == targets_N[:, None]).astype(jnp.float32)
+        dz = (g_logp_N[:, None] * (hit - p)
+              - g_ent_N[:, None] * p * (z - mean_z_N[:, None])).astype(dtype)
+        dh_ND = dh_ND + dot_f32(dz, w_VD, platform=platform)
+        dw_VD = einsum_f32("nc,nd->cd", dz, hidden_ND, platform=platform)
+        return dh_ND, dw_VD.astype(w_DV.dtype)
+
+    dh_ND, dw_blocks = jax.lax.scan(body, jnp.zeros((N, D), jnp.float32),
+                                    _tiles(w_DV, block_v))
+    dw_DV = dw_blocks.reshape(-1, D)[:V].T
+    return dh_ND.astype(hidden_ND.dtype), dw_DV, None
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+def logprob_entropy_chunked(hidden_ND, w_DV, targets_N, block_v: int = 2048, *,
+                            platform: str | None = None):
+    """Same values as the reference, streamed over vocabulary tiles of `block_v` (`lax.scan`).
+
+    Differentiable in hidden_ND and w_DV through its own backward (`_chunked_bwd`): one more
+    pass over the tiles that recomputes each tile's logits and forms its logit gradient in
+    closed form, instead of differentiating the streamed log-sum-exp (which kept float32
+    gradient tiles and ran their products in float32).
+    """
+    _validate(hidden_ND, w_DV, targets_N)
+    return _chunked(hidden_ND, w_DV, targets_N, block_v, platform)
 
 
 def _grid_kernel(h_ref, w_ref, t_ref, m_ref, s_ref, sz_ref, tgt_ref, *, block_v: int,

@@ -14,6 +14,9 @@ time for a TPU or GPU from a CPU host must pass it (see `vpo.kernels.hardware.pl
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from vpo.kernels.hardware import resolve_platform
 
@@ -34,3 +37,35 @@ def dot_f32(a, b, *, platform: str | None = None):
     """`jnp.dot(a, b)` accumulated and returned in float32 (see the module docstring)."""
     a, b = _upcast_on_cpu(a, b, platform=platform)
     return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _low_grad_einsum(spec: str, a, b):
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _low_grad_fwd(spec, a, b):
+    return _low_grad_einsum(spec, a, b), (a, b)
+
+
+def _low_grad_bwd(spec, res, g):
+    a, b = res
+    g = g.astype(jnp.promote_types(a.dtype, b.dtype))
+    (da,) = jax.linear_transpose(lambda x: jnp.einsum(spec, x, b), a)(g)
+    (db,) = jax.linear_transpose(lambda y: jnp.einsum(spec, a, y), b)(g)
+    return da, db
+
+
+_low_grad_einsum.defvjp(_low_grad_fwd, _low_grad_bwd)
+
+
+def einsum_f32_low_grad(spec: str, a, b, *, platform: str | None = None):
+    """`einsum_f32` whose gradient products run in the operands' dtype: the float32 cotangent
+    is rounded to it first (for bf16 operands, the backward's two products are bf16 ones
+    accumulated in float32, as a bf16 product's backward is, instead of float32 products that
+    the float32 cotangent would promote them to). The forward is `einsum_f32`'s; for float32
+    operands, and on CPU (where the operands are upcast), the gradient is its gradient too.
+    Not for use inside a Pallas kernel body."""
+    if resolve_platform(platform) == "cpu" or jnp.promote_types(a.dtype, b.dtype) == jnp.float32:
+        return einsum_f32(spec, a, b, platform=platform)
+    return _low_grad_einsum(spec, a, b)

@@ -3,6 +3,7 @@ interpret) and decode attention over a shared prefix + per-sample suffix (Pallas
 float32-accumulating products of bfloat16 operands on CPU."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -160,6 +161,23 @@ def test_gpu_decode_kernel_interpret_matches_reference(decode_inputs):
         np.testing.assert_allclose(run(length), ref, atol=1e-5, rtol=0)
 
 
+def test_gpu_decode_kernel_interpret_with_several_prefix_row_blocks():
+    """G = 5 samples (padded to 8) of 2 query heads (padded to 16): 128 query rows per KV head,
+    read by the prefix pass in two blocks of 64; the suffix pass reads its samples' rows."""
+    rng = np.random.default_rng(2)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    B, G, Z, H, E, P, C = 2, 5, 2, 2, 8, 13, 24
+    q, kp, vp = normal(B, G, Z, H, E), normal(B, Z, P, E), normal(B, Z, P, E)
+    kc, vc = normal(B, G, Z, C, E), normal(B, G, Z, C, E)
+    mask = jnp.asarray(np.arange(P)[None, :] >= np.array([[0], [4]]))
+    bs = DecodeBlockSizes(block_k=16, block_rows=16)
+    run = jax.jit(lambda n: decode_attention(q, kp, vp, mask, kc, vc, n, block_sizes=bs,
+                                             interpret=True, platform="gpu"))
+    for length in (1, 17, C):
+        ref = decode_attention_reference(q, kp, vp, mask, kc, vc, length)
+        np.testing.assert_allclose(run(length), ref, atol=1e-5, rtol=0)
+
+
 def test_logprob_block_sizes_fit_each_target():
     from vpo.kernels import hardware
     from vpo.kernels.logprob_entropy import block_sizes_for
@@ -212,3 +230,67 @@ def test_platform_comes_from_the_argument_or_the_devices():
     assert "convert_element_type" in str(jax.make_jaxpr(lambda x: dot_f32(x, x.T))(a))
     with pytest.raises(ValueError, match="interpret=True"):
         logprob_entropy(a.astype(jnp.float32), a.T.astype(jnp.float32), jnp.zeros(4, jnp.int32))
+
+
+def test_chunked_backward_runs_bf16_products_for_a_bf16_policy(inputs):
+    """For bf16 hidden states and weights, the chunked pass's gradient rounds each tile's logit
+    gradient to bf16 before its two products: every product of the backward built for a GPU has
+    bf16 operands (a float32 cotangent would promote them to float32 products), and the
+    gradient stays within bf16 rounding of the float32 reference."""
+    hidden, w, targets = inputs
+    h16, w16 = hidden.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+
+    def loss(h, w, platform=None):
+        logp, ent = logprob_entropy_chunked(h, w, targets, 64, platform=platform)
+        return jnp.sum(logp * jnp.linspace(0.5, 1.5, N)) + 0.3 * jnp.sum(ent)
+
+    jaxpr = jax.make_jaxpr(jax.grad(lambda h, w: loss(h, w, "gpu"), (0, 1)))(h16, w16)
+
+    def dots(jaxpr):
+        yield from (e for e in jaxpr.eqns if e.primitive.name == "dot_general")
+        for sub in jax.extend.core.subjaxprs(jaxpr):
+            yield from dots(sub)
+
+    found = [tuple(str(v.aval.dtype) for v in e.invars) for e in dots(jaxpr.jaxpr)]
+    assert len(found) >= 3 and set(found) == {("bfloat16", "bfloat16")}, found
+    ref = jax.grad(lambda h, w: loss(h, w), (0, 1))(h16.astype(jnp.float32),
+                                                    w16.astype(jnp.float32))
+    got = jax.grad(lambda h, w: loss(h, w), (0, 1))(h16, w16)
+    for a, b in zip(got, ref, strict=True):
+        assert a.dtype == jnp.bfloat16
+        scale = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=0.03 * scale)
+
+
+def test_low_grad_einsum_keeps_gradient_products_in_the_operand_dtype():
+    """`einsum_f32_low_grad` for bf16 operands on a GPU target: the forward accumulates in
+    float32 (as `einsum_f32`), every gradient product has bf16 operands, and the gradients stay
+    within bf16 rounding of the float32 ones; float32 operands take `einsum_f32` unchanged."""
+    from vpo.kernels.precision import einsum_f32_low_grad
+
+    k1, k2 = jax.random.split(jax.random.key(3))
+    a = jax.random.normal(k1, (2, 8, 16)).astype(jnp.bfloat16)
+    b = jax.random.normal(k2, (2, 16, 12)).astype(jnp.bfloat16)
+
+    def loss(fn, x, y, platform):
+        out = fn("bik,bkj->bij", x, y, platform=platform)
+        return jnp.sum(jnp.sin(out)), out
+
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, y: loss(einsum_f32_low_grad, x, y, "gpu")[0],
+                                    (0, 1)))(a, b)
+    dots = [tuple(str(v.aval.dtype) for v in e.invars) for e in jaxpr.jaxpr.eqns
+            if e.primitive.name == "dot_general"]
+    for sub in jax.extend.core.subjaxprs(jaxpr.jaxpr):
+        dots += [tuple(str(v.aval.dtype) for v in e.invars) for e in sub.eqns
+                 if e.primitive.name == "dot_general"]
+    assert len(dots) == 3 and set(dots) == {("bfloat16", "bfloat16")}, dots
+    _, out = loss(einsum_f32_low_grad, a, b, None)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, loss(einsum_f32, a, b, None)[1], rtol=1e-6)
+    grad = jax.grad(lambda x, y: loss(einsum_f32_low_grad, x, y, None)[0], (0, 1))
+    ref = jax.grad(lambda x, y: loss(einsum_f32, x, y, None)[0], (0, 1))(
+        a.astype(jnp.float32), b.astype(jnp.float32))
+    for g, r in zip(grad(a, b), ref, strict=True):
+        assert g.dtype == jnp.bfloat16
+        scale = float(jnp.abs(r).max())
+        np.testing.assert_allclose(np.asarray(g, np.float32), r, atol=0.05 * scale)

@@ -22,7 +22,8 @@ long as the tokens so far need (`KVCache.grown`, doubling): a step at position t
 not O(P + budget). On GPU / TPU a decode step can run the Pallas kernel
 (`vpo.kernels.decode_attention`, `decode_attention_impl`), which bounds its reads itself.
 Products that accumulate in float32 go through `vpo.kernels.precision`, so bfloat16 parameters
-also run on CPU (whose runtime lacks a bf16 × bf16 → f32 dot).
+also run on CPU (whose runtime lacks a bf16 × bf16 → f32 dot); their gradient products run in
+the operands' dtype (`einsum_f32_low_grad`: bf16 ones on an accelerator, not float32 ones).
 
 `Decoder.platform` ("tpu" / "gpu" / "cpu", or None for the default backend) is the platform
 the model's programs are built for (`vpo.kernels.hardware.platform_of` of its mesh): it picks
@@ -51,7 +52,7 @@ from vpo.config import ModelConfig
 from vpo.kernels import choice as choice_lib
 from vpo.kernels import decode_attention as decode_lib
 from vpo.kernels import hardware
-from vpo.kernels.precision import einsum_f32 as _einsum_f32
+from vpo.kernels.precision import einsum_f32_low_grad as _einsum_f32
 from vpo.model import draw as draw_lib
 from vpo.model.adapter import add_adapters, plus_lora
 
