@@ -7,7 +7,7 @@ vocabulary-wide array; against the step's floor, the bf16 weights and the whole 
 read once. `--separate` builds the loop without `Decoder.loop_weights`, for the comparison.
 
     .venv-aot/bin/python experiments/decode_anatomy.py [--target h100] [--model qwen2.5-0.5b]
-        [--B 16] [--G 8] [--T 512] [--separate] [--json OUT.json]
+        [--B 16] [--G 8] [--T 512] [--separate] [--set KEY=VALUE ...] [--json OUT.json]
 
 (the interpreter needs jax's CUDA plugin: the `aot` extra, as for `vpo plan`). Nothing runs on
 a device; the kernel count bounds the launch overhead (a few microseconds each on an H100
@@ -129,6 +129,8 @@ def main() -> None:
     ap.add_argument("--B", type=int, default=16)
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--T", type=int, default=512)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a run override (e.g. model.decode_attention=xla); repeatable")
     ap.add_argument("--separate", action="store_true",
                     help="build the decode loop without Decoder.loop_weights (the separate "
                          "products, as before the merge) to compare")
@@ -152,7 +154,7 @@ def main() -> None:
         sampler.step_kwargs = slots.step_kwargs = lambda model: {}
 
     overrides = [f"model={a.model}", "model.dtype=bfloat16", f"train.batch_size={a.B}",
-                 f"sampler.num_samples={a.G}", f"sampler.max_new_tokens={a.T}"]
+                 f"sampler.num_samples={a.G}", f"sampler.max_new_tokens={a.T}", *a.set]
     assembled = assemble_run("smoke", None, overrides)
     run, task = assembled.run, assembled.task
     mesh = targets.mesh(target, run.mesh_data, run.mesh_fsdp, run.mesh_tensor)

@@ -5,15 +5,16 @@ by their trip counts (the micro-batch loop, a scanned layer stack): the count by
 matrix-product FLOPs by operand dtype (cuBLAS calls and dots inside fusions, 2·M·N·K from the
 shapes and dimension numbers), the bytes moved (an estimate from the shapes, as
 `experiments/decode_anatomy.py`), split by what a kernel touches: attention (an array with
-the query rows of a KV head, H/Z·(T-1), as a dimension: scores, probabilities and their
-gradients), the log-prob's vocabulary tiles (an array of `train.vocab_block` columns over the
-micro-batch's token rows), or the rest of the layers. Against the model FLOPs of
-`experiments/bench_accel.py` (`update_flops`, the MFU convention), the time each bound sets at
-the chip's peak: FLOPs at the dense bf16 rate, float32 products at the TF32 rate, bytes at HBM
-bandwidth.
+the query rows of a KV head, H/Z·(T-1), as a dimension, or [T-1, T-1] scores, or their
+per-row statistics: scores, probabilities and their gradients), the log-prob's vocabulary
+tiles (an array of `train.vocab_block` columns), or the rest of the layers. Against the model
+FLOPs of `experiments/bench_accel.py` (`update_flops`, the MFU convention), the time each bound
+sets at the chip's peak: FLOPs at the dense bf16 rate, float32 products at the TF32 rate, bytes
+at HBM bandwidth.
 
     .venv-aot/bin/python experiments/update_anatomy.py [--target h100] [--model qwen2.5-0.5b]
-        [--B 16] [--G 8] [--T 512] [--grad-accum 8] [--remat] [--json OUT.json]
+        [--B 16] [--G 8] [--T 512] [--grad-accum 8] [--remat] [--set KEY=VALUE ...]
+        [--json OUT.json]
 
 (the interpreter needs jax's CUDA plugin: the `aot` extra, as for `vpo plan`). Nothing runs on
 a device. The prompts are the smoke preset's (a few tokens): the update's cost is the T
@@ -148,6 +149,8 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=512)
     ap.add_argument("--grad-accum", type=int, default=8)
     ap.add_argument("--remat", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a run override (e.g. train.vocab_block=8192); repeatable")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -166,7 +169,8 @@ def main() -> None:
 
     overrides = [f"model={a.model}", "model.dtype=bfloat16", f"train.batch_size={a.B}",
                  f"sampler.num_samples={a.G}", f"sampler.max_new_tokens={a.T}",
-                 f"train.grad_accum={a.grad_accum}", f"train.remat={str(a.remat).lower()}"]
+                 f"train.grad_accum={a.grad_accum}", f"train.remat={str(a.remat).lower()}",
+                 *a.set]
     run, task = (x := assemble_run("smoke", None, overrides)).run, x.task
     mesh = targets.mesh(target, run.mesh_data, run.mesh_fsdp, run.mesh_tensor)
     tx = step_lib.make_optimizer(run.train)
@@ -189,8 +193,10 @@ def main() -> None:
         raise SystemExit(f"the update did not compile: {built.error}")
     walk = Walk(built.compiled.as_text(), a.T)
     m = run.model
-    q_rows = m.num_heads // m.num_kv_heads * (a.T - 1)  # a KV head's query rows
-    walk.parts = (("attention", rf"[\[,]{q_rows}[\],]"),
+    hz, t1 = m.num_heads // m.num_kv_heads, a.T - 1  # query heads per KV head, positions
+    attention = (rf"[\[,]({hz * t1}|{hz * a.T})[\],]"  # a KV head's query rows (padded or not)
+                 rf"|[\[,]{t1},{t1}[\],]|,{hz},{t1}[\],]")  # scores, their per-row statistics
+    walk.parts = (("attention", attention),
                   ("vocabulary tiles", rf"[\[,]{run.train.vocab_block}[\],]"))
     walk.visit(walk.entry, 1)
     P = batch["prompt_BP"].shape[1]

@@ -1,7 +1,7 @@
 """experiments/decode_anatomy.py and update_anatomy.py on the tiny preset built for an H100 (in
 .venv-aot's interpreter, as `vpo plan`): the decode loop with merged products launches fewer
 kernels and moves fewer bytes than with the separate ones (no weight concatenation left in the
-loop), and the update's walk finds its products, with the bf16 FLOPs near the model count."""
+loop), and the update's walk finds its products, all bf16, their FLOPs near the model count."""
 
 import json
 import os
@@ -38,9 +38,13 @@ def test_decode_loop_merges_products_once(tmp_path):
 
 
 def test_update_walk_counts_the_products(tmp_path):
-    d = _run("update_anatomy.py", [*SHAPE, "--grad-accum", "2"], tmp_path, "update")
+    # vocabulary tiles of 16 (the tiny vocabulary would be one tile: the materialised reference)
+    d = _run("update_anatomy.py", [*SHAPE, "--grad-accum", "2", "--set", "train.vocab_block=16"],
+             tmp_path, "update")
     assert d["unknown_trip_counts"] == 0 and d["kernels"] > 0 and d["bytes"] > 0
     bf16 = d["gemm_flops_by_dtype"].get("bf16 x bf16", 0.0)
     assert 0.5 * d["model_flops"] < bf16 < 3 * d["model_flops"], (d["gemm_flops_by_dtype"],
                                                                   d["model_flops"])
     assert set(d["bytes_by_part"]) <= {"layers", "attention", "vocabulary tiles"}
+    # a bf16 policy's gradient products stay in bf16 (kernels.precision, the log-prob backward)
+    assert set(d["gemm_flops_by_dtype"]) == {"bf16 x bf16"}, d["gemm_flops_by_dtype"]
