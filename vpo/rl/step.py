@@ -201,17 +201,6 @@ def unembedding_DV(model: Decoder) -> jax.Array:  # noqa: N802  (shape suffix)
     return w.astype(model.dtype)
 
 
-def apart(model: Decoder) -> Decoder:
-    """`model` with its parameters behind an optimization barrier (the same values, a separate
-    use of them), for the prefill of a forward that also extends: otherwise XLA:GPU's dot
-    merger joins the prefill's and the extend's products with each weight by concatenating the
-    prompt rows onto the completions' activations, before every product of the forward and
-    the backward (`experiments/update_anatomy.py`: 0.44 of 1.99 TB moved by the Qwen2.5-0.5B
-    update for an H100)."""
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.lax.optimization_barrier(state))
-
-
 def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
                       remat: bool = False):
     """Final hidden state that predicts each completion token → hidden_BGTD.
@@ -220,7 +209,7 @@ def completion_hidden(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT, *,
     Each prompt is prefilled once and its G completions attend to the shared prefix, exactly as
     the sampler computed them. `remat`: blocks recomputed in the backward pass (`Decoder.prefill`).
     """
-    hidden_BPD, prefix = apart(model).prefill(prompt_BP, prompt_mask_BP, remat=remat)
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
     return _padded_hidden(model, hidden_BPD, prefix, tokens_BGT, remat)
 
 
@@ -317,7 +306,7 @@ def packed_completion_logp(model: Decoder, prompt_BP, prompt_mask_BP, tokens_BGT
     to each completion's last real token; 0 after it.
     """
     B, G, T = tokens_BGT.shape
-    hidden_BPD, prefix = apart(model).prefill(prompt_BP, prompt_mask_BP, remat=remat)
+    hidden_BPD, prefix = model.prefill(prompt_BP, prompt_mask_BP, remat=remat)
     D = hidden_BPD.shape[-1]
     inputs, targets, segment = packing.pack(tokens_BGT, plan, rows)  # [B, rows, W]
     hidden, _ = model.extend(inputs, prefix, remat=remat, segment_ids_BGO=segment)
