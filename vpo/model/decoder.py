@@ -279,8 +279,10 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
         self.wq_lora = self.wk_lora = self.wv_lora = self.wo_lora = None  # `add_adapters`
 
-    def _project(self, x, w, b, lora):
-        y = plus_lora(_dense(x, w[...].astype(self.dtype)), lora, x)
+    def _project(self, x, w, b, lora, y=None):
+        """x·w (or its precomputed product `y`), then the adapter and the bias."""
+        y = _dense(x, w[...].astype(self.dtype)) if y is None else y
+        y = plus_lora(y, lora, x)
         return y if b is None else y + _lead(b[...].astype(self.dtype), y.ndim)
 
     def merged_weight(self):
@@ -292,17 +294,13 @@ class Attention(nnx.Module):
     def _project_merged(self, x_BGOD, w_qkv):
         """q, k, v from one product with `merged_weight()` (then each projection's adapter and
         bias): the same values as three products."""
-        H, Z = self.wq.shape[1], self.wk.shape[1]
-        E = self.wq.shape[2]
-        y = _dense(x_BGOD, w_qkv)
-        parts = jnp.split(y, [H * E, (H + Z) * E], axis=-1)
-        out = []
-        for part, w, b, lora in zip(parts, (self.wq, self.wk, self.wv),
-                                    (self.bq, self.bk, self.bv),
-                                    (self.wq_lora, self.wk_lora, self.wv_lora), strict=True):
-            part = plus_lora(part.reshape(x_BGOD.shape[:-1] + w.shape[1:]), lora, x_BGOD)
-            out.append(part if b is None else part + _lead(b[...].astype(self.dtype), part.ndim))
-        return out
+        H, Z, E = self.wq.shape[1], self.wk.shape[1], self.wq.shape[2]
+        parts = jnp.split(_dense(x_BGOD, w_qkv), [H * E, (H + Z) * E], axis=-1)
+        return [self._project(x_BGOD, w, b, lora, part.reshape(x_BGOD.shape[:-1] + w.shape[1:]))
+                for part, w, b, lora in zip(parts, (self.wq, self.wk, self.wv),
+                                            (self.bq, self.bk, self.bv),
+                                            (self.wq_lora, self.wk_lora, self.wv_lora),
+                                            strict=True)]
 
     def __call__(self, x_BGOD, cos, sin, mask_BGOC, cache_kv, start, prefix_kv, prefix_mask_BP,
                  kernel=None, platform=None, w_qkv=None):
