@@ -92,6 +92,7 @@ BAD = [
     (ObjectiveConfig, "kl_cov_ratio", 0.0, "in (0, 1]"),
     (ObjectiveConfig, "kl_cov_coef", -1.0, ">= 0"),
     (ObjectiveConfig, "cov_min_tokens", 0, ">= 1"),
+    (ObjectiveConfig, "gppo", "yes", "true or false"),
     (ObjectiveConfig, "dynamic_sampling", "true", "true or false"),
     (ObjectiveConfig, "oversample", 2, "dynamic_sampling=true"),
     (ObjectiveConfig, "overlong_mask", 0, "true or false"),

@@ -497,6 +497,30 @@ def test_policy_loss_hand_computed_ppo_clip():
     np.testing.assert_allclose([met["ratio_min"], met["ratio_max"]], [0.5, 4.0], rtol=1e-5)
 
 
+def test_gppo_keeps_ppo_values_and_bounds_clipped_gradients():
+    # Ratios 1.5 (A = +1, clipped high), 1.1 (A = +1, inside), 0.5 (A = -1, clipped low), 0.9
+    # (A = -1, inside); eps 0.2, token-mean over 4 tokens. PPO: a clipped token has no gradient.
+    # GPPO (arXiv 2508.07629): the same loss, and d loss / d logp_t = -(1 ± eps) A_t / 4 there.
+    logp = pad(np.log([[[1.5, 1.1, 0.5, 0.9]]]))
+    old = pad(np.zeros((1, 1, 4)))
+    adv = pad([[[1.0, 1.0, -1.0, -1.0]]])
+    mask = pad(np.ones((1, 1, 4), bool), False)
+
+    def loss(lp, gppo):
+        return obj.policy_loss(lp, old, adv, mask, gppo=gppo)[0]
+
+    ppo, gppo = loss(logp, False), loss(logp, True)
+    np.testing.assert_allclose(gppo, ppo, rtol=1e-6)
+    np.testing.assert_allclose(ppo, (-1.2 - 1.1 + 0.8 + 0.9) / 4, rtol=1e-5)
+    g_ppo = np.asarray(jax.grad(loss)(logp, False))[0, 0, :4]
+    g_gppo = np.asarray(jax.grad(loss)(logp, True))[0, 0, :4]
+    # inside the clip range d(-A rho)/d logp = -A rho
+    np.testing.assert_allclose(g_ppo, [0.0, -1.1 / 4, 0.0, 0.9 / 4], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(g_gppo, [-1.2 / 4, -1.1 / 4, 0.8 / 4, 0.9 / 4], rtol=1e-5)
+    with pytest.raises(ValueError, match="kl_cov"):
+        obj.policy_loss(logp, old, adv, mask, gppo=True, cov_control="kl_cov")
+
+
 def test_policy_loss_aggregation_modes_hand_computed():
     # At ratio 1 the per-token loss is -A. Sequence 0: 2 tokens, A=1; sequence 1: 4 tokens, A=2;
     # every other sequence is padding.

@@ -37,13 +37,13 @@ ARMS: dict[str, Arm] = {
     "vpo": Arm({"advantage": "vpo"}, None),
     "clip_cov": Arm({"advantage": "grpo", "cov_control": "clip_cov"}, 1),
     "kl_cov": Arm({"advantage": "grpo", "cov_control": "kl_cov"}, 1),
+    "gppo": Arm({"advantage": "grpo", "gppo": True}, 1),
     "entropy_mask": Arm({"advantage": "grpo", "entropy_top_frac": 0.2}, 1),
     "grpo_mut": Arm({"advantage": "grpo"}, 1, {"mutation_fraction": MUTATION_REMEDY}),
     "vpo_mut": Arm({"advantage": "vpo"}, None, {"mutation_fraction": MUTATION_REMEDY}),
 }
-# arithmetic and countdown2: host-scored, any tokenizer; dataset: your data (`vpo compare
-# --data`, task_kwargs)
-TASKS = ("maze", "maze9", "program", "arithmetic", "countdown2", "countdown2_1op", "dataset")
+TASKS = ("maze", "maze9", "program", "codeword", "arithmetic", "countdown2", "countdown2_1op",
+         "dataset")  # arithmetic, countdown2: host-scored, any tokenizer; dataset: --data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +293,7 @@ def paper_objective() -> ObjectiveConfig:
     return ObjectiveConfig(num_weights=100, alpha=1.0, **VPO_PAPER_LOSS)
 
 
-FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,entropy_mask,grpo_mut,"
+FULL_ARMS = ("grpo,maxk,rw_grpo,passk,multi_rlvr,vpo,clip_cov,kl_cov,gppo,entropy_mask,grpo_mut,"
              "vpo_mut")
 
 

@@ -33,8 +33,9 @@ reward w*ᵀr; "maxk" Max@K (k = max(2, G/2), std-normalised as in verl; arXiv 2
 "rw_grpo" random-weight GRPO (a fresh Dirichlet weight, scalar GRPO on wᵀr); "passk" pass@k
 training (Chen et al. 2025, arXiv 2508.10751); "multi_rlvr" GRPO on the m-answer prompt with
 the summed scalar Σ_j w*ᵀr_j (Puri et al., arXiv 2603.24844); "vpo" VPO (arXiv 2605.22817) on
-the same m answers; "clip_cov" / "kl_cov" (Cui et al., arXiv 2505.22617) and "entropy_mask"
-(Wang et al., arXiv 2506.01939) single-answer GRPO with an entropy control; "grpo_mut" /
+the same m answers; "clip_cov" / "kl_cov" (Cui et al., arXiv 2505.22617), "gppo"
+(gradient-preserving clipping, arXiv 2508.07629) and "entropy_mask" (Wang et al., arXiv
+2506.01939) single-answer GRPO with an entropy control; "grpo_mut" /
 "vpo_mut" the same as grpo / vpo with `train.mutation_fraction` > 0 (mutation prompts in RL),
 the remedy measured for the search stage.
 """

@@ -932,6 +932,7 @@ def _arm_text(arm: str, cfg: CompareConfig) -> str:
                    f"[max_j wᵀr_j] with K = {cfg.objective.num_weights}",
             "clip_cov": "**clip_cov** = GRPO (m=1) with Clip-Cov",
             "kl_cov": "**kl_cov** = GRPO (m=1) with KL-Cov",
+            "gppo": "**gppo** = GRPO (m=1) with GPPO's gradient-preserving clipping",
             "entropy_mask": "**entropy_mask** = GRPO (m=1), gradient on the top-20% entropy "
                             "tokens only"}
     if arm.endswith("_mut"):

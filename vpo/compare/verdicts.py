@@ -24,7 +24,7 @@ from vpo.eval.claims import (
 )
 
 BASELINES = ("grpo", "maxk", "rw_grpo", "passk", "multi_rlvr")
-ENTROPY_CONTROLS = ("clip_cov", "kl_cov", "entropy_mask")
+ENTROPY_CONTROLS = ("clip_cov", "kl_cov", "gppo", "entropy_mask")
 
 
 def _series(rows: Mapping[str, Any], row: str, metric: str | None = None

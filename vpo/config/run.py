@@ -83,6 +83,9 @@ class ObjectiveConfig:
     kl_cov_ratio: float = 2e-3  # fraction of valid tokens KL-Cov penalises
     kl_cov_coef: float = 1.0  # KL-Cov's |log ratio| coefficient
     cov_min_tokens: int = 10  # floor of the Clip-Cov / KL-Cov token count per loss call
+    # GPPO (Klear-Reasoner, arXiv 2508.07629): a PPO-clipped token keeps a bounded gradient,
+    # (1 ± eps)·A·∇log π, instead of none; the loss values are PPO-clip's
+    gppo: bool = False
     # DAPO (Yu et al., 2025, arXiv 2503.14476): dynamic sampling and overlong shaping
     dynamic_sampling: bool = False  # train only on groups whose rewards differ
     oversample: int = 1  # sample oversample × train.batch_size groups to choose from
@@ -106,7 +109,7 @@ class ObjectiveConfig:
         "entropy_coef": real(0.0), "entropy_top_frac": real(0.0, 1.0, lo_open=True, optional=True),
         "cov_control": one_of(COV_CONTROLS), "clip_cov_ratio": FRACTION, "clip_cov_lb": real(),
         "clip_cov_ub": real(), "kl_cov_ratio": FRACTION, "kl_cov_coef": real(0.0),
-        "cov_min_tokens": POSITIVE, "dynamic_sampling": FLAG, "oversample": POSITIVE,
+        "cov_min_tokens": POSITIVE, "gppo": FLAG, "dynamic_sampling": FLAG, "oversample": POSITIVE,
         "overlong_mask": FLAG, "overlong_cache_len": integer(0),
         "overlong_max_len": integer(1, optional=True),
         "rollout_is": one_of(ROLLOUT_IS, optional=True),

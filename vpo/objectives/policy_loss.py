@@ -51,7 +51,7 @@ VPO_PAPER_LOSS = LOSS_SETTINGS["vpo"]
 LOSS_FIELDS = ("clip_eps_low", "clip_eps_high", "dual_clip", "ratio_level", "agg", "kl_coef",
                "kl_estimator", "entropy_coef", "entropy_top_frac", "cov_control",
                "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef",
-               "cov_min_tokens")
+               "cov_min_tokens", "gppo")
 
 
 def loss_options(cfg) -> dict:
@@ -154,6 +154,7 @@ def policy_loss(
     kl_cov_ratio: float = 2e-3,
     kl_cov_coef: float = 1.0,
     cov_min_tokens: int = 1,
+    gppo: bool = False,
     log_ratio_clamp: float = 20.0,
     is_weight_BGT: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
@@ -167,6 +168,10 @@ def policy_loss(
     loss = agg(L, mask) = numerator / denominator
     ```
     - Clip-higher: `eps_high > eps_low` (DAPO, arXiv 2503.14476: 0.2 / 0.28).
+    - GPPO (gradient-preserving clipping, Klear-Reasoner, arXiv 2508.07629): `gppo=True` writes
+      the clipped branch as `L2 = -A rho sg(clip(rho, 1 - eps_low, 1 + eps_high) / rho)`: the
+      same values as PPO-clip, but a clipped token's gradient is `-(1 -+ eps) A grad log pi`
+      instead of 0 (bounded, not dropped); the dual clip's branch keeps no gradient.
     - `ratio_level="sequence"`: GSPO-token ratio `s_gt = sg[s_g] pi(y_t) / sg[pi(y_t)]`,
       `log s_g = mean_t log rho_gt` clamped at 10 (GSPO, arXiv 2507.18071; the paper uses
       eps = 3e-4 / 4e-4 and agg="seq-mean-token-mean").
@@ -227,7 +232,7 @@ def policy_loss(
                     clip_eps_high=clip_eps_high, dual_clip=dual_clip, kl_coef=kl_coef,
                     entropy_coef=entropy_coef, entropy_top_frac=entropy_top_frac,
                     cov_control=cov_control, clip_cov_ratio=clip_cov_ratio,
-                    kl_cov_ratio=kl_cov_ratio, cov_min_tokens=cov_min_tokens)
+                    kl_cov_ratio=kl_cov_ratio, cov_min_tokens=cov_min_tokens, gppo=gppo)
 
     mask = jnp.asarray(mask_BGT, bool)
     m_BGT = mask.astype(logp_BGT.dtype)
@@ -237,7 +242,7 @@ def policy_loss(
     adv_BGT = jax.lax.stop_gradient(clean(advantages))
     tok_log_ratio, ratio = _ratios(logp_BGT, old_logp_BGT, m_BGT, ratio_level, log_ratio_clamp)
     pg1, pg2, pg, clipped = _clipped_pg(adv_BGT, ratio, mask, clip_eps_low, clip_eps_high,
-                                        dual_clip)
+                                        dual_clip, gppo)
     pg, clipped, selected, cov = covariance_control(
         pg1, pg2, pg, clipped, adv_BGT, logp_BGT, tok_log_ratio, mask, m_BGT, key, cov_control,
         clip_cov_ratio=clip_cov_ratio, clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub,
@@ -282,7 +287,7 @@ def _checked_arrays(logp_BGT, old_logp_BGT, advantages, mask_BGT, optional):
 
 def _check_settings(ref_logp_BGT, entropy_BGT, key, *, clip_eps_low, clip_eps_high, dual_clip,
                     kl_coef, entropy_coef, entropy_top_frac, cov_control, clip_cov_ratio,
-                    kl_cov_ratio, cov_min_tokens) -> None:
+                    kl_cov_ratio, cov_min_tokens, gppo=False) -> None:
     """ValueError for a setting out of range or one whose input is missing (a traced
     coefficient is not checked)."""
     if _maybe_nonzero(kl_coef) and ref_logp_BGT is None:
@@ -305,6 +310,9 @@ def _check_settings(ref_logp_BGT, entropy_BGT, key, *, clip_eps_low, clip_eps_hi
             raise ValueError(f"{name}={frac} must be in (0, 1] (a fraction, not a percent)")
     if int(cov_min_tokens) < 1:
         raise ValueError(f"cov_min_tokens={cov_min_tokens} must be >= 1")
+    if gppo and cov_control == "kl_cov":
+        raise ValueError("gppo=True changes the clipped branch, and cov_control='kl_cov' clips "
+                         "nothing (pg = -A rho): choose one of them")
 
 
 def _clean(mask, shape, x):
@@ -328,12 +336,16 @@ def _ratios(logp_BGT, old_logp_BGT, m_BGT, ratio_level: str, clamp: float):
     return tok_log_ratio, jnp.exp(log_ratio)
 
 
-def _clipped_pg(adv_BGT, ratio, mask, clip_eps_low, clip_eps_high, dual_clip):
+def _clipped_pg(adv_BGT, ratio, mask, clip_eps_low, clip_eps_high, dual_clip, gppo=False):
     """PPO's clipped term: L1 = -A rho, L2 = -A clip(rho, 1 - eps_low, 1 + eps_high),
     pg = max(L1, L2), and with the dual clip c (A < 0) pg = min(pg, -A c) →
-    (L1, L2, pg, (clipped low, clipped high, clipped dual) token masks)."""
+    (L1, L2, pg, (clipped low, clipped high, clipped dual) token masks). `gppo`: L2 = -A rho
+    sg(clip(rho) / rho), PPO's values with the clipped tokens' gradient bounded (GPPO)."""
     pg1 = -adv_BGT * ratio
-    pg2 = -adv_BGT * jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    bound = jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    if gppo:
+        bound = ratio * jax.lax.stop_gradient(bound / ratio)
+    pg2 = -adv_BGT * bound
     pg = jnp.maximum(pg1, pg2)
     clipped_high = mask & (adv_BGT > 0) & (ratio > 1.0 + clip_eps_high)
     clipped_low = mask & (adv_BGT < 0) & (ratio < 1.0 - clip_eps_low)

@@ -65,15 +65,27 @@ class SearchState(NamedTuple):
     best_fitness: jax.Array  # -inf until a valid candidate appears
     solved: jax.Array  # bool, some evaluated candidate satisfies task.solved
     problem: Any  # the problem searched (a row of `search_problems`), constant
+    probe: jax.Array  # int32 [4], the last generation's `PROBE_FIELDS` counts
+
+
+# The mechanism probe of one generation, counted over its policy calls that had parents
+# selected: children of mutation prompts, how many beat the best of the parents shown to them,
+# children of plain-prompt calls (`fresh_rate`), and how many beat the best of the parents
+# selected for that call but not shown. "Beat" is w*ᵀr strictly above the parent's (an invalid
+# child never beats). The two rates compare a child against an independent sample drawn in the
+# same generation against the same kind of parents.
+PROBE_FIELDS = ("mutated", "mutated_beat", "fresh", "fresh_beat")
 
 
 class SearchTrace(NamedTuple):
-    """Per-point curves [G + 1] (point 0 = after initialisation); [N, G + 1] when batched."""
+    """Per-point curves [G + 1] (point 0 = after initialisation); [N, G + 1] when batched;
+    `probe` [G + 1, 4] (`PROBE_FIELDS`; None from the host search)."""
 
     best_fitness: jax.Array
     solved: jax.Array
     diversity: jax.Array  # mean pairwise reward L1 distance inside islands (pools for baselines)
     evaluated: jax.Array
+    probe: Any = None
 
 
 class SearchResult(NamedTuple):
@@ -162,18 +174,38 @@ def lm_propose(model, key, problem, parents_BUA, parent_mask_BUA, parent_rewards
 
 
 def _children(task, cfg, propose, problem, key, parents: Population, present_BU, fresh_B,
-              evaluated) -> Population:
-    """Propose B·m candidates (one flat batch of calls) and score them → children [N = B·m]."""
+              evaluated, selected_BU=None) -> tuple[Population, jax.Array]:
+    """Propose B·m candidates (one flat batch of calls) and score them → (children [N = B·m],
+    the `PROBE_FIELDS` counts [4]). `present_BU`: the parents shown to each call;
+    `selected_BU`: the parents each call is judged against (default: those shown; a fresh
+    call's selected parents are judged against without being shown)."""
     ans_BMA, amask_BMA = propose(key, problem, parents.tokens_XA,
                                  parents.mask_XA & present_BU[..., None], parents.rewards_XR,
                                  fresh_B)
     B, M, A = ans_BMA.shape
     ans_NA, amask_NA = ans_BMA.reshape(B * M, A), amask_BMA.reshape(B * M, A)
     rewards_NR, valid_N = task.score_symbols(problem["task"], ans_NA, amask_NA)
-    return ops.clear_invalid(Population(
+    kids = ops.clear_invalid(Population(
         ans_NA.astype(jnp.int32), amask_NA, rewards_NR,
         ops.fitness(rewards_NR, valid_N, task.eval_weights_R), valid_N,
         jnp.zeros((B * M,), jnp.int32), evaluated + jnp.arange(B * M, dtype=jnp.int32)))
+    selected_BU = present_BU if selected_BU is None else selected_BU
+    return kids, probe_counts(kids.fitness_X.reshape(B, M), parents.fitness_X, selected_BU,
+                              fresh_B)
+
+
+def probe_counts(child_fitness_BM, parent_fitness_BU, selected_BU, fresh_B) -> jax.Array:
+    """The `PROBE_FIELDS` counts [4] of one generation's B calls of M children each: a child
+    beats when its fitness exceeds the best selected parent's (calls without a selected parent
+    are not counted; invalid children have fitness -inf and never beat)."""
+    best_B = jnp.max(jnp.where(selected_BU, parent_fitness_BU, -jnp.inf), axis=-1)
+    has_B = jnp.any(selected_BU, axis=-1)
+    beat_B = jnp.sum(child_fitness_BM > best_B[:, None], axis=-1)
+    M = child_fitness_BM.shape[1]
+    mut_B, fresh_B = has_B & ~fresh_B, has_B & fresh_B
+    return jnp.stack([M * jnp.sum(mut_B), jnp.sum(jnp.where(mut_B, beat_B, 0)),
+                      M * jnp.sum(fresh_B), jnp.sum(jnp.where(fresh_B, beat_B, 0))]
+                     ).astype(jnp.int32)
 
 
 def _record(task, state: SearchState, kids: Population) -> SearchState:
@@ -203,7 +235,8 @@ def trace_point(state: SearchState, diversity=None) -> SearchTrace:
     if diversity is None:
         diversity = jnp.mean(metrics.reward_diversity(state.population.rewards_XR,
                                                          state.population.valid_X))
-    return SearchTrace(state.best_fitness, state.solved, diversity, state.evaluated)
+    return SearchTrace(state.best_fitness, state.solved, diversity, state.evaluated,
+                       state.probe)
 
 
 def _empty_state(task, lead, problem) -> SearchState:
@@ -211,26 +244,30 @@ def _empty_state(task, lead, problem) -> SearchState:
     return SearchState(ops.empty_population(lead, A, R), jnp.int32(0), jnp.int32(0),
                        jnp.zeros((A,), jnp.int32), jnp.zeros((A,), bool),
                        jnp.zeros((R,), jnp.float32), jnp.float32(-jnp.inf), jnp.bool_(False),
-                       problem)
+                       problem, jnp.zeros((len(PROBE_FIELDS),), jnp.int32))
 
 
 def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBU, present_IBU, fresh_IB, key
            ) -> SearchState:
-    """Propose children for every island from the selected parents, score, replace."""
+    """Propose children for every island from the selected parents (`present_IBU`; shown to
+    the calls that are not `fresh_IB`), score, replace."""
     pop = state.population
     I, B, U = idx_IBU.shape
     parents = jax.vmap(ops.take)(pop, idx_IBU)  # [I, B, U]
     parents = jax.tree.map(lambda x: x.reshape((I * B,) + x.shape[2:]), parents)
-    kids = _children(task, cfg, propose, state.problem, key, parents,
-                     present_IBU.reshape(I * B, U), fresh_IB.reshape(I * B), state.evaluated)
-    state = _record(task, state, kids)
+    selected_BU, fresh_B = present_IBU.reshape(I * B, U), fresh_IB.reshape(I * B)
+    kids, probe = _children(task, cfg, propose, state.problem, key, parents,
+                            selected_BU & ~fresh_B[:, None], fresh_B, state.evaluated,
+                            selected_BU)
+    state = _record(task, state, kids)._replace(probe=probe)
     kids_IX = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
     return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IX),
                                                 mesh))
 
 
 def select_step(cfg: SearchConfig, state: SearchState, key):
-    """Parents of every island's C / m calls → (idx_IBU, present_IBU, fresh_IB, proposal key)."""
+    """Parents of every island's C / m calls → (idx_IBU, present_IBU, fresh_IB, proposal key);
+    `present_IBU` are the selected parents, shown to the calls that are not `fresh_IB`."""
     pop = state.population
     I, B = cfg.islands, cfg.children // cfg.num_answers
     k_sel, k_fresh, k_prop = jax.random.split(key, 3)
@@ -240,7 +277,7 @@ def select_step(cfg: SearchConfig, state: SearchState, key):
     idx_IBU, present_IBU = jax.vmap(select)(jax.random.split(k_sel, I), pop.fitness_X,
                                             pop.valid_X)
     fresh_IB = jax.random.bernoulli(k_fresh, cfg.fresh_rate, (I, B)) | ~jnp.any(present_IBU, -1)
-    return idx_IBU, present_IBU & ~fresh_IB[..., None], fresh_IB, k_prop
+    return idx_IBU, present_IBU, fresh_IB, k_prop
 
 
 def island_step(cfg: SearchConfig, state: SearchState, mesh=None) -> SearchState:
@@ -356,9 +393,10 @@ def _best_of_n(model, task, cfg, propose, mesh, problem, key):
 
     def chunk(state, calls, k):
         dummy = ops.empty_population((calls, U), A, R)
-        kids = _children(task, cfg, propose, problem, k, dummy, jnp.zeros((calls, U), bool),
-                         jnp.ones((calls,), bool), state.evaluated)
-        state, div = _pool_state(task, state, kids)
+        kids, probe = _children(task, cfg, propose, problem, k, dummy,
+                                jnp.zeros((calls, U), bool), jnp.ones((calls,), bool),
+                                state.evaluated)
+        state, div = _pool_state(task, state._replace(probe=probe), kids)
         return state, trace_point(state, div)
 
     k_init, k_run = jax.random.split(key)
@@ -380,9 +418,9 @@ def _revision(model, task, cfg, propose, mesh, problem, key):
     H, B = cfg.islands * cfg.members // m, cfg.islands * cfg.children // m
     k_init, k_run = jax.random.split(key)
     state = _empty_state(task, (H, 1), problem)
-    kids = _children(task, cfg, propose, problem, k_init,
-                     ops.empty_population((H, 1), A, R), jnp.zeros((H, 1), bool),
-                     jnp.ones((H,), bool), state.evaluated)
+    kids, _ = _children(task, cfg, propose, problem, k_init,
+                        ops.empty_population((H, 1), A, R), jnp.zeros((H, 1), bool),
+                        jnp.ones((H,), bool), state.evaluated)
     state = _record(task, state, kids)
     best_X = ops.take(jax.tree.map(lambda x: x.reshape((H, m) + x.shape[1:]), kids),
                       (jnp.arange(H), jnp.argmax(kids.fitness_X.reshape(H, m), axis=-1)))
@@ -392,9 +430,9 @@ def _revision(model, task, cfg, propose, mesh, problem, key):
         t, k = xs
         line_B = (t * B + jnp.arange(B)) % H
         parents = jax.tree.map(lambda x: x[line_B][:, None], lines)  # [B, 1]
-        kids = _children(task, cfg, propose, problem, k, parents, parents.valid_X,
-                         ~parents.valid_X[:, 0], state.evaluated)
-        state = _record(task, state, kids)
+        kids, probe = _children(task, cfg, propose, problem, k, parents, parents.valid_X,
+                                ~parents.valid_X[:, 0], state.evaluated)
+        state = _record(task, state, kids)._replace(probe=probe)
         own_XY = jnp.repeat(line_B[None, :] == jnp.arange(H)[:, None], m, axis=1)
         cand_XY = jnp.where(own_XY, kids.fitness_X[None, :], -jnp.inf)
         j_X = jnp.argmax(cand_XY, axis=-1)
@@ -460,7 +498,8 @@ def run_search(key, model, task, problem, cfg: SearchConfig, *, propose=lm_propo
 
 
 def summarize(traces: dict[str, SearchTrace]) -> dict:
-    """JSON-ready per-point curves of batched traces: solved count, mean best fitness, ..."""
+    """JSON-ready per-point curves of batched traces: solved count, mean best fitness, ...,
+    and the mechanism probe's counts summed over problems (`PROBE_FIELDS`)."""
     out = {}
     for name, t in traces.items():
         t = jax.tree.map(np.asarray, t)
@@ -470,6 +509,8 @@ def summarize(traces: dict[str, SearchTrace]) -> dict:
                      "mean_best_fitness": best.mean(0).tolist(),
                      "mean_diversity": t.diversity.mean(0).tolist(),
                      "best_fitness_per_problem": best.tolist()}
+        if t.probe is not None:  # [N, G + 1, 4] → per point, summed over problems
+            out[name]["probe"] = dict(zip(PROBE_FIELDS, t.probe.sum(0).T.tolist(), strict=True))
     return out
 
 
