@@ -50,9 +50,10 @@ def test_symbol_reward_equals_score(task, records):
 
 
 def test_score_reads_positions_and_refuses_foreign_or_long_answers(task):
-    record = {"clues": ["a b c"] * 6, "code": "a b c a b c"}
-    rewards, valid = task.score([record], [["a b c a b c", "a a a", "a b c a b c a", "a z",
-                                            None, "a b c a b c"]])
+    code = "1a 2b 3c 4a 5b 6c"
+    record = {"clues": [f"{k}a {k}b {k}c" for k in range(1, 7)], "code": code}
+    rewards, valid = task.score([record], [[code, "1a 1a 1a", code + " 6c", "1a 2z", None,
+                                            code]])
     np.testing.assert_array_equal(rewards[0, 0], np.ones(6))
     np.testing.assert_array_equal(rewards[0, 1], [1, 0, 0, 0, 0, 0])  # shorter: its positions
     assert valid[0].tolist() == [True, True, False, False, False, False]  # long, foreign,

@@ -20,7 +20,7 @@ from vpo.tasks.prompts import answer_instruction, mutation_text, prompt_text
 from vpo.tasks.words import task_word_tokenizer
 
 BPE = pathlib.Path(__file__).parent.parent / "fixtures" / "hf" / "qwen2_bpe"
-TASKS = ("maze", "program", "bandit", "arithmetic", "countdown2")
+TASKS = ("maze", "program", "codeword", "bandit", "arithmetic", "countdown2")
 M = 3  # answers per generation
 K = 3  # parents in a mutation prompt
 UNK = 3  # the word-level tokenizer's <unk>

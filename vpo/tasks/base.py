@@ -74,6 +74,10 @@ class Task:
       bound_type(task, tokenizer) -> the bound task `vpo.tasks.bound.bind` makes, of this
         task's kind (an environment's `vpo.env.task.EnvTask`, with its episode settings); None:
         a `GraphTask` for a task with `symbol_reward`, else a `HostTask`.
+      scores_per_symbol: reward component i scores the answer's i-th symbol (R = answer_len,
+        codeword's positions); the search's mutation prompt then writes each parent symbol
+        with its own score beside it (`vpo.tasks.prompts.parent_line`), the feedback where it
+        applies, instead of one list of scores after the answer.
     """
 
     name: str
@@ -97,6 +101,7 @@ class Task:
     score_applies: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
     cover_components: tuple[int, ...] = ()
     bound_type: Callable[..., Any] | None = None
+    scores_per_symbol: bool = False
 
     def __post_init__(self):
         w = np.asarray(self.eval_weights_R, np.float32)
@@ -121,6 +126,10 @@ class Task:
             if bad or len(set(self.symbols)) != len(self.symbols):
                 raise ValueError(f"{self.name}: symbols must be distinct non-empty ASCII words "
                                  f"without whitespace or < >; got {bad or self.symbols}")
+        if self.scores_per_symbol and (self.symbols is None or R != self.answer_len):
+            raise ValueError(f"{self.name}: scores_per_symbol needs a symbol task with one "
+                             f"reward component per answer symbol (R = {R}, answer_len = "
+                             f"{self.answer_len})")
         if not 1 <= self.max_answers <= 9:
             raise ValueError(f"{self.name}: max_answers must be in 1..9 (one-digit answer "
                              f"tags); got {self.max_answers}")

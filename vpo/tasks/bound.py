@@ -254,7 +254,9 @@ class BoundTask:
         """Static length of `mutation_prompt` with a head of `head_len` and U parents."""
         p = self._pieces
         per_parent = (p["answer_k"][0].shape[1] + self.answer_len * p["symbol"][0].shape[1]
-                      + p["scores"][0].shape[1] + self.num_rewards * p["tenths"][0].shape[1])
+                      + self.num_rewards * p["tenths"][0].shape[1])
+        if not self.task.scores_per_symbol:
+            per_parent += p["scores"][0].shape[1]
         return head_len + num_parents * per_parent + len(self._tail(num_answers))
 
     def mutation_prompt(self, head_P, head_mask_P, parents_UA, parent_mask_UA,
@@ -271,11 +273,16 @@ class BoundTask:
                              ).astype(jnp.int32)
         for q in range(U):
             sym_A = jnp.clip(parents_UA[q], 0, p["symbol"][0].shape[0] - 1)
-            segments += [
-                (p["answer_k"][0][number_U[q]], p["answer_k"][1][number_U[q]] & present_U[q]),
-                (p["symbol"][0][sym_A], p["symbol"][1][sym_A] & parent_mask_UA[q][:, None]),
-                (p["scores"][0][0], p["scores"][1][0] & present_U[q]),
-                (p["tenths"][0][tenths_UR[q]], p["tenths"][1][tenths_UR[q]] & present_U[q])]
+            number = (p["answer_k"][0][number_U[q]], p["answer_k"][1][number_U[q]] & present_U[q])
+            symbols = (p["symbol"][0][sym_A], p["symbol"][1][sym_A] & parent_mask_UA[q][:, None])
+            scores = (p["tenths"][0][tenths_UR[q]], p["tenths"][1][tenths_UR[q]])
+            if self.task.scores_per_symbol:  # each symbol, then its own score: [A, 2 pieces]
+                segments += [number, (jnp.concatenate([symbols[0], scores[0]], -1),
+                                      jnp.concatenate([symbols[1], scores[1]
+                                                       & parent_mask_UA[q][:, None]], -1))]
+                continue
+            segments += [number, symbols, (p["scores"][0][0], p["scores"][1][0] & present_U[q]),
+                         (scores[0], scores[1] & present_U[q])]
         tail = jnp.asarray(self._tail(num_answers), jnp.int32)
         segments.append((tail, jnp.ones(tail.shape, bool)))
         length = self.mutation_prompt_len(head_P.shape[-1], U, num_answers)

@@ -8,6 +8,9 @@ mutation prompt that shows scored parents (the tokenizer's chat template wraps b
     Earlier answers and their scores (completion, gold, diamond, avoid_lava):
     Answer 1: U R R D | scores: 1.0 0.5 0.0 1.0
     Give 3 better answers, <answer 1> ... </answer 1> to <answer 3> ... </answer 3>, each <hint>.
+
+A task whose component i scores symbol i (`Task.scores_per_symbol`, codeword) writes each
+symbol's score beside it: `Answer 1: 1h 0.0 2a 1.0 3h 0.0`.
 """
 
 from __future__ import annotations
@@ -51,7 +54,14 @@ def parents_header(task: Task) -> str:
     return f"\nEarlier answers and their scores ({', '.join(task.reward_names)}):"
 
 
-def parent_line(k: int, answer: str, rewards_R: Sequence[float]) -> str:
+def parent_line(k: int, answer: str, rewards_R: Sequence[float], per_symbol: bool = False
+                ) -> str:
+    """One parent of a mutation prompt: its answer, then its scores in tenths; `per_symbol`:
+    each answer word followed by its own component's score."""
+    if per_symbol:
+        pairs = "".join(f" {w} {tenths(v) / 10:.1f}"
+                        for w, v in zip(answer.split(), rewards_R, strict=False))
+        return f"\nAnswer {k}:{pairs}"
     scores = "".join(f" {tenths(v) / 10:.1f}" for v in rewards_R)
     return f"\nAnswer {k}: {answer} | scores:{scores}"
 
@@ -66,7 +76,8 @@ def mutation_text(task: Task, record: Record, parents: Sequence[tuple[str, Seque
     """The user message of a search mutation prompt: the parents (answer text, rewards_R) with
     their scores in tenths, then the request for m better answers. A statement given as chat
     messages gets both appended to its last (user) message."""
-    lines = "".join(parent_line(k, a, r) for k, (a, r) in enumerate(parents, 1))
+    lines = "".join(parent_line(k, a, r, task.scores_per_symbol)
+                    for k, (a, r) in enumerate(parents, 1))
     tail = f"{parents_header(task)}{lines}\n{answer_instruction(task, num_answers, better=True)}"
     statement = task.statement(record)
     if isinstance(statement, str):
