@@ -126,7 +126,7 @@ class Task:
             if bad or len(set(self.symbols)) != len(self.symbols):
                 raise ValueError(f"{self.name}: symbols must be distinct non-empty ASCII words "
                                  f"without whitespace or < >; got {bad or self.symbols}")
-        if self.scores_per_symbol and (self.symbols is None or R != self.answer_len):
+        if self.scores_per_symbol and (self.symbols is None or self.answer_len != R):
             raise ValueError(f"{self.name}: scores_per_symbol needs a symbol task with one "
                              f"reward component per answer symbol (R = {R}, answer_len = "
                              f"{self.answer_len})")

@@ -10,8 +10,9 @@ positions in order, and the reward vector has one exact-match component per posi
 The statement leaves c^L codes equally likely, so a plain sample that reads the clues solves with
 probability c^-L (1/729 at the default L = 6, c = 3) and best-of-N with about N c^-L. A search
 whose mutation prompt shows a parent's per-position scores (`vpo.tasks.prompts.mutation_text`;
-here each letter's 1.0 / 0.0 beside it, `Task.scores_per_symbol`) can keep the right letters and
-try the clue's other letters elsewhere, so its children compound: fitness is graded and local. This is
+here each letter's 1.0 / 0.0 beside it, `Task.scores_per_symbol`) can keep the right letters
+and try the clue's other letters elsewhere, so its children compound: fitness is graded and
+local. This is
 the refinement-with-feedback mechanism of Mind Evolution (Lee et al., arXiv 2501.09891: an
 evaluator's feedback names the violated constraints) reduced to its core; the policy has to read
 the clues (for plain samples) and the scores (for children) to use it.
@@ -22,8 +23,8 @@ Answer: 1..L words, the i-th for position i (a shorter answer scores its positio
 foreign word or more than L words makes it invalid.
 
 SFT demonstrations never show the code: plain ones are letters drawn uniformly from each clue
-(redrawn when none is right), mutation ones (`mutation_demonstrations`) keep every position some parent got right and draw
-each other position from the clue letters no parent tried there.
+(redrawn when none is right), mutation ones (`mutation_demonstrations`) keep every position some
+parent got right and draw each other position from the clue letters no parent tried there.
 """
 
 from __future__ import annotations
