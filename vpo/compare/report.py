@@ -835,6 +835,11 @@ def _curves_text(cfg, searches, head, families) -> list[str]:
              "every search method and policy (mean over training seeds and their searches); "
              "every method spends the same candidates at each point, with the same keys.", ""]
     lines += search_report.budget_table(searches)
+    lines += ["", "### Solve sets", "", "The problems each policy's island search solved at "
+              "the calibrated budget in any of its training seeds, compared both ways (a "
+              "count of solved problems can rise by a higher rate on shared problems or by "
+              "problems the other never solves):", ""]
+    lines += search_report.solve_sets(searches)
     if families.get("budget"):
         lines += ["", "Does the VPO - GRPO gap grow with the budget? Per seed, the gap at the "
                   "largest budget minus the gap at the smallest, and the gap at the largest "

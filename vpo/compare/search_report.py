@@ -164,6 +164,28 @@ def budget_table(searches) -> list[str]:
     return lines
 
 
+def solve_sets(searches, method: str = "search") -> list[str]:
+    """Markdown: which problems each policy's `method` solves at the calibrated budget in any
+    of its training seeds' searches, compared both ways: the warm start's stronger row against
+    each arm, and VPO against each other arm (problems only the first solves, only the second,
+    both, neither): rate against reach."""
+    rows, point = searches["rows"], searches["point"]
+    P = len(searches["problems"])
+    sets = {name: np.any([solved_at(r["first_SP"][method], point).any(0) for r in recs], 0)
+            for name, recs in rows.items()}
+    warm = [n for n in sets if n.startswith("sft")]
+    arms = [n for n in sets if not n.startswith("sft")]
+    pairs = ([(max(warm, key=lambda n: sets[n].sum()), a) for a in arms] if warm else [])
+    pairs += [("vpo", a) for a in arms if a != "vpo" and "vpo" in sets]
+    lines = [f"| {METHOD_NAMES[method]}: A | B | solved by A (of {P}) | by B | A only | B only "
+             "| both | neither |", "|---|---|---|---|---|---|---|---|"]
+    for a, b in pairs:
+        x, y = sets[a], sets[b]
+        lines.append(f"| {a} | {b} | {int(x.sum())} | {int(y.sum())} | {int((x & ~y).sum())} | "
+                     f"{int((~x & y).sum())} | {int((x & y).sum())} | {int((~x & ~y).sum())} |")
+    return lines
+
+
 def write_figures(out_dir: str, searches, head, arms: list[str]) -> list[str]:
     """budget_curves.png and bridge.png in out_dir (when the summary has what they need);
     returns their file names."""
