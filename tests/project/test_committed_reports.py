@@ -41,3 +41,16 @@ def test_every_report_without_a_summary_is_named():
     lacking = {p.parent.name for p in DOCS.glob("*/report.md")
                if not (p.parent / "summary.json").exists()}
     assert lacking <= set(WITHOUT_SUMMARY), lacking
+
+
+@pytest.mark.parametrize("name", _reports())
+def test_every_figure_a_committed_report_links_is_committed(name):
+    import re
+
+    text = (DOCS / name / "report.md").read_text()
+    missing = [f for f in re.findall(r"\]\(([\w./-]+\.png)\)", text)
+               if not (DOCS / name / f).exists()]
+    assert not missing, (f"docs/{name}/report.md links {missing}, not committed beside it: "
+                         f"python experiments/rerender_compare.py docs/{name}/summary.json "
+                         "OUT --figures writes them")
+
