@@ -36,7 +36,7 @@ from vpo.eval import claims, entropy_law
 
 def get_config(overrides: list[str] | None = None) -> compare_config.CompareConfig:
     base = ["arms=grpo,clip_cov,kl_cov", "num_seeds=3", "train.steps=300", "law_points=6"]
-    return compare_config.make_config("default", base + list(overrides or []))
+    return compare_config.make_config("maze", base + list(overrides or []))
 
 
 def main(argv: list[str] | None = None) -> dict:

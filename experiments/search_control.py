@@ -3,12 +3,12 @@ a warm start, before any RL, and why (or why not)?
 
 Design, fixed before the run (the defaults below):
 
-- Policy: the quickstart's warm start recipe (`vpo.compare.driver.warm_start` on the default
-  preset: the tiny model, 300 SFT steps, half of them search mutation prompts with 2 parents),
+- Policy: the maze preset's warm start recipe (`vpo.compare.driver.warm_start` on
+  `--preset maze`: the tiny model, 300 SFT steps, half of them mutation prompts, 2 parents),
   on `--task` (with `--task-kwargs`), trained with `--warm-starts` seeds (1000, 1001, ...: no
   quickstart run uses them).
 - Problems: `--problems` of their own split (seed `--split-seed`), which no SFT row comes from.
-- Search: the quickstart's island search (2 islands x 6 members, 2 parents, 6 children, 9
+- Search: the maze preset's island search (2 islands x 6 members, 2 parents, 6 children, 9
   generations, m = 1, temperature 0.7: 120 candidates, 12 per point) and best-of-N at the same
   budget with the same keys; each warm start searches every problem `--search-seeds` times.
 - Unit: a block = (warm start, search seed); statistic: island-solved minus best-of-N-solved
@@ -23,7 +23,7 @@ Writes `--out`/summary.json and solved.png (solved fraction against candidates, 
 and prints a Markdown table.
 
 Run:  PYTHONPATH=. .venv/bin/python experiments/search_control.py --out runs/control
-      (maze7, the quickstart's task: --task maze --task-kwargs '{"size": 7, "demos": "partial"}')
+      (maze7, the maze preset's task: --task maze --task-kwargs '{"size": 7, "demos": "partial"}')
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> None:
     per_problem = {m: np.zeros(args.problems) for m in METHODS}
     for w in range(args.warm_starts):
         seed = args.first_seed + w
-        cfg = make_config("default", [f"task={args.task}", f"train.seed={seed}",
+        cfg = make_config("maze", [f"task={args.task}", f"train.seed={seed}",
                                       f"sft_steps={args.sft_steps}", *args.set])
         cfg = dataclasses.replace(cfg, task_kwargs=kwargs)
         task = compare_data.load_tasks(cfg, with_search=False)

@@ -93,11 +93,13 @@ def test_presets_and_arm_configs(tmp_path):
     full = make_config("full")
     assert full.task == "maze9" and full.num_seeds >= 5 and full.search_seeds >= 5
     assert set(full.arm_names) == set(compare_config.ARMS)
-    default = make_config("default")
-    assert default.arm_names == ["grpo", "clip_cov", "multi_rlvr", "vpo"]
-    assert default.num_seeds >= 8 and default.search_problems >= 32
-    assert default.primary.split(",")[0] == "vpo-grpo:search"
-    assert default.task_kwargs == {"size": 7, "demos": "partial"}
+    for name in ("default", "maze"):
+        cfg = make_config(name)
+        assert cfg.arm_names == ["grpo", "clip_cov", "multi_rlvr", "vpo"]
+        assert cfg.num_seeds >= 8 and cfg.search_problems >= 32
+        assert cfg.primary.split(",")[0] == "vpo-grpo:search"
+    assert make_config("default").task == "codeword"
+    assert make_config("maze").task_kwargs == {"size": 7, "demos": "partial"}
     cfg = make_config("default", ["arms=" + ",".join(compare_config.ARMS)])
     assert cfg.eval_budget == 30 and cfg.eval_temperature == 0.7 and cfg.search_seeds >= 1
     task = load_task(cfg.task, None, cfg.task_kwargs)
@@ -119,7 +121,7 @@ def test_presets_and_arm_configs(tmp_path):
     est = driver.estimate_seconds(cfg, task)
     assert est["total"] == pytest.approx(sum(v for k, v in est.items() if k != "total"))
     full_task = load_task(full.task, None, full.task_kwargs or None)
-    quick = driver.estimate_seconds(default, task)["total"]
+    quick = driver.estimate_seconds(make_config("default"), task)["total"]
     assert driver.estimate_seconds(full, full_task)["total"] > 2 * quick
 
 

@@ -343,7 +343,8 @@ PRESETS: dict[str, CompareConfig] = {
         sampler=SamplerConfig(num_samples=4),
         search=SearchConfig(islands=2, members=3, parents=2, children=3, generations=2,
                             num_answers=1, temperature=0.7)),
-    # The quickstart (about 20 minutes on 2 CPU cores): GRPO, Clip-Cov (GRPO managing entropy
+    # The quickstart until the codeword design (docs/maze/; about 20 minutes on 2 CPU cores):
+    # GRPO, Clip-Cov (GRPO managing entropy
     # without changing the reward), Multi-RLVR and VPO, 8 paired seeds (enough to decide three
     # primary claims under Holm with one seed the other way), the
     # tiny policy on a 7x7 maze. Its warm start learns the answer format from routes that reach
@@ -354,7 +355,7 @@ PRESETS: dict[str, CompareConfig] = {
     # searched once per training seed by island search, best-of-N and revision up to 120
     # candidates (12 per point: budgets 12-120, 10x), the claim judged at the budget the warm
     # start's search calibrates before RL (`search_band_lo`/`_hi`). The other arms: `full`.
-    "default": CompareConfig(
+    "maze": CompareConfig(
         task_kwargs={"size": 7, "demos": "partial"}, arms="grpo,clip_cov,multi_rlvr,vpo",
         num_seeds=8,
         search_pool=48, search_problems=32, search_seeds=1,
@@ -377,11 +378,12 @@ PRESETS: dict[str, CompareConfig] = {
                           checkpoint_every=10_000),
         search=SearchConfig(islands=2, members=6, parents=2, children=6, generations=9,
                             num_answers=1, temperature=0.7)),
-    # The search question where search works (docs/codeword/): the codeword task (a hidden code
-    # of 6 position-numbered letters, 3 clue letters each, one exact-match reward per position),
-    # on which the warm start's island search beats best-of-N before RL; the quickstart's arms,
-    # seeds and steps, the design's record in CODEWORD_NOTES.
-    "codeword": CompareConfig(
+    # The quickstart (docs/default/, about 20 minutes on 2 CPU cores): the search question where
+    # search works, the codeword task (a hidden code of 6 position-numbered letters, 3 clue
+    # letters each, one exact-match reward per position), on which the warm start's island
+    # search beats best-of-N before RL; the maze design's arms, seeds and steps, the design's
+    # record in CODEWORD_NOTES.
+    "default": CompareConfig(
         task="codeword", arms="grpo,clip_cov,multi_rlvr,vpo", num_seeds=8, sft_steps=6000,
         search_pool=32, search_problems=32, search_seeds=1,
         search_methods="search,best_of_n,revision",
