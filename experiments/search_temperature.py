@@ -9,8 +9,8 @@ solved by each method (mean over seeds, with the per-seed values), island minus 
 the search's mechanism probe (children beating their best parent against fresh samples beating
 theirs, pooled over generations). Writes `--out`/summary.json and temperature.png.
 
-Run:  PYTHONPATH=. .venv/bin/python experiments/search_temperature.py --compare runs/codeword \
-        --preset codeword --out runs/codeword_temperature
+Run:  PYTHONPATH=. .venv/bin/python experiments/search_temperature.py --compare runs/compare \
+        --out runs/temperature
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def pooled_rates(probe_G4) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compare", required=True, help="a finished vpo compare --out folder")
-    ap.add_argument("--preset", default="codeword")
+    ap.add_argument("--preset", default="default")
     ap.add_argument("--arms", default="grpo,vpo")
     ap.add_argument("--seeds", default="0,1,2,3")
     ap.add_argument("--temperatures", default="0.7,1.0,1.3")

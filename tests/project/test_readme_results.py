@@ -34,6 +34,6 @@ def test_the_readme_results_tables_are_the_committed_reports(report, header):
 
 def test_the_readme_names_the_commits_of_the_reports_it_cites():
     readme = (ROOT / "README.md").read_text().replace("\n", " ")
-    for report in ("default", "smollm"):
+    for report in ("default", "maze", "smollm"):
         at = readme.find(f"(docs/{report}/report.md), `vpo compare` at commit")
         assert at > 0, f"the README names the commit that produced docs/{report}/report.md"
