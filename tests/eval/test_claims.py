@@ -243,6 +243,37 @@ def test_a_gap_that_fails_one_part_is_refuted_only_after_both_chances_are_correc
     assert seven["p_other"] == 2 * 2.0 ** -7 and seven["verdict"] == claims.REFUTED
 
 
+def test_the_stratified_association_sees_only_within_block_order_and_can_hold_a_covariate():
+    from vpo.eval import association
+
+    rng = np.random.default_rng(1)
+    # Between blocks y rises with x (block means), within every block it does not: the pooled
+    # test passes, the stratified one must not.
+    blocks = [(b + rng.random(8), 10 * b + rng.permutation(8) * 0.0 + rng.random(8))
+              for b in range(4)]
+    pooled = association.association("y rises with x", np.concatenate([x for x, _ in blocks]),
+                                     np.concatenate([y for _, y in blocks]))
+    strat = association.stratified_association("y rises with x within blocks", blocks,
+                                               draws=20_000)
+    assert pooled["verdict"] == claims.REPRODUCED
+    assert strat["verdict"] == claims.INCONCLUSIVE and strat["blocks"] == 4
+    # Within every block y rises with x: reproduced, and the same p from the same seed.
+    rising = [(x, x + 0.1 * rng.random(8)) for x in (rng.random(8) for _ in range(4))]
+    up = association.stratified_association("y rises", rising, draws=20_000)
+    assert up["verdict"] == claims.REPRODUCED and up["rho"] > 0.9
+    assert up["p"] == association.stratified_association("y rises", rising, draws=20_000)["p"]
+    # x and y both follow a covariate z (competence) and nothing else: given z, no evidence.
+    conf = []
+    for _ in range(4):
+        z = rng.random(8)
+        conf.append((z + 0.01 * rng.random(8), z + 0.01 * rng.random(8), z))
+    plain = association.stratified_association("y rises", [c[:2] for c in conf], draws=20_000)
+    given = association.stratified_association("y rises given z", conf, given="z",
+                                               draws=20_000)
+    assert plain["verdict"] == claims.REPRODUCED
+    assert given["verdict"] != claims.REPRODUCED and "| z" in given["evidence"]
+
+
 def test_association_is_an_exact_permutation_test_up_to_8_runs():
     from vpo.eval import association
 

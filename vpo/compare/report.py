@@ -850,8 +850,10 @@ def _curves_text(cfg, searches, head, families) -> list[str]:
                   "Each RL run (arm x seed) is a unit: its end-of-training token entropy and "
                   "reward-space diversity (mean of the last 20% of steps) against its search "
                   "solve count at the calibrated budget. Across arms the runs differ in "
-                  "objective too, so the pooled association is not a causal effect of entropy; "
-                  "the within-arm lines hold the objective fixed.", ""]
+                  "objective (and m) too, so the pooled line is descriptive; the within-arm "
+                  "lines hold the objective fixed, the stratified line (arms as blocks, runs "
+                  "exchanged only inside their arm) is the direct test, and its version given "
+                  "held-out pass@k tells diversity apart from competence.", ""]
         lines += _family_lines(families["bridge"], FAMILIES[5][1])
     return lines
 

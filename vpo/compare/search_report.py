@@ -75,28 +75,48 @@ def budget_claims(searches, a: str = "vpo", b: str = "grpo") -> list[dict[str, A
     return out
 
 
+def _competence_key(head, arms: list[str]) -> str | None:
+    """The held-out pass@k with the largest k that every arm's values hold (None: none)."""
+    keys = [set(k for k in head[a]["values"] if k.startswith("pass@")) for a in arms]
+    common = set.intersection(*keys) if keys else set()
+    return max(common, key=lambda k: int(k.split("@")[1])) if common else None
+
+
 def bridge_claims(head, arms: list[str]) -> list[dict[str, Any]]:
-    """Across every RL run (arm x seed) and within each arm: claim "the search solve rate rises
-    with the run's end-of-training entropy / reward-space diversity" (`association.association`,
-    Spearman's ρ with a permutation test; within an arm, 8 runs are enumerated exactly). Not
-    yet Holm-adjusted."""
+    """Claim "the search solve rate rises with the run's end-of-training entropy / reward-space
+    diversity", per metric: across every RL run (arm x seed; descriptive, as it pools the arms'
+    objectives), within each arm (`association.association`: Spearman's ρ, 8 runs enumerated
+    exactly), within arms with the arms as blocks (`association.stratified_association`, the
+    direct test: runs exchanged only inside their arm, so arms of different m or objective are
+    never compared with each other), and the same given the run's held-out pass@k (rank
+    residuals within each arm: diversity told apart from competence). Not yet Holm-adjusted."""
     out = []
+    given = _competence_key(head, arms)
     for metric, words in BRIDGE_METRICS:
-        xs, ys = [], []
+        blocks = []
         for arm in arms:
             v = head[arm]["values"]
             if metric in v and "search solved" in v:
-                xs.append(v[metric])
-                ys.append(v["search solved"])
-        if not xs:
+                blocks.append((arm, v[metric], v["search solved"], v.get(given)))
+        if not blocks:
             continue
+        n = sum(len(b[1]) for b in blocks)
         out.append(association.association(
-            f"across all {sum(map(len, xs))} RL runs, the search solve rate rises with the "
-            f"{words}", np.concatenate(xs), np.concatenate(ys), names=(metric, "solved")))
-        for arm, x, y in zip(arms, xs, ys, strict=False):
+            f"across all {n} RL runs (descriptive: the arms' objectives pooled), the search "
+            f"solve rate rises with the {words}", np.concatenate([b[1] for b in blocks]),
+            np.concatenate([b[2] for b in blocks]), names=(metric, "solved")))
+        for arm, x, y, _ in blocks:
             out.append(association.association(
                 f"within {arm}'s {len(x)} runs, the search solve rate rises with the {words}",
                 x, y, names=(metric, "solved")))
+        out.append(association.stratified_association(
+            f"within arms ({len(blocks)} arms as blocks), the search solve rate rises with the "
+            f"{words}", [(x, y) for _, x, y, _ in blocks], names=(metric, "solved")))
+        if given and all(z is not None for *_, z in blocks):
+            out.append(association.stratified_association(
+                f"within arms ({len(blocks)} arms as blocks), the search solve rate rises with "
+                f"the {words} given held-out {given}", [(x, y, z) for _, x, y, z in blocks],
+                names=(metric, "solved"), given=given))
     return out
 
 
