@@ -204,6 +204,28 @@ def match_runs():
                       for m in ingraph.METHODS}
 
 
+def test_probe_counts_children_against_their_best_selected_parent():
+    # 3 calls of 2 children: a mutation call (parents 0.5 and 0.2), a fresh call judged against
+    # its selected parent 0.4, a call without any parent (not counted)
+    child_BM = jnp.array([[0.6, 0.5], [0.9, -jnp.inf], [1.0, 1.0]])
+    parent_BU = jnp.array([[0.5, 0.2], [0.4, 0.0], [0.0, 0.0]])
+    selected_BU = jnp.array([[True, True], [True, False], [False, False]])
+    fresh_B = jnp.array([False, True, True])
+    got = ingraph.probe_counts(child_BM, parent_BU, selected_BU, fresh_B)
+    assert np.asarray(got).tolist() == [2, 1, 2, 1]  # 0.5 does not beat 0.5; -inf never beats
+
+
+def test_the_search_trace_counts_every_call_with_parents(match_runs):
+    _, runs = match_runs
+    probe = np.asarray(runs["search"].trace.probe)  # [N, G + 1, 4]
+    mutated, fresh = probe[..., 0], probe[..., 2]
+    assert np.all(probe[:, 0] == 0)  # the initial population has no parents
+    assert np.all(mutated[:, 1:] + fresh[:, 1:] == CFG.islands * CFG.children)
+    assert np.all(probe[..., 1] <= mutated) and np.all(probe[..., 3] <= fresh)
+    assert mutated.sum() > fresh.sum() > 0  # fresh_rate 1/6 of the calls
+    assert not np.asarray(runs["best_of_n"].trace.probe).any()  # no parents, nothing counted
+
+
 def test_budget_accounting_is_exact_and_equal_across_methods(match_runs):
     problems, runs = match_runs
     want = [CFG.islands * (CFG.members + g * CFG.children) for g in range(CFG.generations + 1)]
