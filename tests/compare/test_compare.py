@@ -53,6 +53,9 @@ def test_mean_ci_is_a_student_t_interval():
     ("law_budget=4", "law_budget: 4 must be a multiple"),
     ("arms=grpo,grpo", "names an arm twice"),
     ("eval_temperature=0", "eval_temperature"),
+    ("search_temperatures=1.0,hot", "search_temperatures"),
+    ("search_temperatures=1.3,1.3", "named once"),
+    ("search_temperatures=0,1.3", "each > 0"),
     # fields compare sets for every arm: an override would be lost, so it is refused
     ("sampler.max_new_tokens=80", r"sampler\.max_new_tokens: vpo compare sets it .*budget"),
     ("train.num_answers=2", r"train\.num_answers: .*num_answers=M"),
@@ -167,9 +170,11 @@ def test_an_arm_is_the_run_its_vpo_train_command_starts(tmp_path):
 def test_compare_smoke_writes_a_consistent_report(tmp_path):
     out = str(tmp_path / "cmp")
     assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
-                     "train.steps=2", "law_points=2", "--compile-cache", "", "--out", out]) == 0
+                     "train.steps=2", "law_points=2", "search_temperatures=1.3",
+                     "--compile-cache", "", "--out", out]) == 0
     for name in ("report.md", "summary.json", "best_at_k.png", "pass_at_k.png", "training.png",
-                 "budget_curves.png", "bridge.png", "entropy_law.png", "eval.md", "report.png"):
+                 "budget_curves.png", "bridge.png", "entropy_law.png", "eval.md", "report.png",
+                 "temperature.png"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
@@ -197,12 +202,22 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
         traj = s["entropy_law"][arm]["trajectories"][0]
         assert traj["step"] == [0, 1, 2] and len(traj["score"]) == 3
     assert s["probe"] and set(s["probe"]["vpo"][0]) >= {"valid", "improve", "copy", "distinct"}
+    # the temperature sweep: the warm start in its calibrated mode and the primary claims' arm
+    temps = s["temperature"]
+    warm = f"sft (m={search['calibration']['mode']})"
+    assert temps["temperatures"] == [1.3] and set(temps["rows"]) == {warm, "vpo"}
+    for name, recs in temps["rows"].items():
+        assert [r["seed"] for r in recs] == [0, 1], name
+        assert all(0 <= r["search"] <= len(search["problems"]) for r in recs)
+        assert all(sum(r["probe"]) > 0 for r in recs)
+    assert all(len(r["probe"]) == 4 for rs in search["rows"].values() for r in rs)
     assert s["claims"] and {c["verdict"] for c in s["claims"]} <= {
         "reproduced", "refuted", "inconclusive"}
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
     assert "| vpo | 3 | 2 |" in report and "## Claims" in report and "Solve matrix" in report
     assert "## Does search track what training keeps?" in report and "Budget curves" in report
+    assert "## Search temperature" in report and f"| {warm} | 1.3 |" in report
     static = [a for a in ("multi_rlvr", "vpo")
               if all(m["grad_norm"] == 0 for r in s["train"][a] for m in r["metrics"])]
     assert ("No learning signal" in report) == bool(static)  # a vacuous comparison says so
@@ -213,11 +228,11 @@ def test_compare_smoke_writes_a_consistent_report(tmp_path):
     os.remove(os.path.join(out, "arms", "vpo", "seed1", compare_resume.ARM_DONE))
     os.remove(os.path.join(out, "stages", "search.json"))
     assert cli.main(["compare", "--preset", "smoke", "arms=multi_rlvr,vpo", "sft_steps=20",
-                     "train.steps=2", "law_points=2", "--compile-cache", "", "--out", out,
-                     "--resume"]) == 0
+                     "train.steps=2", "law_points=2", "search_temperatures=1.3",
+                     "--compile-cache", "", "--out", out, "--resume"]) == 0
     with open(os.path.join(out, "summary.json")) as f:
         again = json.load(f)
-    for key in ("headline", "eval", "search", "probe", "claims", "entropy_law"):
+    for key in ("headline", "eval", "search", "probe", "claims", "entropy_law", "temperature"):
         assert again[key] == s[key], key
     def untimed(train):  # a redone run measures its own step times
         return {arm: [{**r, "metrics": [{k: v for k, v in m.items() if not k.endswith("_s")}

@@ -7,6 +7,7 @@ train sections) and `CompareConfig` (the shared sections, seeds, evaluation and 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 from vpo.compare import verdicts
@@ -96,6 +97,11 @@ class CompareConfig:
     # "search" (island search, always), "best_of_n", "revision"
     search_methods: str = "search"
     search_best_of_n: bool = False  # add best-of-N to search_methods (older configs)
+    # Can inference buy back what training removed? After the search stage, the warm start (in
+    # its calibrated mode) and the arms of the primary claims search again, island search and
+    # best-of-N, at each of these sampling temperatures other than search.temperature, with the
+    # same keys (`vpo.compare.search_leg.temperature_sweep`; a comma-separated list, or () off)
+    search_temperatures: tuple[float, ...] | str = ()
     probe_samples: int = 8  # generations per hard problem in the mutation-operator probe
     devices: int = 1  # RL runs on the first `devices` devices (-1: all, a data-parallel mesh)
     # The pilot gate, before RL (`vpo.compare.gate.pilot_gate`): the warm start measured on
@@ -139,6 +145,16 @@ class CompareConfig:
         temperature=0.7))
 
     def __post_init__(self):
+        temps = self.search_temperatures
+        try:
+            temps = tuple(float(t) for t in (temps.split(",") if isinstance(temps, str) else temps)
+                          if str(t).strip())
+        except ValueError:
+            raise ConfigError(f"search_temperatures: {self.search_temperatures!r}; a "
+                              "comma-separated list of temperatures, e.g. 1.0,1.3") from None
+        if any(not (t > 0 and math.isfinite(t)) for t in temps) or len(set(temps)) < len(temps):
+            raise ConfigError(f"search_temperatures: {temps}; each > 0, finite, named once")
+        object.__setattr__(self, "search_temperatures", temps)
         names = self.arm_names
         unknown = [a for a in names if a not in ARMS]
         if unknown or not names:
@@ -240,6 +256,13 @@ class CompareConfig:
     @property
     def arm_names(self) -> list[str]:
         return [a.strip() for a in self.arms.split(",") if a.strip()]
+
+    @property
+    def primary_arms(self) -> list[str]:
+        """The arms the primary claims name (not the warm start), in `arms` order."""
+        named = {n for k in verdicts.primary_keys(self.primary)
+                 for n in (verdicts.parse_key(k).a, verdicts.parse_key(k).b)}
+        return [a for a in self.arm_names if a in named]
 
     @property
     def search_method_names(self) -> list[str]:
@@ -386,7 +409,7 @@ PRESETS: dict[str, CompareConfig] = {
     "default": CompareConfig(
         task="codeword", arms="grpo,clip_cov,multi_rlvr,vpo", num_seeds=8, sft_steps=6000,
         search_pool=32, search_problems=32, search_seeds=1,
-        search_methods="search,best_of_n,revision",
+        search_methods="search,best_of_n,revision", search_temperatures=(1.0, 1.3),
         primary="vpo-grpo:search,vpo-grpo:best,vpo-grpo:diversity", design_notes=CODEWORD_NOTES,
         gate_pass_min=0.0,  # no pass claim; the reward is graded per position (CODEWORD_NOTES)
         train=TrainConfig(steps=300, batch_size=8, num_problems=1000, learning_rate=3e-4,

@@ -92,6 +92,11 @@ def estimate_seconds(cfg: CompareConfig, task) -> dict[str, float]:
     policies = ([(m, cfg.num_seeds * len(cfg.search_method_names)) for m in arms]
                 + [(m, cfg.num_seeds * len(cfg.search_method_names) + 1)
                    for m in cfg.all_answers])
+    # the temperature sweep: island search and best-of-N, per other temperature, for the warm
+    # start (its mode is calibrated later: the larger m, the cheaper, counted) and primary arms
+    extra = 2 * cfg.num_seeds * len(set(cfg.search_temperatures) - {cfg.search.temperature})
+    policies += [(cfg.arm_answers(a), extra) for a in cfg.primary_arms]
+    policies += [(max(cfg.all_answers), extra)] if extra else []
     srch = sum(n * cfg.search_seeds * cfg.search_problems * cfg.search.budget // m
                * (tok[m] + P) for m, n in policies)
     out = {"warm start": 0.0 if cfg.init else _COST["sft"] * cfg.sft_steps * cfg.sft_batch
@@ -347,18 +352,22 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     if resume:  # the RL stage's time: every run's own, whichever session trained it
         wall["RL"] = sum(r.seconds for rs in runs.values() for r in rs)
     evals = stage("evaluation", lambda: evaluate_arms(cfg, task, policy, runs, log))
-    searches = probes = None
+    searches = probes = temperatures = None
     if with_search:
         rows = policy_rows(cfg, policy, runs)
         searches = stage("search", lambda: search_leg.search_arms(
             cfg, task, rows, chosen, calibration, log,
             progress=lambda i, n, t0, what: _progress(log, "search", i, n, t0, what)))
+        if cfg.search_temperatures:
+            temperatures = stage("temperatures", lambda: search_leg.temperature_sweep(
+                cfg, task, search_leg.sweep_rows(cfg, rows, calibration), chosen, calibration,
+                progress=lambda i, n, t0, what: _progress(log, "temperatures", i, n, t0, what)))
         probes = stage("mutation probe", lambda: probe_arms(cfg, task, policy, runs, chosen))
     wall["total"] = sum(wall.values())
     loads.append(compare_report.machine_load())
     summary = compare_report.write_report(out_dir, cfg, command=command, wall=wall, runs=runs,
                                           evals=evals, searches=searches, probes=probes,
-                                          load=" -> ".join(loads),
+                                          temperatures=temperatures, load=" -> ".join(loads),
                                           gate=gate | {"failed": failed,
                                                        **({"pilot": pilot} if pilot else {})},
                                           data=compare_data.describe(cfg, task))

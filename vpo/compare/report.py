@@ -30,7 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from vpo.compare import data as compare_data
-from vpo.compare import search_report, verdicts
+from vpo.compare import search_report, temperature_report, verdicts
 from vpo.compare.config import ARMS, CompareConfig
 from vpo.config import from_dict
 from vpo.eval import claims, entropy_law, plots
@@ -357,7 +357,7 @@ def _search_curves(searches) -> dict[str, tuple]:
 
 
 def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[str, float],
-                 runs, evals, searches=None, probes=None, load: str = "",
+                 runs, evals, searches=None, probes=None, temperatures=None, load: str = "",
                  gate: dict[str, Any] | None = None,
                  data: dict[str, Any] | None = None) -> dict[str, Any]:
     """summary.json, the PNGs (best@k, pass@k, training curves, search, entropy law, and all
@@ -420,6 +420,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                     ylabel=f"solved (of {len(searches['problems'])})",
                     title="island search on the hard problems (mean, 95% interval)")
         pngs[-1].append("search_solved.png")
+    if temperatures is not None and searches is not None:
+        pngs.append([temperature_report.write_figure(out_dir, temperatures, searches)])
     plots.combine_pngs(os.path.join(out_dir, "report.png"),
                        [[os.path.join(out_dir, n) for n in row] for row in pngs],
                        title=f"vpo compare: {', '.join(cfg.arm_names)} on {cfg.task}")
@@ -432,7 +434,8 @@ def write_report(out_dir: str, cfg: CompareConfig, *, command: str, wall: dict[s
                "static": static_arms(runs),
                "entropy_law": {a: {k: v for k, v in t.items() if k != "fits"} | {
                    "trajectories": law[a]} for a, t in laws.items()},
-               "eval": evals, "search": searches, "probe": probes, "train": train}
+               "eval": evals, "search": searches, "probe": probes, "train": train,
+               **({"temperature": temperatures} if temperatures is not None else {})}
     text = json.dumps(summary, indent=1, default=float)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         f.write(text)
@@ -459,7 +462,8 @@ def render(summary: dict[str, Any]) -> str:
     return report_text(cfg, summary["command"], summary["wall_s"], head, families,
                        law_table(law), searches, probes, summary.get("load", ""), static=static,
                        preregistered="primary" in summary["config"], gate=summary.get("gate"),
-                       data=summary.get("data"), per_answer_reward=_per_answer(train))
+                       data=summary.get("data"), per_answer_reward=_per_answer(train),
+                       temperatures=summary.get("temperature"))
 
 
 def static_arms(runs) -> list[str]:
@@ -566,7 +570,8 @@ def _gate_lines(cfg, gate: dict[str, Any] | None) -> list[str]:
 def report_text(cfg, command, wall, head, families, laws, searches, probes, load,
                 static: list[str] | None = None, preregistered: bool = True,
                 gate: dict[str, Any] | None = None,
-                data: dict[str, Any] | None = None, per_answer_reward: bool = False) -> str:
+                data: dict[str, Any] | None = None, per_answer_reward: bool = False,
+                temperatures: dict[str, Any] | None = None) -> str:
     """report.md: `families` as from `verdict_families` (each printed with its correction),
     the design lines first; `data`: your data's record (`vpo.compare.data.describe`). Each
     section is one function below, in the report's order."""
@@ -584,11 +589,13 @@ def report_text(cfg, command, wall, head, families, laws, searches, probes, load
                               families.get(CHECKPOINTS[0], []))
     if families.get("budget") or families.get("bridge"):
         lines += _curves_text(cfg, searches, head, families)
+    if temperatures is not None and searches is not None:
+        lines += temperature_report.lines(temperatures, searches)
     if probes:
         lines += _probe_text(cfg, head, probes, families["remedies"])
     lines += _trend_lines(families, per_answer_reward)
     lines += _law_lines(cfg, laws)
-    lines += _figure_lines(laws, searches)
+    lines += _figure_lines(laws, searches, temperatures is not None)
     lines += _wall_lines(wall, load)
     return "\n".join(lines)
 
@@ -741,8 +748,9 @@ def _law_lines(cfg, laws) -> list[str]:
     return lines
 
 
-def _figure_lines(laws, searches) -> list[str]:
-    """The report's PNGs: evaluation, training, the entropy law and the search, as present."""
+def _figure_lines(laws, searches, temperatures: bool = False) -> list[str]:
+    """The report's PNGs: evaluation, training, the entropy law, the search and the temperature
+    sweep, as present."""
     lines = ["", "## Figures", "", "![best@k](best_at_k.png) ![pass@k](pass_at_k.png)", "",
              "![training](training.png)", ""]
     if laws:
@@ -751,6 +759,8 @@ def _figure_lines(laws, searches) -> list[str]:
         lines += ["![budget curves](budget_curves.png)", "", "![bridge](bridge.png)", ""]
     elif searches:
         lines += ["![search](search_solved.png)", ""]
+    if searches and temperatures:
+        lines += [f"![temperature]({temperature_report.FIGURE})", ""]
     return lines
 
 

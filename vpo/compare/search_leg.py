@@ -16,6 +16,9 @@ policy's searches on them.
                       start's searches vary as the arms' do. Each search records the budget
                       point at which it first solved each problem (`first_SP`), so the solved
                       fraction at every budget (the budget curves) comes from one run.
+  4. `temperature_sweep` after the search stage (`search_temperatures`): can inference buy
+                      back what training removed? The warm start in its calibrated mode and the
+                      primary claims' arms search again at other sampling temperatures.
 
 The island search is Mind Evolution's (Lee et al., arXiv 2501.09891) with the policy as mutation
 operator, as in the VPO paper's test-time search (Bahlous-Boldi et al., arXiv 2605.22817).
@@ -158,6 +161,8 @@ def search_arms(cfg, task, rows, chosen: dict[str, Any], calibration: dict[str, 
             first = first_solved(trace.solved, S, P)
             rec["first_SP"][method] = first.tolist()
             rec.setdefault("evaluated", np.asarray(trace.evaluated)[0].tolist())
+            if method == "search" and trace.probe is not None:  # summed over copies, points
+                rec["probe"] = np.asarray(trace.probe).sum((0, 1)).astype(int).tolist()
         island = np.asarray(rec["first_SP"]["search"])
         G = len(rec["evaluated"])
         rec["solved_SP"] = solved_at(island, point).tolist()
@@ -168,4 +173,43 @@ def search_arms(cfg, task, rows, chosen: dict[str, Any], calibration: dict[str, 
         out["rows"].setdefault(name, []).append(rec)
         if progress is not None:
             progress(i + 1, len(rows), t0, f"{name} seed {seed}")
+    return out
+
+
+def sweep_rows(cfg, rows, calibration: dict[str, Any]) -> list:
+    """The rows the temperature sweep searches with: the warm start in the mode calibration
+    chose, and every arm a primary claim names (rows as `search_arms` takes them)."""
+    warm = f"sft (m={calibration['mode']})"
+    return [r for r in rows if r[0] == warm or r[0] in cfg.primary_arms]
+
+
+def temperature_sweep(cfg, task, rows, chosen: dict[str, Any], calibration: dict[str, Any],
+                      progress=None) -> dict[str, Any]:
+    """Island search and best-of-N with each row's policy at every temperature of
+    `cfg.search_temperatures` except `cfg.search.temperature` (that one is the search stage's),
+    with the search stage's keys, so each row seed pairs with its own search at the main
+    temperature. Per row, temperature and seed: problems solved at the calibrated point by each
+    method, and the island search's mechanism probe summed over copies and generations
+    (`vpo.search.ingraph.PROBE_FIELDS`)."""
+    sub = search_records(cfg, task, chosen)
+    S, P, point = cfg.search_seeds, len(sub), calibration["point"]
+    temps = [t for t in cfg.search_temperatures if t != cfg.search.temperature]
+    out: dict[str, Any] = {"temperatures": temps, "main": cfg.search.temperature,
+                           "point": point, "budget": calibration["budget"], "rows": {}}
+    t0, todo = time.perf_counter(), len(rows) * len(temps)
+    for i, (T, (name, seed, m, model)) in enumerate(
+            (T, r) for T in temps for r in rows):
+        scfg = dataclasses.replace(cfg.search, num_answers=m, temperature=T)
+        key = jax.random.fold_in(jax.random.key(cfg.search_split_seed + SEARCH_KEY), seed)
+        traces = run_all_methods(key, model, task, sub * S, scfg, methods=("search", "best_of_n"))
+        rec = {"temperature": T, "seed": seed, "m": m}
+        for method, res in traces.items():
+            first = first_solved(res.trace.solved, S, P)
+            rec[method] = int(solved_at(first, point).sum()) / S
+        probe = traces["search"].trace.probe
+        rec["probe"] = (np.asarray(probe).sum((0, 1)).astype(int).tolist()
+                        if probe is not None else None)
+        out["rows"].setdefault(name, []).append(rec)
+        if progress is not None:
+            progress(i + 1, todo, t0, f"{name} seed {seed} at T = {T:g}")
     return out
