@@ -55,7 +55,8 @@ def rerender_with_figures(src: str, out: str) -> str:
     os.makedirs(out, exist_ok=True)
     compare_report.write_report(out, cfg, command=d["command"], wall=d["wall_s"], runs=runs,
                                 evals=d["eval"], searches=d["search"], probes=d["probe"],
-                                load=d["load"])
+                                temperatures=d.get("temperature"), load=d["load"],
+                                gate=d.get("gate"), data=d.get("data"))
     return os.path.join(out, "report.md")
 
 

@@ -91,8 +91,9 @@ def lines(temps: dict[str, Any], searches: dict[str, Any]) -> list[str]:
     arms = [n for n in pts if not n.startswith("sft")]
     if len(arms) > 1:
         base, main = arms[0], temps["main"]
-        out += ["", f"Island search minus {base}'s at the same temperature, and against "
-                f"{base}'s at {main:g} (paired by seed):", ""]
+        out += ["", f"Island search minus {base}'s at the same temperature, then {base}'s at "
+                f"each other temperature minus the other arms' at {main:g} (does heat buy "
+                f"{base} the other arm's search?), paired by seed:", ""]
         for a in arms[1:]:
             for T in pts[a]:
                 _, x, y = claims.pair_by_seed(pts[a][T]["seeds"], pts[a][T]["search"],
