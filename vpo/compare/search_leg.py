@@ -90,6 +90,14 @@ def budget_point(fractions, lo: float, hi: float) -> tuple[int, bool]:
     return point, bool(lo <= f[point] <= hi)
 
 
+def probe_counts(trace) -> list[int] | None:
+    """A batched island-search trace's mechanism probe summed over copies and budget points:
+    the 4 counts of `vpo.search.ingraph.PROBE_FIELDS` (None: a host search has no probe)."""
+    if trace.probe is None:
+        return None
+    return np.asarray(trace.probe).sum((0, 1)).astype(int).tolist()
+
+
 def search_records(cfg, task, chosen: dict[str, Any]) -> list:
     records = compare_data.search_pool(cfg, task)
     return [records[i] for i in chosen["problems"]]
@@ -161,8 +169,8 @@ def search_arms(cfg, task, rows, chosen: dict[str, Any], calibration: dict[str, 
             first = first_solved(trace.solved, S, P)
             rec["first_SP"][method] = first.tolist()
             rec.setdefault("evaluated", np.asarray(trace.evaluated)[0].tolist())
-            if method == "search" and trace.probe is not None:  # summed over copies, points
-                rec["probe"] = np.asarray(trace.probe).sum((0, 1)).astype(int).tolist()
+            if method == "search" and trace.probe is not None:
+                rec["probe"] = probe_counts(trace)
         island = np.asarray(rec["first_SP"]["search"])
         G = len(rec["evaluated"])
         rec["solved_SP"] = solved_at(island, point).tolist()
@@ -206,9 +214,7 @@ def temperature_sweep(cfg, task, rows, chosen: dict[str, Any], calibration: dict
         for method, res in traces.items():
             first = first_solved(res.trace.solved, S, P)
             rec[method] = int(solved_at(first, point).sum()) / S
-        probe = traces["search"].trace.probe
-        rec["probe"] = (np.asarray(probe).sum((0, 1)).astype(int).tolist()
-                        if probe is not None else None)
+        rec["probe"] = probe_counts(traces["search"].trace)
         out["rows"].setdefault(name, []).append(rec)
         if progress is not None:
             progress(i + 1, todo, t0, f"{name} seed {seed} at T = {T:g}")
