@@ -8,6 +8,7 @@ import ast
 import concurrent.futures
 import contextlib
 import io
+import json
 
 import jax
 import numpy as np
@@ -44,6 +45,34 @@ def served():
     with TestClient(make_app(engine, limits)) as client:
         yield client, engine, limits
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def url(served):
+    """The base URL of the served app under uvicorn on a free local port (a real server, as
+    `vpo serve` runs it), for the OpenAI client."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    _, engine, limits = served
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(make_app(engine, limits), host="127.0.0.1",
+                                           port=port, log_config=None, lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join()
 
 
 def _reference(engine, prompt, seed, n, max_tokens, **sampling):
@@ -161,7 +190,21 @@ def test_stop_strings_cut_the_text_and_the_tokens(served):
     ({"prompt": "up", "max_tokens": 65}, 400, "max_tokens"),
     ({"prompt": list(range(3, 3 + 65))}, 400, "prompt"),
     ({"prompt": [10 ** 9]}, 422, "prompt"),
-    ({"prompt": "up", "stream": True}, 422, "stream"),
+    ({"prompt": "up", "stream": "yes"}, 422, "stream"),
+    ({"prompt": "up", "foo_bar": 1}, 422, "foo_bar"),
+    ({"prompt": "up", "min_p": 0.1}, 422, "min_p"),
+    ({"prompt": "up", "response_format": {"type": "json_object"}}, 422, "response_format"),
+    ({"prompt": "up", "stream_options": {"include_usage": True}}, 422, "stream_options"),
+    ({"prompt": "up", "echo": True, "stream": True}, 422, "echo"),
+    ({"prompt": "up", "max_tokens": 0}, 422, "max_tokens"),
+    ({"prompt": "up", "logprobs": 6}, 422, "logprobs"),
+    ({"prompt": "up", "top_k": 1 << 40}, 422, "top_k"),
+    ({"prompt": "up", "seed": -1}, 400, "seed"),
+    ({"prompt": "up", "seed": 1 << 63}, 400, "seed"),
+    ({"prompt": "up", "temperature": float("nan")}, 400, "temperature"),
+    ({"prompt": "up", "top_p": float("inf")}, 400, "top_p"),
+    ({"prompt": "up", "logit_bias": {"5": float("-inf")}}, 400, "logit_bias"),
+    ({"prompt": "up \ud800"}, 422, "prompt"),
     ({"prompt": "up", "stop": [1]}, 422, "stop"),
     ({"prompt": "up", "seed": "x"}, 422, "seed"),
     ({}, 422, "prompt"),
@@ -169,7 +212,8 @@ def test_stop_strings_cut_the_text_and_the_tokens(served):
 ])
 def test_bad_requests_get_openai_errors_and_the_server_goes_on(served, body, status, param):
     client, _, _ = served
-    r = client.post("/v1/completions", json=body)
+    r = client.post("/v1/completions", content=json.dumps(body),  # NaN and \ud800 as Python
+                    headers={"content-type": "application/json"})  # writes them
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
@@ -237,26 +281,14 @@ def test_request_keys_are_vpo_samples():
     np.testing.assert_array_equal(request_keys(SEED, 6), jax.random.key_data(keys))
 
 
-def test_the_openai_client_recipe_runs_against_a_real_server(served, tmp_path, capsys):
+def test_the_openai_client_recipe_runs_against_a_real_server(served, url, tmp_path, capsys):
     """docs/usage.md's recipe: `vpo serve` listening on a port (uvicorn, as the command runs
     it) and examples/serve/eval_client.py, a plain OpenAI client, scoring its answers; the
     completions are those the endpoint returns for the same seeds."""
     import importlib.util
-    import json
     import pathlib
-    import socket
-    import threading
-
-    import uvicorn
 
     client, engine, limits = served
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, limits), host="127.0.0.1",
-                                           port=port, log_config=None, lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     path = pathlib.Path(__file__).resolve().parent.parent.parent / "examples/serve/eval_client.py"
     spec = importlib.util.spec_from_file_location("eval_client", path)
     eval_client = importlib.util.module_from_spec(spec)
@@ -264,19 +296,8 @@ def test_the_openai_client_recipe_runs_against_a_real_server(served, tmp_path, c
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in (
         {"prompt": "go up", "solution": "up"}, {"prompt": "go left", "solution": "zebra"})))
-    try:
-        import time
-
-        for _ in range(100):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert eval_client.main(["--data", str(data), "--base-url", f"http://127.0.0.1:{port}/v1",
-                                 "--n", "3", "--max-tokens", "8", "--out",
-                                 str(tmp_path / "out.jsonl")]) == 0
-    finally:
-        server.should_exit = True
-        thread.join()
+    assert eval_client.main(["--data", str(data), "--base-url", url, "--n", "3",
+                             "--max-tokens", "8", "--out", str(tmp_path / "out.jsonl")]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["model"] == "tiny" and summary["rows"] == 2 and summary["n"] == 3
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
@@ -305,3 +326,235 @@ def test_a_failed_generation_answers_500_and_the_server_goes_on(served, monkeypa
     ok = client.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 3, "seed": 1})
     assert ok.status_code == 200
     assert ok.json()["choices"][0]["token_ids"] == _reference(engine, [4, 5], 1, 1, 3)[0][0]
+
+
+def _openai(url):
+    import openai
+
+    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_a_stream_is_the_non_streamed_answer_in_pieces(served, url):
+    """The real `openai` client, stream: true: role delta first, content pieces, each choice's
+    finish_reason in its last chunk, a usage chunk with no choices; the text, tokens and
+    log-probs are the non-streamed answer's for the same seed."""
+    client, _, _ = served
+    ask = dict(messages=[{"role": "user", "content": "go up then left"}], n=2, seed=5,
+               max_tokens=20, logprobs=True, top_logprobs=2)
+    whole = client.post("/v1/chat/completions", json=ask).json()
+    chunks = list(_openai(url).chat.completions.create(
+        model="tiny", stream=True, stream_options={"include_usage": True}, **ask))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == {
+        **whole["usage"], "completion_tokens_details": None, "prompt_tokens_details": None}
+    for j, choice in enumerate(whole["choices"]):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == j]
+        assert mine[0].delta.role == "assistant"
+        assert [m.finish_reason for m in mine[:-1]] == [None] * (len(mine) - 1)
+        assert mine[-1].finish_reason == choice["finish_reason"]
+        assert "".join(m.delta.content or "" for m in mine) == choice["message"]["content"]
+        assert len(mine) > 3  # pieces, not one chunk at the end
+        streamed = [t for m in mine if m.logprobs for t in m.logprobs.content]
+        assert [t.model_dump() for t in streamed] == choice["logprobs"]["content"]
+        assert [i for m in mine for i in m.model_extra.get("token_ids", [])] == choice["token_ids"]
+
+
+def test_a_streamed_completion_stops_where_the_answer_does(served, url):
+    """Text completions streamed through the async client, with a stop string spanning
+    tokens: the pieces join to the non-streamed text, none shows the stop string."""
+    import asyncio
+
+    import openai
+
+    client, _, _ = served
+    ask = dict(prompt=[4, 8, 15, 16], seed=11, max_tokens=24)
+    full = client.post("/v1/completions", json=ask).json()["choices"][0]["text"]
+    stop = full.split()[3][:3]  # a piece of a word: the text before it is held back
+    cut = client.post("/v1/completions", json={**ask, "stop": [stop], "logprobs": 1}).json()
+    cut = cut["choices"][0]
+
+    async def stream():
+        aclient = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
+        try:
+            return [c async for c in await aclient.completions.create(
+                model="tiny", stream=True, stop=[stop], logprobs=1, **ask)]
+        finally:
+            await aclient.close()
+
+    chunks = asyncio.run(stream())
+    pieces = [c.choices[0].text for c in chunks]
+    assert "".join(pieces) == cut["text"] and cut["finish_reason"] == "stop"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert all(stop not in "".join(pieces[:k + 1]) for k in range(len(pieces)))
+    assert [lp for c in chunks if c.choices[0].logprobs
+            for lp in c.choices[0].logprobs.token_logprobs] == \
+        cut["logprobs"]["token_logprobs"]
+
+
+def test_settled_text_holds_back_what_a_stop_string_could_start():
+    from vpo.serve.stream import held_back, settled
+
+    assert held_back("go up and", ["and then"]) == 3
+    assert held_back("go up an", ["and then", "n"]) == 2
+    assert held_back("go up", ["xyz"]) == 0
+    assert settled("go up an", ["and"]) == "go up"
+    assert settled("go up \ufffd", []) == "go up"  # an unfinished character, then spaces
+    assert settled("", ["a"]) == ""
+
+
+def _model_logp(engine, context, continuation):
+    ids = np.asarray([context], np.int32)
+    logp, _ = completion_logp(engine.model, ids, np.ones_like(ids, bool),
+                              np.asarray(continuation, np.int32)[None, None])
+    return np.asarray(logp)[0, 0]
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_scores_a_prompt_as_lm_evals_local_completions_asks(served, max_tokens):
+    """lm-eval's log-likelihood request: token-id prompts (context + continuation), echo,
+    logprobs 1, temperature 0; the prompt's log-probs (the first None) are the model's,
+    the top alternative is the argmax (lm-eval's is_greedy)."""
+    client, engine, _ = served
+    context, continuation = [5, 9, 14, 3, 22], [40, 41, 7]
+    prompts = [context + continuation, [6, 2, 11, 9]]
+    r = client.post("/v1/completions", json={
+        "prompt": prompts, "echo": True, "max_tokens": max_tokens, "logprobs": 1,
+        "temperature": 0, "seed": 1234})
+    assert r.status_code == 200, r.text
+    for prompt, choice in zip(prompts, r.json()["choices"], strict=True):
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(prompt) + max_tokens == len(lp["token_logprobs"])
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        np.testing.assert_allclose(lp["token_logprobs"][1:len(prompt)],
+                                   _model_logp(engine, prompt[:1], prompt[1:]), atol=2e-5)
+        assert choice["text"].startswith(engine.tokenizer.decode(prompt,
+                                                                 skip_special_tokens=False))
+        for t, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:], strict=True):
+            assert len(top) == 1 and max(top.values()) >= t - 1e-6
+        assert lp["text_offset"] == sorted(lp["text_offset"])
+    choice = r.json()["choices"][0]
+    ctx = len(context)
+    ll = sum(choice["logprobs"]["token_logprobs"][ctx:len(prompts[0])])
+    assert ll == pytest.approx(float(_model_logp(engine, context, continuation).sum()),
+                               abs=1e-4)
+    greedy = np.argmax(_greedy_logits(engine, prompts[0]), -1)[ctx - 1:-1].tolist() \
+        == continuation
+    tops = choice["logprobs"]["top_logprobs"][ctx:len(prompts[0])]
+    toks = choice["logprobs"]["token_logprobs"][ctx:len(prompts[0])]
+    assert greedy == all(t == max(top.values()) for t, top in zip(toks, tops, strict=True))
+
+
+def _greedy_logits(engine, prompt):
+    ids = np.asarray([prompt], np.int32)
+    hidden, _ = engine.model.prefill(ids, np.ones_like(ids, bool))
+    return np.asarray(engine.model.logits(hidden))[0]
+
+
+def test_echo_of_a_text_prompt_without_logprobs(served):
+    client, _, _ = served
+    r = client.post("/v1/completions", json={"prompt": "go up", "echo": True,
+                                             "max_tokens": 3, "seed": 2})
+    assert r.status_code == 200, r.text
+    plain = client.post("/v1/completions", json={"prompt": "go up", "max_tokens": 3,
+                                                 "seed": 2}).json()["choices"][0]
+    assert r.json()["choices"][0]["text"] == "go up" + plain["text"]
+    assert r.json()["choices"][0]["logprobs"] is None
+
+
+def test_deep_huge_and_odd_bodies_are_refused_fast(served):
+    """100k nested arrays: 400 before parsing (no RecursionError, no 500); a 5 MB prompt:
+    400 before tokenising; a message's tool call: 422 by name."""
+    import time
+
+    client, _, _ = served
+    for body in (b"[" * 100_000 + b"]" * 100_000,
+                 b'{"prompt": ' + b"[" * 70 + b"1" + b"]" * 70 + b"}"):
+        r = client.post("/v1/completions", content=body)
+        assert r.status_code == 400 and "nested" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/completions", content=b'{"prompt": "[[[[", "max_tokens": 2}')
+    assert r.status_code == 200, r.text  # brackets inside a string are text
+    t0 = time.perf_counter()
+    r = client.post("/v1/completions", json={"prompt": "up " * ((5 << 20) // 3)})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert time.perf_counter() - t0 < 5
+    r = client.post("/v1/chat/completions", json={"messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}]})
+    assert r.status_code == 422 and "tool_calls" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/chat/completions", json={  # an answer's message echoed back as is
+        "messages": [{"role": "user", "content": "up"},
+                     {"role": "assistant", "content": "L", "tool_calls": None,
+                      "refusal": None}], "max_tokens": 2, "user": "someone",
+        "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
+
+
+def test_a_seed_keeps_all_its_bits():
+    np.testing.assert_array_equal(request_keys((1 << 32) + SEED, 3)[:, 1],
+                                  request_keys((1 << 32) + SEED, 3)[:, 1])
+    assert not np.array_equal(request_keys((1 << 32) + SEED, 3), request_keys(SEED, 3))
+    keys = jax.random.split(jax.random.key(SEED), 3)  # under 2**32: jax's own keys
+    np.testing.assert_array_equal(request_keys(SEED, 3), jax.random.key_data(keys))
+
+
+def _wait_idle(engine, timeout=60.0):
+    import time
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        load = engine.load()
+        if load["decoding"] == 0 and load["waiting"] == 0:
+            return load
+        time.sleep(0.02)
+    raise AssertionError(f"the engine is still busy: {engine.load()}")
+
+
+def test_a_client_that_goes_away_frees_its_rows(served, url):
+    """32 rows x 64 tokens abandoned, streamed (after its first chunk) and not (the socket
+    closed once the request is sent): the waiting rows leave the queue, the decoding ones
+    their slots, and a short request is answered."""
+    import socket
+    import time
+    import urllib.parse
+
+    client, engine, _ = served
+    long = {"prompt": [4, 5, 6], "n": 32, "max_tokens": 64, "seed": 3}
+    before = _wait_idle(engine)["cancelled_rows"]
+    with _openai(url).completions.create(model="tiny", stream=True, **long) as chunks:
+        next(iter(chunks))
+    after_stream = _wait_idle(engine)["cancelled_rows"]
+    assert after_stream - before >= 16  # over half the rows never ran
+    host = urllib.parse.urlparse(url)
+    body = json.dumps(long).encode()
+    with socket.create_connection((host.hostname, host.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                     b"application/json\r\ncontent-length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        for _ in range(1000):  # hang up once the engine holds the request
+            if engine.load()["waiting"]:
+                break
+            time.sleep(0.01)
+        assert engine.load()["waiting"]
+    assert _wait_idle(engine)["cancelled_rows"] - after_stream >= 16
+    r = client.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 3, "seed": 1})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["token_ids"] == _reference(engine, [4, 5], 1, 1, 3)[0][0]
+
+
+def test_models_created_and_the_access_log(served):
+    import time
+
+    _, engine, limits = served
+    log = io.StringIO()
+    t0 = int(time.time())
+    with TestClient(make_app(engine, limits, access_log=log)) as client:
+        created = client.get("/v1/models").json()["data"][0]["created"]
+        r = client.post("/v1/completions", json={"prompt": [4, 5], "max_tokens": 3})
+        bad = client.post("/v1/completions", json={"prompt": [4, 5], "foo_bar": 1})
+    assert t0 - 1 <= created <= time.time()
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("GET /v1/models 200 tokens=- ")
+    total = r.json()["usage"]["total_tokens"]
+    assert lines[1].startswith(f"POST /v1/completions 200 tokens={total} ")
+    assert lines[1].endswith("ms") and bad.status_code == 422
+    assert lines[2].startswith("POST /v1/completions 422 tokens=- ")
+    assert _args("--quiet").quiet and not _args().quiet

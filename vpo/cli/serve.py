@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 from vpo.launch.policy_runs import stage
@@ -95,7 +96,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"prompts up to {limits.prompt_len} tokens, up to {limits.max_new_tokens} new)")
     engine.start()
     try:
-        uvicorn.run(make_app(engine, limits), host=args.host, port=args.port,
+        app = make_app(engine, limits, access_log=None if args.quiet else sys.stderr)
+        uvicorn.run(app, host=args.host, port=args.port,
                     log_level="warning", timeout_graceful_shutdown=10)
     finally:
         engine.close()
@@ -130,5 +132,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    "wait for no compile)")
     p.add_argument("--seed", type=int, default=0, help="the --preset model's init and the "
                    "seeds of requests that send none")
+    p.add_argument("--quiet", action="store_true", help="no access log (by default each "
+                   "request writes a line to stderr: method, path, status, tokens, ms)")
     p.add_argument("--compile-cache", default="~/.cache/vpo/jax",
                    help="persistent XLA compile cache ('' to disable)")

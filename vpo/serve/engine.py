@@ -13,6 +13,11 @@ request with seed s decodes with key j of `jax.random.split(jax.random.key(s), r
 `vpo sample` gives its prompts x samples, so the same seed draws the same tokens.
 
 The waiting queue is bounded (`queue` rows): `submit` raises `QueueFullError` (HTTP 503) past it.
+
+A request submitted with a `listener` is told, from the engine thread after every chunk read
+back, each row's new tokens (`Update`; the last one carries the row's `Completion`): what a
+streamed response sends as it goes. Cancelling a request's future (its client went away) takes
+its waiting rows off the queue at once and frees its decoding rows' slots before the next chunk.
 """
 
 from __future__ import annotations
@@ -20,16 +25,32 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import threading
+from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from vpo.rollout import live as live_lib
-from vpo.serve.protocol import Completion, Generation
+from vpo.serve.protocol import MAX_LOGPROBS, Completion, Generation, PromptScores
 
 MIN_PROMPT_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """What row `j` of a request added in a chunk: its new token ids, their log-probs and top
+    alternatives; `completion` once the row has ended (the tokens then stop where it does: a
+    stop string's cut drops the tokens after it)."""
+
+    j: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+    completion: Completion | None = None
 
 
 class QueueFullError(RuntimeError):
@@ -44,6 +65,8 @@ class _Request:
     done: list  # Completion per row, None while decoding
     left: int
     keys_J2: np.ndarray | None = None  # made by the engine thread on first admission
+    listener: Callable[[Update], None] | None = None
+    cancelled: bool = False
 
 
 @dataclasses.dataclass
@@ -53,6 +76,7 @@ class _Row:
     tokens: list = dataclasses.field(default_factory=list)
     logps: list = dataclasses.field(default_factory=list)
     top: list = dataclasses.field(default_factory=list)
+    reported: int = 0  # tokens told to the request's listener
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -70,8 +94,25 @@ def bucket(n: int, low: int, high: int) -> int:
 
 def request_keys(seed: int, rows: int) -> np.ndarray:
     """uint32 [rows, 2]: the key data of `jax.random.split(jax.random.key(seed), rows)`, the
-    keys `vpo sample` splits for its prompts x samples from --seed."""
-    return np.asarray(jax.random.key_data(jax.random.split(jax.random.key(seed), rows)))
+    keys `vpo sample` splits for its prompts x samples from --seed. A seed of 2**32 or more
+    keeps its high 32 bits (the key jax makes of it with 64-bit integers on), not wrapped."""
+    key = jax.random.wrap_key_data(np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32))
+    return np.asarray(jax.random.key_data(jax.random.split(key, rows)))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def prompt_logp_jit(graphdef, state, tokens_BP, mask_BP):
+    """The log-prob of each prompt token given those before it, from one prefill of the
+    (left-padded) prompts → (logp_BP, top_ids_BPJ, top_logp_BPJ): position p scores token p
+    (position 0, with nothing before it, is 0); J = `MAX_LOGPROBS` alternatives."""
+    model = nnx.merge(graphdef, state)
+    hidden_BPD, _ = model.prefill(tokens_BP, mask_BP)
+    logp_BPV = jax.nn.log_softmax(model.logits(hidden_BPD).astype(jnp.float32)[:, :-1], axis=-1)
+    logp_BP = jnp.take_along_axis(logp_BPV, tokens_BP[:, 1:, None], axis=-1)[..., 0]
+    top_logp_BPJ, top_ids_BPJ = jax.lax.top_k(logp_BPV, MAX_LOGPROBS)
+    pad = ((0, 0), (1, 0))
+    return (jnp.pad(logp_BP, pad), jnp.pad(top_ids_BPJ, (*pad, (0, 0))),
+            jnp.pad(top_logp_BPJ, (*pad, (0, 0))))
 
 
 class Engine:
@@ -93,6 +134,7 @@ class Engine:
         self._waiting: collections.deque[_Row] = collections.deque()
         self._cv = threading.Condition()
         self._closed = False
+        self.cancelled_rows = 0  # rows dropped because their request was cancelled
         self._rng = np.random.default_rng(seed)
         self._kw = dict(steps=chunk, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id,
                         waiting=self._has_waiting)
@@ -113,12 +155,16 @@ class Engine:
         if self._thread.is_alive():
             self._thread.join()
 
-    def submit(self, gen: Generation) -> concurrent.futures.Future:
-        """Queue a request's rows; the future's result is its `Completion`s in row order.
-        Raises `QueueFullError` when its rows do not fit the waiting queue."""
+    def submit(self, gen: Generation,
+               listener: Callable[[Update], None] | None = None) -> concurrent.futures.Future:
+        """Queue a request's rows; the future's result is its `Completion`s in row order, and
+        `listener` (called on the engine thread; it must not block) gets each row's `Update`s.
+        Cancelling the future drops the request's rows. Raises `QueueFullError` when its rows
+        do not fit the waiting queue."""
         rows = len(gen.prompts) * gen.n
         seed = gen.seed if gen.seed is not None else int(self._rng.integers(1 << 31))
-        req = _Request(gen, concurrent.futures.Future(), seed, [None] * rows, rows)
+        req = _Request(gen, concurrent.futures.Future(), seed, [None] * rows, rows,
+                       listener=listener)
         with self._cv:
             if self._closed:
                 raise QueueFullError("the server is shutting down")
@@ -127,7 +173,34 @@ class Engine:
                                      "rows waiting); retry later")
             self._waiting.extend(_Row(req, j) for j in range(rows))
             self._cv.notify_all()
+        req.future.add_done_callback(functools.partial(self._on_done, req))
         return req.future
+
+    def _on_done(self, req: _Request, future: concurrent.futures.Future) -> None:
+        """A cancelled request's waiting rows leave the queue now; its decoding rows' slots
+        are freed by the engine thread before its next chunk."""
+        if not future.cancelled():
+            return
+        with self._cv:
+            req.cancelled = True
+            kept = [r for r in self._waiting if r.request is not req]
+            self.cancelled_rows += len(self._waiting) - len(kept)
+            self._waiting = collections.deque(kept)
+            self._cv.notify_all()
+
+    def score(self, prompt: tuple[int, ...]) -> PromptScores:
+        """The prompt's own log-probs and top `MAX_LOGPROBS` alternatives (one prefill; any
+        thread may call it: the model's weights are read, not the slots)."""
+        P = bucket(len(prompt), MIN_PROMPT_BUCKET, self.prompt_len)
+        tokens = np.full((1, P), self.tokenizer.pad_id, np.int32)
+        mask = np.zeros((1, P), bool)
+        tokens[0, P - len(prompt):], mask[0, P - len(prompt):] = prompt, True
+        logp, ids, top = jax.device_get(prompt_logp_jit(self._graphdef, self._state, tokens,
+                                                        mask))
+        real = slice(P - len(prompt), P)
+        alts = [tuple(zip(i.tolist(), v.tolist(), strict=True))
+                for i, v in zip(ids[0, real], top[0, real], strict=True)]
+        return PromptScores((None, *logp[0, real][1:].tolist()), (None, *alts[1:]))
 
     def warmup(self) -> None:
         """Compile before serving (call before `start`): for every bucket of 1, 2, 4, ...
@@ -146,10 +219,11 @@ class Engine:
                 self._graphdef, self._state, self._live, np.bool_(False), rows=A, **self._kw)
 
     def load(self) -> dict:
-        """Rows decoding and waiting (for /health)."""
+        """Rows decoding and waiting, and rows dropped by cancelled requests (for /health)."""
         with self._cv:
             return {"decoding": sum(r is not None for r in self._rows),
-                    "waiting": len(self._waiting), "slots": self.slots, "queue": self.queue}
+                    "waiting": len(self._waiting), "slots": self.slots, "queue": self.queue,
+                    "cancelled_rows": self.cancelled_rows}
 
     # -- the engine thread ---------------------------------------------------------------------
 
@@ -166,18 +240,32 @@ class Engine:
                 if self._closed:
                     self._fail_all(QueueFullError("the server is shutting down"))
                     return
+                dropped = self._drop_cancelled()
                 free = [s for s, r in enumerate(self._rows) if r is None]
                 new = [(s, self._waiting.popleft()) for s in free[:len(self._waiting)]]
                 for s, row in new:
                     self._rows[s] = row
                 waiting = bool(self._waiting)
             try:
+                if dropped.any():
+                    self._live = live_lib.release(self._live, dropped)
                 if new:
                     self._admit(new)
-                self._decode(waiting)
+                if any(self._rows):
+                    self._decode(waiting)
             except Exception as e:  # a device error fails the requests in flight, not the server
                 with self._cv:
                     self._fail_all(e)
+
+    def _drop_cancelled(self) -> np.ndarray:
+        """Free the slots of cancelled requests' rows (under the lock) → bool [slots]: the
+        slots the device must stop decoding."""
+        dropped = np.zeros((self.slots,), bool)
+        for s, row in enumerate(self._rows):
+            if row is not None and row.request.cancelled:
+                self._rows[s], dropped[s] = None, True
+        self.cancelled_rows += int(dropped.sum())
+        return dropped
 
     def _fail_all(self, error: Exception) -> None:
         """Fail every request decoding or waiting (under the lock) and free the slots."""
@@ -239,6 +327,7 @@ class Engine:
             elif chunk.ended_S[s]:
                 reason = "stop" if chunk.stopped_S[s] else "length"
                 ended.append((s, self._finish(row, reason)))
+            self._report(row)
         if released.any():
             self._live = live_lib.release(self._live, released)
         with self._cv:
@@ -247,6 +336,20 @@ class Engine:
         for _, req in ended:
             if req is not None and not req.future.done():
                 req.future.set_result(list(req.done))
+
+    @staticmethod
+    def _report(row: _Row) -> None:
+        """Tell the row's listener its tokens since the last report (its `Completion` when it
+        has ended)."""
+        req = row.request
+        if req.listener is None or req.cancelled:
+            return
+        done = req.done[row.j]
+        m = len(row.tokens) if done is None else len(done.token_ids)
+        a = row.reported
+        row.reported = m
+        req.listener(Update(row.j, tuple(row.tokens[a:m]), tuple(row.logps[a:m]),
+                            tuple(row.top[a:m]), done))
 
     def _stop_string(self, row: _Row) -> tuple[int, str] | None:
         """(tokens kept, text) when a stop string of the row's request appears in its text:

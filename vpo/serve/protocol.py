@@ -2,16 +2,20 @@
 (prompt token ids and sampling settings), and the response bodies built from its completions.
 
 Every refusal is a `vpo.errors.RequestError` naming the field: 400 a body that is not a JSON
-object or a prompt over the server's context, 404 an unknown model, 422 a value of the wrong
+object, a prompt over the server's context, a number that is not finite or a seed out of range,
+404 an unknown model, 422 a field this server does not know or implement, or a value of the wrong
 type or out of range. Fields OpenAI clients send with their neutral value (a zero penalty, an
-empty `logit_bias`, `stream: false`) are accepted; set to anything else they are refused rather
-than ignored. Responses carry, beside OpenAI's fields, the prompt's and each choice's token ids
+empty `logit_bias`, `response_format: {"type": "text"}`) are accepted; set to anything else they
+are refused rather than ignored; `IGNORED` lists the fields accepted that change nothing.
+Responses carry, beside OpenAI's fields, the prompt's and each choice's token ids
 (`prompt_token_ids`, `token_ids`: what RL against an external environment needs).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,6 +24,18 @@ from vpo.errors import RequestError
 
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs limit (completions' logprobs: 5)
+MAX_LOGPROBS = 5  # completions' logprobs limit (OpenAI's)
+MAX_SEED = 1 << 63  # seeds are in [0, 2**63): all 64 bits of the key, none wrapped
+CHARS_SLACK = 4  # a normaliser may fold this many characters of a prompt into one
+
+# Accepted and meaningless here: the field, and why it changes nothing.
+IGNORED = {"user": "an end-user id OpenAI keeps for abuse monitoring; no output depends on it"}
+_COMMON = frozenset({"model", "n", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
+                     "stream", "stream_options", "logprobs", "presence_penalty",
+                     "frequency_penalty", "logit_bias", *IGNORED})
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+                         "tools", "tool_choice"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +65,10 @@ class Generation:
     seed: int | None
     logprobs: bool
     top_logprobs: int
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    echo: bool = False  # completions: the prompt (and its log-probs) before each completion
+    texts: tuple[str | None, ...] = ()  # completions: each prompt's text as sent (None: ids)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +84,15 @@ class Completion:
     text: str
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptScores:
+    """A prompt's own log-probs (`echo`): token t's under the model given tokens < t, the top
+    alternatives at each position; position 0 has none (None, as OpenAI and vLLM report)."""
+
+    logprobs: tuple[float | None, ...]
+    top: tuple[tuple[tuple[int, float], ...] | None, ...]
+
+
 def _number(body: dict, name: str, default, *, low=None, high=None, integer=False):
     value = body.get(name, default)
     if value is None:
@@ -77,17 +106,91 @@ def _number(body: dict, name: str, default, *, low=None, high=None, integer=Fals
     return value
 
 
+def _non_finite(value, path: str) -> str | None:
+    """The path of the first NaN or infinite number in a parsed body (Python's json reads
+    NaN, Infinity and 1e999), else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, v in items:
+        if isinstance(v, dict | list | float):
+            found = _non_finite(v, f"{path}[{key!r}]" if isinstance(key, str) else
+                                f"{path}[{key}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _fields(body, allowed: frozenset) -> dict:
+    """The body as a dict of known fields with finite numbers, else the named refusal."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object", status=400)
+    unknown = sorted(k for k in body if k not in allowed)
+    if unknown:
+        raise RequestError(f"{unknown[0]}: not a field vpo serve implements (it accepts "
+                           f"{', '.join(sorted(allowed))})", param=unknown[0],
+                           code="unsupported_parameter")
+    for name, value in body.items():
+        found = _non_finite(value, name)
+        if found is not None:
+            raise RequestError(f"{found}: numbers must be finite (NaN and Infinity are not "
+                               "accepted)", status=400, param=name)
+    return body
+
+
 def _neutral(body: dict) -> None:
     """Refuse the OpenAI fields this server does not implement when set to a non-neutral value."""
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise RequestError(f"{name}: not supported by vpo serve; send 0 or leave it out",
-                               param=name)
-    for name, neutral in (("logit_bias", ({}, None)), ("stream", (False, None)),
-                          ("echo", (False, None)), ("best_of", (None, 1)),
-                          ("tools", (None, [])), ("suffix", (None, ""))):
+                               param=name, code="unsupported_parameter")
+    for name, neutral in (("logit_bias", ({}, None)), ("best_of", (None, 1)),
+                          ("tools", (None, [])), ("tool_choice", (None, "none")),
+                          ("suffix", (None, ""))):
         if body.get(name) not in neutral:
-            raise RequestError(f"{name}: not supported by vpo serve; leave it out", param=name)
+            raise RequestError(f"{name}: not supported by vpo serve (no tool calls, suffixes or "
+                               "biases yet); leave it out", param=name,
+                               code="unsupported_parameter")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise RequestError(f"response_format: {fmt!r} asks for constrained output (JSON mode or "
+                           "a schema), which vpo serve does not support; send {\"type\": \"text\"} "
+                           "or leave it out", param="response_format",
+                           code="unsupported_parameter")
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage) of `stream` and `stream_options`."""
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise RequestError(f"stream: expected true or false, got {stream!r}", param="stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise RequestError("stream_options: only with stream: true", param="stream_options")
+    if not isinstance(options, dict) or set(options) - {"include_usage"} or not isinstance(
+            options.get("include_usage", False), bool):
+        raise RequestError(f"stream_options: expected {{\"include_usage\": true|false}}, got "
+                           f"{options!r}", param="stream_options")
+    return True, options.get("include_usage", False)
+
+
+def _seed(body: dict) -> int | None:
+    seed = body.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise RequestError(f"seed: expected an integer, got {seed!r}", param="seed")
+    if not 0 <= seed < MAX_SEED:
+        raise RequestError(f"seed: {seed} is outside [0, 2**63); seeds are not wrapped",
+                           status=400, param="seed")
+    return seed
 
 
 def _model(body: dict, limits: Limits) -> None:
@@ -113,31 +216,30 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _sampling(body: dict, limits: Limits, prompts, *, default_max: int, logprobs: bool,
-              top_logprobs: int, kind: str) -> Generation:
+              top_logprobs: int, kind: str, echo: bool = False,
+              texts: tuple[str | None, ...] = ()) -> Generation:
     _neutral(body)
     _model(body, limits)
+    stream, include_usage = _stream(body)
     n = _number(body, "n", 1, low=1, integer=True)
     if n * len(prompts) > limits.max_rows:
         raise RequestError(f"n: {n} samples of {len(prompts)} prompt(s) exceed the "
                            f"{limits.max_rows} rows one request may ask for", param="n")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else \
         "max_tokens"
-    max_tokens = _number(body, name, default_max, low=1, integer=True)
+    max_tokens = _number(body, name, default_max, low=0 if echo else 1, integer=True)
     if max_tokens > limits.max_new_tokens:
         raise RequestError(f"{name}: {max_tokens} exceeds the {limits.max_new_tokens} new "
                            "tokens this server generates per completion (vpo serve "
                            "--max-tokens)", status=400, param=name,
                            code="context_length_exceeded")
-    top_k = _number(body, "top_k", 0, low=-1, integer=True)
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(f"seed: expected an integer, got {seed!r}", param="seed")
+    top_k = _number(body, "top_k", 0, low=-1, high=1 << 30, integer=True)
     return Generation(
         kind=kind, prompts=tuple(tuple(p) for p in prompts), n=n, max_tokens=max_tokens,
         temperature=float(_number(body, "temperature", 1.0, low=0.0, high=2.0)),
         top_p=float(_number(body, "top_p", 1.0, low=0.0, high=1.0)), top_k=max(top_k, 0),
-        stop=_stop(body), seed=None if seed is None else seed % (1 << 32),
-        logprobs=logprobs, top_logprobs=top_logprobs)
+        stop=_stop(body), seed=_seed(body), logprobs=logprobs, top_logprobs=top_logprobs,
+        stream=stream, include_usage=include_usage, echo=echo, texts=texts)
 
 
 def _check_prompt(ids: Sequence[int], limits: Limits, vocab: int, where: str) -> list[int]:
@@ -152,6 +254,32 @@ def _check_prompt(ids: Sequence[int], limits: Limits, vocab: int, where: str) ->
         raise RequestError(f"{where}: token id {bad[0]} is outside the vocabulary of {vocab}",
                            param=where)
     return list(ids)
+
+
+@functools.lru_cache(maxsize=8)
+def longest_token(tokenizer) -> int:
+    """The most characters one token of `tokenizer` stands for (its longest vocabulary entry,
+    plus a separating space)."""
+    backend = tokenizer.backend
+    return 1 + max(len(backend.id_to_token(i) or "") for i in range(tokenizer.size))
+
+
+def _check_chars(chars: int, tokenizer, limits: Limits, where: str) -> None:
+    """Refuse, before tokenising it, a text too long to fit the prompt capacity whatever its
+    tokens (a 5 MB prompt is refused at once, not after seconds of tokenising)."""
+    bound = limits.prompt_len * longest_token(tokenizer) * CHARS_SLACK
+    if chars > bound:
+        raise RequestError(f"{where}: the prompt's {chars} characters cannot fit the "
+                           f"{limits.prompt_len} tokens this server holds (vpo serve "
+                           "--max-prompt-tokens)", status=400, param=where,
+                           code="context_length_exceeded")
+
+
+def _encode(tokenizer, text: str, where: str) -> list[int]:
+    try:
+        return tokenizer.encode(text)
+    except Exception as e:  # e.g. a lone surrogate, which JSON can spell and UTF-8 cannot
+        raise RequestError(f"{where}: the text cannot be tokenised: {e}", param=where) from None
 
 
 def _content(message: dict, i: int) -> str:
@@ -170,21 +298,31 @@ def _content(message: dict, i: int) -> str:
     return content
 
 
+def _message(m, i: int) -> dict:
+    """One message as {role, content}; a field it would carry besides (tool calls, a name,
+    audio) is refused by name unless empty, as clients echo an answer's message back."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise RequestError(f"messages[{i}]: expected an object with a string role, got "
+                           f"{m!r}", param="messages")
+    extra = sorted(k for k, v in m.items() if k not in ("role", "content")
+                   and v not in (None, [], ""))
+    if extra:
+        raise RequestError(f"messages[{i}].{extra[0]}: not supported by vpo serve (messages "
+                           "are a role and text content)", param="messages",
+                           code="unsupported_parameter")
+    return {"role": m["role"], "content": _content(m, i)}
+
+
 def parse_chat(body, tokenizer, limits: Limits) -> Generation:
     """A `/v1/chat/completions` body → `Generation`: the messages through the checkpoint's chat
     template (with the generation prompt), as `vpo sample` renders a prompt."""
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object", status=400)
+    body = _fields(body, CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: expected a non-empty list of {role, content} objects",
                            param="messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(f"messages[{i}]: expected an object with a string role, got "
-                               f"{m!r}", param="messages")
-        clean.append({"role": m["role"], "content": _content(m, i)})
+    clean = [_message(m, i) for i, m in enumerate(messages)]
+    _check_chars(sum(len(m["content"]) for m in clean), tokenizer, limits, "messages")
     try:
         ids = tokenizer.prompt_ids(clean)
     except Exception as e:  # the checkpoint's template refuses these messages
@@ -202,12 +340,21 @@ def parse_chat(body, tokenizer, limits: Limits) -> Generation:
                      logprobs=logprobs, top_logprobs=top, kind="chat")
 
 
+def _echo(body: dict) -> bool:
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise RequestError(f"echo: expected true or false, got {echo!r}", param="echo")
+    if echo and body.get("stream"):
+        raise RequestError("echo: not supported with stream: true; send one or the other",
+                           param="echo", code="unsupported_parameter")
+    return echo
+
+
 def parse_completion(body, tokenizer, limits: Limits) -> Generation:
     """A `/v1/completions` body → `Generation`: `prompt` is text (tokenised as is, BOS first
     when the tokenizer adds one), token ids, or a list of either (one choice per prompt and
-    sample, in that order)."""
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object", status=400)
+    sample, in that order). `echo` may come with `max_tokens: 0` (the prompt only)."""
+    body = _fields(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
                                    and all(isinstance(i, int) for i in prompt)):
@@ -215,10 +362,12 @@ def parse_completion(body, tokenizer, limits: Limits) -> Generation:
     if not isinstance(prompt, list) or not prompt:
         raise RequestError("prompt: expected text, token ids or a non-empty list of them",
                            param="prompt")
+    _check_chars(max(len(p) if isinstance(p, str) else 0 for p in prompt), tokenizer, limits,
+                 "prompt")
     prompts = []
     for p in prompt:
         if isinstance(p, str):
-            ids = tokenizer.encode(p)
+            ids = _encode(tokenizer, p, "prompt")
             if tokenizer.add_bos and tokenizer.bos_id is not None:
                 ids = [tokenizer.bos_id, *ids]
         elif (isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool)
@@ -228,10 +377,12 @@ def parse_completion(body, tokenizer, limits: Limits) -> Generation:
             raise RequestError(f"prompt: expected text or a list of token ids, got {p!r}",
                                param="prompt")
         prompts.append(_check_prompt(ids, limits, tokenizer.size, "prompt"))
-    top = _number(body, "logprobs", None, low=0, high=5, integer=True) \
+    top = _number(body, "logprobs", None, low=0, high=MAX_LOGPROBS, integer=True) \
         if body.get("logprobs") is not None else None
     return _sampling(body, limits, prompts, default_max=min(16, limits.max_new_tokens),
-                     logprobs=top is not None, top_logprobs=top or 0, kind="completion")
+                     logprobs=top is not None, top_logprobs=top or 0, kind="completion",
+                     echo=_echo(body),
+                     texts=tuple(p if isinstance(p, str) else None for p in prompt))
 
 
 def error_body(message: str, *, status: int, param: str | None = None,
@@ -242,15 +393,47 @@ def error_body(message: str, *, status: int, param: str | None = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _usage(gen: Generation, completions: Sequence[Completion]) -> dict:
+def usage(gen: Generation, completion_tokens: int) -> dict:
+    """OpenAI's usage object: the request's prompt tokens (each prompt once) and new tokens."""
     prompt = sum(len(p) for p in gen.prompts)
-    completion = sum(len(c.token_ids) for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens}
 
 
 def _token_text(tokenizer, i: int) -> str:
     return tokenizer.decode([i], skip_special_tokens=False)
+
+
+def chat_logprobs(tokenizer, ids: Sequence[int], logps: Sequence[float], top, n: int) -> dict:
+    """Chat's `logprobs` object of tokens `ids`: each token's log-prob and its n most likely
+    alternatives (`top[t]`: [(id, logp), ...])."""
+    content = []
+    for t, (i, lp) in enumerate(zip(ids, logps, strict=True)):
+        text = _token_text(tokenizer, i)
+        content.append({
+            "token": text, "logprob": lp, "bytes": list(text.encode()),
+            "top_logprobs": [{"token": _token_text(tokenizer, a), "logprob": b,
+                              "bytes": list(_token_text(tokenizer, a).encode())}
+                             for a, b in (top[t][:n] if n else ())]})
+    return {"content": content}
+
+
+def legacy_logprobs(tokenizer, ids: Sequence[int], logps: Sequence[float | None], top, n: int,
+                    *, offset: int = 0) -> dict:
+    """Completions' `logprobs` object of tokens `ids`: tokens, token_logprobs, top_logprobs
+    ({text: logp} of the n alternatives, None where `top[t]` is: an echoed prompt's first
+    token) and text_offset (each token's start in the text, from `offset`)."""
+    tokens = [_token_text(tokenizer, i) for i in ids]
+    offsets, at = [], offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    tops = None
+    if n:
+        tops = [None if alt is None else {_token_text(tokenizer, a): b for a, b in alt[:n]}
+                for alt in top]
+    return {"tokens": tokens, "token_logprobs": list(logps), "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 def chat_response(gen: Generation, completions: Sequence[Completion], tokenizer,
@@ -258,52 +441,60 @@ def chat_response(gen: Generation, completions: Sequence[Completion], tokenizer,
     """The `chat.completion` object of a chat `Generation`'s completions (one choice each)."""
     choices = []
     for j, c in enumerate(completions):
-        logprobs = None
-        if gen.logprobs:
-            content = []
-            for t, (i, lp) in enumerate(zip(c.token_ids, c.logprobs, strict=True)):
-                text = _token_text(tokenizer, i)
-                content.append({
-                    "token": text, "logprob": lp, "bytes": list(text.encode()),
-                    "top_logprobs": [{"token": _token_text(tokenizer, a), "logprob": b,
-                                      "bytes": list(_token_text(tokenizer, a).encode())}
-                                     for a, b in (c.top[t][:gen.top_logprobs]
-                                                  if gen.top_logprobs else ())]})
-            logprobs = {"content": content}
+        logprobs = chat_logprobs(tokenizer, c.token_ids, c.logprobs, c.top, gen.top_logprobs) \
+            if gen.logprobs else None
         choices.append({"index": j, "message": {"role": "assistant", "content": c.text},
                         "finish_reason": c.finish_reason, "logprobs": logprobs,
                         "token_ids": list(c.token_ids)})
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": model, "choices": choices,
-            "usage": _usage(gen, completions), "prompt_token_ids": list(gen.prompts[0])}
+            "usage": usage(gen, sum(len(c.token_ids) for c in completions)),
+            "prompt_token_ids": list(gen.prompts[0])}
+
+
+def prompt_text(gen: Generation, k: int, tokenizer) -> str:
+    """Prompt k's text: as sent, or its token ids decoded (special tokens written out)."""
+    text = gen.texts[k] if k < len(gen.texts) else None
+    return tokenizer.decode(gen.prompts[k], skip_special_tokens=False) if text is None else text
+
+
+def _echoed(gen: Generation, k: int, c: Completion, tokenizer,
+            scores: PromptScores | None) -> tuple[str, dict | None]:
+    """(text, logprobs) of a choice of prompt k with its prompt before it (`echo`)."""
+    head = prompt_text(gen, k, tokenizer)
+    if not gen.logprobs:
+        return head + c.text, None
+    prompt = legacy_logprobs(tokenizer, gen.prompts[k], scores.logprobs, scores.top,
+                             gen.top_logprobs)
+    new = legacy_logprobs(tokenizer, c.token_ids, c.logprobs, c.top, gen.top_logprobs,
+                          offset=len(head))
+    return head + c.text, {key: None if prompt[key] is None else prompt[key] + new[key]
+                           for key in prompt}
 
 
 def completion_response(gen: Generation, completions: Sequence[Completion], tokenizer,
-                        model: str) -> dict:
-    """The `text_completion` object of a completion `Generation` (choice j: prompt j // n)."""
+                        model: str, scores: Sequence[PromptScores] | None = None) -> dict:
+    """The `text_completion` object of a completion `Generation` (choice j: prompt j // n);
+    with `echo`, each choice is its prompt then its completion, the prompt's log-probs
+    `scores[prompt]` when log-probs were asked."""
     choices = []
     for j, c in enumerate(completions):
-        logprobs = None
-        if gen.logprobs:
-            tokens = [_token_text(tokenizer, i) for i in c.token_ids]
-            offsets, at = [], 0
-            for t in tokens:
-                offsets.append(at)
-                at += len(t)
-            logprobs = {"tokens": tokens, "token_logprobs": list(c.logprobs),
-                        "top_logprobs": [{_token_text(tokenizer, a): b
-                                          for a, b in top[:gen.top_logprobs]}
-                                         for top in c.top] if gen.top_logprobs else None,
-                        "text_offset": offsets}
-        choices.append({"index": j, "text": c.text, "finish_reason": c.finish_reason,
+        k = j // gen.n
+        if gen.echo:
+            text, logprobs = _echoed(gen, k, c, tokenizer, scores[k] if scores else None)
+        else:
+            text = c.text
+            logprobs = legacy_logprobs(tokenizer, c.token_ids, c.logprobs, c.top,
+                                       gen.top_logprobs) if gen.logprobs else None
+        choices.append({"index": j, "text": text, "finish_reason": c.finish_reason,
                         "logprobs": logprobs, "token_ids": list(c.token_ids)})
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
-            "usage": _usage(gen, completions),
+            "usage": usage(gen, sum(len(c.token_ids) for c in completions)),
             "prompt_token_ids": [list(p) for p in gen.prompts]}
 
 
-def models_response(model: str) -> dict:
-    """The `/v1/models` list: the one model served."""
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": 0,
+def models_response(model: str, created: int) -> dict:
+    """The `/v1/models` list: the one model served, `created` the server's start (seconds)."""
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
                                         "owned_by": "vpo"}]}
