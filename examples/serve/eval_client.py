@@ -6,9 +6,9 @@
 Each row of --data has a `prompt` (text, or chat messages) and a `solution`; a completion is
 correct when the solution's text appears in it (swap `correct` for your own check). Every
 row is one chat request with n samples and seed = the row's index, so a second run returns the
-same completions. Uses the `openai` package when it is installed, else `httpx` with the same
-request body; nothing here is specific to vpo, so the script runs against any
-OpenAI-compatible server (--base-url).
+same completions. It needs only the `openai` package (`pip install -e '.[serve]'` installs it);
+nothing here is specific to vpo, so the script runs against any OpenAI-compatible server
+(--base-url).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
+
 
 def correct(completion: str, row: dict) -> bool:
     return str(row["solution"]) in completion
@@ -27,20 +29,6 @@ def correct(completion: str, row: dict) -> bool:
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of n samples with c correct (Chen et al. 2021)."""
     return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def chat(base_url: str, body: dict) -> dict:
-    """One chat completion as a plain dict, through `openai` if installed, else `httpx`."""
-    try:
-        import openai
-    except ImportError:
-        import httpx
-
-        r = httpx.post(f"{base_url}/chat/completions", json=body, timeout=600)
-        r.raise_for_status()
-        return r.json()
-    client = openai.OpenAI(base_url=base_url, api_key="none")
-    return client.chat.completions.create(**body).model_dump()
 
 
 def main(argv=None) -> int:
@@ -56,18 +44,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     with open(args.data, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    model = args.model
-    if model is None:
-        import httpx
-
-        model = httpx.get(f"{args.base_url}/models", timeout=60).json()["data"][0]["id"]
+    client = openai.OpenAI(base_url=args.base_url, api_key="none", timeout=600)
+    model = args.model or client.models.list().data[0].id
 
     def ask(i: int) -> dict:
         prompt = rows[i]["prompt"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return chat(args.base_url, {"model": model, "messages": messages, "n": args.n,
-                                    "max_tokens": args.max_tokens, "seed": i,
-                                    "temperature": args.temperature})
+        return client.chat.completions.create(
+            model=model, messages=messages, n=args.n, max_tokens=args.max_tokens, seed=i,
+            temperature=args.temperature).model_dump()
 
     with ThreadPoolExecutor(args.clients) as pool:
         answers = list(pool.map(ask, range(len(rows))))
