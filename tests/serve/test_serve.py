@@ -558,3 +558,24 @@ def test_models_created_and_the_access_log(served):
     assert lines[1].endswith("ms") and bad.status_code == 422
     assert lines[2].startswith("POST /v1/completions 422 tokens=- ")
     assert _args("--quiet").quiet and not _args().quiet
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_no_bad_body_gets_a_500(served, path):
+    client, _, _ = served
+    bodies = [None, 1e999, "x", [], {"prompt": None}, {"prompt": [[1, "a"]]},
+              {"prompt": [-1]}, {"prompt": "up", "n": 1.5}, {"prompt": "up", "max_tokens": True},
+              {"prompt": "up", "logprobs": True}, {"prompt": "up", "stop": ""},
+              {"prompt": "up", "stream": True, "stream_options": []},
+              {"messages": "hi"}, {"messages": [{"role": "user", "content": 5}]},
+              {"messages": [{"role": "user", "content": "\ud800"}]},
+              {"messages": [{"role": "user", "content": "up"}], "top_logprobs": 3},
+              {"messages": [{"role": "user", "content": "up"}], "echo": True},
+              {"messages": [{"role": "user", "content": "up"}], "tools": [{"type": "function"}]},
+              {"messages": [{"role": "user", "content": "up"}], "max_tokens": 0},
+              {"messages": [{"role": "user", "content": "up"}], "temperature": -float("inf")}]
+    for body in bodies:
+        r = client.post(path, content=json.dumps(body),
+                        headers={"content-type": "application/json"})
+        assert 400 <= r.status_code < 500, (body, r.text)
+        assert r.json()["error"]["message"]
