@@ -459,6 +459,9 @@ def test_echo_of_a_text_prompt_without_logprobs(served):
                                                  "seed": 2}).json()["choices"][0]
     assert r.json()["choices"][0]["text"] == "go up" + plain["text"]
     assert r.json()["choices"][0]["logprobs"] is None
+    r = client.post("/v1/completions", json={"prompt": "go up", "max_tokens": 2,
+                                             "seed": (1 << 63) - 1})  # the largest seed
+    assert r.status_code == 200, r.text
 
 
 def test_deep_huge_and_odd_bodies_are_refused_fast(served):
@@ -489,9 +492,19 @@ def test_deep_huge_and_odd_bodies_are_refused_fast(served):
 
 
 def test_a_seed_keeps_all_its_bits():
-    np.testing.assert_array_equal(request_keys((1 << 32) + SEED, 3)[:, 1],
-                                  request_keys((1 << 32) + SEED, 3)[:, 1])
+    """Seeds of 2**32 and more are not wrapped: their keys are those jax makes of them with
+    64-bit integers on (checked here in a process with JAX_ENABLE_X64)."""
+    import os
+    import subprocess
+    import sys
+
+    big = (1 << 63) - 1 - SEED
     assert not np.array_equal(request_keys((1 << 32) + SEED, 3), request_keys(SEED, 3))
+    code = (f"import jax, numpy; k = jax.random.split(jax.random.key({big}), 3); "
+            "print(numpy.asarray(jax.random.key_data(k)).tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"})
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == request_keys(big, 3).tolist()
     keys = jax.random.split(jax.random.key(SEED), 3)  # under 2**32: jax's own keys
     np.testing.assert_array_equal(request_keys(SEED, 3), jax.random.key_data(keys))
 
