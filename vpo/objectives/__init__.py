@@ -44,7 +44,8 @@ each micro-batch call; the micro-batch losses then sum to the full-batch loss.
 References (arXiv): VPO 2605.22817, GRPO 2402.03300, Dr. GRPO 2503.20783, DAPO 2503.14476,
 GSPO 2507.18071, Clip-Cov/KL-Cov 2505.22617, high-entropy minority 2506.01939, GDPO 2601.05242,
 MaxRL 2602.02710, Max@k 2510.23393, best-of-group pass@k 2503.19595, pass@k training
-(analytic) 2508.10751, RLOO 2402.14740.
+(analytic) 2508.10751, RLOO 2402.14740, the entropic advantage of TTT-Discover 2601.16175
+(`entropic_advantages`: test-time RL inside the island search, `vpo.search.learn`).
 """
 
 from vpo.objectives.advantages import (
@@ -56,6 +57,7 @@ from vpo.objectives.advantages import (
     pass_at_k_advantages,
     rloo_advantages,
 )
+from vpo.objectives.entropic import entropic_advantages, entropic_beta
 from vpo.objectives.estimators import (
     BoundEstimator,
     estimator_names,
@@ -88,6 +90,8 @@ __all__ = [
     "BoundEstimator",
     "best_of_group_advantages",
     "dirichlet_weights",
+    "entropic_advantages",
+    "entropic_beta",
     "estimator_names",
     "estimator_options",
     "expected_max",
