@@ -3,7 +3,7 @@
     fields     name tables, `Rule`, `validate`, `require`
     model      `ModelConfig`, `RopeScaling`, `LORA_TARGETS`, `MODEL_PRESETS`, `model_preset`
                (`preset_list`, `PRESETS_DOC`: the errors' pointer to the documented list)
-    sections   `SamplerConfig`, `SearchConfig`, `DistributedConfig`
+    sections   `SamplerConfig`, `SearchConfig`, `LearnConfig`, `DistributedConfig`
     run        `ObjectiveConfig`, `TrainConfig`, `RunConfig` (what a run and its checkpoint
                hold), `StepConfig`, `check_memory`
     overrides  `from_dict` (JSON), `apply_overrides` (`section.key=value`)
@@ -33,4 +33,9 @@ from vpo.config.run import (  # noqa: F401
     TrainConfig,
     check_memory,
 )
-from vpo.config.sections import DistributedConfig, SamplerConfig, SearchConfig  # noqa: F401
+from vpo.config.sections import (  # noqa: F401
+    DistributedConfig,
+    LearnConfig,
+    SamplerConfig,
+    SearchConfig,
+)

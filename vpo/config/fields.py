@@ -35,6 +35,8 @@ SCHEDULES = ("constant", "cosine")
 LOGPROB_IMPLS = ("auto", "chunked", "pallas", "reference")
 KERNEL_CHOICES = ("auto", "pallas", "xla")  # `ModelConfig.decode_attention`
 SELECTIONS = ("tournament", "boltzmann")  # search parent selection
+# The policy-gradient objectives of the island search that learns (`vpo.search.learn`).
+LEARN_OBJECTIVES = ("grpo", "vpo", "entropic")
 
 
 # -- validation: one helper for every section --------------------------------------------------

@@ -1,5 +1,5 @@
-"""Generation (`SamplerConfig`), evolutionary search (`SearchConfig`) and multi-host start-up
-(`DistributedConfig`) settings."""
+"""Generation (`SamplerConfig`), evolutionary search (`SearchConfig`), the search's test-time
+policy-gradient step (`LearnConfig`) and multi-host start-up (`DistributedConfig`) settings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 from vpo.config.fields import (
     FLAG,
     FRACTION,
+    LEARN_OBJECTIVES,
     POSITIVE,
     SELECTIONS,
     TEXT,
@@ -94,6 +95,32 @@ class SearchConfig:
     def budget(self) -> int:
         """Candidates evaluated by a whole run: I·Q (initial) + generations·I·C."""
         return self.islands * (self.members + self.generations * self.children)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnConfig:
+    """The island search that learns (`vpo.search.learn`): after each generation one
+    policy-gradient step on that generation's children. `objective`: "grpo" (group z-score of
+    each call's fitness), "vpo" (VPO's expected-max set advantage over a call's m answers),
+    "entropic" (TTT-Discover's KL-budgeted exponential weights). `lora_rank` > 0: adapters of
+    that rank are trained on a policy without them (a policy with adapters trains its own);
+    0 trains every weight."""
+
+    objective: str = "grpo"
+    learning_rate: float = 1e-4  # AdamW
+    kl_coef: float = 0.0  # k3 KL to the starting policy, per completion token
+    max_grad_norm: float = 1.0
+    lora_rank: int = 8
+    num_weights: int = 100  # vpo: Dirichlet weight draws K per group
+    alpha: float = 1.0  # vpo: Dirichlet concentration
+    eps: float = 1e-6  # grpo / vpo: z-score epsilon
+
+    def __post_init__(self):
+        validate("learn", self, {
+            "objective": one_of(LEARN_OBJECTIVES), "learning_rate": real(0.0, lo_open=True),
+            "kl_coef": real(0.0), "max_grad_norm": real(0.0, lo_open=True),
+            "lora_rank": integer(0), "num_weights": POSITIVE, "alpha": real(0.0, lo_open=True),
+            "eps": real(0.0, lo_open=True)})
 
 
 @dataclasses.dataclass(frozen=True)
