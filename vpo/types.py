@@ -40,3 +40,20 @@ class Rollout(NamedTuple):
     mask_BGT: jax.Array  # bool
     length_BG: jax.Array  # int32, number of masked-in tokens
     finished_BG: jax.Array  # bool, emitted a stop token within the budget
+
+
+class SearchCalls(NamedTuple):
+    """One generation of the island search's policy calls, grouped for the update of the
+    search that learns (`vpo.search.learn` → `vpo.rl.search_update`): B groups (an island of
+    a problem), G calls each (the island's mutation prompts of the generation), each call one
+    completion of M answers. `logp_BGT` is the sampler's temperature-1 log-prob of each token
+    under the parameters that drew it; `valid_BGM`: the answer parsed (and repeats no earlier
+    answer of its completion); rewards are 0 where it did not."""
+
+    prompt_BGP: jax.Array  # int32, each call's prompt, left-padded
+    prompt_mask_BGP: jax.Array  # bool
+    tokens_BGT: jax.Array  # int32, the sampled completion
+    mask_BGT: jax.Array  # bool, its real tokens (the stop token included)
+    logp_BGT: jax.Array  # float32
+    rewards_BGMR: jax.Array  # float32
+    valid_BGM: jax.Array  # bool

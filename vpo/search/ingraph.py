@@ -45,6 +45,7 @@ from vpo.search import population as ops
 from vpo.search.population import Population
 from vpo.tasks.base import Record
 from vpo.tasks.bound import BoundTask, HostTask
+from vpo.types import Rollout
 
 # propose(key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B)
 #   -> (answers_BMA, answer_mask_BMA): B calls, m candidates each (symbol ids of the task)
@@ -156,11 +157,12 @@ def split_completions(task: BoundTask, cfg: SearchConfig, tokens_BT, mask_BT):
     return answers_BMA, amask_BMA
 
 
-def lm_propose(model, key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B,
-               *, task, cfg: SearchConfig):
-    """The policy as mutation operator: one sampler call per row, m candidates from each;
-    the rows decode through `cfg.num_slots` refilled slots when 0 < S < rows
-    (`vpo.rollout.slots.generate_rollouts`, the same draws as every row at once)."""
+def lm_sample(model, key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B,
+              *, task, cfg: SearchConfig) -> tuple[jax.Array, jax.Array, Rollout]:
+    """The policy's generations for B calls → (prompts_BP, prompt_mask_BP, rollout [B, G = 1]):
+    one sampler call per row with key split(key, B)[b]; the rows decode through
+    `cfg.num_slots` refilled slots when 0 < S < rows (`vpo.rollout.slots.generate_rollouts`,
+    the same draws as every row at once)."""
     prompts_BP, mask_BP = lm_prompts(task, cfg, problem, parents_BUA, parent_mask_BUA,
                                      parent_rewards_BUR, fresh_B)
     B = prompts_BP.shape[0]
@@ -170,6 +172,14 @@ def lm_propose(model, key, problem, parents_BUA, parent_mask_BUA, parent_rewards
                              max_new_tokens=task.completion_len(cfg.num_answers),
                              stop_ids=task.tokenizer.stop_ids, pad_id=task.tokenizer.pad_id,
                              num_slots=cfg.num_slots)
+    return prompts_BP, mask_BP, roll
+
+
+def lm_propose(model, key, problem, parents_BUA, parent_mask_BUA, parent_rewards_BUR, fresh_B,
+               *, task, cfg: SearchConfig):
+    """The policy as mutation operator: `lm_sample`'s generations, m candidates from each."""
+    _, _, roll = lm_sample(model, key, problem, parents_BUA, parent_mask_BUA,
+                           parent_rewards_BUR, fresh_B, task=task, cfg=cfg)
     return split_completions(task, cfg, roll.tokens_BGT[:, 0], roll.mask_BGT[:, 0])
 
 
@@ -247,19 +257,28 @@ def _empty_state(task, lead, problem) -> SearchState:
                        problem, jnp.zeros((len(PROBE_FIELDS),), jnp.int32))
 
 
+def mutation_calls(state: SearchState, idx_IBU, present_IBU, fresh_IB
+                   ) -> tuple[Population, jax.Array, jax.Array]:
+    """The I·B calls of a generation, islands first → (parents [I·B, U], selected_BU,
+    fresh_B). `propose` sees (parents.tokens_XA, parents.mask_XA & shown_BU[..., None],
+    parents.rewards_XR, fresh_B) with shown_BU = selected_BU & ~fresh_B[:, None]."""
+    I, B, U = idx_IBU.shape
+    parents = jax.vmap(ops.take)(state.population, idx_IBU)  # [I, B, U]
+    parents = jax.tree.map(lambda x: x.reshape((I * B,) + x.shape[2:]), parents)
+    return parents, present_IBU.reshape(I * B, U), fresh_IB.reshape(I * B)
+
+
 def absorb(task, cfg, mesh, propose, state: SearchState, idx_IBU, present_IBU, fresh_IB, key
            ) -> SearchState:
     """Propose children for every island from the selected parents (`present_IBU`; shown to
     the calls that are not `fresh_IB`), score, replace."""
     pop = state.population
-    I, B, U = idx_IBU.shape
-    parents = jax.vmap(ops.take)(pop, idx_IBU)  # [I, B, U]
-    parents = jax.tree.map(lambda x: x.reshape((I * B,) + x.shape[2:]), parents)
-    selected_BU, fresh_B = present_IBU.reshape(I * B, U), fresh_IB.reshape(I * B)
+    parents, selected_BU, fresh_B = mutation_calls(state, idx_IBU, present_IBU, fresh_IB)
     kids, probe = _children(task, cfg, propose, state.problem, key, parents,
                             selected_BU & ~fresh_B[:, None], fresh_B, state.evaluated,
                             selected_BU)
     state = _record(task, state, kids)._replace(probe=probe)
+    I = idx_IBU.shape[0]
     kids_IX = _constrain(jax.tree.map(lambda x: x.reshape((I, -1) + x.shape[1:]), kids), mesh)
     return state._replace(population=_constrain(jax.vmap(ops.replace_elitist)(pop, kids_IX),
                                                 mesh))
