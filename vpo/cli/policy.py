@@ -16,6 +16,8 @@ from vpo.cli.arguments import (
     dataset_kwargs,
     env_kwargs,
 )
+from vpo.config.fields import LEARN_OBJECTIVES
+from vpo.config.sections import LearnConfig
 from vpo.launch.policy_runs import stage
 from vpo.tasks import TASK_NAMES as TASKS
 
@@ -90,19 +92,21 @@ def cmd_search(args: argparse.Namespace) -> int:
     mutation is an episode whose first message shows the parents (`vpo.search.episodes`)."""
     import jax
 
-    from vpo.launch.policy_runs import search_run
+    from vpo.launch.policy_runs import learn_config, learning_result, search_run
     from vpo.search import ingraph
     from vpo.search.methods import run_all_methods
 
     check_args(args, positive=("problems", "answers", "max_new_tokens", "parents"),
                finite=("temperature",))
     check_out(args.out)
+    learn = learn_config(args.learn, learning_rate=args.learn_lr, lora_rank=args.learn_rank,
+                         kl_coef=args.learn_kl)
     env = env_kwargs(args)
     dataset = None if env else dataset_kwargs(args)
     run = search_run(args.policy, task_name=args.task, difficulty=args.difficulty,
                      dataset=dataset, env=env, answers=args.answers, parents=args.parents,
                      problems=args.problems, seed=args.seed,
-                     max_new_tokens=args.max_new_tokens, islands=args.islands,
+                     max_new_tokens=args.max_new_tokens, learn=learn, islands=args.islands,
                      members=args.members, children=args.children,
                      generations=args.generations, temperature=args.temperature,
                      num_slots=args.num_slots)
@@ -113,6 +117,14 @@ def cmd_search(args: argparse.Namespace) -> int:
           f"problem and method, scored {where}", flush=True)
     results = run_all_methods(jax.random.key(args.seed), run.model, task, records, run.cfg,
                               mesh=run.mesh, max_new_tokens=run.max_new_tokens, progress=True)
+    if run.learn is not None:  # the same keys, the policy updated after every generation
+        name = f"search+{run.learn.objective}"
+        print(f"{name}: one {run.learn.objective} step per generation on its children "
+              f"(learning rate {run.learn.learning_rate:g})", flush=True)
+        results[name], learned = learning_result(run, jax.random.key(args.seed))
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "learn_metrics.json"), "w", encoding="utf-8") as f:
+            json.dump({k: [float(x) for x in v] for k, v in learned.items()}, f, indent=1)
     traces = {method: r.trace for method, r in results.items()}
     ingraph.write_search_traces(args.out, traces, title=f"{task.name}, {len(records)} problems")
     best = {method: r.best for method, r in results.items() if r.best is not None}
@@ -156,6 +168,17 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help=BUDGET_HELP)
     p.add_argument("--num-slots", type=int, default=0, help=SLOTS_HELP)
     p.add_argument("--seed", type=int, default=4242)
+    p.add_argument("--learn", choices=LEARN_OBJECTIVES, default=None,
+                   help="also run the island search that learns: one policy-gradient step per "
+                        "generation on its children (vpo.search.learn), with this objective; "
+                        "in-graph tasks only")
+    p.add_argument("--learn-lr", type=float, default=None,
+                   help=f"its learning rate (default {LearnConfig.learning_rate:g})")
+    p.add_argument("--learn-rank", type=int, default=None,
+                   help=f"LoRA rank of the adapters it trains on a policy without them; 0 "
+                        f"trains every weight (default {LearnConfig.lora_rank})")
+    p.add_argument("--learn-kl", type=float, default=None,
+                   help="k3 KL to the starting policy, per token (default 0)")
     add_data_args(p)
     add_env_args(p)
     p.add_argument("--out", required=True)

@@ -215,7 +215,8 @@ SEARCH_FLAGS = {"islands": "--islands", "members": "--members", "children": "--c
 @dataclasses.dataclass(frozen=True)
 class SearchRun:
     """`vpo search` built: the model, the task, the problems, the search config, the mesh and
-    the generation budget (`max_new_tokens`: of a host-scored task, `host`; None in one jit)."""
+    the generation budget (`max_new_tokens`: of a host-scored task, `host`; None in one jit);
+    `learn`: the `vpo.config.LearnConfig` of `--learn` (None: the frozen methods only)."""
 
     model: Any
     task: Any
@@ -225,18 +226,61 @@ class SearchRun:
     host: bool
     budget: int
     max_new_tokens: int | None
+    learn: Any = None
+
+
+# `vpo search`'s flags of the search that learns: {LearnConfig field: flag}.
+LEARN_FLAGS = {"objective": "--learn", "learning_rate": "--learn-lr", "lora_rank": "--learn-rank",
+               "kl_coef": "--learn-kl"}
+
+
+def learn_config(learn: str | None, **given):
+    """The `vpo.config.LearnConfig` of `--learn NAME` and its settings (None without
+    --learn; a setting without --learn refused); errors name the flags (`LEARN_FLAGS`)."""
+    from vpo.config import ConfigError, LearnConfig
+
+    given = {k: v for k, v in given.items() if v is not None}
+    if learn is None:
+        if given:
+            flags = ", ".join(LEARN_FLAGS[k] for k in given)
+            raise ConfigError(f"{flags}: settings of the search that learns; add --learn "
+                              "grpo|vpo|entropic (or drop them)")
+        return None
+    try:
+        return LearnConfig(objective=learn, **given)
+    except ConfigError as e:
+        message = str(e)
+        for field, flag in LEARN_FLAGS.items():
+            message = message.replace(f"learn.{field}:", f"{flag} (learn.{field}):")
+        raise ConfigError(message) from None
+
+
+def learning_result(run: SearchRun, key):
+    """The search that learns on `run` (`vpo.search.learn.learning_run` with the RL step of
+    `vpo.rl.search_update`) → a `vpo.search.ingraph.SearchResult` (its trace, the final
+    populations) and the update's metrics per generation."""
+    from vpo.rl.search_update import make_learner
+    from vpo.search import ingraph
+    from vpo.search.learn import learning_run
+
+    problems = ingraph.search_problems(run.task, list(run.records), run.cfg.num_answers)
+    out = learning_run(key, run.model, run.task, problems, run.cfg, run.learn, make_learner,
+                       mesh=run.mesh)
+    return ingraph.SearchResult(out.trace, out.state.search), out.metrics
 
 
 def search_run(policy: str, *, task_name: str | None, difficulty: str | None,
                dataset: dict | None, env: dict | None, answers: int | None,
                parents: int | None, problems: int, seed: int, max_new_tokens: int | None,
-               **search) -> SearchRun:
+               learn=None, **search) -> SearchRun:
     """The run of `vpo search`: the policy (4096 positions) and its task (default program),
     `problems` problems of `seed`, the `vpo.search.ingraph.SearchConfig` of `search` (islands,
     members, children, generations, temperature, num_slots) with m = `answers` (default: the
     policy's) and `parents` (default: the config's), a config error naming the command's flags
     (`SEARCH_FLAGS`); --task / --difficulty with --data or --env, and --max-new-tokens on a task
-    searched in one jit, refused."""
+    searched in one jit, refused. `learn`: a `LearnConfig` (`learn_config`), checked against the
+    task and the search (`vpo.search.learn.check_learning`: an in-graph reward, groups of calls
+    the objective can compare)."""
     from vpo.config import ConfigError
     from vpo.launch.rules import check_fit
     from vpo.model import sharding
@@ -264,12 +308,16 @@ def search_run(policy: str, *, task_name: str | None, difficulty: str | None,
         for field, flag in SEARCH_FLAGS.items():
             message = message.replace(f"search.{field}", f"{flag} (search.{field})")
         raise ConfigError(message) from None
+    if learn is not None:
+        from vpo.search.learn import check_learning
+
+        check_learning(task, cfg, learn)
     records = task.make_problems(seed, problems)
     check_fit(model.cfg, task, records, cfg.num_answers, policy)
     T = budget_of(task, cfg.num_answers, policy, max_new_tokens, records=records,
                   num_parents=cfg.parents)
     return SearchRun(model, task, records, cfg, sharding.make_mesh(), host, T,
-                     T if host else None)
+                     T if host else None, learn)
 
 
 # -- sample ---------------------------------------------------------------------------------

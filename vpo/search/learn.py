@@ -120,7 +120,7 @@ def empty_generation(groups: int, calls: int, P: int, T: int, M: int, R: int) ->
                       jnp.zeros((groups, calls, M), bool))
 
 
-def _search_axes(axis):
+def search_axes(axis):
     """vmap axes of a SearchState: `axis` for every field but the generation counter (shared
     by the problems, so migration stays a `lax.cond`)."""
     return SearchState(*([axis] * len(SearchState._fields)))._replace(generation=None)
@@ -157,8 +157,8 @@ def learning_generation(task, cfg: SearchConfig, graphdef, learner, mesh, keys_N
     update's metrics). keys_N: each problem's key of this generation."""
     model = lora_lib.merge(graphdef, state.params, state.frozen)
     one = functools.partial(generation_calls, task, cfg, mesh, model)
-    search, calls = jax.vmap(one, in_axes=(0, _search_axes(0)),
-                             out_axes=(_search_axes(0), 0))(keys_N, state.search)
+    search, calls = jax.vmap(one, in_axes=(0, search_axes(0)),
+                             out_axes=(search_axes(0), 0))(keys_N, state.search)
     calls_per_island = cfg.children // cfg.num_answers
     gen = SearchCalls(*jax.tree.map(
         lambda x: x.reshape((-1, calls_per_island) + x.shape[2:]), calls))
@@ -184,7 +184,7 @@ def make_learning_search(task: BoundTask, cfg: SearchConfig, graphdef, learn: Le
         model = lora_lib.merge(graphdef, params, frozen)
         propose = functools.partial(ingraph.lm_propose, model, task=task, cfg=cfg)
         search_init, _ = ingraph.make_search(task, cfg, propose, mesh)
-        search = jax.vmap(search_init, out_axes=_search_axes(0))(keys_N, problems)
+        search = jax.vmap(search_init, out_axes=search_axes(0))(keys_N, problems)
         P = ingraph.prompt_len(task, jax.tree.map(lambda x: x[0], problems), cfg, cfg.parents)
         last = empty_generation(keys_N.shape[0] * cfg.islands, cfg.children // cfg.num_answers,
                                 P, task.completion_len(cfg.num_answers), cfg.num_answers,
@@ -208,7 +208,7 @@ def _learn_jit(graphdef, params, frozen, task, cfg, learn, make_learner, mesh, p
     k_init_N, k_run_N = jax.vmap(jax.random.split, out_axes=1)(keys_N)
     state = init(k_init_N, problems, params, frozen)._replace(learning_rate=learning_rate)
     keys_GN = jax.vmap(lambda k: jax.random.split(k, cfg.generations), out_axes=1)(k_run_N)
-    point = jax.vmap(ingraph.trace_point, in_axes=(_search_axes(0),))
+    point = jax.vmap(ingraph.trace_point, in_axes=(search_axes(0),))
 
     def body(s, k_N):
         s, metrics = learning_generation(task, cfg, graphdef, learner, mesh, k_N, s)
