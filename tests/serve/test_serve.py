@@ -262,7 +262,7 @@ def test_a_full_queue_answers_503():
     request is refused with 503, and the queue's requests stay queued."""
     engine, limits = build(_args("--preset", "tiny", "--slots", "2", "--max-tokens", "8",
                                  "--max-prompt-tokens", "16", "--queue", "4"))
-    from vpo.serve.protocol import parse_completion
+    from vpo.serve.parse import parse_completion
 
     gen = parse_completion({"prompt": [4, 5], "n": 3}, engine.tokenizer, limits)
     pending = engine.submit(gen)

@@ -59,12 +59,14 @@ def build(args: argparse.Namespace):
     """(engine, limits) of the parsed arguments; the engine is not started."""
     from vpo.serve.engine import Engine
     from vpo.serve.protocol import Limits
+    from vpo.serve.tools import tool_format
 
     model, tokenizer, name = served_model(args)
     P, T = capacity(model, args.max_tokens, args.max_prompt_tokens)
     engine = Engine(model, tokenizer, slots=args.slots, prompt_len=P, max_new_tokens=T,
                     chunk=args.chunk, queue=args.queue, seed=args.seed)
-    return engine, Limits(name, P, T, max_rows=min(args.queue, 128))
+    return engine, Limits(name, P, T, max_rows=min(args.queue, 128),
+                          tool_format=tool_format(tokenizer.chat_template))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -165,7 +165,8 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
                           f"Starlette and uvicorn ({e}): pip install -e '.[serve]'") from None
     from vpo.env import from_verifiers_v1 as v1
     from vpo.serve.engine import Engine
-    from vpo.serve.protocol import Limits, parse_chat
+    from vpo.serve.parse import parse_chat
+    from vpo.serve.protocol import Limits
 
     adapter = make()
     B, T = len(rows), max_tokens

@@ -1,7 +1,7 @@
 """The HTTP side of `vpo serve`: a Starlette app with OpenAI's `/v1/chat/completions`,
 `/v1/completions` and `/v1/models` (and `/health`) in front of an `vpo.serve.engine.Engine`.
 
-A request is read and checked (`vpo.serve.protocol`), its rows queued on the engine, and the
+A request is read and checked (`vpo.serve.parse`), its rows queued on the engine, and the
 answer awaited without blocking the event loop, so many clients wait at once while the engine
 batches their rows; `stream: true` answers with server-sent events as the engine reads tokens
 back (`vpo.serve.stream`). A client that goes away cancels its request: its rows leave the queue
@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from vpo.errors import RequestError
-from vpo.serve import protocol, stream
+from vpo.serve import parse, protocol, stream
 from vpo.serve.engine import Engine, QueueFullError
 
 MAX_BODY_BYTES = 8 << 20  # a request body larger than this is refused (413)
@@ -222,9 +222,9 @@ def make_app(engine: Engine, limits: protocol.Limits, *, access_log=None) -> Sta
         engine.close()  # on shutdown: requests still waiting get an error, not a hang
 
     app = Starlette(routes=[
-        Route("/v1/chat/completions", endpoint(protocol.parse_chat, protocol.chat_response),
+        Route("/v1/chat/completions", endpoint(parse.parse_chat, protocol.chat_response),
               methods=["POST"]),
-        Route("/v1/completions", endpoint(protocol.parse_completion,
+        Route("/v1/completions", endpoint(parse.parse_completion,
                                           protocol.completion_response), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

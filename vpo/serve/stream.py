@@ -9,7 +9,9 @@ the request's usage with no choices. A choice's text is sent only once later tok
 change it: a tail that could begin a stop string, trailing whitespace (a decoder may join it
 to what follows) and an unfinished UTF-8 character wait, so the streamed text is the
 non-streamed answer's, never a stop string or what follows one. Log-probs, when asked, go with
-the chunk of their tokens, as do the tokens' ids (`token_ids`).
+the chunk of their tokens, as do the tokens' ids (`token_ids`). With tools, text that could be
+part of a tool call waits too; a choice's calls come, parsed, in its last delta (`tool_calls`,
+each with its `index`, id, name and whole arguments), with `finish_reason: "tool_calls"`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from vpo.serve import protocol
 from vpo.serve.engine import Update
 from vpo.serve.protocol import Completion, Generation
+from vpo.serve.tools import before_calls, parse_tool_calls
 
 DONE = b"data: [DONE]\n\n"
 
@@ -109,15 +112,25 @@ class Streamer:
         c.ids += update.token_ids
         self.completion_tokens += len(update.token_ids)
         done: Completion | None = update.completion
-        text = done.text if done is not None else settled(self.tokenizer.decode(c.ids),
-                                                          self.gen.stop)
+        fmt, calls = self.gen.tool_calls, []
+        if done is None:
+            text = before_calls(settled(self.tokenizer.decode(c.ids), self.gen.stop), fmt)
+            text = text.rstrip()
+        else:
+            text, calls = parse_tool_calls(done.text, fmt)
+            text = text or ""
         piece = text[len(c.sent):] if text.startswith(c.sent) else ""
         c.sent += piece
         out = []
-        if piece or update.token_ids:
-            out.append(self._chunk([self._choice(update.j, piece, update, None)]))
+        if piece or update.token_ids or calls:
+            choice = self._choice(update.j, piece, update, None)
+            if calls:
+                choice["delta"]["tool_calls"] = [{"index": k, **call}
+                                                 for k, call in enumerate(calls)]
+            out.append(self._chunk([choice]))
         if done is not None:
-            out.append(self._chunk([self._choice(update.j, "", None, done.finish_reason)]))
+            finish = "tool_calls" if calls else done.finish_reason
+            out.append(self._chunk([self._choice(update.j, "", None, finish)]))
         return out
 
     def closing(self) -> list[dict]:
