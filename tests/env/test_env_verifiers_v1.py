@@ -107,7 +107,7 @@ def policy():
     return hf.from_pretrained(FIXTURE, dtype="float32"), hf.load_tokenizer(FIXTURE)
 
 
-def _run(policy, monkeypatch, spec, T, G=2, rows=2):
+def _run(policy, monkeypatch, spec, T, G=2, rows=2, context=0, engines=None):
     model, tok = policy
     make = load_env_factory(spec)
     recs = make().problems(0, rows)
@@ -116,15 +116,45 @@ def _run(policy, monkeypatch, spec, T, G=2, rows=2):
     seen = []
 
     class Keep(env_served.Recorder):  # kept to compare with what the server answered
-        def __init__(self, *args):
-            super().__init__(*args)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             seen.append(self)
 
     monkeypatch.setattr(env_served, "Recorder", Keep)
+    if engines is not None:
+        from vpo.serve import engine as engine_lib
+
+        class Seen(engine_lib.Engine):  # the served engine, to read its capacity
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                engines.append(self)
+
+        monkeypatch.setattr(engine_lib, "Engine", Seen)
     ep, trained = env_served.run_served_episodes(
         model, tok, make, recs, G, prompts=(prompt_BP, mask_BP), max_tokens=T, seed=3,
-        where=spec)
+        where=spec, context=context)
     return ep, trained, seen[0].calls, ids
+
+
+def test_the_served_slots_hold_the_episode_budget_not_the_models_positions():
+    """C = the rows' prompt length + 2 T by default (within the model's positions), or
+    sampler.served_context; named errors when it cannot hold the prompts and T."""
+    from vpo.config import ConfigError
+    from vpo.config.sections import SamplerConfig
+
+    assert env_served.served_capacity(40, 32, 0, 8192) == (72, 32)  # SmolLM2: not 8160
+    assert env_served.served_capacity(40, 32, 200, 8192) == (168, 32)
+    assert env_served.served_capacity(100, 16, 0, 128) == (112, 16)  # capped at the positions
+    with pytest.raises(ConfigError, match="served_context 9000: the model has 8192"):
+        env_served.served_capacity(40, 32, 9000, 8192)
+    with pytest.raises(ConfigError, match="need 72 positions"):
+        env_served.served_capacity(40, 32, 70, 8192)
+    with pytest.raises(ConfigError, match="need 144 positions"):
+        env_served.served_capacity(120, 24, 0, 128)
+    assert SamplerConfig(served_context=100).served_context == 100
+    for bad in (-1, 2.5, 16):
+        with pytest.raises(ConfigError, match="sampler.served_context"):
+            SamplerConfig(max_new_tokens=32, served_context=bad)
 
 
 def _same_as_the_trainer(policy, ep):
@@ -144,9 +174,13 @@ def _same_as_the_trainer(policy, ep):
 
 @pytest.mark.slow
 def test_single_turn_episodes_hold_the_tokens_the_server_sampled(policy, monkeypatch):
-    ep, trained, calls, ids = _run(policy, monkeypatch, SINGLE, T=16)
+    engines = []
+    ep, trained, calls, ids = _run(policy, monkeypatch, SINGLE, T=16, engines=engines)
     B, G, T = ep.rollout.tokens_BGT.shape
     assert (B, G, T) == (2, 2, 16) and (ep.turns_BG == 1).all() and (trained == 1).all()
+    P = ep.prompt_BP.shape[1]  # the rows' prompt length: the slots hold P + 2 T positions,
+    assert engines[0].prompt_len == P + 16 < policy[0].cfg.max_seq_len - 16  # not 128 - T
+    assert engines[0].max_new_tokens == 16
     answers = {tuple(body["choices"][0]["token_ids"]) for bodies in calls.values()
                for body in bodies}
     mask = np.asarray(ep.rollout.mask_BGT)
@@ -190,6 +224,21 @@ def test_multi_turn_episodes_train_on_their_last_request(policy, monkeypatch):
             tail.append(i)
         said = tuple(tokens[b, g][sorted(tail)].tolist())
         assert any(last[:len(said)] == said for last in lasts)
+
+
+@pytest.mark.slow
+def test_an_episode_that_outgrows_the_served_context_is_named(policy, monkeypatch):
+    """sampler.served_context one position over the rows' prompt and T: the second turn's
+    prompt (the first answer and a hint added) is over what the server holds, and the run ends
+    with the setting named, not an OOM or a bare 400."""
+    from vpo.config import ConfigError
+
+    model, tok = policy
+    make = load_env_factory(BRIEF)
+    P = max(len(tok.prompt_ids(make().reset(r))) for r in make().problems(0, 2))
+    with pytest.raises(ConfigError, match=rf"over the {P + 1} the served policy holds "
+                       r"\(sampler.served_context"):
+        _run(policy, monkeypatch, BRIEF, T=54, context=P + 54 + 1)
 
 
 def _train(out, spec, *extra):

@@ -30,6 +30,11 @@ class SamplerConfig:
     batch; each rollout keeps its own key's draws); S ≥ B·G decodes every rollout in its own
     row; 0 (default) does so while the rows' KV caches fit a quarter of the devices' memory, and
     past it takes the most slots that fit (`vpo.rollout.slots.slots_for`).
+    `served_context` C: under `vpo train --env` with a verifiers 0.4 environment, the positions
+    (prompt + completion) of each slot of the policy served to it, which its KV cache holds
+    (`vpo.rl.env_served`); 0 (default): the rows' prompt length + 2 T (the episode's budget T,
+    and room for its turns to grow the prompt by as much), within the model's positions. A
+    request whose prompt outgrows C - T ends the run with this field named.
     """
 
     max_new_tokens: int = 32  # T
@@ -38,11 +43,17 @@ class SamplerConfig:
     top_p: float = 1.0
     top_k: int = 0
     num_slots: int = 0  # S, rows decoding at once (0: all B·G where memory allows)
+    served_context: int = 0  # C, positions per slot of the policy served under --env (0: auto)
 
     def __post_init__(self):
         validate("sampler", self, {"max_new_tokens": POSITIVE, "num_samples": POSITIVE,
                                    "temperature": real(0.0), "top_p": FRACTION,
-                                   "top_k": integer(0), "num_slots": integer(0)})
+                                   "top_k": integer(0), "num_slots": integer(0),
+                                   "served_context": integer(0)})
+        require(self.served_context == 0 or self.served_context > self.max_new_tokens,
+                "sampler.served_context", f"{self.served_context} must exceed "
+                f"sampler.max_new_tokens {self.max_new_tokens} (the served prompts need room), "
+                "or be 0 (the rows' prompt length + 2 x max_new_tokens)")
 
 
 @dataclasses.dataclass(frozen=True)

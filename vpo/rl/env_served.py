@@ -13,9 +13,12 @@ next step serves the updated policy (the compiled programs are kept: same shapes
 
 Every request carries the step's sampling (temperature, top_p, top_k) with `logprobs: true`;
 its `max_tokens` (the harness's, else the server's T) is capped by what is left of the
-episode's budget T (`sampler.max_new_tokens`) after the row's prompt (`Recorder`). The server
-holds prompts up to the model's positions less T: an episode whose request outgrows that is
-refused by the server and the run ends with that error named. The log-probs the server reports
+episode's budget T (`sampler.max_new_tokens`) after the row's prompt (`Recorder`). Each slot of
+the server holds C positions (`served_capacity`): `sampler.served_context`, by default the rows'
+prompt length + 2 T (the budget, and as much again for what the turns add to the prompt), not
+the model's positions (SmolLM2's 8192 would make a KV cache of gigabytes); prompts up to C - T
+tokens are served, and a request whose prompt outgrows them is refused by the server and ends
+the run with a `ConfigError` naming `sampler.served_context`. The log-probs the server reports
 are the model's at temperature 1 (the trainer's): `logp_BGT`, and `sample_logp_BGT` too (equal
 at temperature 1 without top-p / top-k filtering). The server does not report token entropies:
 `entropy_BGT` is the model's temperature-1 entropy at each token, from one forward pass of the
@@ -24,6 +27,7 @@ policy over the episodes (`token_logp_entropy_jit`), as the sampler reports it o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import socket
@@ -52,10 +56,12 @@ class Recorder:
     request's prompt (`measure(body)`: the prompt's tokens as the server reads them; at least
     1): tokens past T are not trained on, so they are not sampled at length."""
 
-    def __init__(self, app, T: int, measure: Callable[[dict], int | None]):
-        self.app, self.T, self.measure = app, T, measure
+    def __init__(self, app, T: int, measure: Callable[[dict], int | None],
+                 prompt_len: int | None = None):
+        self.app, self.T, self.measure, self.prompt_len = app, T, measure, prompt_len
         self.calls: dict[str, list[dict[str, Any]]] = {}
         self.first: dict[str, int] = {}  # each episode's first prompt length
+        self.outgrown: list[int] = []  # prompts longer than the server's `prompt_len`
         self.lock = threading.Lock()
 
     def _room(self, session: str, body: dict) -> int:
@@ -64,6 +70,8 @@ class Recorder:
             return self.T
         with self.lock:
             first = self.first.setdefault(session, n)
+            if self.prompt_len is not None and n > self.prompt_len:
+                self.outgrown.append(n)
         return max(1, self.T - (n - first))
 
     async def _body(self, receive, session: str):
@@ -147,17 +155,43 @@ def token_logp_entropy_jit(graphdef, state, prompt_BP, mask_BP, tokens_BGT):
     return completion_logp(nnx.merge(graphdef, state), prompt_BP, mask_BP, tokens_BGT)
 
 
+def served_capacity(prompt_len: int, T: int, context: int, positions: int) -> tuple[int, int]:
+    """(prompts P, new tokens T) of each slot of the policy served to the episodes: C = P + T
+    positions, C = `context` (`sampler.served_context`) or, when 0, the rows' `prompt_len` + 2 T
+    within the model's `positions`; a ConfigError when C does not hold the rows' prompts and
+    the budget T, or exceeds the model's positions."""
+    slot = context or min(positions, prompt_len + 2 * T)
+    if slot > positions:
+        raise ConfigError(f"sampler.served_context {slot}: the model has {positions} positions; "
+                          "lower it (0: the rows' prompt length + 2 x sampler.max_new_tokens)")
+    if prompt_len + T > slot:
+        raise ConfigError(f"sampler.served_context {slot}: the rows' prompts ({prompt_len} tokens) "
+                          f"and the episode's budget sampler.max_new_tokens {T} need "
+                          f"{prompt_len + T} positions (the model has {positions}); raise it or "
+                          "lower sampler.max_new_tokens")
+    return slot - T, T
+
+
+def _outgrown_error(recorder: Recorder, P: int, T: int, where: str) -> ConfigError:
+    return ConfigError(f"{where}: an episode's request has a prompt of {max(recorder.outgrown)} "
+                       f"tokens, over the {P} the served policy holds (sampler.served_context "
+                       f"{P + T} less sampler.max_new_tokens {T}); raise "
+                       "sampler.served_context (within the model's positions) or make the "
+                       "episodes' conversations shorter")
+
+
 def run_served_episodes(model, tokenizer, make: Callable[[], Any],
                         rows: Sequence[dict[str, Any]], G: int, *,
                         prompts: tuple[np.ndarray, np.ndarray], max_tokens: int,
                         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                        seed: int = 0, where: str = "--env",
-                        slots: int = 16) -> tuple[Episodes, np.ndarray]:
+                        seed: int = 0, where: str = "--env", slots: int = 16,
+                        context: int = 0) -> tuple[Episodes, np.ndarray]:
     """B = len(rows) rows × G episodes of the verifiers.v1 environment of `make` (the
     factory `vpo.env.from_verifiers_v1.from_verifiers_v1` gives), the policy `model` served
     for them → (`Episodes`, trained_BG: the completions of each episode trained on; see the
     module docstring). prompts: the rows' rendered prompts
-    (prompt_BP, mask_BP) of the step's batch; max_tokens: T, the episode's token budget."""
+    (prompt_BP, mask_BP) of the step's batch; max_tokens: T, the episode's token budget;
+    context: the served slots' positions (`sampler.served_context`; 0: `served_capacity`'s)."""
     try:
         from vpo.serve.app import make_app
     except ImportError as e:
@@ -167,26 +201,26 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
     from vpo.serve.engine import Engine
     from vpo.serve.parse import parse_chat
     from vpo.serve.protocol import Limits
+    from vpo.serve.tools import tool_format
 
     adapter = make()
     B, T = len(rows), max_tokens
-    L = model.cfg.max_seq_len
-    P = L - T
-    if P < 1:
-        raise ConfigError(f"sampler.max_new_tokens {T}: the model has {L} positions; the "
-                          "served policy needs room for the prompts")
+    prompt_BP, mask_BP = prompts
+    P, _ = served_capacity(int(np.shape(prompt_BP)[1]), T, context, model.cfg.max_seq_len)
     tasks = [adapter.task(row) for row in rows for _ in range(G)]
     engine = Engine(model, tokenizer, slots=slots, prompt_len=P, max_new_tokens=T, chunk=16,
                     queue=max(256, 4 * B * G), seed=seed).start()
-    limits = Limits(SERVED_NAME, P, T, max_rows=1)
+    limits = Limits(SERVED_NAME, P, T, max_rows=1,
+                    tool_format=tool_format(tokenizer.chat_template))
+    unbounded = dataclasses.replace(limits, prompt_len=1 << 30, max_new_tokens=1 << 30)
 
     def measure(body: dict) -> int | None:
         try:
-            return len(parse_chat(body, tokenizer, limits).prompts[0])
+            return len(parse_chat(body, tokenizer, unbounded).prompts[0])
         except Exception:  # noqa: BLE001 -- the server refuses it with its named error
             return None
 
-    recorder = Recorder(make_app(engine, limits), T, measure)
+    recorder = Recorder(make_app(engine, limits), T, measure, prompt_len=P)
     server = thread = None
     try:
         server, thread, port = _serve(recorder)
@@ -194,12 +228,17 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
                     "top_k": int(top_k), "logprobs": True}  # max_tokens: the Recorder's
         traces = v1.run_v1_episodes(adapter.env, tasks, f"http://127.0.0.1:{port}/v1",
                                     SERVED_NAME, sampling, where)
+    except EnvError as e:
+        if recorder.outgrown:
+            raise _outgrown_error(recorder, P, T, where) from e
+        raise
     finally:
         if server is not None:
             server.should_exit = True
             thread.join(timeout=30)
         engine.close()
-    prompt_BP, mask_BP = prompts
+    if recorder.outgrown:
+        raise _outgrown_error(recorder, P, T, where)
     R = len(adapter.reward_names)
     tokens = np.full((B, G, T), int(tokenizer.pad_id), np.int32)
     mask = np.zeros((B, G, T), bool)

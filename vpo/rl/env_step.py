@@ -111,7 +111,7 @@ def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> E
             episodes, trained = run_served_episodes(
                 model_of(graphdef, state), task.tokenizer, factory, rows, G, prompts=prompts,
                 max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                top_k=s.top_k, seed=seed, where=settings.spec)
+                top_k=s.top_k, seed=seed, where=settings.spec, context=s.served_context)
             last["episodes"], last["trained"] = episodes, trained
             return episodes.rollout
         episodes = run_episodes(
