@@ -359,6 +359,25 @@ def test_a_stream_is_the_non_streamed_answer_in_pieces(served, url):
         assert [i for m in mine for i in m.model_extra.get("token_ids", [])] == choice["token_ids"]
 
 
+def test_a_recorded_stream_adds_up_to_the_answer(served):
+    """What `vpo train --env` records of a streamed answer (a harness that streams): the
+    prompt's token ids from the first chunk, each choice's token ids and log-probs, those of the
+    non-streamed answer for the same seed; a stream that failed records nothing."""
+    from vpo.rl.env_served import streamed_answer
+
+    client, _, _ = served
+    ask = dict(messages=[{"role": "user", "content": "go down"}], n=2, seed=9, max_tokens=12,
+               logprobs=True)
+    whole = client.post("/v1/chat/completions", json=ask).json()
+    raw = client.post("/v1/chat/completions", json={**ask, "stream": True}).content
+    got = streamed_answer(raw)
+    assert got["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert [c["token_ids"] for c in got["choices"]] == [c["token_ids"] for c in whole["choices"]]
+    assert [c["logprobs"]["content"] for c in got["choices"]] == [
+        c["logprobs"]["content"] for c in whole["choices"]]
+    assert streamed_answer(b'data: {"error": {"message": "x"}}\n\n') is None
+
+
 def test_a_streamed_completion_stops_where_the_answer_does(served, url):
     """Text completions streamed through the async client, with a stop string spanning
     tokens: the pieces join to the non-streamed text, none shows the stop string."""

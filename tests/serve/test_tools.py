@@ -104,7 +104,7 @@ def test_tools_and_tool_messages_render_through_the_template(tokenizer):
     history = [*ask, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
          "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+               {"role": "tool", "tool_call_id": "call_1", "name": "add", "content": "3"}]
     gen = parse_chat({"messages": history, "tools": [ADD], "tool_choice": "none"}, tokenizer,
                      limits)
     prompt = tokenizer.decode(gen.prompts[0], skip_special_tokens=False)
@@ -125,7 +125,8 @@ def test_tool_requests_are_refused_by_name(tokenizer):
                  {"function": {"name": "add", "arguments": "{"}}]}]}, "messages"),
              ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
                  {"function": {"name": "add", "arguments": "[1]"}}]}]}, "messages"),
-             ({"tool_choice": "required"}, "tool_choice")]
+             ({"tool_choice": "required"}, "tool_choice"),
+             ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages")]
     for extra, param in cases:
         with pytest.raises(RequestError) as e:
             parse_chat({"messages": ask, **extra}, tokenizer, limits)

@@ -51,7 +51,8 @@ SERVED_NAME = "vpo-policy"  # the model name the environment's requests are sent
 
 class Recorder:
     """An ASGI app in front of vpo's: every 200 answer to /v1/chat/completions, its JSON
-    body kept under the request's X-Session-ID, in the order answered. Each request's
+    body (a streamed one's chunks added up: `streamed_answer`) kept under the request's
+    X-Session-ID, in the order answered. Each request's
     `max_tokens` is capped by what is left of the episode's budget `T` after its first
     request's prompt (`measure(body)`: the prompt's tokens as the server reads them; at least
     1): tokens past T are not trained on, so they are not sampled at length."""
@@ -122,9 +123,36 @@ class Recorder:
             await send(message)
 
         await self.app(scope, receive, keep)
-        if status[0] == 200:
+        if status[0] != 200:
+            return
+        raw = b"".join(body)
+        answer = streamed_answer(raw) if raw.startswith(b"data:") else json.loads(raw)
+        if answer is not None:
             with self.lock:
-                self.calls.setdefault(session, []).append(json.loads(b"".join(body)))
+                self.calls.setdefault(session, []).append(answer)
+
+
+def streamed_answer(raw: bytes) -> dict | None:
+    """The chat completion a streamed answer (server-sent events of vpo serve's chunks) adds up
+    to, as much as an episode's record reads: prompt_token_ids, and per choice its token_ids
+    and log-probs (`logprobs.content`); None when the stream carried an error."""
+    prompt, choices = None, {}
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            return None
+        prompt = chunk.get("prompt_token_ids", prompt)
+        for c in chunk.get("choices") or []:
+            into = choices.setdefault(c["index"], {"index": c["index"], "token_ids": [],
+                                                   "logprobs": None})
+            into["token_ids"] += c.get("token_ids") or []
+            content = (c.get("logprobs") or {}).get("content")
+            if content:
+                into["logprobs"] = {"content": (into["logprobs"] or {"content": []})["content"]
+                                    + content}
+    return {"prompt_token_ids": prompt, "choices": [choices[j] for j in sorted(choices)]}
 
 
 def _serve(app) -> tuple[Any, threading.Thread, int]:

@@ -33,7 +33,7 @@ _COMMON = frozenset({"model", "n", "max_tokens", "temperature", "top_p", "top_k"
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
                          "tools", "tool_choice"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-TOOL_KEYS = ("tool_calls", "tool_call_id")  # message fields of a template with a tool format
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name")  # message fields with a tool format
 
 
 def _number(body: dict, name: str, default, *, low=None, high=None, integer=False):

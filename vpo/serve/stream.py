@@ -9,7 +9,8 @@ the request's usage with no choices. A choice's text is sent only once later tok
 change it: a tail that could begin a stop string, trailing whitespace (a decoder may join it
 to what follows) and an unfinished UTF-8 character wait, so the streamed text is the
 non-streamed answer's, never a stop string or what follows one. Log-probs, when asked, go with
-the chunk of their tokens, as do the tokens' ids (`token_ids`). With tools, text that could be
+the chunk of their tokens, as do the tokens' ids (`token_ids`; a chat stream's first chunk has
+the prompt's, `prompt_token_ids`). With tools, text that could be
 part of a tool call waits too; a choice's calls come, parsed, in its last delta (`tool_calls`,
 each with its `index`, id, name and whole arguments), with `finish_reason: "tool_calls"`.
 """
@@ -98,12 +99,16 @@ class Streamer:
         return {"index": j, "text": text, **choice}
 
     def opening(self) -> list[dict]:
-        """Chat: each choice's role delta; completions: nothing."""
+        """Chat: each choice's role delta, the first with the prompt's token ids
+        (`prompt_token_ids`, as a non-streamed answer carries them); completions: nothing."""
         if self.gen.kind != "chat":
             return []
-        return [self._chunk([{"index": j, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}])
-                for j in range(len(self.choices))]
+        out = [self._chunk([{"index": j, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None}])
+               for j in range(len(self.choices))]
+        if out:
+            out[0]["prompt_token_ids"] = list(self.gen.prompts[0])
+        return out
 
     def chunks(self, update: Update) -> list[dict]:
         """The chunks of one row's update: its settled new text with its tokens, and when the

@@ -97,8 +97,9 @@ def _arguments(call, where: str) -> dict:
 def tool_fields(m: dict, i: int) -> dict:
     """The tool fields of message i as a template with a tool format reads them: an
     assistant's `tool_calls` (each {id, type, function: {name, arguments: object}}) or a tool
-    message's `tool_call_id` ({} when it carries neither)."""
-    calls, call_id = m.get("tool_calls"), m.get("tool_call_id")
+    message's `tool_call_id` and `name` (the function's; verifiers adds it) ({} when it carries
+    none)."""
+    calls = m.get("tool_calls")
     out: dict = {}
     if calls not in (None, []):
         if m.get("role") != "assistant" or not isinstance(calls, list):
@@ -108,11 +109,14 @@ def tool_fields(m: dict, i: int) -> dict:
                               "type": "function",
                               "function": _arguments(c, f"messages[{i}].tool_calls[{k}]")}
                              for k, c in enumerate(calls)]
-    if call_id not in (None, ""):
-        if m.get("role") != "tool" or not isinstance(call_id, str):
-            raise RequestError(f"messages[{i}].tool_call_id: a string, on a tool message only",
+    for key in ("tool_call_id", "name"):  # a tool message's call and function name
+        value = m.get(key)
+        if value in (None, ""):
+            continue
+        if m.get("role") != "tool" or not isinstance(value, str):
+            raise RequestError(f"messages[{i}].{key}: a string, on a tool message only",
                                param="messages")
-        out["tool_call_id"] = call_id
+        out[key] = value
     return out
 
 
