@@ -74,7 +74,8 @@ def test_budget_counts_every_candidate_as_the_frozen_search(frozen_and_rate_zero
     last = zero.state.last  # [N·I groups, C / m calls, ...]: one row per policy call
     assert last.tokens_BGT.shape[:2] == (2 * CFG.islands, CFG.children // CFG.num_answers)
     assert last.valid_BGM.shape[-1] == CFG.num_answers
-    assert set(zero.metrics) >= {"loss", "grad_norm", "skipped", "mismatch_max_abs_logp"}
+    assert set(zero.metrics) >= {"loss", "grad_norm", "skipped", "mismatch_max_abs_logp",
+                                 "entropy"}
     assert all(np.asarray(v).shape == (CFG.generations,) for v in zero.metrics.values())
 
 
@@ -98,8 +99,8 @@ def test_next_generation_samples_from_the_parameters_in_the_carry(setup):
     real = np.asarray(gen.mask_BGT)
     assert real.any()
     np.testing.assert_allclose(np.asarray(gen.logp_BGT)[real],
-                               np.asarray(logp(moved, gen))[real], atol=2e-5)
-    assert np.abs(np.asarray(gen.logp_BGT) - np.asarray(logp(params, gen)))[real].max() > 1e-2
+                               np.asarray(logp(moved, gen)[0])[real], atol=2e-5)
+    assert np.abs(np.asarray(gen.logp_BGT) - np.asarray(logp(params, gen)[0]))[real].max() > 1e-2
     assert np.asarray(after.search.evaluated).tolist() == [
         CFG.islands * (CFG.members + CFG.children)] * 2
 
@@ -117,7 +118,9 @@ def _toy_generation(rewards_BGM, valid_BGM=None):
 
 
 def _toy_logp(params, gen):
-    return jax.nn.log_softmax(params["logits_V"])[gen.tokens_BGT]
+    logp_V = jax.nn.log_softmax(params["logits_V"])
+    entropy = -jnp.sum(jnp.exp(logp_V) * logp_V)
+    return logp_V[gen.tokens_BGT], jnp.full(gen.tokens_BGT.shape, entropy)
 
 
 @pytest.mark.parametrize("objective", ["grpo", "vpo", "entropic"])
@@ -132,6 +135,7 @@ def test_an_update_moves_probability_towards_the_better_calls(objective):
     probs = np.asarray(jax.nn.softmax(new["logits_V"]))
     assert probs[0] > 1 / 3 > probs[1], (objective, probs)
     assert int(metrics["skipped"]) == 0 and float(metrics["grad_norm"]) > 0
+    assert float(metrics["entropy"]) == pytest.approx(math.log(3), rel=1e-5)  # before the step
     same, _, _ = update_lib.learn_update(
         params, tx.init(params), jnp.float32(0.0), gen, jax.random.key(0), logp=_toy_logp,
         ref_logp=None, tx=tx, learn=learn, weights_R=np.ones(1))

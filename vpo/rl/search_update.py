@@ -73,17 +73,20 @@ def advantages_BG(learn: LearnConfig, key, gen: SearchCalls, weights_R  # noqa: 
 
 
 def logp_fn(graphdef, frozen) -> Callable:
-    """`(params, gen) -> logp_BGT`: the completions' temperature-1 log-probs under `params`
-    (one prompt per call: B·G rows of one completion each)."""
+    """`(params, gen) -> (logp_BGT, entropy_BGT)`: the completions' temperature-1 log-probs
+    under `params` and the entropy of the temperature-1 next-token distribution at each of
+    their positions (one prompt per call: B·G rows of one completion each; the trainer's
+    pass, `vpo.rl.step.completion_logp`, which computes both at once)."""
 
     def logp(params, gen: SearchCalls):
         B, G, P = gen.prompt_BGP.shape
         T = gen.tokens_BGT.shape[-1]
         model = lora_lib.merge(graphdef, params, frozen)
-        logp_NGT, _ = completion_logp(model, gen.prompt_BGP.reshape(B * G, P),
-                                      gen.prompt_mask_BGP.reshape(B * G, P),
-                                      gen.tokens_BGT.reshape(B * G, 1, T), impl="auto")
-        return logp_NGT.reshape(B, G, T)
+        logp_NGT, entropy_NGT = completion_logp(model, gen.prompt_BGP.reshape(B * G, P),
+                                                gen.prompt_mask_BGP.reshape(B * G, P),
+                                                gen.tokens_BGT.reshape(B * G, 1, T),
+                                                impl="auto")
+        return logp_NGT.reshape(B, G, T), entropy_NGT.reshape(B, G, T)
 
     return logp
 
@@ -91,13 +94,18 @@ def logp_fn(graphdef, frozen) -> Callable:
 def pg_loss(params, gen: SearchCalls, adv_BG, ref_logp_BGT, *, logp: Callable,
             kl_coef: float) -> tuple[jax.Array, dict]:
     """-mean(A · sum_t log pi) (+ kl_coef · mean of the completions' summed k3 KL to the
-    reference when `ref_logp_BGT` is given) → (loss, metrics)."""
-    logp_BGT = logp(params, gen)
+    reference when `ref_logp_BGT` is given) → (loss, metrics). `logp`: `logp_fn`'s shape,
+    `(params, gen) -> (logp_BGT, entropy_BGT)`; `entropy` logs the mean token entropy over the
+    completions' real tokens (of the parameters that sampled them; not in the loss)."""
+    logp_BGT, entropy_BGT = logp(params, gen)
     mask_BGT = gen.mask_BGT
     seq_BG = jnp.sum(jnp.where(mask_BGT, logp_BGT, 0.0), axis=-1)
     loss = -jnp.mean(jax.lax.stop_gradient(adv_BG) * seq_BG)
     gap_BGT = jnp.where(mask_BGT, jnp.abs(jax.lax.stop_gradient(logp_BGT) - gen.logp_BGT), 0.0)
-    metrics = {"mismatch_max_abs_logp": jnp.max(gap_BGT)}
+    real = jnp.maximum(jnp.sum(mask_BGT), 1)
+    metrics = {"mismatch_max_abs_logp": jnp.max(gap_BGT),
+               "entropy": jnp.sum(jnp.where(mask_BGT, jax.lax.stop_gradient(entropy_BGT), 0.0))
+               / real}
     if ref_logp_BGT is not None:
         kl_BGT = objectives.kl_estimate(logp_BGT, ref_logp_BGT, "k3")
         kl = jnp.mean(jnp.sum(jnp.where(mask_BGT, kl_BGT, 0.0), axis=-1))
@@ -145,10 +153,12 @@ def reference_logp(graphdef, params, frozen, ref, kl_coef: float) -> Callable | 
     if not kl_coef:
         return None
     if frozen is None:
-        return functools.partial(logp_fn(graphdef, None), ref)
-    base = lora_lib.base_model(lora_lib.merge(graphdef, params, frozen))
-    base_def, base_params = nnx.split(base, nnx.Param)
-    return functools.partial(logp_fn(base_def, None), base_params)
+        ref_pass = functools.partial(logp_fn(graphdef, None), ref)
+    else:
+        base = lora_lib.base_model(lora_lib.merge(graphdef, params, frozen))
+        base_def, base_params = nnx.split(base, nnx.Param)
+        ref_pass = functools.partial(logp_fn(base_def, None), base_params)
+    return lambda gen: ref_pass(gen)[0]
 
 
 def make_learner(graphdef, learn: LearnConfig, weights_R) -> Learner:
