@@ -4,13 +4,17 @@ generation (`vpo.search.learn.learning_generation`: the same step with its sampl
 one policy-gradient step on them) at the quickstart's search shapes, in the same run.
 
 Run:  python experiments/bench_search_learn.py [--objective grpo] [--problems 32] [--quick]
+                                              [--every K]
 
 The quickstart (`vpo compare`, docs/usage.md): the codeword task on its word-level tokenizer,
 the tiny preset, island search with I = 2 islands of Q = 6, U = 2 parents, C = 6 children,
 m = 1, over 32 problems (a randomly initialised policy here: the cost does not depend on the
 weights). LoRA rank 8 adapters are trained (`LearnConfig`'s default). Each generation is
 compiled once (first call, reported apart), then timed as the median of `--repeats` calls
-from the same state. Prints both times and their ratio (the goal: at most 2x).
+from the same state. Prints both times and their ratio (the goal: at most 2x). With
+`--every K` (`LearnConfig.every`: an update after every K-th generation only) it times a
+generation with the update and one without it (the `lax.cond` not taken) and prints the ratio
+per generation over K of them, (with + (K - 1) x without) / (K x frozen).
 """
 
 from __future__ import annotations
@@ -57,11 +61,12 @@ def main():
     ap.add_argument("--problems", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="4 problems, 2 repeats")
+    ap.add_argument("--every", type=int, default=1, help="LearnConfig.every (default 1)")
     args = ap.parse_args()
     n, repeats = (4, 2) if args.quick else (args.problems, args.repeats)
     cfg = QUICKSTART if args.objective != "vpo" else SearchConfig(
         **{**QUICKSTART.__dict__, "num_answers": 2})  # vpo: a set of m >= 2 answers per call
-    learn = LearnConfig(objective=args.objective)
+    learn = LearnConfig(objective=args.objective, every=args.every)
     codeword = make_task("codeword")
     task = bind(codeword, task_word_tokenizer(codeword))
     records = task.make_problems(0, n)
@@ -86,16 +91,26 @@ def main():
 
     learner = make_learner(graphdef, learn, task.eval_weights_R)
     learning_generation = jax.jit(functools.partial(learn_lib.learning_generation, task, cfg,
-                                                    graphdef, learner, None))
+                                                    graphdef, learner, None, every=args.every))
     print(f"device={jax.devices()[0].platform} cores={jax.local_device_count()} preset=tiny "
           f"task=codeword N={n} I={cfg.islands} Q={cfg.members} C={cfg.children} "
-          f"m={cfg.num_answers} learn={args.objective} lora_rank={learn.lora_rank}")
+          f"m={cfg.num_answers} learn={args.objective} lora_rank={learn.lora_rank} "
+          f"every={args.every}")
     f_first, f_med = timed(lambda: frozen_generation(state.params, state.frozen, step_keys_N,
                                                      state.search), repeats)
-    l_first, l_med = timed(lambda: learning_generation(step_keys_N, state), repeats)
+    # the generation counter before the step: K - 1 makes the step's generation K (an update)
+    due = state._replace(search=state.search._replace(
+        generation=jnp.int32(args.every - 1)))
+    l_first, l_med = timed(lambda: learning_generation(step_keys_N, due), repeats)
     print(f"  frozen generation    first call {f_first:7.2f}s  median {f_med * 1e3:8.1f} ms")
     print(f"  learning generation  first call {l_first:7.2f}s  median {l_med * 1e3:8.1f} ms")
     print(f"  RATIO learning / frozen generation: {l_med / f_med:.2f}x (goal <= 2x)")
+    if args.every > 1:  # the generation counter 0: the step's generation 1, no update
+        _, s_med = timed(lambda: learning_generation(step_keys_N, state), repeats)
+        per = (l_med + (args.every - 1) * s_med) / args.every
+        print(f"  generation without its update       median {s_med * 1e3:8.1f} ms")
+        print(f"  RATIO per generation over {args.every} (every={args.every}): "
+              f"{per / f_med:.2f}x (goal <= 2x)")
 
 
 if __name__ == "__main__":

@@ -324,6 +324,8 @@ CASES = [
                            "{run}"], ["--out"]),
     ("search-learn-rate", ["search", "--policy", "{policy}", "--learn", "grpo", "--learn-lr", "0",
                            *RUN], ["--learn-lr", "learn.learning_rate", "> 0"]),
+    ("search-learn-every", ["search", "--policy", "{policy}", "--learn", "grpo", "--learn-every",
+                            "0", *RUN], ["--learn-every", "learn.every"]),
     ("search-learn-setting-alone", ["search", "--policy", "{policy}", "--learn-lr", "1e-3",
                                     *RUN], ["--learn-lr", "--learn grpo|vpo|entropic"]),
     ("sample-data-no-policy", ["sample", *DATA],

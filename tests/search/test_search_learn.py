@@ -9,6 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -77,6 +78,30 @@ def test_budget_counts_every_candidate_as_the_frozen_search(frozen_and_rate_zero
     assert set(zero.metrics) >= {"loss", "grad_norm", "skipped", "mismatch_max_abs_logp",
                                  "entropy"}
     assert all(np.asarray(v).shape == (CFG.generations,) for v in zero.metrics.values())
+
+
+@pytest.mark.slow  # ~40 s cold: one more compiled learning search
+def test_every_k_updates_after_every_kth_generation_only(setup, frozen_and_rate_zero):
+    """learn.every = 2 over 2 generations: no update after generation 1 (NaN metrics,
+    `updated` 0), one after generation 2 (Adam's step count 1); both generations sample from
+    the starting parameters, so the trace is the frozen search's bit for bit at a positive
+    rate."""
+    task, problems, model = setup
+    frozen, _ = frozen_and_rate_zero
+    learn = LearnConfig(objective="grpo", learning_rate=1e-2, lora_rank=2, every=2)
+    out = learn_search.learning_run(jax.random.key(0), model, task, problems, CFG, learn,
+                                    update_lib.make_learner)
+    for a, b in zip(jax.tree.leaves(out.trace), jax.tree.leaves(frozen.trace), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.asarray(out.metrics["updated"]).tolist() == [0, 1]
+    assert int(out.state.updates) == 1
+    loss = np.asarray(out.metrics["loss"])
+    assert np.isnan(loss[0]) and np.isfinite(loss[1])
+    assert np.asarray(out.metrics["skipped"]).tolist() == [0, 0]
+    adam = [s for s in jax.tree.leaves(out.state.opt_state,
+                                       is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+            if isinstance(s, optax.ScaleByAdamState)]
+    assert [int(s.count) for s in adam] == [1]
 
 
 @pytest.mark.slow  # ~36 s cold: init, step and the log-prob pass compiled
@@ -187,6 +212,8 @@ def test_what_cannot_learn_is_a_named_error():
     for rate in (0.0, -1e-3):
         with pytest.raises(ConfigError, match="learn.learning_rate"):
             LearnConfig(learning_rate=rate)
+    with pytest.raises(ConfigError, match="learn.every"):
+        LearnConfig(every=0)
     with pytest.raises(ConfigError, match="learn.objective: must be one of grpo, vpo, entropic"):
         LearnConfig(objective="ppo")
     text_task = make_task("program", difficulty="easy")

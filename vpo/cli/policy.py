@@ -100,7 +100,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                finite=("temperature",))
     check_out(args.out)
     learn = learn_config(args.learn, learning_rate=args.learn_lr, lora_rank=args.learn_rank,
-                         kl_coef=args.learn_kl)
+                         kl_coef=args.learn_kl, every=args.learn_every)
     env = env_kwargs(args)
     dataset = None if env else dataset_kwargs(args)
     run = search_run(args.policy, task_name=args.task, difficulty=args.difficulty,
@@ -119,7 +119,9 @@ def cmd_search(args: argparse.Namespace) -> int:
                               mesh=run.mesh, max_new_tokens=run.max_new_tokens, progress=True)
     if run.learn is not None:  # the same keys, the policy updated after every generation
         name = f"search+{run.learn.objective}"
-        print(f"{name}: one {run.learn.objective} step per generation on its children "
+        when = ("per generation" if run.learn.every == 1
+                else f"after every {run.learn.every}th generation")
+        print(f"{name}: one {run.learn.objective} step {when} on its children "
               f"(learning rate {run.learn.learning_rate:g})", flush=True)
         results[name], learned = learning_result(run, jax.random.key(args.seed))
         os.makedirs(args.out, exist_ok=True)
@@ -179,6 +181,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                         f"trains every weight (default {LearnConfig.lora_rank})")
     p.add_argument("--learn-kl", type=float, default=None,
                    help="k3 KL to the starting policy, per token (default 0)")
+    p.add_argument("--learn-every", type=int, default=None,
+                   help="update after every k-th generation only, on its children (default 1: "
+                        "after every generation; k costs about 1/k of the update)")
     add_data_args(p)
     add_env_args(p)
     p.add_argument("--out", required=True)

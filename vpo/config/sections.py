@@ -115,13 +115,16 @@ class LearnConfig:
     each call's fitness), "vpo" (VPO's expected-max set advantage over a call's m answers),
     "entropic" (TTT-Discover's KL-budgeted exponential weights). `lora_rank` > 0: adapters of
     that rank are trained on a policy without them (a policy with adapters trains its own);
-    0 trains every weight."""
+    0 trains every weight. `every` k > 1: the step runs after every k-th generation only, on
+    that generation's children (the others' are not learned from), for about 1/k of the
+    update's cost per generation."""
 
     objective: str = "grpo"
     learning_rate: float = 1e-4  # AdamW
     kl_coef: float = 0.0  # k3 KL to the starting policy, per completion token
     max_grad_norm: float = 1.0
     lora_rank: int = 8
+    every: int = 1  # update after generations k, 2k, ... (1: after every generation)
     num_weights: int = 100  # vpo: Dirichlet weight draws K per group
     alpha: float = 1.0  # vpo: Dirichlet concentration
     eps: float = 1e-6  # grpo / vpo: z-score epsilon
@@ -130,8 +133,8 @@ class LearnConfig:
         validate("learn", self, {
             "objective": one_of(LEARN_OBJECTIVES), "learning_rate": real(0.0, lo_open=True),
             "kl_coef": real(0.0), "max_grad_norm": real(0.0, lo_open=True),
-            "lora_rank": integer(0), "num_weights": POSITIVE, "alpha": real(0.0, lo_open=True),
-            "eps": real(0.0, lo_open=True)})
+            "lora_rank": integer(0), "every": POSITIVE, "num_weights": POSITIVE,
+            "alpha": real(0.0, lo_open=True), "eps": real(0.0, lo_open=True)})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -231,7 +231,7 @@ class SearchRun:
 
 # `vpo search`'s flags of the search that learns: {LearnConfig field: flag}.
 LEARN_FLAGS = {"objective": "--learn", "learning_rate": "--learn-lr", "lora_rank": "--learn-rank",
-               "kl_coef": "--learn-kl"}
+               "kl_coef": "--learn-kl", "every": "--learn-every"}
 
 
 def learn_config(learn: str | None, **given):

@@ -151,10 +151,20 @@ def generation_calls(task, cfg: SearchConfig, mesh, model, key, state: SearchSta
     return ingraph.island_step(cfg, state, mesh), calls
 
 
+def no_update(shapes: dict) -> dict:
+    """The metrics of a generation without an update, of `shapes` (the update's): NaN where
+    the update logs a float, 0 where it logs a count."""
+    return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan if jnp.issubdtype(
+        s.dtype, jnp.floating) else 0, s.dtype), shapes)
+
+
 def learning_generation(task, cfg: SearchConfig, graphdef, learner, mesh, keys_N,
-                        state: LearnState) -> tuple[LearnState, dict]:
-    """One generation on every problem, then `learner.update` on its calls → (state, the
-    update's metrics). keys_N: each problem's key of this generation."""
+                        state: LearnState, every: int = 1) -> tuple[LearnState, dict]:
+    """One generation on every problem, then `learner.update` on its calls when the
+    generation's number is a multiple of `every` (`LearnConfig.every`; a `lax.cond`, so a
+    generation without it does not pay for it) → (state, the update's metrics, `no_update`'s
+    on the other generations; `updated`: 1 where it ran). keys_N: each problem's key of this
+    generation."""
     model = lora_lib.merge(graphdef, state.params, state.frozen)
     one = functools.partial(generation_calls, task, cfg, mesh, model)
     search, calls = jax.vmap(one, in_axes=(0, search_axes(0)),
@@ -162,11 +172,23 @@ def learning_generation(task, cfg: SearchConfig, graphdef, learner, mesh, keys_N
     calls_per_island = cfg.children // cfg.num_answers
     gen = SearchCalls(*jax.tree.map(
         lambda x: x.reshape((-1, calls_per_island) + x.shape[2:]), calls))
-    params, opt_state, metrics = learner.update(
-        state.params, state.frozen, state.ref, state.opt_state, state.learning_rate, gen,
-        jax.random.fold_in(keys_N[0], UPDATE_STREAM))
-    return state._replace(search=search, params=params, opt_state=opt_state,
-                          updates=state.updates + 1 - metrics["skipped"], last=gen), metrics
+    key = jax.random.fold_in(keys_N[0], UPDATE_STREAM)
+
+    def update(params, opt_state):
+        params, opt_state, metrics = learner.update(params, state.frozen, state.ref, opt_state,
+                                                    state.learning_rate, gen, key)
+        return params, opt_state, {**metrics, "updated": jnp.int32(1)}
+
+    if every == 1:
+        params, opt_state, metrics = update(state.params, state.opt_state)
+    else:
+        shapes = jax.eval_shape(update, state.params, state.opt_state)[2]
+        params, opt_state, metrics = jax.lax.cond(
+            search.generation % every == 0, update,
+            lambda p, o: (p, o, no_update(shapes)), state.params, state.opt_state)
+    updates = state.updates + metrics["updated"] - metrics["skipped"]
+    return state._replace(search=search, params=params, opt_state=opt_state, updates=updates,
+                          last=gen), metrics
 
 
 def make_learning_search(task: BoundTask, cfg: SearchConfig, graphdef, learn: LearnConfig,
@@ -194,7 +216,8 @@ def make_learning_search(task: BoundTask, cfg: SearchConfig, graphdef, learn: Le
                           jnp.float32(learn.learning_rate), jnp.int32(0), last)
 
     def step(keys_N, state: LearnState) -> LearnState:
-        return learning_generation(task, cfg, graphdef, learner, mesh, keys_N, state)[0]
+        return learning_generation(task, cfg, graphdef, learner, mesh, keys_N, state,
+                                   learn.every)[0]
 
     return init, step
 
@@ -211,7 +234,8 @@ def _learn_jit(graphdef, params, frozen, task, cfg, learn, make_learner, mesh, p
     point = jax.vmap(ingraph.trace_point, in_axes=(search_axes(0),))
 
     def body(s, k_N):
-        s, metrics = learning_generation(task, cfg, graphdef, learner, mesh, k_N, s)
+        s, metrics = learning_generation(task, cfg, graphdef, learner, mesh, k_N, s,
+                                         learn.every)
         return s, (point(s.search), metrics)
 
     first = point(state.search)
