@@ -11,10 +11,11 @@ the tiny preset, island search with I = 2 islands of Q = 6, U = 2 parents, C = 6
 m = 1, over 32 problems (a randomly initialised policy here: the cost does not depend on the
 weights). LoRA rank 8 adapters are trained (`LearnConfig`'s default). Each generation is
 compiled once (first call, reported apart), then timed as the median of `--repeats` calls
-from the same state. Prints both times and their ratio (the goal: at most 2x). With
-`--every K` (`LearnConfig.every`: an update after every K-th generation only) it times a
-generation with the update and one without it (the `lax.cond` not taken) and prints the ratio
-per generation over K of them, (with + (K - 1) x without) / (K x frozen).
+from the same state, the generations timed in turn round by round. Prints both times and
+their ratio (the goal: at most 2x). With `--every K` (`LearnConfig.every`: an update after
+every K-th generation only) it times a generation with the update and one without it (the
+`lax.cond` not taken) and prints the ratio per generation over K of them, (with + (K - 1) x
+without) / (K x frozen).
 """
 
 from __future__ import annotations
@@ -42,24 +43,28 @@ QUICKSTART = SearchConfig(islands=2, members=6, parents=2, children=6, generatio
                           num_answers=1, temperature=0.7)
 
 
-def timed(fn, repeats: int) -> tuple[float, float]:
-    """(first call seconds, median of `repeats` further calls), results blocked on."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
+def timed(fns: dict, repeats: int) -> dict:
+    """{name: (first call seconds, median of `repeats` further calls)}, results blocked on;
+    after the first calls the functions are timed in turn, round by round, so a change in the
+    machine's load between them shifts every median alike (the ratios stay comparable)."""
+    first, times = {}, {name: [] for name in fns}
+    for name, fn in fns.items():
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return first, float(np.median(times))
+        first[name] = time.perf_counter() - t0
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t0)
+    return {name: (first[name], float(np.median(times[name]))) for name in fns}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--objective", default="grpo", choices=("grpo", "vpo", "entropic"))
     ap.add_argument("--problems", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="4 problems, 2 repeats")
     ap.add_argument("--every", type=int, default=1, help="LearnConfig.every (default 1)")
     args = ap.parse_args()
@@ -96,17 +101,22 @@ def main():
           f"task=codeword N={n} I={cfg.islands} Q={cfg.members} C={cfg.children} "
           f"m={cfg.num_answers} learn={args.objective} lora_rank={learn.lora_rank} "
           f"every={args.every}")
-    f_first, f_med = timed(lambda: frozen_generation(state.params, state.frozen, step_keys_N,
-                                                     state.search), repeats)
-    # the generation counter before the step: K - 1 makes the step's generation K (an update)
+    # the generation counter before the step: K - 1 makes the step's generation K (an update);
+    # 0 makes it generation 1, without its update when K > 1
     due = state._replace(search=state.search._replace(
         generation=jnp.int32(args.every - 1)))
-    l_first, l_med = timed(lambda: learning_generation(step_keys_N, due), repeats)
+    fns = {"frozen": lambda: frozen_generation(state.params, state.frozen, step_keys_N,
+                                               state.search),
+           "learning": lambda: learning_generation(step_keys_N, due)}
+    if args.every > 1:
+        fns["without"] = lambda: learning_generation(step_keys_N, state)
+    t = timed(fns, repeats)
+    (f_first, f_med), (l_first, l_med) = t["frozen"], t["learning"]
     print(f"  frozen generation    first call {f_first:7.2f}s  median {f_med * 1e3:8.1f} ms")
     print(f"  learning generation  first call {l_first:7.2f}s  median {l_med * 1e3:8.1f} ms")
     print(f"  RATIO learning / frozen generation: {l_med / f_med:.2f}x (goal <= 2x)")
-    if args.every > 1:  # the generation counter 0: the step's generation 1, no update
-        _, s_med = timed(lambda: learning_generation(step_keys_N, state), repeats)
+    if args.every > 1:
+        s_med = t["without"][1]
         per = (l_med + (args.every - 1) * s_med) / args.every
         print(f"  generation without its update       median {s_med * 1e3:8.1f} ms")
         print(f"  RATIO per generation over {args.every} (every={args.every}): "
