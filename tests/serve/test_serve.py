@@ -611,3 +611,50 @@ def test_no_bad_body_gets_a_500(served, path):
                         headers={"content-type": "application/json"})
         assert 400 <= r.status_code < 500, (body, r.text)
         assert r.json()["error"]["message"]
+
+
+_COMPILES: list[str] = []  # jax's trace and compile events while a test listens
+_LISTENING = [False]
+
+
+def _listen(event, duration, **_):
+    if _LISTENING[0] and event in ("/jax/core/compile/jaxpr_trace_duration",
+                                   "/jax/core/compile/backend_compile_duration"):
+        _COMPILES.append(event)
+
+
+def test_after_warmup_no_request_compiles():
+    """`vpo serve --warmup`: every prefill bucket (rows admitted x prompt length), decode
+    chunk, slot release, key split and prompt scoring is compiled before serving, so requests
+    of every shape the server takes (1 to 16 rows, prompts of 3 to 64 tokens, echo with
+    log-probs, stop strings, streaming, concurrent) trace and compile nothing."""
+    import time
+
+    engine, limits = build(_args("--preset", "tiny", "--seed", "3", "--slots", "4",
+                                 "--max-tokens", "8", "--max-prompt-tokens", "64", "--chunk",
+                                 "4", "--queue", "64"))
+    t0 = time.perf_counter()
+    engine.warmup()
+    warm = time.perf_counter() - t0
+    jax.monitoring.register_event_duration_secs_listener(_listen)
+    _COMPILES.clear()
+    _LISTENING[0] = True
+    engine.start()
+    try:
+        with TestClient(make_app(engine, limits)) as client:
+            bodies = [{"prompt": [4] * 3, "max_tokens": 8, "n": 1},
+                      {"prompt": [5] * 64, "max_tokens": 8, "n": 3, "seed": 1},
+                      {"prompt": [[6] * 20, [7] * 40], "max_tokens": 5, "n": 4},
+                      {"prompt": [8] * 17, "max_tokens": 0, "echo": True, "logprobs": 2},
+                      {"prompt": [9] * 33, "max_tokens": 2, "echo": True, "logprobs": 1},
+                      {"prompt": "up", "max_tokens": 8, "stop": ["e"], "stream": True}]
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(lambda b: client.post("/v1/completions", json=b),
+                                        bodies + bodies[::-1]))
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            assert client.post("/v1/completions", json={"prompt": [4] * 3, "n": 16,
+                                                        "max_tokens": 3}).status_code == 200
+    finally:
+        _LISTENING[0] = False
+        engine.close()
+    assert _COMPILES == [], f"{len(_COMPILES)} compiles after warmup ({warm:.1f}s)"

@@ -94,7 +94,8 @@ def test_tools_and_tool_messages_render_through_the_template(tokenizer):
     limits = _limits(tokenizer)
     assert limits.tool_format is ToolFormat.HERMES
     ask = [{"role": "user", "content": "What is 1 + 2?"}]
-    gen = parse_chat({"messages": ask, "tools": [ADD]}, tokenizer, limits)
+    gen = parse_chat({"messages": ask, "tools": [ADD], "parallel_tool_calls": True}, tokenizer,
+                     limits)
     prompt = tokenizer.decode(gen.prompts[0], skip_special_tokens=False)
     assert "<tools>\n" + json.dumps(ADD) + "\n</tools>" in prompt
     assert gen.tool_calls is ToolFormat.HERMES
@@ -121,6 +122,7 @@ def test_tool_requests_are_refused_by_name(tokenizer):
              ({"tools": [ADD], "tool_choice": {"type": "function",
                                                "function": {"name": "add"}}}, "tool_choice"),
              ({"tools": [{"type": "function"}]}, "tools"),
+             ({"tools": [ADD], "parallel_tool_calls": False}, "parallel_tool_calls"),
              ({"tools": [ADD], "messages": [{"role": "user", "content": "x", "tool_calls": [
                  {"function": {"name": "add", "arguments": "{"}}]}]}, "messages"),
              ({"messages": [{"role": "assistant", "content": "", "tool_calls": [

@@ -93,7 +93,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.warmup:
         t0 = time.perf_counter()
         engine.warmup()
-        stage(f"compiled the decode chunk and the prefills in {time.perf_counter() - t0:.1f}s")
+        stage(f"compiled every prefill, decode and scoring bucket in "
+              f"{time.perf_counter() - t0:.1f}s")
     stage(f"serving {limits.model!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots, "
           f"prompts up to {limits.prompt_len} tokens, up to {limits.max_new_tokens} new)")
     engine.start()
@@ -129,9 +130,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    "most (a call ends early when a request waits and a slot is free for it)")
     p.add_argument("--queue", type=int, default=256, help="rows waiting at most; past it a "
                    "request gets 503")
-    p.add_argument("--warmup", action="store_true", help="compile the decode chunk and the "
-                   "prefill of every admission size before serving (the first requests then "
-                   "wait for no compile)")
+    p.add_argument("--warmup", action="store_true", help="compile every prefill (rows "
+                   "admitted x prompt length bucket), decode chunk and prompt-scoring bucket "
+                   "before serving: no request then compiles")
     p.add_argument("--seed", type=int, default=0, help="the --preset model's init and the "
                    "seeds of requests that send none")
     p.add_argument("--quiet", action="store_true", help="no access log (by default each "

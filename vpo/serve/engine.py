@@ -8,7 +8,8 @@ before every step whether rows wait and returns as soon as one can take a free s
 chunk's tokens back, end rows on a stop string, and answer a request once all its rows have
 ended. The decode program is compiled once per number of leading slots in use (a new row takes
 the lowest free slot, and a step's work follows the slots in use, not all of them), the
-prefill once per (rows admitted, prompt length), each rounded up to a power of two. Row j of a
+prefill once per (rows admitted, prompt length), each rounded up to a power of two; `warmup`
+compiles them all before serving. Row j of a
 request with seed s decodes with key j of `jax.random.split(jax.random.key(s), rows)`: the keys
 `vpo sample` gives its prompts x samples, so the same seed draws the same tokens.
 
@@ -92,12 +93,19 @@ def bucket(n: int, low: int, high: int) -> int:
     return min(b, high)
 
 
+def key_rows(rows: int) -> int:
+    """How many keys `request_keys` splits for `rows`: a power of two (one compiled split per
+    bucket), as jax's partitionable threefry gives the first `rows` keys of a larger split the
+    keys of a split into `rows`; `rows` itself otherwise."""
+    return bucket(rows, 1, 1 << 62) if jax.config.jax_threefry_partitionable else rows
+
+
 def request_keys(seed: int, rows: int) -> np.ndarray:
     """uint32 [rows, 2]: the key data of `jax.random.split(jax.random.key(seed), rows)`, the
     keys `vpo sample` splits for its prompts x samples from --seed. A seed of 2**32 or more
     keeps its high 32 bits (the key jax makes of it with 64-bit integers on), not wrapped."""
     key = jax.random.wrap_key_data(np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32))
-    return np.asarray(jax.random.key_data(jax.random.split(key, rows)))
+    return np.asarray(jax.random.key_data(jax.random.split(key, key_rows(rows))))[:rows]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -202,21 +210,34 @@ class Engine:
                 for i, v in zip(ids[0, real], top[0, real], strict=True)]
         return PromptScores((None, *logp[0, real][1:].tolist()), (None, *alts[1:]))
 
-    def warmup(self) -> None:
-        """Compile before serving (call before `start`): for every bucket of 1, 2, 4, ...
-        slots, the prefill of that many prompts at the full prompt capacity (the bucket of the
-        longest prompts; shorter prompts' buckets compile on first use) and the decode chunk
-        over that many slots."""
-        for A in sorted({bucket(a, 1, self.slots) for a in range(1, self.slots + 1)}):
+    def prompt_buckets(self) -> list[int]:
+        """The prompt lengths a prefill is compiled for: 16, 32, ... up to the capacity."""
+        return sorted({bucket(n, MIN_PROMPT_BUCKET, self.prompt_len)
+                       for n in range(1, self.prompt_len + 1)})
+
+    def warmup(self, *, scores: bool = True) -> None:
+        """Compile before serving (call before `start`), so that no request compiles: the
+        prefill of every (rows admitted, prompt length) bucket, the decode chunk over every
+        bucket of slots in use, the release of slots, the keys of every request size the queue
+        holds and, with `scores`, the prompt scoring of every prompt bucket (`echo`)."""
+        sizes = sorted({bucket(a, 1, self.slots) for a in range(1, self.slots + 1)})
+        for A in sizes:
             rows = np.full((A,), self.slots, np.int32)  # every row padding: nothing written
             z = np.zeros((A,), np.int32)
-            self._live = live_lib.admit_jit(
-                self._graphdef, self._state, self._live,
-                np.full((A, self.prompt_len), self.tokenizer.pad_id, np.int32),
-                np.ones((A, self.prompt_len), bool), rows, np.zeros((A, 2), np.uint32),
-                np.ones((A,), np.float32), np.ones((A,), np.float32), z, z, z)
+            for P in self.prompt_buckets():
+                self._live = live_lib.admit_jit(
+                    self._graphdef, self._state, self._live,
+                    np.full((A, P), self.tokenizer.pad_id, np.int32), np.ones((A, P), bool),
+                    rows, np.zeros((A, 2), np.uint32), np.ones((A,), np.float32),
+                    np.ones((A,), np.float32), z, z, z)
             self._live, _ = live_lib.decode_chunk_jit(
                 self._graphdef, self._state, self._live, np.bool_(False), rows=A, **self._kw)
+        self._live = live_lib.release(self._live, np.zeros((self.slots,), bool))
+        for rows in sorted({key_rows(r) for r in range(1, self.queue + 1)}):
+            request_keys(0, rows)
+        if scores:
+            for P in self.prompt_buckets():
+                self.score((self.tokenizer.pad_id,) * P)
 
     def load(self) -> dict:
         """Rows decoding and waiting, and rows dropped by cancelled requests (for /health)."""

@@ -31,7 +31,7 @@ _COMMON = frozenset({"model", "n", "max_tokens", "temperature", "top_p", "top_k"
                      "stream", "stream_options", "logprobs", "presence_penalty",
                      "frequency_penalty", "logit_bias", *IGNORED})
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
-                         "tools", "tool_choice"}
+                         "tools", "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name")  # message fields with a tool format
 

@@ -48,8 +48,13 @@ def check_tools(body: dict, fmt: ToolFormat) -> tuple[list[dict] | None, bool]:
     """(tools to render, None when there are none; whether to parse tool calls) of the
     request's `tools` and `tool_choice`: "auto" (the default with tools) parses, "none" renders
     the tools and parses none; "required" and a named function (which need constrained
-    decoding) are refused by name, as are tools when the template has no tool format."""
+    decoding) are refused by name, as are tools when the template has no tool format, and
+    `parallel_tool_calls: false` (true, the default, is what is done: every call is returned)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
+    if body.get("parallel_tool_calls") not in (None, True):
+        raise RequestError("parallel_tool_calls: only true (every call the model writes is "
+                           "returned); false would need constrained decoding",
+                           param="parallel_tool_calls", code="unsupported_parameter")
     if tools in (None, []):
         if choice not in (None, "none", "auto"):
             raise RequestError(f"tool_choice: {choice!r} without tools", param="tool_choice")
