@@ -136,27 +136,6 @@ def _run(policy, monkeypatch, spec, T, G=2, rows=2, context=0, engines=None):
     return ep, trained, seen[0].calls, ids
 
 
-def test_the_served_slots_hold_the_episode_budget_not_the_models_positions():
-    """C = the rows' prompt length + 2 T by default (within the model's positions), or
-    sampler.served_context; named errors when it cannot hold the prompts and T."""
-    from vpo.config import ConfigError
-    from vpo.config.sections import SamplerConfig
-
-    assert env_served.served_capacity(40, 32, 0, 8192) == (72, 32)  # SmolLM2: not 8160
-    assert env_served.served_capacity(40, 32, 200, 8192) == (168, 32)
-    assert env_served.served_capacity(100, 16, 0, 128) == (112, 16)  # capped at the positions
-    with pytest.raises(ConfigError, match="served_context 9000: the model has 8192"):
-        env_served.served_capacity(40, 32, 9000, 8192)
-    with pytest.raises(ConfigError, match="need 72 positions"):
-        env_served.served_capacity(40, 32, 70, 8192)
-    with pytest.raises(ConfigError, match="need 144 positions"):
-        env_served.served_capacity(120, 24, 0, 128)
-    assert SamplerConfig(served_context=100).served_context == 100
-    for bad in (-1, 2.5, 16):
-        with pytest.raises(ConfigError, match="sampler.served_context"):
-            SamplerConfig(max_new_tokens=32, served_context=bad)
-
-
 def _same_as_the_trainer(policy, ep):
     """The policy's forward pass over the rollout gives the server's log-probs on the trained
     tokens (the layout is right), and the rollout's entropies are that pass's (not 0)."""
