@@ -68,6 +68,7 @@ BAD = [
     (SamplerConfig, "top_p", 1.5, "in (0, 1]"),
     (SamplerConfig, "top_k", -1, ">= 0"),
     (SamplerConfig, "num_slots", -1, ">= 0"),
+    (SamplerConfig, "served_context", -1, ">= 0"),
     # ObjectiveConfig
     (ObjectiveConfig, "advantage", "ppo", "grpo, dr_grpo, rloo, maxrl, gdpo, vpo, maxk, passk"),
     (ObjectiveConfig, "grpo_scale", "global", "one of group, batch, none"),
