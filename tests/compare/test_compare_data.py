@@ -263,6 +263,7 @@ def test_an_arm_on_data_is_the_run_its_vpo_train_command_starts(files, tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~9 min on 2 loaded cores
 def test_compare_on_your_data_end_to_end(files, tmp_path):
     """`vpo compare --data --reward` on the BPE fixture: every stage on its own part of the
     rows, the report says which data, rewards and split sizes, and each arm's recorded command
@@ -418,6 +419,7 @@ def accuracy(prompts, completions, answer, **kw):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~45 min on 2 loaded cores (SmolLM2: SFT, two arms, evaluation)
 def test_on_a_pretrained_checkpoint_every_arm_is_rewarded_from_its_first_step(tmp_path):
     """A new user's try: addition prompts without demonstrations, a TRL-style accuracy reward,
     SmolLM2. SmolLM2 never writes VPO's `<answer k>` sets on its own, so the format SFT learns

@@ -141,6 +141,7 @@ def test_skip_guard_stops_after_consecutive_skips_naming_the_component():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~8 min on 2 loaded cores
 def test_kill_soak_fast(tmp_path, load_experiment):
     """experiments/kill_soak.py's 3 kill points (a metrics row written, an async checkpoint
     save in flight, orbax's temporary step folder): each resumes bit-exactly."""

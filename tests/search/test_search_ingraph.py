@@ -373,7 +373,8 @@ def test_lm_prompts_are_plain_prompts_or_mutation_text(program_task, pad):
             assert f"Answer {k}: {d} | scores:" in text
 
 
-@pytest.mark.slow  # ~22 s: the slow set (the lean run stays under 15 min)
+@pytest.mark.slow
+@pytest.mark.heavy  # ~7 min on 2 loaded cores (a program-task SFT warm start, then search)
 def test_lm_end_to_end_on_program_task(program_task, tmp_path):
     task = program_task
     cfg = ingraph.SearchConfig(islands=2, members=2, parents=1, children=2, generations=2,
