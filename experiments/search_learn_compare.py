@@ -31,10 +31,10 @@ Design, fixed before the main run (the defaults below):
   most pilot problems solved at 240 candidates, ties to the higher mean best fitness, then to
   the smaller rate.
 
-Writes `--docs`/report.md, solved.png and summary.json; every run's record is cached in
-`--out`/runs (a rerun reuses them). Prints the wall time.
+Writes `--docs`.md (the report) and `--docs`/solved.png, summary.json; every run's record is
+cached in `--out`/runs (a rerun reuses them). Prints the wall time.
 
-Run:  .venv/bin/python experiments/search_learn_compare.py --out /work/slearn/out
+Run:  python experiments/search_learn_compare.py --out runs/search_learn
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def fmt(mean_half) -> str:
     return f"{mean:.3f}" if np.isnan(half) else f"{mean:.3f} ± {half:.3f}"
 
 
-def report_text(s: dict) -> str:
+def report_text(s: dict, figure: str = "solved.png") -> str:
     """report.md from the summary."""
     d, lines = s["design"], []
     methods, n = s["methods"], s["problems"]
@@ -313,7 +313,7 @@ def report_text(s: dict) -> str:
               "|---|" + "---|" * len(s["budget_points"])]
     for m in methods:
         lines.append(f"| {m} | " + " | ".join(f"{v:.2f}" for v in s["curve_points"][m]) + " |")
-    lines += ["", "![solved vs budget](solved.png)", "", "## Verdicts", ""]
+    lines += ["", f"![solved vs budget]({figure})", "", "## Verdicts", ""]
     lines += [f"- {v}" for v in s["verdicts"]]
     lines += ["", "Descriptive, outside the family, these comparisons added to the report after "
               "the main run was seen (final population diversity; the two m = 1 learners "
@@ -343,8 +343,8 @@ def report_text(s: dict) -> str:
               "runs: a learning search of 32 problems costs "
               + ", ".join(f"{m} {ratio:.1f}x" for m, ratio in cost_ratios(s).items())
               + " its frozen search's wall time (measured on a loaded machine).", "",
-              "Reproduce: `.venv/bin/python experiments/search_learn_compare.py --out "
-              "/work/slearn/out` (records cached in `--out`).", ""]
+              "Reproduce: `python experiments/search_learn_compare.py --out "
+              "runs/search_learn` (records cached in `--out`).", ""]
     return "\n".join(lines)
 
 
@@ -504,8 +504,9 @@ def main():
         "wall": wall, "load": " -> ".join(load)}
     with open(os.path.join(args.docs, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
-    with open(os.path.join(args.docs, "report.md"), "w", encoding="utf-8") as f:
-        f.write(report_text(summary))
+    with open(args.docs.rstrip("/") + ".md", "w", encoding="utf-8") as f:
+        folder = os.path.basename(args.docs.rstrip("/"))
+        f.write(report_text(summary, figure=f"{folder}/solved.png"))
     for v in summary["verdicts"]:
         print(v)
     print(f"WALL of the invocation that ran the searches {wall['total']:.0f} s "
