@@ -74,11 +74,6 @@ def round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def pow2_floor(x: int) -> int:
-    """Largest power of two ≤ x (x ≥ 1)."""
-    return 1 << (int(x).bit_length() - 1)
-
-
 def pow2_ceil(x: int) -> int:
     """Smallest power of two ≥ x (x ≥ 1)."""
     return 1 << max(int(x) - 1, 0).bit_length()

@@ -267,11 +267,6 @@ KIND_PLANS = {
 }
 
 
-def not_applicable(name: str, task: BoundTask) -> str | None:
-    """Why program `name` does not exist for a run on `task`, or None when it does."""
-    return for_kind(KIND_PLANS, task).missing(task).get(name)
-
-
 def decoding(run: RunConfig, task: BoundTask) -> str:
     """How a run's rollouts decode, as `vpo plan` states them (slots, rows or episodes)."""
     return for_kind(KIND_PLANS, task).decoding(run, task)

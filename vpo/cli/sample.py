@@ -15,6 +15,7 @@ from vpo.cli.arguments import (
 )
 from vpo.cli.policy import BUDGET_HELP, SLOTS_HELP
 from vpo.tasks import TASK_NAMES as TASKS
+from vpo.tasks.base import ROW
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -90,7 +91,7 @@ def _sample_episodes(args: argparse.Namespace, run) -> int:
                       max_tokens=T, max_turns=settings.max_turns,
                       reward_names=task.reward_names, where=settings.spec,
                       timeout=settings.timeout,
-                      row_ids=[int(r.get("_row", b)) for b, r in enumerate(records)])
+                      row_ids=[int(r.get(ROW, b)) for b, r in enumerate(records)])
     seconds = time.perf_counter() - t0
     print(f"environment {settings.spec}: {len(records)} rows x {args.samples} episodes, up to "
           f"{settings.max_turns} turns and {T} tokens each, policy {args.policy}")

@@ -24,8 +24,8 @@ import numpy as np
 from vpo.config import SamplerConfig
 from vpo.rollout.slots import sample
 from vpo.tasks import answers as answers_lib
+from vpo.tasks.base import ROW  # the record's index in the file
 from vpo.tasks.bound import BoundTask
-from vpo.tasks.dataset import ROW  # the record's index in the file
 
 
 def self_demonstrations(model, task: BoundTask, records: Sequence[Mapping[str, Any]], *,

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vpo.errors import EnvError
+from vpo.tasks.base import ROW
 
 try:
     import verifiers as vf
@@ -247,7 +248,7 @@ class VerifiersEpisode:
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         """The row's prompt (with the Tools section when the environment has tools)."""
-        example_id = row.get("example_id", row.get("_row", 0))
+        example_id = row.get("example_id", row.get(ROW, 0))
         row = {k: v for k, v in row.items() if not k.startswith("_")}  # vpo's own keys
         prompt = row.get("prompt")
         if prompt is None:

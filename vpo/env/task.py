@@ -23,11 +23,11 @@ import numpy as np
 from vpo.env import base as env_base
 from vpo.env.base import call_env, check_environment, check_messages, load_env_factory
 from vpo.errors import ConfigError
-from vpo.tasks.base import Task
+from vpo.tasks.base import ROW, Task
 from vpo.tasks.bound import HostTask
 
-ROW = "_row"  # a row's index in its file (or in the environment's problems, whose rows also
-#               carry `vpo.env.base.SEED`: errors name them as "problem i of problems(seed=s)")
+# ROW: a row's index in its file or in the environment's problems, whose rows also carry
+# `vpo.env.base.SEED` (errors name them as "problem i of problems(seed=s)")
 
 
 @dataclasses.dataclass(frozen=True)

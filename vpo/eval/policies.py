@@ -32,6 +32,7 @@ from vpo.eval import metrics, plots
 from vpo.model.decoder import Decoder
 from vpo.rollout.rewards import in_graph_rewards
 from vpo.rollout.slots import sample
+from vpo.tasks.base import ROW
 from vpo.tasks.bound import BoundTask, GraphTask, HostTask, for_kind
 
 
@@ -214,7 +215,7 @@ def _episode_pool(model: Decoder, task: EnvTask, records, *, num_answers: int, b
                           temperature=temperature, top_p=top_p, max_tokens=T,
                           max_turns=settings.max_turns, reward_names=task.reward_names,
                           where=settings.spec, timeout=settings.timeout,
-                          row_ids=[int(r.get("_row", start + b)) for b, r in enumerate(rows)])
+                          row_ids=[int(r.get(ROW, start + b)) for b, r in enumerate(rows)])
         r = ep.rollout
         ent = float(jnp.sum(r.entropy_BGT * r.mask_BGT)), float(jnp.sum(r.mask_BGT))
         outs.append((ep.rewards_BGR[:, :, None, :], np.ones(ep.rewards_BGR.shape[:2] + (1,),

@@ -44,6 +44,7 @@ from flax import nnx
 from vpo.env.episode import Episodes
 from vpo.errors import ConfigError, EnvError
 from vpo.rl.step import completion_logp
+from vpo.tasks.base import ROW
 from vpo.types import Rollout
 
 SERVED_NAME = "vpo-policy"  # the model name the environment's requests are sent for
@@ -277,7 +278,7 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
     messages: list[list[list[dict[str, str]]]] = [[[] for _ in range(G)] for _ in range(B)]
     for i, trace in enumerate(traces):
         b, g = divmod(i, G)
-        row = rows[b].get("_row", b)
+        row = rows[b].get(ROW, b)
         calls = v1.chat_calls(recorder.calls.get(trace.id, []))
         prompt = np.asarray(prompt_BP[b])[np.asarray(mask_BP[b], bool)].tolist()
         ep = v1.episode_tokens(calls, prompt, T, where, row)

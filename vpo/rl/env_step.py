@@ -39,6 +39,7 @@ from vpo.env.episode import run_episodes
 from vpo.env.task import EnvTask, check_env_run, env_factory
 from vpo.rl.env_served import run_served_episodes
 from vpo.rl.step import HostRLStep, StepConfig, model_of, sample_keys_BG, update_from_rollout
+from vpo.tasks.base import ROW
 from vpo.tasks.bound import BoundTask
 
 
@@ -120,7 +121,7 @@ def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> E
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
             max_tokens=s.max_new_tokens, max_turns=settings.max_turns,
             reward_names=task.reward_names, where=settings.spec, timeout=settings.timeout,
-            row_ids=[int(r.get("_row", i)) for i, r in enumerate(rows)], prompts=prompts)
+            row_ids=[int(r.get(ROW, i)) for i, r in enumerate(rows)], prompts=prompts)
         last["episodes"] = episodes
         return episodes.rollout
 

@@ -24,7 +24,7 @@ from vpo.env.episode import run_episodes
 from vpo.env.task import EnvTask, env_factory
 from vpo.errors import ConfigError
 from vpo.search.padding import left_pad_rows
-from vpo.tasks.base import Record
+from vpo.tasks.base import ROW, Record
 from vpo.tasks.prompts import parent_line
 
 Parents = Sequence[tuple[str, Sequence[float]]]
@@ -86,7 +86,7 @@ class EpisodeProposer:
                           max_tokens=self.max_new_tokens, max_turns=self.settings.max_turns,
                           reward_names=self.task.reward_names, where=self.settings.spec,
                           timeout=self.settings.timeout,
-                          row_ids=[int(r.get("_row", b)) for b, r in enumerate(records)],
+                          row_ids=[int(r.get(ROW, b)) for b, r in enumerate(records)],
                           prompts=(prompts_BP, mask_BP))
         ids_B = np.asarray([self.table.id_of("\n".join(
             m["content"].strip() for m in ep.messages[b][0] if m["role"] == "assistant"))

@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 
 Record = dict[str, Any]  # one problem, JSON-able
+# a record's index in its file or in an environment's problems (not passed to reward
+# functions; errors name rows by it)
+ROW = "_row"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -139,7 +139,7 @@ class BoundTask:
         """`num` problems of `seed` for a command: a data file's rows (which `make_problems`
         takes in file order) are a sample of `num` rows drawn with `seed`, kept in file order;
         other tasks' are `make_problems(seed, num)`."""
-        from vpo.tasks.dataset import ROW
+        from vpo.tasks.base import ROW
 
         records = self.make_problems(seed, num)
         if not records or ROW not in records[0]:

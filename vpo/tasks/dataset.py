@@ -44,11 +44,10 @@ import numpy as np
 
 from vpo.errors import ConfigError
 from vpo.tasks import answers as answers_lib
-from vpo.tasks.base import Record, Task
+from vpo.tasks.base import ROW, Record, Task
 from vpo.tasks.reward_fns import RewardScorer
 
 ANSWER_HINT = "a complete answer"
-ROW = "_row"  # the record's index in the file (not passed to reward functions)
 LINE = "_line"  # its line in the file (Parquet: row number from 1), for error messages
 # The default generation budget per answer of free text (`vpo.launch.rules.completion_budget`):
 # what `vpo train`, `sample`, `eval` and `search` generate on your data unless --max-new-tokens /

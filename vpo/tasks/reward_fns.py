@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from vpo.errors import ConfigError, RewardError
+from vpo.tasks.base import ROW
 from vpo.tasks.reward_calls import (
     Workers,
     await_all,
@@ -106,7 +107,7 @@ def load_reward_fns(specs: Sequence[str], probe: dict[str, Any],
             if not isinstance(completion, str):
                 completion = str(completion[0]) if completion else ""
             value = (call or call_by_spec)(spec, call_inputs([probe], [completion]),
-                                            [probe.get("_row", 0)])
+                                            [probe.get(ROW, 0)])
             names = tuple(value) if isinstance(value, dict) else (spec.rpartition(":")[2],)
         out.append(RewardFn(spec, fn, names))
     names = [n for f in out for n in f.names]
