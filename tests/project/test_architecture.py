@@ -156,9 +156,17 @@ def test_no_module_over_450_lines_without_a_stated_reason():
     assert not long, f"split these modules or state why they are long ('# size: ...'): {long}"
 
 
-# Functions of vpo/rl, vpo/run and vpo/objectives allowed past MAX_FUNCTION_LINES, each with its
-# reason.
-LONG_FUNCTIONS: dict[str, str] = {}
+# Functions of vpo/ allowed past MAX_FUNCTION_LINES, each with its reason.
+LONG_FUNCTIONS: dict[str, str] = {
+    "vpo/env/episode.py:run_episodes": "one loop over turns whose state (cache, masks, "
+    "budgets) every stage reads; not yet split into named stages (115 code lines)",
+    "vpo/compare/config.py:CompareConfig.__post_init__": "the compare config's checks, written "
+    "by hand rather than as Rule tables; not yet grouped into sub-configs (107 code lines)",
+    "vpo/tasks/codeword.py:make_codeword_task": "the task's jitted reader, reward and prompt "
+    "closures share its arguments (82 code lines)",
+    "vpo/compare/report.py:write_report": "writes every file of a report in order from one "
+    "summary (82 code lines)",
+}
 MAX_FUNCTION_LINES = 80
 
 
@@ -192,20 +200,19 @@ def _code_lines(path: pathlib.Path) -> list[tuple[str, int]]:
     return out
 
 
-def test_no_function_in_rl_run_or_objectives_over_80_code_lines():
-    """The step and the objective grow by named stages, not by branches in one function: no
-    function of vpo/rl, vpo/run (the host loop around the step) or vpo/objectives has more
-    than 80 code lines (blank, comment and docstring lines not counted), but those in
-    LONG_FUNCTIONS, each with its reason."""
-    long = []
-    for pkg in ("rl", "run", "objectives"):
-        for path in sorted((ROOT / "vpo" / pkg).rglob("*.py")):
-            for name, n in _code_lines(path):
-                where = f"vpo/{pkg}/{path.relative_to(ROOT / 'vpo' / pkg)}:{name}"
-                if n > MAX_FUNCTION_LINES and where not in LONG_FUNCTIONS:
-                    long.append(f"{where} ({n} code lines)")
+def test_no_function_in_vpo_over_80_code_lines():
+    """Code grows by named stages, not by branches in one function: no function of vpo/ has
+    more than 80 code lines (blank, comment and docstring lines not counted), but those in
+    LONG_FUNCTIONS, each with its reason; an entry no longer over the bound must go."""
+    long, listed = [], set()
+    for path in sorted((ROOT / "vpo").rglob("*.py")):
+        for name, n in _code_lines(path):
+            where = f"{path.relative_to(ROOT)}:{name}"
+            if n > MAX_FUNCTION_LINES:
+                (listed.add if where in LONG_FUNCTIONS else long.append)(where)
     assert not long, (f"split these functions into named stages (or state why one is long in "
                       f"LONG_FUNCTIONS): {long}")
+    assert listed == set(LONG_FUNCTIONS), f"no longer long: {set(LONG_FUNCTIONS) - listed}"
 
 
 def test_every_subpackage_ships_in_the_distribution():
