@@ -51,28 +51,11 @@ def served():
 def url(served):
     """The base URL of the served app under uvicorn on a free local port (a real server, as
     `vpo serve` runs it), for the OpenAI client."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
+    from vpo.serve.app import serving
 
     _, engine, limits = served
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, limits), host="127.0.0.1",
-                                           port=port, log_config=None, lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join()
+    with serving(make_app(engine, limits)) as port:
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 def _reference(engine, prompt, seed, n, max_tokens, **sampling):

@@ -190,15 +190,10 @@ def served_url(tmp_path_factory):
     """`vpo serve --policy hf:CHECKPOINT` of the BPE fixture with the Qwen2.5 tools template,
     under uvicorn on a free port → (base URL, limits)."""
     import shutil
-    import socket
-    import threading
-    import time
-
-    import uvicorn
 
     from tests.serve.test_serve import _args
     from vpo.cli.serve import build
-    from vpo.serve.app import make_app
+    from vpo.serve.app import make_app, serving
 
     folder = tmp_path_factory.mktemp("ckpt") / "qwen_tools"
     shutil.copytree(BPE, folder)
@@ -206,21 +201,8 @@ def served_url(tmp_path_factory):
     engine, limits = build(_args("--policy", f"hf:{folder}", "--slots", "2", "--max-tokens",
                                  "8", "--max-prompt-tokens", "600", "--chunk", "8"))
     engine.start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, limits), host="127.0.0.1",
-                                           port=port, log_config=None, lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{port}/v1", limits
-    server.should_exit = True
-    thread.join()
+    with serving(make_app(engine, limits)) as port:
+        yield f"http://127.0.0.1:{port}/v1", limits
     engine.close()
 
 

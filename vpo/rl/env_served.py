@@ -30,9 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -156,27 +154,6 @@ def streamed_answer(raw: bytes) -> dict | None:
     return {"prompt_token_ids": prompt, "choices": [choices[j] for j in sorted(choices)]}
 
 
-def _serve(app) -> tuple[Any, threading.Thread, int]:
-    """uvicorn serving `app` on a free local port, on a daemon thread, once it listens."""
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, name="vpo-env-serve", daemon=True)
-    thread.start()
-    for _ in range(600):
-        if server.started or not thread.is_alive():
-            break
-        time.sleep(0.05)
-    if not server.started:
-        raise EnvError(f"vpo could not serve the policy on 127.0.0.1:{port} for the verifiers "
-                       "environment")
-    return server, thread, port
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def token_logp_entropy_jit(graphdef, state, prompt_BP, mask_BP, tokens_BGT):
     """The policy's temperature-1 log-prob and entropy at each of `tokens_BGT` after its prompt
@@ -222,7 +199,7 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
     (prompt_BP, mask_BP) of the step's batch; max_tokens: T, the episode's token budget;
     context: the served slots' positions (`sampler.served_context`; 0: `served_capacity`'s)."""
     try:
-        from vpo.serve.app import make_app
+        from vpo.serve.app import ServerStartError, make_app, serving
     except ImportError as e:
         raise ConfigError(f"a verifiers.v1 environment runs through vpo's endpoint, which needs "
                           f"Starlette and uvicorn ({e}): pip install -e '.[serve]'") from None
@@ -250,21 +227,20 @@ def run_served_episodes(model, tokenizer, make: Callable[[], Any],
             return None
 
     recorder = Recorder(make_app(engine, limits), T, measure, prompt_len=P)
-    server = thread = None
+    sampling = {"temperature": float(temperature), "top_p": float(top_p),
+                "top_k": int(top_k), "logprobs": True}  # max_tokens: the Recorder's
     try:
-        server, thread, port = _serve(recorder)
-        sampling = {"temperature": float(temperature), "top_p": float(top_p),
-                    "top_k": int(top_k), "logprobs": True}  # max_tokens: the Recorder's
-        traces = v1.run_v1_episodes(adapter.env, tasks, f"http://127.0.0.1:{port}/v1",
-                                    SERVED_NAME, sampling, where)
+        with serving(recorder, name="vpo-env-serve", wait_s=30.0) as port:
+            traces = v1.run_v1_episodes(adapter.env, tasks, f"http://127.0.0.1:{port}/v1",
+                                        SERVED_NAME, sampling, where)
+    except ServerStartError as e:
+        raise EnvError(f"vpo could not serve the policy for the verifiers environment ({e})"
+                       ) from None
     except EnvError as e:
         if recorder.outgrown:
             raise _outgrown_error(recorder, P, T, where) from e
         raise
     finally:
-        if server is not None:
-            server.should_exit = True
-            thread.join(timeout=30)
         engine.close()
     if recorder.outgrown:
         raise _outgrown_error(recorder, P, T, where)

@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
+import threading
 import time
 
 import numpy as np
@@ -264,3 +266,32 @@ class AccessLog:
             print(access_line(scope["method"], scope["path"], status[0],
                               scope["state"].get("tokens"), 1e3 * (time.perf_counter() - t0)),
                   file=self.out, flush=True)
+
+
+class ServerStartError(RuntimeError):
+    """`serving` could not start its server."""
+
+
+@contextlib.contextmanager
+def serving(app, *, name: str = "vpo-serve", wait_s: float = 30.0):
+    """uvicorn serving `app` on a free local port on a daemon thread: yields the port once the
+    server listens (`ServerStartError` if it does not within `wait_s`) and stops it on exit."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + wait_s
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not server.started:
+            raise ServerStartError(f"could not serve on 127.0.0.1:{port}")
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
