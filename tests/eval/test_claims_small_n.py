@@ -266,6 +266,43 @@ def test_a_primary_key_may_name_its_k_and_claim_diversity():
     assert b["diff"] == pytest.approx(0.235)
 
 
+def test_learning_is_claimed_per_problem_in_every_seed():
+    """grpo-warm:hits: the paired test over problems within each seed, intersection-union over
+    seeds: 3 seeds decide it when each seed's checkpoint is ahead on its problems; one seed at a
+    tie keeps it inconclusive, one seed clearly behind refutes it."""
+    rng = np.random.default_rng(0)
+    warm = rng.uniform(0.2, 0.6, size=(3, 64))
+    ahead = warm + 0.1 + rng.normal(0, 0.05, size=(3, 64))
+    c = claims.in_every_seed("learns", ahead, warm, [0, 1, 2], names=("grpo", "sft"))
+    assert c["verdict"] == "reproduced" and c["p"] < 1e-3 and c["n"] == 3 and c["note"] == ""
+    mixed = ahead.copy()
+    mixed[1] = warm[1] + rng.normal(0, 0.05, size=64)  # seed 1 learned nothing
+    assert claims.in_every_seed("learns", mixed, warm, [0, 1, 2])["verdict"] == "inconclusive"
+    mixed[1] = warm[1] - 0.1
+    c = claims.in_every_seed("learns", mixed, warm, [0, 1, 2])
+    assert c["verdict"] == "refuted" and "seed 1: -0.100" in c["evidence"]
+    with pytest.raises(ValueError, match="seed, problem"):
+        claims.in_every_seed("learns", ahead[0], warm[0], [0])
+    # through a headline: rows paired by seed id (listed in another order), against the warm
+    # start's stronger mode on pass@1
+    head = {"sft (m=1)": {"m": 1, "seeds": [0, 1, 2], "values": {"pass@1": [0.4] * 3},
+                          "hits_P": warm.tolist()},
+            "sft (m=2)": {"m": 2, "seeds": [0, 1, 2], "values": {"pass@1": [0.3] * 3}},
+            "grpo": {"m": 1, "seeds": [2, 0, 1], "values": {"pass@1": [0.5] * 3},
+                     "hits_P": ahead[[2, 0, 1]].tolist()}}
+    assert verdicts.metric_key("grpo-warm:hits", 12) == "pass@1"
+    assert "in every seed" in verdicts.primary_text("grpo-warm:hits", 12)
+    (c,) = verdicts.primary_claims(head, ["grpo-warm:hits"], 12)
+    assert c["verdict"] == "reproduced" and c["diff"] == pytest.approx((ahead - warm).mean())
+    assert "sft (m=1) is the warm start's stronger mode" in c["evidence"]
+    del head["grpo"]["hits_P"]
+    (c,) = verdicts.primary_claims(head, ["grpo-warm:hits"], 12)
+    assert c["verdict"] == "inconclusive" and "not measured" in c["evidence"]
+    text = compare_report.design_text(compare_config.make_config(
+        "smollm", ["num_seeds=3", "primary=grpo-warm:hits"]))
+    assert "intersection-union" in text and "cannot decide" not in text
+
+
 def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():
     head = {"sft (m=1)": {"m": 1, "seeds": [0, 1, 2], "values": {}},
             "grpo": {"m": 1, "seeds": [0, 1, 2], "values": {"search solved": [0.0, 1.0, 0.5]}}}

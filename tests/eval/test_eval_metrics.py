@@ -224,6 +224,7 @@ def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host)
     assert ("distinct" in out) != host
     np.testing.assert_allclose(per["best_P"], [0.6] * 3, atol=1e-6)
     np.testing.assert_array_equal(per["solved_P"], [True] * 3)
+    np.testing.assert_allclose(per["hits_P"], [0.5] * 3)  # 2 of the 4 candidates solve each
 
 
 def test_evaluate_policy_samples_a_real_policy(tmp_path):

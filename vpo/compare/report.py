@@ -51,13 +51,20 @@ def design_text(cfg: CompareConfig) -> str:
     design lines say the same): the primary claims, unit, test, the smallest p the seed count
     allows and whether it can decide, else how many seeds it would need (`claims.design`)."""
     keys = verdicts.primary_keys(cfg.primary)
-    d = claims.design(cfg.num_seeds, len(keys))
+    per_problem = [k for k in keys if verdicts.parse_key(k).metric == "hits"]
+    d = claims.design(cfg.num_seeds, len(keys) - len(per_problem))
     missing = sorted({arm for k in keys for arm in k.split(":")[0].split("-")
                       if arm != verdicts.WARM and arm not in cfg.arm_names})
     text = (f"Primary claims ({len(keys)}, Holm over them, exact one-sided sign-flip at "
-            f"{claims.LEVEL:g}, unit the training seed): "
+            f"{claims.LEVEL:g}, unit the training seed"
+            + (f"; {len(per_problem)} of them per problem within each seed, claimed for every "
+               "seed (an intersection-union test: the problems decide each seed, so any seed "
+               "count can decide it)" if per_problem else "") + "): "
             + "; ".join(verdicts.primary_text(k, cfg.eval_budget) for k in keys) + ". "
-            + claims.design_text(d)[0].upper() + claims.design_text(d)[1:] + ".")
+            + ("The seed-level claims (when the per-problem ones rank first under Holm): "
+               if per_problem and len(per_problem) < len(keys) else "")
+            + (claims.design_text(d)[0].upper() + claims.design_text(d)[1:] + "."
+               if len(per_problem) < len(keys) else ""))
     if missing:
         text += (f" Arms {', '.join(missing)} are not in arms={cfg.arms}: the claims naming "
                  "them cannot be measured.")
@@ -110,6 +117,8 @@ def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, A
                 [s["seed"] for s in srows], [float(np.mean(np.sum(s["solved_SP"], -1)))
                                              for s in srows], seeds, name=name).tolist()
         out[name] = {"m": rows[0]["m"], "seeds": seeds, "values": vals}
+        if "hits_P" in rows[0]:  # per problem, for the claims paired over problems
+            out[name]["hits_P"] = [r["hits_P"] for r in rows]
     return out
 
 

@@ -19,6 +19,7 @@ from vpo.eval.claims import (
     entropy_law_claim,
     gap_grows,
     holm,
+    in_every_seed,
     make_claim,
     matched_seeds,
 )
@@ -140,8 +141,10 @@ PRIMARY_ARMS = ("vpo", *BASELINES)  # the arms a primary claim may name
 # best@k (partial credit), pass@k (solving), cover@k (a set hitting every mode), k the budget N
 # or the key's own "@k"; diversity: mean pairwise reward-space distance of the held-out
 # candidates; search: search problems solved by the policy's island search at the calibrated
-# budget
-PRIMARY_METRICS = ("best", "pass", "cover", "diversity", "search")
+# budget; hits: pass@1 per held-out problem, paired over the problems within each seed and
+# claimed for every seed (`vpo.eval.claims.in_every_seed`: the precondition "RL learns", which
+# few seeds can decide)
+PRIMARY_METRICS = ("best", "pass", "cover", "diversity", "search", "hits")
 AT_K_METRICS = ("best", "pass", "cover")  # the metrics a key may evaluate at its own k
 SEARCH = "search solved"  # the headline's per-seed search value
 WARM = "warm"  # "A-warm:metric": arm A against its own warm start (same m)
@@ -196,6 +199,10 @@ def primary_text(key: str, N: int) -> str:
     """The claim a primary key states (the same words as the exploratory claim it replaces)."""
     a, b, metric, k = parse_key(key)
     name = "VPO" if a == "vpo" else a
+    if metric == "hits":
+        than = "its warm start" if b == WARM else b
+        return (f"{name} hits more held-out problems than {than} in every seed (pass@1 per "
+                f"problem, paired over the problems within each seed)")
     if metric == "search":
         if b == WARM:
             return f"{a}'s island search solves more of the hard problems than its warm start's"
@@ -216,6 +223,8 @@ def primary_text(key: str, N: int) -> str:
 def metric_key(key: str, N: int) -> str:
     """The headline metric a primary key compares ("pass@30", "search solved", ...)."""
     _, _, metric, k = parse_key(key)
+    if metric == "hits":
+        return "pass@1"
     if metric in ("search", "diversity"):
         return SEARCH if metric == "search" else "diversity"
     return f"{metric}@{k or N}"
@@ -238,6 +247,19 @@ def primary_rows(key: str, head: Mapping[str, Any], N: int = 0) -> tuple[str, st
     return a, b
 
 
+def _problem_claim(text: str, head: Mapping[str, Any], a: str, b: str) -> dict[str, Any]:
+    """`in_every_seed` on two headline rows' per-problem hit rates ("hits_P", [seed][problem]),
+    matched by seed id; a row without them is a claim "not measured"."""
+    if "hits_P" not in head[a] or "hits_P" not in head[b]:
+        return make_claim(text, INCONCLUSIVE, [], "not measured: no per-problem hit rates "
+                          f"of {a if 'hits_P' not in head[a] else b}", 1.0)
+    seeds = matched_seeds(head[a]["seeds"], head[b]["seeds"], names=(a, b), text=text)
+    at = {row: dict(zip(head[row]["seeds"], head[row]["hits_P"], strict=True))
+          for row in (a, b)}
+    return in_every_seed(text, [at[a][s] for s in seeds], [at[b][s] for s in seeds], seeds,
+                         names=(a, b))
+
+
 def primary_claims(head: Mapping[str, Any], keys: Sequence[str], N: int
                    ) -> list[dict[str, Any]]:
     """The primary family: each key's claim on the headline (`primary_rows`, paired by seed id,
@@ -249,6 +271,12 @@ def primary_claims(head: Mapping[str, Any], keys: Sequence[str], N: int
         metric = metric_key(key, N)
         a, b = primary_rows(key, head, N)
         sa, sb = _series(head, a, metric), _series(head, b, metric)
+        if parse_key(key).metric == "hits" and sa is not None and sb is not None:
+            c = _problem_claim(primary_text(key, N), head, a, b)
+            if b.startswith("sft"):
+                c["evidence"] += f"; {b} is the warm start's stronger mode on {metric}"
+            out.append({**c, "key": key})
+            continue
         if sa is None or sb is None:
             c = make_claim(primary_text(key, N), INCONCLUSIVE, [], f"not measured: the headline "
                        f"has no {metric} of {a if sa is None else b}", 1.0)

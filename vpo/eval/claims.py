@@ -47,6 +47,13 @@ LEVEL iff C · 2^-n < LEVEL: 6 seeds for one claim, 7 for two or three (3 · 2^-
 for three with one seed allowed to point the other way (`seeds_needed`). `PRIMARY_CLAIMS` are
 the claims a config may pre-register as its primary family (`primary_claims` judges them).
 
+`in_every_seed` judges a claim about the checkpoints of every seed ("GRPO's policy hits more
+held-out problems than its warm start in each training seed"): per seed, the same two tests over
+the paired per-problem differences of that seed's checkpoint (a question about that checkpoint,
+which the problems can decide with few seeds); across seeds an intersection-union test (Berger
+1982, Statistical Science 3(3)): reproduced iff every seed's p < LEVEL, with p = max over seeds
+and no correction; refuted iff some seed shows the other way, Bonferroni over the seeds.
+
 `trend` judges a statement such as "training reward rose" over every logged step: per run,
 Kendall's τ of the metric against the step and its one-sided p; across runs, the exact sign
 test of the τ's signs (the runs are the units), so it never rests on two endpoints.
@@ -323,6 +330,31 @@ def compare_values(text: str, a: Sequence[float], b: Sequence[float], *, names=(
     ev = (f"{names[0]} - {names[1]} = {_fmt(d)} over {d.size} paired seeds "
           f"({np.mean(a):.3f} vs {np.mean(b):.3f}), {p_text(p, p_other)}")
     return make_claim(text, verdict(d, higher=higher), d.tolist(), ev, p, p_other)
+
+
+def in_every_seed(text: str, a_seed_P, b_seed_P, seeds: Sequence[int], *,
+                  names=("A", "B"), higher: bool = True) -> dict[str, Any]:
+    """Claim "a > b on the problems, in every seed" (the module's docstring): a_seed_P,
+    b_seed_P are [seed, problem] values already paired by seed and problem (the same problems
+    and evaluation key in each seed). Per seed s, p_s = `p_value` of the P paired differences;
+    p = max_s p_s (reproduced iff < LEVEL), p_other = min(1, S · min_s p_other_s) (refuted iff
+    < LEVEL). The claim's diffs are the per-seed mean differences."""
+    d_SP = np.asarray(a_seed_P, float) - np.asarray(b_seed_P, float)
+    if d_SP.ndim != 2 or d_SP.shape[0] != len(seeds) or d_SP.shape[1] < 2:
+        raise ValueError(f"{text}: want [seed, problem] arrays with {len(seeds)} seeds and at "
+                         f"least 2 problems; got {d_SP.shape}")
+    ps = [p_value(d, higher=higher) for d in d_SP]
+    others = [p_value(d, higher=not higher) for d in d_SP]
+    p, p_other = max(ps), min(1.0, len(ps) * min(others))
+    result = REPRODUCED if p < LEVEL else REFUTED if p_other < LEVEL else INCONCLUSIVE
+    per = ", ".join(f"seed {s}: {d.mean():+.3f} (p {q:.2g})"
+                    for s, d, q in zip(seeds, d_SP, ps, strict=True))
+    ev = (f"{names[0]} - {names[1]} per seed over {d_SP.shape[1]} paired problems: {per}; "
+          f"mean {np.mean(a_seed_P):.3f} vs {np.mean(b_seed_P):.3f}; in every seed (the "
+          f"largest seed's p): {p_text(p, p_other)}")
+    claim = make_claim(text, result, d_SP.mean(axis=1).tolist(), ev, p, p_other)
+    claim["note"] = ""  # the problems decide each seed: the seed floor 2^-n does not apply
+    return claim
 
 
 def gap_grows(text: str, a_seed_k, b_seed_k, ks: Sequence[int], *, names=("A", "B"),

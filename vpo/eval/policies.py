@@ -249,7 +249,8 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
                                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """`evaluate_policy`'s metrics (with cover@k for every k when the task has
     `cover_components`) and per-problem arrays {"best_P": max_n w*ᵀr over the N candidates (0 if
-    none valid), "solved_P": some candidate solves the problem}."""
+    none valid), "solved_P": some candidate solves the problem, "hits_P": the share of the N
+    candidates that solve it (the problem's own pass@1)}."""
     pool, answers, amask, entropy = sample_pool(model, task, records, num_answers=num_answers,
                                                 budget=budget, key=key, temperature=temperature,
                                                 max_new_tokens=max_new_tokens,
@@ -263,7 +264,8 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
             pool.rewards_BNR, pool.valid_BN, k, cover))) for k in ks}
     out["entropy"] = entropy
     per_problem = {"best_P": np.asarray(jnp.max(pool.scores_BN, axis=-1)),
-                   "solved_P": np.asarray(jnp.any(pool.correct_BN, axis=-1))}
+                   "solved_P": np.asarray(jnp.any(pool.correct_BN, axis=-1)),
+                   "hits_P": np.asarray(jnp.mean(pool.correct_BN, axis=-1))}
     return out, per_problem
 
 

@@ -1,0 +1,97 @@
+"""SmolLM2-135M RL step time against rows per step and the sampler's settings, in one run.
+
+Run:  python experiments/bench_rl_rows.py                        (~20 min on 2 CPU cores)
+      python experiments/bench_rl_rows.py --points 2x8,4x8 --steps 3   (a smaller table)
+
+Each point is a `vpo train` run of GRPO on countdown2_1op from SmolLM2-135M-Instruct
+(`init=smollm2`, LoRA rank 8, the `vpo compare --preset smollm` settings otherwise), B prompts x
+G samples = B·G rows a step, for `--steps` steps in this process; its time is the median
+`step_time_s` of the steps after the first (the first compiles), and the trained samples per
+second is B·G over it. Variants at one shape: `slots` (the refilled-slots sampler,
+`sampler.num_slots` = B·G/2) and `pack` (`train.pack_rows` = G/2, the packed training forward).
+Every point runs in the same process one after another, so the ratios against the first point
+(`x16`: samples/s over the 2x8 point's) are measured under the same load. The policy is the
+pretrained model, not a warm start: its completions run to the task's answer budget more often
+than a warm start's, so the times are an upper bound for a trained policy at the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from vpo.launch.start import start_new
+from vpo.run import loop, metrics_log
+
+BASE = ["task=countdown2_1op", 'task_kwargs={"aim": "each"}', "model.lora_rank=8",
+        "train.learning_rate=3e-4", "objective.advantage=grpo", "train.log_every=1",
+        "train.profile_every=2", "train.sample_every=0", "train.checkpoint_every=1000"]
+
+
+def get_config():
+    return dict(points=["2x8", "4x8", "8x8", "16x8", "8x8:slots", "8x8:pack"], steps=4)
+
+
+def point_overrides(point: str) -> tuple[int, list[str]]:
+    """'BxG[:variant]' -> (rows, overrides)."""
+    shape, _, variant = point.partition(":")
+    B, G = (int(x) for x in shape.split("x"))
+    extra = {"": [], "slots": [f"sampler.num_slots={B * G // 2}"],
+             "pack": [f"train.pack_rows={G // 2}"]}[variant]
+    return B * G, [f"train.batch_size={B}", f"sampler.num_samples={G}", *extra]
+
+
+def bench_point(point: str, steps: int, root: str) -> dict:
+    rows, extra = point_overrides(point)
+    out = os.path.join(root, point.replace(":", "_"))
+    t0 = time.perf_counter()
+    ready = start_new(out, overrides=[*BASE, *extra, f"train.steps={steps}"], init="smollm2",
+                      overwrite=True)
+    loop.train(ready.run, out, task=ready.task, init=ready.init, consume_init=True,
+               progress=False)
+    wall = time.perf_counter() - t0
+    log = metrics_log.read_rows(os.path.join(out, "metrics.jsonl"))
+    warm = [r["step_time_s"] for r in log[1:]]
+    split = [r for r in log[1:] if "sampling_time_s" in r]
+    step = statistics.median(warm)
+    return {"point": point, "rows": rows, "step_s": step, "first_step_s": log[0]["step_time_s"],
+            "sampling_s": split[0]["sampling_time_s"] if split else None,
+            "update_s": split[0]["update_time_s"] if split else None,
+            "tokens": statistics.mean(r.get("generated_tokens", 0) for r in log),
+            "samples_per_s": rows / step, "wall_s": wall}
+
+
+def main():
+    cfg = get_config()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", default=",".join(cfg["points"]))
+    ap.add_argument("--steps", type=int, default=cfg["steps"])
+    ap.add_argument("--json", default="", help="also write the table's rows to this file")
+    args = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as root:
+        for point in args.points.split(","):
+            results.append(bench_point(point, args.steps, root))
+            print(json.dumps(results[-1]), flush=True)
+    base = results[0]["samples_per_s"]
+    print(f"\n| B x G | rows | step s | sampling s | update s | gen. tokens | samples/s | "
+          f"x {results[0]['point']} |")
+    print("|---|---|---|---|---|---|---|---|")
+    def fmt(v):
+        return "" if v is None else f"{v:.1f}"
+
+    for r in results:
+        print(f"| {r['point']} | {r['rows']} | {r['step_s']:.1f} | {fmt(r['sampling_s'])} | "
+              f"{fmt(r['update_s'])} | {r['tokens']:.0f} | {r['samples_per_s']:.2f} | "
+              f"{r['samples_per_s'] / base:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
