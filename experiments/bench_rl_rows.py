@@ -1,18 +1,19 @@
 """SmolLM2-135M RL step time against rows per step and the sampler's settings, in one run.
 
-Run:  python experiments/bench_rl_rows.py                        (~20 min on 2 CPU cores)
-      python experiments/bench_rl_rows.py --points 2x8,4x8 --steps 3   (a smaller table)
+Run:  python experiments/bench_rl_rows.py --init WARM_START_DIR    (~25 min on 2 CPU cores)
+      python experiments/bench_rl_rows.py --points 2x8,4x8 --steps 4   (a smaller table)
 
 Each point is a `vpo train` run of GRPO on countdown2_1op from SmolLM2-135M-Instruct
-(`init=smollm2`, LoRA rank 8, the `vpo compare --preset smollm` settings otherwise), B prompts x
+(`--init`: the warm start `vpo compare --preset smollm` makes, `<out>/sft`, or `smollm2`
+itself; LoRA rank 8, the preset's settings otherwise), B prompts x
 G samples = B·G rows a step, for `--steps` steps in this process; its time is the median
 `step_time_s` of the steps after the first (the first compiles), and the trained samples per
 second is B·G over it. Variants at one shape: `slots` (the refilled-slots sampler,
 `sampler.num_slots` = B·G/2) and `pack` (`train.pack_rows` = G/2, the packed training forward).
 Every point runs in the same process one after another, so the ratios against the first point
-(`x16`: samples/s over the 2x8 point's) are measured under the same load. The policy is the
-pretrained model, not a warm start: its completions run to the task's answer budget more often
-than a warm start's, so the times are an upper bound for a trained policy at the same shape.
+(`x 2x8`: samples/s over the first point's) are measured under the same load. From `smollm2`
+itself the completions run to the task's answer budget more often than a warm start's (it has
+not learnt the format), so its times are an upper bound for a trained policy at that shape.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from vpo.run import loop, metrics_log
 
 BASE = ["task=countdown2_1op", 'task_kwargs={"aim": "each"}', "model.lora_rank=8",
         "train.learning_rate=3e-4", "objective.advantage=grpo", "train.log_every=1",
-        "train.profile_every=2", "train.sample_every=0", "train.checkpoint_every=1000"]
+        "train.profile_every=3", "train.sample_every=0", "train.checkpoint_every=1000"]
 
 
 def get_config():
-    return dict(points=["2x8", "4x8", "8x8", "16x8", "8x8:slots", "8x8:pack"], steps=4)
+    return dict(points=["2x8", "4x8", "8x8", "16x8", "8x8:slots", "8x8:pack"], steps=4,
+                init="smollm2")
 
 
 def point_overrides(point: str) -> tuple[int, list[str]]:
@@ -45,17 +47,19 @@ def point_overrides(point: str) -> tuple[int, list[str]]:
     return B * G, [f"train.batch_size={B}", f"sampler.num_samples={G}", *extra]
 
 
-def bench_point(point: str, steps: int, root: str) -> dict:
+def bench_point(point: str, steps: int, root: str, init: str) -> dict:
     rows, extra = point_overrides(point)
     out = os.path.join(root, point.replace(":", "_"))
     t0 = time.perf_counter()
-    ready = start_new(out, overrides=[*BASE, *extra, f"train.steps={steps}"], init="smollm2",
+    ready = start_new(out, overrides=[*BASE, *extra, f"train.steps={steps}"], init=init,
                       overwrite=True)
     loop.train(ready.run, out, task=ready.task, init=ready.init, consume_init=True,
                progress=False)
     wall = time.perf_counter() - t0
     log = metrics_log.read_rows(os.path.join(out, "metrics.jsonl"))
-    warm = [r["step_time_s"] for r in log[1:]]
+    # rows after the first (compiles); the profiled ones (every 3rd step) also time a sampling
+    # probe, so the step time is the others' and the split theirs
+    warm = [r["step_time_s"] for r in log[1:] if "sampling_time_s" not in r]
     split = [r for r in log[1:] if "sampling_time_s" in r]
     step = statistics.median(warm)
     return {"point": point, "rows": rows, "step_s": step, "first_step_s": log[0]["step_time_s"],
@@ -70,12 +74,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default=",".join(cfg["points"]))
     ap.add_argument("--steps", type=int, default=cfg["steps"])
+    ap.add_argument("--init", default=cfg["init"],
+                    help="the policy: smollm2, or a warm-start folder (vpo compare's <out>/sft)")
     ap.add_argument("--json", default="", help="also write the table's rows to this file")
     args = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as root:
         for point in args.points.split(","):
-            results.append(bench_point(point, args.steps, root))
+            results.append(bench_point(point, args.steps, root, args.init))
             print(json.dumps(results[-1]), flush=True)
     base = results[0]["samples_per_s"]
     print(f"\n| B x G | rows | step s | sampling s | update s | gen. tokens | samples/s | "
