@@ -30,6 +30,9 @@ from vpo.compare import arms as compare_arms
 from vpo.compare import config as compare_config
 from vpo.compare import data as compare_data
 from vpo.compare import driver
+from vpo.compare import figures as compare_figures
+from vpo.compare import numbers as compare_numbers
+from vpo.compare import render as compare_render
 from vpo.compare import report as compare_report
 from vpo.eval import claims, entropy_law
 
@@ -52,19 +55,19 @@ def main(argv: list[str] | None = None) -> dict:
     policy = driver.warm_start(cfg, task, args.out)
     runs = compare_arms.train_arms(cfg, task, policy, args.out)
     wall = time.perf_counter() - t0
-    law = compare_report.law_trajectories(runs)
-    table = compare_report.law_table(law)
+    law = compare_numbers.law_trajectories(runs)
+    table = compare_numbers.law_table(law)
     lines = ["| arm | a | b | R² | " + " | ".join(f"RMSE {m}" for m in entropy_law.MODELS)
              + " | verdict |", "|---|---|---|---|" + "---|" * (len(entropy_law.MODELS) + 1)]
     verdicts = {}
     for arm, t in table.items():
         c = claims.entropy_law_claim(f"entropy law on {arm}", law[arm])
         verdicts[arm] = c
-        lines.append(f"| {arm} | {compare_report.fmt(t['a'])} | {compare_report.fmt(t['b'])} "
-                     f"| {compare_report.fmt(t['r2'])} | "
-                     + " | ".join(compare_report.fmt(t["rmse"][m]) for m in entropy_law.MODELS)
+        lines.append(f"| {arm} | {compare_render.fmt(t['a'])} | {compare_render.fmt(t['b'])} "
+                     f"| {compare_render.fmt(t['r2'])} | "
+                     + " | ".join(compare_render.fmt(t["rmse"][m]) for m in entropy_law.MODELS)
                      + f" | {c['verdict']} |")
-    floor = {arm: [compare_report.tail_mean(r.metrics, "entropy") for r in rs]
+    floor = {arm: [compare_numbers.tail_mean(r.metrics, "entropy") for r in rs]
              for arm, rs in runs.items()}
     entropy_lines = [claims.compare_values(f"{arm} keeps training entropy above GRPO",
                                            floor[arm], floor["grpo"], names=(arm, "grpo"))
@@ -85,10 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
         f.write(text)
     curves = {arm: (np.mean([t["entropy"] for t in ts], 0), np.mean([t["score"] for t in ts], 0),
                     None) for arm, ts in law.items()}
-    compare_report.plot_bands(os.path.join(args.out, "entropy_law.png"), curves, marker="o",
-                               xlabel="training token entropy H",
-                               ylabel="held-out score R (best@1)",
-                               title="entropy law R = -a exp(H) + b")
+    compare_figures.plot_bands(os.path.join(args.out, "entropy_law.png"), curves, marker="o",
+                                xlabel="training token entropy H",
+                                ylabel="held-out score R (best@1)",
+                                title="entropy law R = -a exp(H) + b")
     print(text)
     return {arm: {k: v for k, v in t.items() if k != "fits"} for arm, t in table.items()}
 

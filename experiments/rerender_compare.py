@@ -1,7 +1,7 @@
 """Re-render a `vpo compare` report from a run's summary.json with this checkout's report code:
 the claim logic, the multiplicity correction and the design lines are recomputed from the run's
 recorded per-seed values, nothing is retrained or re-evaluated. report.md is a pure function of
-summary.json (`vpo.compare.report.render`), so this is how every committed docs/*/report.md is
+summary.json (`vpo.compare.render.render`), so this is how every committed docs/*/report.md is
 made and what tests/project/test_committed_reports.py checks.
 
 Run:  python experiments/rerender_compare.py docs/full/summary.json docs/full
@@ -20,6 +20,7 @@ import os
 import sys
 import types
 
+from vpo.compare import render as compare_render
 from vpo.compare import report as compare_report
 from vpo.compare.config import CompareConfig
 from vpo.config import from_dict
@@ -32,7 +33,7 @@ def rerender(src: str, out: str) -> str:
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "report.md")
     with open(path, "w") as f:
-        f.write(compare_report.render(summary))
+        f.write(compare_render.render(summary))
     return path
 
 

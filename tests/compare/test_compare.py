@@ -14,7 +14,8 @@ from vpo.compare import arms as compare_arms
 from vpo.compare import config as compare_config
 from vpo.compare import driver
 from vpo.compare import gate as compare_gate
-from vpo.compare import report as compare_report
+from vpo.compare import numbers as compare_numbers
+from vpo.compare import render as compare_render
 from vpo.compare import resume as compare_resume
 from vpo.compare.config import make_config
 from vpo.config import ConfigError
@@ -39,9 +40,9 @@ def test_entropy_law_fit_recovers_known_coefficients():
 
 
 def test_mean_ci_is_a_student_t_interval():
-    mean, hw = compare_report.mean_ci([1.0, 2.0, 3.0])
+    mean, hw = compare_numbers.mean_ci([1.0, 2.0, 3.0])
     assert mean == 2.0 and hw == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)
-    assert math.isnan(compare_report.mean_ci([0.7])[1])
+    assert math.isnan(compare_numbers.mean_ci([0.7])[1])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -249,7 +250,7 @@ def test_an_arm_that_never_had_a_gradient_is_static():
 
     flat = [SimpleNamespace(metrics=[{"grad_norm": 0.0}, {"grad_norm": 0.0}])] * 2
     moved = [SimpleNamespace(metrics=[{"grad_norm": 0.0}, {"grad_norm": 0.3}]), flat[0]]
-    assert compare_report.static_arms({"grpo": flat, "vpo": moved}) == ["grpo"]
+    assert compare_numbers.static_arms({"grpo": flat, "vpo": moved}) == ["grpo"]
 
 
 def test_compare_never_replaces_a_folder_silently(tmp_path):
@@ -309,7 +310,7 @@ def test_headline_of_a_host_scored_task_without_distinct_counts():
     and the report table leave the column out instead of failing."""
     row = {"seed": 0, "m": 1, "best@1": 0.5, "pass@1": 0.0, "diversity": 0.1,
            "valid_fraction": 1.0, "entropy": 0.2}
-    head = compare_report.headline(make_config("smollm"), {},
+    head = compare_numbers.headline(make_config("smollm"), {},
                                    {"ks": [1], "rows": {"sft (m=1)": [row]}}, None)
     assert "distinct" not in head["sft (m=1)"]["values"]
     assert head["sft (m=1)"]["values"]["diversity"] == [0.1]
@@ -378,7 +379,7 @@ def test_the_diversity_pilot_reads_the_first_seed_of_each_arm_and_reaches_the_re
     gate = {"problems": 4, "pass@1": 0.1, f"pass@{cfg.eval_budget}": 0.3,
             f"best@{cfg.eval_budget}": 0.5, "group_spread": 1.0, "G": 8, "enforced": True,
             "failed": [], "pilot": pilot}
-    text = " ".join(compare_report._gate_lines(cfg, gate))
+    text = " ".join(compare_render._gate_lines(cfg, gate))
     assert "**Diversity pilot** (seed 0" in text and "grpo 0.300, vpo 0.550" in text
     assert "vpo-grpo: above" in text
 

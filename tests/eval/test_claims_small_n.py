@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from vpo.compare import config as compare_config
+from vpo.compare import numbers as compare_numbers
+from vpo.compare import render as compare_render
 from vpo.compare import report as compare_report
 from vpo.compare import search_leg, verdicts
 from vpo.eval import claims
@@ -154,7 +156,7 @@ def test_every_family_in_the_report_is_holm_corrected(tmp_path):
         text = f.read()
     with open(os.path.join(tmp_path, "summary.json")) as f:
         assert json.load(f)["corrections"] == summary["corrections"]
-    for key, what in compare_report.FAMILIES:
+    for key, what in compare_numbers.FAMILIES:
         family = summary[key]
         assert family, key
         assert all(c["family_size"] == len(family) and "holm_p" in c for c in family), key
@@ -207,9 +209,9 @@ def test_seeds_needed_for_one_and_three_primary_claims():
 
 
 def test_a_value_from_fewer_than_three_units_has_no_interval():
-    assert compare_report.fmt([2.0, 2.0]) == "2.000"
-    assert compare_report.fmt([0.0, 4.0]) == "2.000"  # not "2.000 ± 25.412"
-    assert compare_report.fmt([1.0, 2.0, 3.0]).startswith("2.000 ± ")
+    assert compare_render.fmt([2.0, 2.0]) == "2.000"
+    assert compare_render.fmt([0.0, 4.0]) == "2.000"  # not "2.000 ± 25.412"
+    assert compare_render.fmt([1.0, 2.0, 3.0]).startswith("2.000 ± ")
     c = claims.compare_values("x", [2.0, 0.0], [0.0, 0.0])
     assert "±" not in c["evidence"] and np.isnan(c["half_width"])
 
@@ -226,9 +228,9 @@ def test_primary_keys_are_checked_and_the_config_names_them():
         assert 1 <= len(verdicts.primary_keys(cfg.primary)) <= verdicts.MAX_PRIMARY
     with pytest.raises(compare_config.ConfigError, match="primary"):
         compare_config.make_config("default", ["primary=vpo-foo:best"])
-    text = compare_report.design_text(compare_config.make_config("default", ["num_seeds=3"]))
+    text = compare_render.design_text(compare_config.make_config("default", ["num_seeds=3"]))
     assert "cannot decide" in text and "at least 7 paired seeds" in text
-    text = compare_report.design_text(compare_config.make_config("default"))
+    text = compare_render.design_text(compare_config.make_config("default"))
     assert "can decide its primary claims" in text
 
 
@@ -298,7 +300,7 @@ def test_learning_is_claimed_per_problem_in_every_seed():
     del head["grpo"]["hits_P"]
     (c,) = verdicts.primary_claims(head, ["grpo-warm:hits"], 12)
     assert c["verdict"] == "inconclusive" and "not measured" in c["evidence"]
-    text = compare_report.design_text(compare_config.make_config(
+    text = compare_render.design_text(compare_config.make_config(
         "smollm", ["num_seeds=3", "primary=grpo-warm:hits"]))
     assert "intersection-union" in text and "cannot decide" not in text
 
@@ -308,11 +310,11 @@ def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():
             "grpo": {"m": 1, "seeds": [0, 1, 2], "values": {"search solved": [0.0, 1.0, 0.5]}}}
     head["sft (m=1)"]["values"]["search solved"] = [1.5, 1.0, 2.0]  # each seed its own keys
     searches = {"seeds": 2, "per_seed_keys": True, "rows": {}}
-    (c,) = compare_report.against_warm_start(head, 6, searches, "search solved")
+    (c,) = compare_numbers.against_warm_start(head, 6, searches, "search solved")
     assert c["n"] == 3 and "over 3 paired seeds" in c["evidence"]
     assert c["diff"] == pytest.approx(np.mean([0.0 - 1.5, 1.0 - 1.0, 0.5 - 2.0]))
     # one set of warm-start searches for every seed is not a unit per seed: no claim
-    assert compare_report.against_warm_start(head, 6, {"seeds": 2, "rows": {}},
+    assert compare_numbers.against_warm_start(head, 6, {"seeds": 2, "rows": {}},
                                              "search solved") == []
 
 
@@ -327,7 +329,7 @@ def test_the_report_is_what_its_summary_json_renders_to(tmp_path):
         summary = json.load(f)
     with open(os.path.join(tmp_path, "report.md")) as f:
         text = f.read()
-    assert compare_report.render(summary) == text
+    assert compare_render.render(summary) == text
     assert text.splitlines()[4] == "## Design" and "**Primary claims** (3" in text
     assert "pre-registration" not in text  # its config names its primary claims
     primary = {c["key"] for c in summary["primary"]}

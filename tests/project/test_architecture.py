@@ -164,8 +164,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "by hand rather than as Rule tables; not yet grouped into sub-configs (107 code lines)",
     "vpo/tasks/codeword.py:make_codeword_task": "the task's jitted reader, reward and prompt "
     "closures share its arguments (82 code lines)",
-    "vpo/compare/report.py:write_report": "writes every file of a report in order from one "
-    "summary (82 code lines)",
 }
 MAX_FUNCTION_LINES = 80
 

@@ -1,5 +1,5 @@
 """Every committed docs/*/report.md is what this code renders from the summary.json beside it
-(`vpo.compare.report.render`, a pure function of the summary): a change to the claim logic or
+(`vpo.compare.render.render`, a pure function of the summary): a change to the claim logic or
 the report that would change a committed report fails here until the report is re-rendered
 (`python experiments/rerender_compare.py docs/<name>/summary.json docs/<name>`)."""
 
@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from vpo.compare import report as compare_report
+from vpo.compare import render as compare_render
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent.parent / "docs"
 # reports committed without their summary.json: they cannot be re-rendered, so they are known
@@ -30,7 +30,7 @@ def _reports() -> list:
 def test_the_committed_report_is_its_summary_rendered(name):
     summary = DOCS / name / "summary.json"
     assert summary.exists(), f"docs/{name}/report.md has no summary.json to render it from"
-    want = compare_report.render(json.loads(summary.read_text()))
+    want = compare_render.render(json.loads(summary.read_text()))
     got = (DOCS / name / "report.md").read_text()
     assert got == want, (f"docs/{name}/report.md differs from its rendering: run python "
                          f"experiments/rerender_compare.py docs/{name}/summary.json docs/{name}")

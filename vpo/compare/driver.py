@@ -26,7 +26,8 @@ finished stage is read back on --resume, `vpo.compare.resume`):
                     seed i of every row with the same keys; `probe_arms` measures each policy
                     as a mutation operator on its own (`policy_eval.mutation_probe`).
   6. report        `vpo.compare.report`: paired 95% intervals over seeds and three-way verdicts
-                    (`vpo.eval.claims`).
+                    (`vpo.compare.numbers`, `vpo.eval.claims`), report.md rendered from
+                    summary.json (`vpo.compare.render`) and the PNGs (`vpo.compare.figures`).
 
 Arms (`ARMS`): "grpo" is the paper's GRPO baseline, ONE answer per generation and the scalar
 reward w*ᵀr; "maxk" Max@K (k = max(2, G/2), std-normalised as in verl; arXiv 2510.23393);
@@ -52,6 +53,7 @@ import numpy as np
 
 from vpo.compare import data as compare_data
 from vpo.compare import gate as compare_gate
+from vpo.compare import render as compare_render
 from vpo.compare import report as compare_report
 from vpo.compare import search_leg, self_demos
 from vpo.compare.arms import train_arms
@@ -307,7 +309,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, *, command: str = "vpo compare
     # bound to the policy's tokenizer; your data: its evaluation rows, with the others beside
     task = compare_data.load_tasks(cfg, with_search=with_search)  # before the folder is made
     check_out_dir(cfg, out_dir, resume=resume, overwrite=overwrite)
-    log(compare_report.design_text(cfg))  # what the design can decide, before anything runs
+    log(compare_render.design_text(cfg))  # what the design can decide, before anything runs
     os.makedirs(os.path.join(out_dir, "stages"), exist_ok=True)
     write_json_atomic(os.path.join(out_dir, "config.json"), dataclasses.asdict(cfg))
     if cfg.model in ("tiny", "small") and not cfg.init and jax.default_backend() == "cpu":
