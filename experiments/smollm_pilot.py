@@ -27,18 +27,24 @@ import time
 
 import jax
 import numpy as np
+from flax import nnx
 from scipy import stats
 
 from vpo.compare import data as compare_data
-from vpo.compare.arms import _copy, arm_run_config
+from vpo.compare.arms import arm_run_config
 from vpo.compare.config import make_config
-from vpo.compare.driver import _seq_len
 from vpo.eval import policies as policy_eval
 from vpo.io import run_checkpoint
 from vpo.io.policy_folder import load_model
 from vpo.rl.step import model_of
 from vpo.run import metrics_log
 from vpo.run.loop import train
+
+
+def fresh(model):
+    """The policy on fresh buffers (a run donates its state; the warm start is reused)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(jax.numpy.copy, state))
 
 
 def paired(a, b) -> tuple[float, float]:
@@ -65,8 +71,7 @@ def main():
                                   f"train.steps={args.steps}", "num_seeds=1",
                                   f"train.seed={args.seed}"])
     task = compare_data.load_tasks(base, with_search=False)
-    max_len = max(_seq_len(base, task, m) for m in base.all_answers)
-    policy = load_model(args.warm, max_seq_len=max_len)[0]
+    policy = load_model(args.warm)[0]  # at the context its SFT recorded
     records = task.make_problems(args.problem_seed, args.problems)
     key = jax.random.key(args.problem_seed)
 
@@ -95,7 +100,7 @@ def main():
             path = os.path.join(root, f"lr{lr:g}")
             run, _ = arm_run_config(cfg, train_task, "grpo", args.seed, args.warm, policy)
             t1 = time.perf_counter()
-            graphdef, state = train(run, path, task=train_task, init=_copy(policy),
+            graphdef, state = train(run, path, task=train_task, init=fresh(policy),
                                     progress=False)
             train_s = time.perf_counter() - t1
             rows = metrics_log.read_rows(os.path.join(path, "metrics.jsonl"))

@@ -63,6 +63,8 @@ synthetic summaries (tests/eval/test_claims*.py) without training anything; the 
 `vpo compare` headline are built from them in `vpo.compare.verdicts`.
 """
 
+# size: one job, the verdict rules: each test is a short pure function over lists of floats.
+
 from __future__ import annotations
 
 import math
