@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from vpo.env import episode as episode_lib
 from vpo.errors import ConfigError
 from vpo.search import episodes as episodes_lib
 from vpo.search.episodes import mutation_messages
@@ -42,7 +43,7 @@ def test_every_method_scores_episodes_at_the_same_budget(policy_and_task, monkey
     model, task = policy_and_task
     assert task.name == "calculator"  # named by the module, as reports and tables show it
     shown, fed = [], []
-    write, run = episodes_lib.mutation_messages, episodes_lib.run_episodes
+    write, run = episodes_lib.mutation_messages, episode_lib.run_episodes
 
     def spy_write(first, parents, names):
         shown.append(len(parents))
@@ -53,7 +54,7 @@ def test_every_method_scores_episodes_at_the_same_budget(policy_and_task, monkey
         return run(model, tok, envs, rows, keys, **kw)
 
     monkeypatch.setattr(episodes_lib, "mutation_messages", spy_write)
-    monkeypatch.setattr(episodes_lib, "run_episodes", spy_run)
+    monkeypatch.setattr(episode_lib, "run_episodes", spy_run)  # under task_episodes
     cfg = SearchConfig(islands=2, members=2, children=2, generations=2, parents=1,
                        num_answers=1, fresh_rate=0.0)
     rows = task.make_problems(0, 2)

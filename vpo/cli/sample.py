@@ -15,7 +15,6 @@ from vpo.cli.arguments import (
 )
 from vpo.cli.policy import BUDGET_HELP, SLOTS_HELP
 from vpo.tasks import TASK_NAMES as TASKS
-from vpo.tasks.base import ROW
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -78,20 +77,15 @@ def _sample_episodes(args: argparse.Namespace, run) -> int:
     import jax
     import numpy as np
 
-    from vpo.env.episode import run_episodes
+    from vpo.env.episode import task_episodes
 
     task, records, T = run.task, run.records, run.max_new_tokens
     settings = task.settings
     keys = jax.random.split(jax.random.key(args.seed), len(records) * args.samples)
     t0 = time.perf_counter()
-    ep = run_episodes(run.model, task.tokenizer, [[run.factory() for _ in range(args.samples)]
-                                                  for _ in records],
-                      [dict(r) for r in records], keys.reshape(len(records), args.samples),
-                      temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                      max_tokens=T, max_turns=settings.max_turns,
-                      reward_names=task.reward_names, where=settings.spec,
-                      timeout=settings.timeout,
-                      row_ids=[int(r.get(ROW, b)) for b, r in enumerate(records)])
+    ep = task_episodes(run.model, task, run.factory, [dict(r) for r in records],
+                       keys.reshape(len(records), args.samples), temperature=args.temperature,
+                       top_p=args.top_p, top_k=args.top_k, max_tokens=T)
     seconds = time.perf_counter() - t0
     print(f"environment {settings.spec}: {len(records)} rows x {args.samples} episodes, up to "
           f"{settings.max_turns} turns and {T} tokens each, policy {args.policy}")

@@ -30,8 +30,8 @@ context) and takes its loss on the assistant's tokens.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,11 @@ from vpo.env.workers import call_envs
 from vpo.errors import ConfigError, EnvError
 from vpo.io.tokenizer import Tokenizer, left_pad
 from vpo.rollout.sampler import choose_tokens, step_kwargs
+from vpo.tasks.base import ROW
 from vpo.types import Rollout
+
+if TYPE_CHECKING:
+    from vpo.env.task import EnvTask
 
 GENERATING, WAITING, DONE = 0, 1, 2  # an episode's status in the decode loop
 
@@ -333,6 +337,25 @@ def run_episodes(model, tokenizer: Tokenizer, envs: Sequence[Sequence[Environmen
                 rewards[b, g, r], applies[b, g, r] = v, True
     return Episodes(rollout, prompt_BP, prompt_mask_BP, messages, rewards, applies, turns,
                     obs_tokens, prefills=1)
+
+
+def task_episodes(model, task: EnvTask, factory: Callable[[], Environment],
+                  rows: Sequence[dict[str, Any]], keys_BG, *, temperature: float,
+                  top_p: float = 1.0, top_k: int = 0, max_tokens: int,
+                  prompts: tuple[np.ndarray, np.ndarray] | None = None,
+                  row_offset: int = 0) -> Episodes:
+    """`run_episodes` of an environment task: B = len(rows) rows × G episodes, keys_BG [B, G]
+    one key per episode, one new environment `factory()` per (row, sample) (`factory`:
+    `vpo.env.task.env_factory(task)`, made once by the caller); the task's tokenizer, reward
+    names and settings (max_turns, timeout, its spec naming errors); row b is named by its
+    `ROW` (default `row_offset + b`). prompts: as in `run_episodes`."""
+    settings, G = task.settings, keys_BG.shape[1]
+    return run_episodes(model, task.tokenizer, [[factory() for _ in range(G)] for _ in rows],
+                        rows, keys_BG, temperature=temperature, top_p=top_p, top_k=top_k,
+                        max_tokens=max_tokens, max_turns=settings.max_turns,
+                        reward_names=task.reward_names, where=settings.spec,
+                        timeout=settings.timeout, prompts=prompts,
+                        row_ids=[int(r.get(ROW, row_offset + b)) for b, r in enumerate(rows)])
 
 
 def _still_unseen(unseen: dict[tuple[int, int], int], fed_BG: np.ndarray,

@@ -32,7 +32,6 @@ from vpo.eval import metrics, plots
 from vpo.model.decoder import Decoder
 from vpo.rollout.rewards import in_graph_rewards
 from vpo.rollout.slots import sample
-from vpo.tasks.base import ROW
 from vpo.tasks.bound import BoundTask, GraphTask, HostTask, for_kind
 
 
@@ -196,13 +195,13 @@ def _episode_pool(model: Decoder, task: EnvTask, records, *, num_answers: int, b
     compare at the same budget. (`num_slots` does not apply: episodes decode every row.)"""
     import tqdm
 
-    from vpo.env.episode import run_episodes
+    from vpo.env.episode import task_episodes
 
     if num_answers != 1:
         raise ConfigError(f"--answers {num_answers}: an environment's candidate is one episode "
                           "(m = 1); a policy trained with --env-set m is evaluated on the "
                           "same episodes, drop --answers")
-    settings, factory = task.settings, env_factory(task)
+    factory = env_factory(task)
     T = max_new_tokens or task.completion_len(1)
     outs = []
     starts = range(0, len(records), chunk)
@@ -210,12 +209,8 @@ def _episode_pool(model: Decoder, task: EnvTask, records, *, num_answers: int, b
         rows = [dict(r) for r in records[start:start + chunk]]
         keys_BG = jax.random.split(jax.random.fold_in(key, i),
                                    len(rows) * budget).reshape(len(rows), budget)
-        ep = run_episodes(model, task.tokenizer, [[factory() for _ in range(budget)]
-                                                  for _ in rows], rows, keys_BG,
-                          temperature=temperature, top_p=top_p, max_tokens=T,
-                          max_turns=settings.max_turns, reward_names=task.reward_names,
-                          where=settings.spec, timeout=settings.timeout,
-                          row_ids=[int(r.get(ROW, start + b)) for b, r in enumerate(rows)])
+        ep = task_episodes(model, task, factory, rows, keys_BG, temperature=temperature,
+                           top_p=top_p, max_tokens=T, row_offset=start)
         r = ep.rollout
         ent = float(jnp.sum(r.entropy_BGT * r.mask_BGT)), float(jnp.sum(r.mask_BGT))
         outs.append((ep.rewards_BGR[:, :, None, :], np.ones(ep.rewards_BGR.shape[:2] + (1,),

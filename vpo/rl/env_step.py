@@ -35,11 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vpo.config import ConfigError
-from vpo.env.episode import run_episodes
+from vpo.env.episode import task_episodes
 from vpo.env.task import EnvTask, check_env_run, env_factory
 from vpo.rl.env_served import run_served_episodes
 from vpo.rl.step import HostRLStep, StepConfig, model_of, sample_keys_BG, update_from_rollout
-from vpo.tasks.base import ROW
 from vpo.tasks.bound import BoundTask
 
 
@@ -115,13 +114,9 @@ def make_env_rl_step(graphdef, tx, task: EnvTask, cfg: StepConfig, records) -> E
                 top_k=s.top_k, seed=seed, where=settings.spec, context=s.served_context)
             last["episodes"], last["trained"] = episodes, trained
             return episodes.rollout
-        episodes = run_episodes(
-            model_of(graphdef, state), task.tokenizer,
-            [[factory() for _ in range(G)] for _ in rows], rows, keys_BG,
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            max_tokens=s.max_new_tokens, max_turns=settings.max_turns,
-            reward_names=task.reward_names, where=settings.spec, timeout=settings.timeout,
-            row_ids=[int(r.get(ROW, i)) for i, r in enumerate(rows)], prompts=prompts)
+        episodes = task_episodes(
+            model_of(graphdef, state), task, factory, rows, keys_BG, temperature=s.temperature,
+            top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_new_tokens, prompts=prompts)
         last["episodes"] = episodes
         return episodes.rollout
 

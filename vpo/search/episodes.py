@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from vpo.env.episode import run_episodes
+from vpo.env.episode import task_episodes
 from vpo.env.task import EnvTask, env_factory
 from vpo.errors import ConfigError
 from vpo.search.padding import left_pad_rows
-from vpo.tasks.base import ROW, Record
+from vpo.tasks.base import Record
 from vpo.tasks.prompts import parent_line
 
 Parents = Sequence[tuple[str, Sequence[float]]]
@@ -66,7 +66,7 @@ class EpisodeProposer:
         check_one_episode(cfg.num_answers)
         self.model, self.task, self.table, self.cfg = model, task, table, cfg
         self.max_new_tokens = max_new_tokens
-        self.settings, self.factory = task.settings, env_factory(task)
+        self.factory = env_factory(task)
 
     def prompt(self, record: Record, parents: Parents) -> list[int]:
         first = self.task.task.statement(record)
@@ -80,14 +80,9 @@ class EpisodeProposer:
                                             self.max_new_tokens)
         B = len(records)
         keys_B1 = jax.random.split(key, B).reshape(B, 1)
-        ep = run_episodes(self.model, tok, [[self.factory()] for _ in range(B)],
-                          [dict(r) for r in records], keys_B1,
-                          temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                          max_tokens=self.max_new_tokens, max_turns=self.settings.max_turns,
-                          reward_names=self.task.reward_names, where=self.settings.spec,
-                          timeout=self.settings.timeout,
-                          row_ids=[int(r.get(ROW, b)) for b, r in enumerate(records)],
-                          prompts=(prompts_BP, mask_BP))
+        ep = task_episodes(self.model, self.task, self.factory, [dict(r) for r in records],
+                           keys_B1, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                           max_tokens=self.max_new_tokens, prompts=(prompts_BP, mask_BP))
         ids_B = np.asarray([self.table.id_of("\n".join(
             m["content"].strip() for m in ep.messages[b][0] if m["role"] == "assistant"))
             for b in range(B)], np.int32)
