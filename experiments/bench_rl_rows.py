@@ -9,9 +9,10 @@ itself; LoRA rank 8, the preset's settings otherwise), B prompts x
 G samples = B·G rows a step, for `--steps` steps in this process; its time is the median
 `step_time_s` of the steps after the first (the first compiles), and the trained samples per
 second is B·G over it. Variants at one shape: `slots` (the refilled-slots sampler,
-`sampler.num_slots` = B·G/2) and `padded` (`train.pack_rows=0`: every completion padded to the
-budget in the training forward, where the default packs G/2 rows per prompt,
-`vpo.launch.rules.pack_rows`).
+`sampler.num_slots` = B·G/2) and `packR` (`train.pack_rows=R`: each prompt's G completions laid
+end to end in R rows of the budget in the training forward, `vpo.rl.packing`; the default pads
+each completion to the budget below `vpo.launch.rules.PACK_MIN_BUDGET` = 128 tokens, and this
+task's budget is 71).
 Every point runs in the same process one after another, so the ratios against the first point
 (`x 2x8`: samples/s over the first point's) are measured under the same load. From `smollm2`
 itself the completions run to the task's answer budget more often than a warm start's (it has
@@ -36,8 +37,8 @@ BASE = ["task=countdown2_1op", 'task_kwargs={"aim": "each"}', "model.lora_rank=8
 
 
 def get_config():
-    return dict(points=["2x8", "4x8", "8x8", "16x8", "8x8:slots", "8x8:padded"], steps=4,
-                init="smollm2")
+    return dict(points=["2x8", "4x8", "8x8", "16x8", "8x8:slots", "8x8:pack2", "8x8:pack3"],
+                steps=4, init="smollm2")
 
 
 def point_overrides(point: str) -> tuple[int, list[str]]:
@@ -45,7 +46,7 @@ def point_overrides(point: str) -> tuple[int, list[str]]:
     shape, _, variant = point.partition(":")
     B, G = (int(x) for x in shape.split("x"))
     extra = {"": [], "slots": [f"sampler.num_slots={B * G // 2}"],
-             "padded": ["train.pack_rows=0"]}[variant]
+             "pack2": ["train.pack_rows=2"], "pack3": ["train.pack_rows=3"]}[variant]
     return B * G, [f"train.batch_size={B}", f"sampler.num_samples={G}", *extra]
 
 

@@ -288,20 +288,24 @@ def test_learning_is_claimed_per_problem_in_every_seed():
     # through a headline: rows paired by seed id (listed in another order), against the warm
     # start's stronger mode on pass@1
     head = {"sft (m=1)": {"m": 1, "seeds": [0, 1, 2], "values": {"pass@1": [0.4] * 3},
-                          "hits_P": warm.tolist()},
+                          "per_problem": {"pass@1": warm.tolist()}},
             "sft (m=2)": {"m": 2, "seeds": [0, 1, 2], "values": {"pass@1": [0.3] * 3}},
             "grpo": {"m": 1, "seeds": [2, 0, 1], "values": {"pass@1": [0.5] * 3},
-                     "hits_P": ahead[[2, 0, 1]].tolist()}}
-    assert verdicts.metric_key("grpo-warm:hits", 12) == "pass@1"
-    assert "in every seed" in verdicts.primary_text("grpo-warm:hits", 12)
-    (c,) = verdicts.primary_claims(head, ["grpo-warm:hits"], 12)
+                     "per_problem": {"pass@1": ahead[[2, 0, 1]].tolist()}}}
+    key = "grpo-warm:pass@1/problem"
+    assert verdicts.parse_key(key) == ("grpo", "warm", "pass", 1) and verdicts.per_problem(key)
+    assert verdicts.metric_key(key, 12) == "pass@1"
+    assert verdicts.primary_text(key, 12).startswith("grpo pass@1 above its warm start's, on the")
+    with pytest.raises(ValueError, match="primary claim"):
+        verdicts.parse_key("vpo-grpo:search/problem")
+    (c,) = verdicts.primary_claims(head, [key], 12)
     assert c["verdict"] == "reproduced" and c["diff"] == pytest.approx((ahead - warm).mean())
     assert "sft (m=1) is the warm start's stronger mode" in c["evidence"]
-    del head["grpo"]["hits_P"]
-    (c,) = verdicts.primary_claims(head, ["grpo-warm:hits"], 12)
+    del head["grpo"]["per_problem"]
+    (c,) = verdicts.primary_claims(head, [key], 12)
     assert c["verdict"] == "inconclusive" and "not measured" in c["evidence"]
     text = compare_render.design_text(compare_config.make_config(
-        "smollm", ["num_seeds=3", "primary=grpo-warm:hits"]))
+        "smollm", ["num_seeds=3", f"primary={key}"]))
     assert "intersection-union" in text and "cannot decide" not in text
 
 

@@ -63,8 +63,10 @@ def headline(cfg: CompareConfig, runs, evals, searches) -> dict[str, dict[str, A
                 [s["seed"] for s in srows], [float(np.mean(np.sum(s["solved_SP"], -1)))
                                              for s in srows], seeds, name=name).tolist()
         out[name] = {"m": rows[0]["m"], "seeds": seeds, "values": vals}
-        if "hits_P" in rows[0]:  # per problem, for the claims paired over problems
-            out[name]["hits_P"] = [r["hits_P"] for r in rows]
+        per = {key.removesuffix("_P"): [r[key] for r in rows] for key in rows[0]
+               if key.endswith("_P") and key.removesuffix("_P") in vals}
+        if per:  # [seed][problem], for the claims paired over problems (`verdicts.PER_PROBLEM`)
+            out[name]["per_problem"] = per
     return out
 
 

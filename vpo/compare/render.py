@@ -30,15 +30,15 @@ def design_text(cfg: CompareConfig) -> str:
     design lines say the same): the primary claims, unit, test, the smallest p the seed count
     allows and whether it can decide, else how many seeds it would need (`claims.design`)."""
     keys = verdicts.primary_keys(cfg.primary)
-    per_problem = [k for k in keys if verdicts.parse_key(k).metric == "hits"]
+    per_problem = [k for k in keys if verdicts.per_problem(k)]
     d = claims.design(cfg.num_seeds, len(keys) - len(per_problem))
     missing = sorted({arm for k in keys for arm in k.split(":")[0].split("-")
                       if arm != verdicts.WARM and arm not in cfg.arm_names})
     text = (f"Primary claims ({len(keys)}, Holm over them, exact one-sided sign-flip at "
             f"{claims.LEVEL:g}, unit the training seed"
             + (f"; {len(per_problem)} of them per problem within each seed, claimed for every "
-               "seed (an intersection-union test: the problems decide each seed, so any seed "
-               "count can decide it)" if per_problem else "") + "): "
+               "seed (an intersection-union test: the problems decide each seed, so a few seeds "
+               "can decide them)" if per_problem else "") + "): "
             + "; ".join(verdicts.primary_text(k, cfg.eval_budget) for k in keys) + ". "
             + ("The seed-level claims (when the per-problem ones rank first under Holm): "
                if per_problem and len(per_problem) < len(keys) else "")

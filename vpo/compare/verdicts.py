@@ -141,14 +141,16 @@ PRIMARY_ARMS = ("vpo", *BASELINES)  # the arms a primary claim may name
 # best@k (partial credit), pass@k (solving), cover@k (a set hitting every mode), k the budget N
 # or the key's own "@k"; diversity: mean pairwise reward-space distance of the held-out
 # candidates; search: search problems solved by the policy's island search at the calibrated
-# budget; hits: pass@1 per held-out problem, paired over the problems within each seed and
-# claimed for every seed (`vpo.eval.claims.in_every_seed`: the precondition "RL learns", which
-# few seeds can decide)
-PRIMARY_METRICS = ("best", "pass", "cover", "diversity", "search", "hits")
+# budget
+PRIMARY_METRICS = ("best", "pass", "cover", "diversity", "search")
 AT_K_METRICS = ("best", "pass", "cover")  # the metrics a key may evaluate at its own k
 SEARCH = "search solved"  # the headline's per-seed search value
 WARM = "warm"  # "A-warm:metric": arm A against its own warm start (same m)
 MAX_PRIMARY = 3
+# "A-B:metric[@k]/problem": the claim per held-out problem within each seed, for every seed
+# (`vpo.eval.claims.in_every_seed`): a statement about each seed's checkpoint that the problems
+# decide, so few seeds can (the precondition "RL learns" on a model too slow for many seeds)
+PER_PROBLEM = "/problem"
 _KEY = re.compile(r"^(?P<a>[a-z_]+)-(?P<b>[a-z_]+):(?P<metric>[a-z]+)(?:@(?P<k>[1-9][0-9]*))?$")
 
 
@@ -161,17 +163,27 @@ class PrimaryKey(NamedTuple):
     k: int | None
 
 
+def per_problem(key: str) -> bool:
+    """Whether a primary key claims per problem in every seed (`PER_PROBLEM`)."""
+    return key.strip().endswith(PER_PROBLEM)
+
+
 def parse_key(key: str) -> PrimaryKey:
-    """"A-B:metric" or "A-B:metric@k" → PrimaryKey; a ValueError naming what is wrong."""
-    m = _KEY.match(key.strip())
+    """"A-B:metric", "A-B:metric@k", either with "/problem" → PrimaryKey; a ValueError naming
+    what is wrong."""
+    text = key.strip().removesuffix(PER_PROBLEM)
+    m = _KEY.match(text)
     if (not m or m["a"] not in PRIMARY_ARMS or m["b"] not in (*PRIMARY_ARMS, WARM)
             or m["a"] == m["b"] or m["metric"] not in PRIMARY_METRICS
-            or (m["k"] and m["metric"] not in AT_K_METRICS)):
+            or (m["k"] and m["metric"] not in AT_K_METRICS)
+            or (per_problem(key) and m["metric"] == "search")):
         raise ValueError(
             f"unknown primary claim {key!r}: write A-B:metric with A one of "
             f"{', '.join(PRIMARY_ARMS)}, B another or {WARM!r} (A's warm start), metric one of "
             f"{', '.join(PRIMARY_METRICS)}, and for {', '.join(AT_K_METRICS)} optionally @k "
-            "(at k candidates instead of the budget), e.g. vpo-grpo:best or grpo-warm:pass@1")
+            f"(at k candidates instead of the budget), then optionally {PER_PROBLEM} (per "
+            "held-out problem in every seed; not for search), e.g. vpo-grpo:best, "
+            "grpo-warm:pass@1 or grpo-warm:pass@1/problem")
     return PrimaryKey(m["a"], m["b"], m["metric"], int(m["k"]) if m["k"] else None)
 
 
@@ -197,12 +209,12 @@ def primary_ks(text: str) -> list[int]:
 
 def primary_text(key: str, N: int) -> str:
     """The claim a primary key states (the same words as the exploratory claim it replaces)."""
+    if per_problem(key):
+        return (primary_text(key.strip().removesuffix(PER_PROBLEM), N)
+                + ", on the same held-out problems in every seed (paired over the problems "
+                "within each seed)")
     a, b, metric, k = parse_key(key)
     name = "VPO" if a == "vpo" else a
-    if metric == "hits":
-        than = "its warm start" if b == WARM else b
-        return (f"{name} hits more held-out problems than {than} in every seed (pass@1 per "
-                f"problem, paired over the problems within each seed)")
     if metric == "search":
         if b == WARM:
             return f"{a}'s island search solves more of the hard problems than its warm start's"
@@ -223,8 +235,6 @@ def primary_text(key: str, N: int) -> str:
 def metric_key(key: str, N: int) -> str:
     """The headline metric a primary key compares ("pass@30", "search solved", ...)."""
     _, _, metric, k = parse_key(key)
-    if metric == "hits":
-        return "pass@1"
     if metric in ("search", "diversity"):
         return SEARCH if metric == "search" else "diversity"
     return f"{metric}@{k or N}"
@@ -247,14 +257,19 @@ def primary_rows(key: str, head: Mapping[str, Any], N: int = 0) -> tuple[str, st
     return a, b
 
 
-def _problem_claim(text: str, head: Mapping[str, Any], a: str, b: str) -> dict[str, Any]:
-    """`in_every_seed` on two headline rows' per-problem hit rates ("hits_P", [seed][problem]),
-    matched by seed id; a row without them is a claim "not measured"."""
-    if "hits_P" not in head[a] or "hits_P" not in head[b]:
-        return make_claim(text, INCONCLUSIVE, [], "not measured: no per-problem hit rates "
-                          f"of {a if 'hits_P' not in head[a] else b}", 1.0)
+def _problem_claim(text: str, head: Mapping[str, Any], a: str, b: str, metric: str
+                   ) -> dict[str, Any]:
+    """`in_every_seed` on two headline rows' per-problem values of `metric` (their
+    "per_problem": {metric: [seed][problem]}), matched by seed id; a row without them is a
+    claim "not measured"."""
+    lacking = [r for r in (a, b) if metric not in head[r].get("per_problem", {})]
+    if lacking:
+        c = make_claim(text, INCONCLUSIVE, [], f"not measured: no per-problem {metric} of "
+                       f"{lacking[0]}", 1.0)
+        c["note"] = ""
+        return c
     seeds = matched_seeds(head[a]["seeds"], head[b]["seeds"], names=(a, b), text=text)
-    at = {row: dict(zip(head[row]["seeds"], head[row]["hits_P"], strict=True))
+    at = {row: dict(zip(head[row]["seeds"], head[row]["per_problem"][metric], strict=True))
           for row in (a, b)}
     return in_every_seed(text, [at[a][s] for s in seeds], [at[b][s] for s in seeds], seeds,
                          names=(a, b))
@@ -271,13 +286,11 @@ def primary_claims(head: Mapping[str, Any], keys: Sequence[str], N: int
         metric = metric_key(key, N)
         a, b = primary_rows(key, head, N)
         sa, sb = _series(head, a, metric), _series(head, b, metric)
-        if parse_key(key).metric == "hits" and sa is not None and sb is not None:
-            c = _problem_claim(primary_text(key, N), head, a, b)
-            if b.startswith("sft"):
+        if per_problem(key) and sa is not None and sb is not None:
+            c = _problem_claim(primary_text(key, N), head, a, b, metric)
+            if b.startswith("sft") and c["n"]:
                 c["evidence"] += f"; {b} is the warm start's stronger mode on {metric}"
-            out.append({**c, "key": key})
-            continue
-        if sa is None or sb is None:
+        elif sa is None or sb is None:
             c = make_claim(primary_text(key, N), INCONCLUSIVE, [], f"not measured: the headline "
                        f"has no {metric} of {a if sa is None else b}", 1.0)
             c["note"] = ""
