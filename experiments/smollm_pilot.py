@@ -78,8 +78,8 @@ def main():
     def hits(model) -> np.ndarray:
         _, per = policy_eval.evaluate_policy_per_problem(
             model, task, records, num_answers=1, budget=args.budget, ks=[1], key=key,
-            temperature=base.eval_temperature)
-        return per["hits_P"]
+            temperature=base.eval_temperature, per_problem=["pass@1"])
+        return per["pass@1_P"]
 
     t0 = time.perf_counter()
     warm = hits(policy)

@@ -217,14 +217,22 @@ def test_sample_pool_scores_generations_through_the_tokenizer(monkeypatch, host)
         np.testing.assert_array_equal(np.asarray(answers)[:, :3, 0], [arms] * 3)
         assert int(eval_metrics.distinct_solutions(answers, amask, pool.valid_BN)[0]) == 3
     out, per = policy_eval.evaluate_policy_per_problem(
-        model, task, records, num_answers=2, budget=4, ks=[1, 4], key=jax.random.key(0))
+        model, task, records, num_answers=2, budget=4, ks=[1, 4], key=jax.random.key(0),
+        per_problem=["pass@1", "best@4", "diversity"])
     assert out["best@4"] == pytest.approx(0.6) and out["best@1"] == pytest.approx(0.55)
     assert out["pass@4"] == 1.0 and out["pass@1"] == pytest.approx(0.5)
     assert out["valid_fraction"] == pytest.approx(1.0) and out["entropy"] == pytest.approx(0.5)
     assert ("distinct" in out) != host
     np.testing.assert_allclose(per["best_P"], [0.6] * 3, atol=1e-6)
     np.testing.assert_array_equal(per["solved_P"], [True] * 3)
-    np.testing.assert_allclose(per["hits_P"], [0.5] * 3)  # 2 of the 4 candidates solve each
+    np.testing.assert_allclose(per["pass@1_P"], [0.5] * 3)  # 2 of the 4 candidates solve each
+    np.testing.assert_allclose(per["best@4_P"], [0.6] * 3, atol=1e-6)
+    assert per["diversity_P"].shape == (3,)
+    assert np.mean(per["diversity_P"]) == pytest.approx(out["diversity"])
+    with pytest.raises(ValueError, match="not computed per problem"):
+        policy_eval.evaluate_policy_per_problem(
+            model, task, records, num_answers=2, budget=4, ks=[1], key=jax.random.key(0),
+            per_problem=["cover@2"])  # this task has no cover components
 
 
 def test_evaluate_policy_samples_a_real_policy(tmp_path):

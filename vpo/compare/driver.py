@@ -55,7 +55,7 @@ from vpo.compare import data as compare_data
 from vpo.compare import gate as compare_gate
 from vpo.compare import render as compare_render
 from vpo.compare import report as compare_report
-from vpo.compare import search_leg, self_demos
+from vpo.compare import search_leg, self_demos, verdicts
 from vpo.compare.arms import train_arms
 from vpo.compare.config import CompareConfig
 from vpo.compare.resume import Stages, check_out_dir
@@ -260,11 +260,13 @@ def evaluate_arms(cfg: CompareConfig, task, policy, runs, log=print) -> dict[str
     ks = cfg.eval_ks
     out: dict[str, Any] = {"ks": ks, "temperature": cfg.eval_temperature, "rows": {}}
     rows, t0 = policy_rows(cfg, policy, runs), time.perf_counter()
+    per_problem = [verdicts.metric_key(k, cfg.eval_budget)
+                   for k in verdicts.primary_keys(cfg.primary) if verdicts.per_problem(k)]
     for i, (name, seed, m, model) in enumerate(rows):
         metrics, per = policy_eval.evaluate_policy_per_problem(
             model, task, records, num_answers=m, budget=cfg.eval_budget, ks=ks,
             key=jax.random.fold_in(jax.random.key(cfg.eval_seed), seed),
-            temperature=cfg.eval_temperature)
+            temperature=cfg.eval_temperature, per_problem=per_problem)
         out["rows"].setdefault(name, []).append(
             {"seed": seed, "m": m, **metrics, **{k: v.tolist() for k, v in per.items()}})
         _progress(log, "evaluation", i + 1, len(rows), t0, f"{name} seed {seed}")

@@ -240,12 +240,14 @@ def evaluate_policy(model: Decoder, task: BoundTask, records, *, num_answers: in
 def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num_answers: int,
                                 budget: int, ks: Sequence[int], key, temperature: float = 1.0,
                                 max_new_tokens: int | None = None, progress: bool = False,
-                                desc: str = "eval", num_slots: int = 0
+                                desc: str = "eval", num_slots: int = 0,
+                                per_problem: Sequence[str] = ()
                                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """`evaluate_policy`'s metrics (with cover@k for every k when the task has
     `cover_components`) and per-problem arrays {"best_P": max_n w*ᵀr over the N candidates (0 if
-    none valid), "solved_P": some candidate solves the problem, "hits_P": the share of the N
-    candidates that solve it (the problem's own pass@1)}."""
+    none valid), "solved_P": some candidate solves the problem}, plus "<metric>_P" for each
+    metric named in `per_problem` ("pass@k", "cover@k", "best@k", "diversity"): the [P] values
+    the metric averages (for the claims paired over problems)."""
     pool, answers, amask, entropy = sample_pool(model, task, records, num_answers=num_answers,
                                                 budget=budget, key=key, temperature=temperature,
                                                 max_new_tokens=max_new_tokens,
@@ -258,10 +260,26 @@ def evaluate_policy_per_problem(model: Decoder, task: BoundTask, records, *, num
         out |= {f"cover@{k}": float(jnp.mean(metrics.cover_at_k(
             pool.rewards_BNR, pool.valid_BN, k, cover))) for k in ks}
     out["entropy"] = entropy
-    per_problem = {"best_P": np.asarray(jnp.max(pool.scores_BN, axis=-1)),
-                   "solved_P": np.asarray(jnp.any(pool.correct_BN, axis=-1)),
-                   "hits_P": np.asarray(jnp.mean(pool.correct_BN, axis=-1))}
-    return out, per_problem
+    per = {"best_P": np.asarray(jnp.max(pool.scores_BN, axis=-1)),
+           "solved_P": np.asarray(jnp.any(pool.correct_BN, axis=-1))}
+    return out, per | {f"{name}_P": np.asarray(_per_problem(pool, name, cover))
+                       for name in per_problem}
+
+
+def _per_problem(pool, name: str, cover) -> jax.Array:
+    """[P] values of one pool metric ("pass@k", "cover@k", "best@k", "diversity"); a ValueError
+    names one this module does not compute per problem."""
+    what, _, k = name.partition("@")
+    if name == "diversity":
+        return metrics.reward_diversity(pool.rewards_BNR, pool.valid_BN)
+    if what == "pass" and k:
+        return metrics.pass_at_k(pool.correct_BN, int(k))
+    if what == "best" and k:
+        return metrics.best_at_k(pool.scores_BN, int(k))
+    if what == "cover" and k and cover:
+        return metrics.cover_at_k(pool.rewards_BNR, pool.valid_BN, int(k), cover)
+    raise ValueError(f"per_problem: {name!r} is not computed per problem (pass@k, best@k, "
+                     "diversity, or cover@k on a task with cover components)")
 
 
 _LEGEND = """\
