@@ -3,8 +3,9 @@ the target's mesh (`jax.ShapeDtypeStruct` with a `NamedSharding`), never weights
 
 Programs (`programs`): the fused RL step (or, for a task scored on the host, its sampling and
 update halves; for an environment, its episode programs and update: `vpo.accel.env_build`),
-the sampler alone, the SFT step, the in-graph island search, and the two Pallas
-kernels at the run's shapes. Each is `jax.jit(f).trace(*args).lower().compile()` under the
+the sampler alone, the SFT step, the in-graph island search, the island search that learns
+(`vpo.search.learn`: a policy-gradient step per generation, all in one scan), and the two
+Pallas kernels at the run's shapes. Each is `jax.jit(f).trace(*args).lower().compile()` under the
 target's mesh; `compile_program` returns the compiled program or the compiler's error.
 """
 
@@ -20,13 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vpo.config import ConfigError, RunConfig, SearchConfig
+from vpo.config import ConfigError, LearnConfig, RunConfig, SearchConfig, apply_overrides
 from vpo.env.task import EnvTask
 from vpo.model import lora as lora_lib
 from vpo.model import sharding as sharding_lib
 from vpo.tasks.bound import BoundTask, GraphTask, HostTask, for_kind
 
-PROGRAMS = ("rl_step", "sampler", "sft_step", "search", "kernels")
+PROGRAMS = ("rl_step", "sampler", "sft_step", "search", "search_learn", "kernels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,31 +212,69 @@ def sft_program(run: RunConfig, task: BoundTask, mesh) -> Program:
     return Program("sft_step", step, (state, batch))
 
 
-def search_program(run: RunConfig, task: BoundTask, mesh, cfg: SearchConfig | None = None
-                   ) -> Program:
-    """The in-graph island search (`vpo.search.ingraph`: init, then `generations` steps in one
-    scan) on one problem per data-parallel device, the policy as mutation operator."""
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+    """What the search programs are built for: `search.key=value` / `learn.key=value`
+    overrides (a RunConfig has neither section) applied to `search_configs`' defaults, and the
+    problems searched at once (the learning search's one update is over all of theirs)."""
+
+    overrides: tuple[str, ...] = ()
+    problems: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _SearchSections:  # what the overrides name: search.*, learn.*
+    search: SearchConfig
+    learn: LearnConfig
+
+
+def search_configs(run: RunConfig, mesh, settings: SearchSettings | None = None
+                   ) -> tuple[SearchConfig, LearnConfig]:
+    """(SearchConfig, LearnConfig) of the search programs: by default max(4, data-parallel
+    devices) islands, m = train.num_answers, 4m members and children, and `LearnConfig()`
+    (grpo); then `settings.overrides`."""
+    m = run.train.num_answers
+    base = _SearchSections(SearchConfig(islands=max(4, data_parallel(mesh)), num_answers=m,
+                                        members=4 * m, children=4 * m), LearnConfig())
+    out = apply_overrides(base, list(settings.overrides if settings else ()))
+    return out.search, out.learn
+
+
+def _search_inputs(run: RunConfig, task: BoundTask, mesh, cfg: SearchConfig, model_cfg,
+                   problems: int):
+    """(graphdef, abstract params, frozen, problems [N, ...] and key data) of a search program
+    of the policy `model_cfg` on `problems` problems (replicated)."""
     from vpo.rl.step import make_optimizer
     from vpo.search import ingraph
 
     dp = data_parallel(mesh)
-    cfg = cfg or SearchConfig(islands=max(4, dp), num_answers=run.train.num_answers,
-                              members=4 * run.train.num_answers,
-                              children=4 * run.train.num_answers)
     if cfg.islands % dp:
         raise ConfigError(f"search.islands: {cfg.islands} islands must divide evenly over the "
                           f"mesh's {dp} data-parallel devices")
     if isinstance(task, HostTask):
         raise ConfigError(f"task {task.name!r} scores on the host; the in-graph search needs an "
                           "in-graph task")
-    graphdef, state = abstract_state(run.model, make_optimizer(run.train), mesh,
+    task.check_num_answers(cfg.num_answers)
+    graphdef, state = abstract_state(model_cfg, make_optimizer(run.train), mesh,
                                      seed=run.train.seed)
-    records = task.make_problems(run.train.seed, 1)
+    records = task.make_problems(run.train.seed, problems)
     rep = sharding_lib.replicated(mesh)
-    problems = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype,
-                                                           sharding=rep),
-                            ingraph.search_problems(task, records, cfg.num_answers))
+    problems_N = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype,
+                                                             sharding=rep),
+                              ingraph.search_problems(task, records, cfg.num_answers))
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
+    return graphdef, state.params, state.frozen, problems_N, key
+
+
+def search_program(run: RunConfig, task: BoundTask, mesh, settings: SearchSettings | None = None
+                   ) -> Program:
+    """The in-graph island search (`vpo.search.ingraph`: init, then `generations` steps in one
+    scan) on `settings.problems` problems (default one), the policy as mutation operator."""
+    from vpo.search import ingraph
+
+    cfg, _ = search_configs(run, mesh, settings)
+    n = settings.problems if settings else 1
+    graphdef, params, frozen, problems, key = _search_inputs(run, task, mesh, cfg, run.model, n)
 
     def search(params, frozen, problems_N, key_data):
         model = lora_lib.merge(graphdef, params, frozen)
@@ -249,10 +288,38 @@ def search_program(run: RunConfig, task: BoundTask, mesh, cfg: SearchConfig | No
                                     jax.random.split(k_run, cfg.generations))
             return s.best_fitness, trace
 
-        keys = jax.random.split(jax.random.wrap_key_data(key_data), 1)
+        keys = jax.random.split(jax.random.wrap_key_data(key_data), n)
         return jax.vmap(one)(problems_N, keys)
 
-    return Program("search", jax.jit(search), (state.params, state.frozen, problems, key))
+    return Program("search", jax.jit(search), (params, frozen, problems, key))
+
+
+def search_learn_program(run: RunConfig, task: BoundTask, mesh,
+                         settings: SearchSettings | None = None) -> Program:
+    """The island search that learns (`vpo.search.learn.learning_program`: init, then
+    `generations` of search and one policy-gradient step each, in one scan) on
+    `settings.problems` problems, as `vpo search --learn` runs it: the adapters of
+    model.lora_rank, else new ones of learn.lora_rank (0: every weight trained); the learning
+    rate a traced argument. Outputs: the final state, the trace and the update's metrics."""
+    from vpo.rl.search_update import make_learner
+    from vpo.search import learn as learn_lib
+
+    cfg, learn = search_configs(run, mesh, settings)
+    learn_lib.check_learning(task, cfg, learn)
+    n = settings.problems if settings else 1
+    model_cfg = run.model
+    if not model_cfg.lora_rank and learn.lora_rank:  # `vpo.search.learn.trainable_model`
+        model_cfg = dataclasses.replace(lora_lib.base_config(model_cfg), lora_rank=learn.lora_rank)
+    graphdef, params, frozen, problems, key = _search_inputs(run, task, mesh, cfg, model_cfg, n)
+    rate = jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding_lib.replicated(mesh))
+
+    def search_learn(params, frozen, problems_N, key_data, learning_rate):
+        key = jax.random.wrap_key_data(key_data)
+        keys_N = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
+        return learn_lib.learning_program(graphdef, params, frozen, task, cfg, learn,
+                                          make_learner, mesh, problems_N, keys_N, learning_rate)
+
+    return Program("search_learn", jax.jit(search_learn), (params, frozen, problems, key, rate))
 
 
 def _one_generation(step, state, key):
@@ -291,24 +358,30 @@ def compile_program(program: Program, mesh) -> Built:
     return Built(program.name, compiled=compiled, seconds=time.perf_counter() - t0)
 
 
-def make_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Program]:
-    """The programs of `name` (one of `PROGRAMS` except "kernels"); an environment run's RL
-    step is `vpo.accel.env_build.build_env_step`'s."""
+def make_programs(name: str, run: RunConfig, task: BoundTask, mesh,
+                  search: SearchSettings | None = None) -> list[Program]:
+    """The programs of `name` (one of `PROGRAMS` except "kernels"; `search`: the search
+    programs' settings); an environment run's RL step is `vpo.accel.env_build.build_env_step`'s."""
     if name == "rl_step":
         return rl_programs(run, task, mesh)
-    makers = {"sampler": sampler_program, "sft_step": sft_program, "search": search_program}
+    if name in ("search", "search_learn"):
+        maker = search_program if name == "search" else search_learn_program
+        return [maker(run, task, mesh, search)]
+    makers = {"sampler": sampler_program, "sft_step": sft_program}
     if name not in makers:
         raise ValueError(f"unknown program {name!r}; choose from {', '.join(PROGRAMS)}")
     return [makers[name](run, task, mesh)]
 
 
-def build(name: str, run: RunConfig, task: BoundTask, mesh) -> list[Built]:
-    """Make and compile the programs of `name`; an error while making the inputs (a setting
-    the mesh refuses) is a Built with stage "build". The RL step of an environment run (the
-    episode programs and the update) is `vpo.accel.env_build.build_env_step`'s."""
+def build(name: str, run: RunConfig, task: BoundTask, mesh,
+          search: SearchSettings | None = None) -> list[Built]:
+    """Make and compile the programs of `name` (`search`: the search programs' settings); an
+    error while making the inputs (a setting the mesh refuses) is a Built with stage "build".
+    The RL step of an environment run (the episode programs and the update) is
+    `vpo.accel.env_build.build_env_step`'s."""
     t0 = time.perf_counter()
     try:
-        programs = make_programs(name, run, task, mesh)
+        programs = make_programs(name, run, task, mesh, search)
     except Exception as e:  # noqa: BLE001
         return [Built(name, error=e, seconds=time.perf_counter() - t0, stage="build")]
     return [compile_program(p, mesh) for p in programs]

@@ -26,7 +26,7 @@ _COLLECTIVE_RE = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 DOES_NOT_FIT = "DoesNotFit"  # compiled; bytes per device above the chip's memory
 HBM_OOM = "CompilerOutOfMemory"  # the compiler refused: device memory
 SCRATCH_OOM = "KernelScratchOutOfMemory"  # a kernel's VMEM / shared memory
-NOT_APPLICABLE = "NotApplicable"  # e.g. the in-graph search of a host-scored task
+NOT_APPLICABLE = "NotApplicable"  # e.g. the in-graph searches of a host-scored task
 SETTING = "SettingRefused"  # the inputs could not be made (mesh, batch split)
 COMPILE_ERROR = "CompileError"
 
@@ -150,6 +150,9 @@ def advise(report: ProgramReport, run: RunConfig, n_devices: int) -> str | None:
     if run.model.lora_rank == 0 and program in ("rl_step", "rl_update", "env_update",
                                                 "sft_step"):
         options.append("model.lora_rank=16 (only adapters trained: no moments of the base)")
+    if program in ("search", "search_learn"):
+        options.append("fewer search.islands or search.children, or --search-problems (the "
+                       "problems searched at once)")
     if program in ("rl_step", "rl_update", "env_update"):
         options.append(f"train.num_minibatches={2 * t.num_minibatches} (or train.grad_accum; "
                        "train.batch_size must stay divisible)")
@@ -241,7 +244,9 @@ def _env_missing(task: EnvTask) -> dict[str, str]:
     why = {"sampler": "it samples in episodes (env_prefill, env_advance of rl_step)",
            "sft_step": "an environment has no demonstrations (warm-start its policy with "
                        "vpo sft --data)",
-           "search": "an environment scores whole episodes on the host (no in-graph search)"}
+           "search": "an environment scores whole episodes on the host (no in-graph search)",
+           "search_learn": "an environment scores whole episodes on the host (no in-graph "
+                           "search to learn in)"}
     return {name: f"{_env_run(task)}: {text}" for name, text in why.items()}
 
 
@@ -258,7 +263,9 @@ _IN_GRAPH = KindPlan(missing=lambda task: {},
 KIND_PLANS = {
     BoundTask: _IN_GRAPH,
     HostTask: dataclasses.replace(_IN_GRAPH, missing=lambda task: {
-        "search": f"task {task.name!r} scores on the host (no in-graph search)"}),
+        "search": f"task {task.name!r} scores on the host (no in-graph search)",
+        "search_learn": f"task {task.name!r} scores on the host (the search learns from an "
+                        "in-graph reward)"}),
     EnvTask: KindPlan(missing=_env_missing, rl_step=_env_rl_step,
                       decode_kernel=lambda task: (f"{_env_run(task)}: episodes attend through "
                                                   "XLA (Decoder.extend_masked, a mask per "
@@ -273,10 +280,11 @@ def decoding(run: RunConfig, task: BoundTask) -> str:
 
 
 def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
-         progress=None) -> list[ProgramReport]:
+         progress=None, search: build_lib.SearchSettings | None = None) -> list[ProgramReport]:
     """Compile each of `programs` for `target` (a `vpo.accel.targets.Target` or its spelling)
     on the run's mesh (mesh_data / mesh_fsdp / mesh_tensor) and report it, with the change to
-    make where it does not compile or fit. `progress(report)` is called as each one finishes."""
+    make where it does not compile or fit. `progress(report)` is called as each one finishes;
+    `search`: the search programs' settings (`vpo.accel.build.SearchSettings`)."""
     if isinstance(target, str):
         target = targets_lib.parse_target(target)
     hbm = target.chip.hbm_bytes
@@ -306,14 +314,15 @@ def plan(run: RunConfig, task: BoundTask, target, programs=build_lib.PROGRAMS,
             add(ProgramReport(name, target.name, False, 0.0, hbm, error_name=NOT_APPLICABLE,
                               error=missing[name], applicable=False))
             continue
-        for built in built_programs(name, run, task, mesh):
+        for built in built_programs(name, run, task, mesh, search):
             add(from_built(built, target, hbm))
     return out
 
 
-def built_programs(name: str, run: RunConfig, task: BoundTask, mesh) -> list[build_lib.Built]:
+def built_programs(name: str, run: RunConfig, task: BoundTask, mesh,
+                   search: build_lib.SearchSettings | None = None) -> list[build_lib.Built]:
     """`vpo.accel.build.build` of `name`; an environment run's RL step is its episode
     programs and update (`vpo.accel.env_build.build_env_step`)."""
     if name == "rl_step":
         return for_kind(KIND_PLANS, task).rl_step(run, task, mesh)
-    return build_lib.build(name, run, task, mesh)
+    return build_lib.build(name, run, task, mesh, search)

@@ -224,8 +224,11 @@ def make_learning_search(task: BoundTask, cfg: SearchConfig, graphdef, learn: Le
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "task", "cfg", "learn", "make_learner",
                                              "mesh"))
-def _learn_jit(graphdef, params, frozen, task, cfg, learn, make_learner, mesh, problems, keys_N,
-               learning_rate):
+def learning_program(graphdef, params, frozen, task, cfg, learn, make_learner, mesh, problems,
+                     keys_N, learning_rate):
+    """`learning_run`'s one jit: init, then the `generations` scan of `learning_generation` →
+    (final LearnState, trace [N, G + 1], metrics {name: [G]}); keys_N: each problem's key (what
+    `vpo plan --programs search_learn` compiles ahead of time)."""
     init, _ = make_learning_search(task, cfg, graphdef, learn, make_learner, mesh)
     learner = make_learner(graphdef, learn, task.eval_weights_R)
     k_init_N, k_run_N = jax.vmap(jax.random.split, out_axes=1)(keys_N)
@@ -269,6 +272,7 @@ def learning_run(key, model, task: BoundTask, problems, cfg: SearchConfig, learn
     n = jax.tree.leaves(problems)[0].shape[0]
     keys_N = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
     rate = learn.learning_rate if learning_rate is None else learning_rate
-    state, trace, metrics = _learn_jit(graphdef, params, frozen, task, cfg, learn, make_learner,
-                                       mesh, problems, keys_N, jnp.float32(rate))
+    state, trace, metrics = learning_program(graphdef, params, frozen, task, cfg, learn,
+                                             make_learner, mesh, problems, keys_N,
+                                             jnp.float32(rate))
     return LearnResult(trace, state, metrics)
