@@ -8,13 +8,15 @@ Each point is a `vpo train` run of GRPO on countdown2_1op from SmolLM2-135M-Inst
 itself; LoRA rank 8, the preset's settings otherwise), B prompts x
 G samples = B·G rows a step, for `--steps` steps in this process; its time is the median
 `step_time_s` of the steps after the first (the first compiles), and the trained samples per
-second is B·G over it. Variants at one shape: `slots` (the refilled-slots sampler,
-`sampler.num_slots` = B·G/2) and `packR` (`train.pack_rows=R`: each prompt's G completions laid
-end to end in R rows of the budget in the training forward, `vpo.rl.packing`; the default pads
-each completion to the budget below `vpo.launch.rules.PACK_MIN_BUDGET` = 128 tokens, and this
-task's budget is 71).
-Every point runs in the same process one after another, so the ratios against the first point
-(`x 2x8`: samples/s over the first point's) are measured under the same load. From `smollm2`
+second is B·G over it. Variants, joined by ':' after the shape:
+`slots` (the refilled-slots sampler, `sampler.num_slots` = B·G/2), `packR` (`train.pack_rows=R`:
+each prompt's G completions laid end to end in R rows of the budget in the training forward,
+`vpo.rl.packing`; the default pads each completion to the budget below
+`vpo.launch.rules.PACK_MIN_BUDGET` = 128 tokens, and this task's budget is 71) and `accumK`
+(`train.grad_accum=K`: the update in K micro-batches, one optimizer step).
+Every point runs in the same process one after another (`x 2x8`: samples/s over the first
+point's); the `load` column is the 1-minute load average at each point's start and end, so a
+ratio measured while something else ran beside it says so. From `smollm2`
 itself the completions run to the task's answer budget more often than a warm start's (it has
 not learnt the format), so its times are an upper bound for a trained policy at that shape.
 """
@@ -42,18 +44,29 @@ def get_config():
 
 
 def point_overrides(point: str) -> tuple[int, list[str]]:
-    """'BxG[:variant]' -> (rows, overrides)."""
-    shape, _, variant = point.partition(":")
+    """'BxG[:variant[:variant...]]' -> (rows, overrides); variants: slots (`sampler.num_slots`
+    = B·G/2), packR (`train.pack_rows=R`), accumK (`train.grad_accum=K`: the update in K
+    micro-batches of B/K prompts, one optimizer step)."""
+    shape, *variants = point.split(":")
     B, G = (int(x) for x in shape.split("x"))
-    extra = {"": [], "slots": [f"sampler.num_slots={B * G // 2}"],
-             "pack2": ["train.pack_rows=2"], "pack3": ["train.pack_rows=3"]}[variant]
+    extra = []
+    for v in variants:
+        if v == "slots":
+            extra.append(f"sampler.num_slots={B * G // 2}")
+        elif v.startswith("pack"):
+            extra.append(f"train.pack_rows={int(v[4:])}")
+        elif v.startswith("accum"):
+            extra.append(f"train.grad_accum={int(v[5:])}")
+        else:
+            raise SystemExit(f"--points: unknown variant {v!r} in {point!r} (slots, packR, "
+                             "accumK)")
     return B * G, [f"train.batch_size={B}", f"sampler.num_samples={G}", *extra]
 
 
 def bench_point(point: str, steps: int, root: str, init: str) -> dict:
     rows, extra = point_overrides(point)
     out = os.path.join(root, point.replace(":", "_"))
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     ready = start_new(out, overrides=[*BASE, *extra, f"train.steps={steps}"], init=init,
                       overwrite=True)
     loop.train(ready.run, out, task=ready.task, init=ready.init, consume_init=True,
@@ -69,7 +82,8 @@ def bench_point(point: str, steps: int, root: str, init: str) -> dict:
             "sampling_s": split[0]["sampling_time_s"] if split else None,
             "update_s": split[0]["update_time_s"] if split else None,
             "tokens": statistics.mean(r.get("generated_tokens", 0) for r in log),
-            "samples_per_s": rows / step, "wall_s": wall}
+            "samples_per_s": rows / step, "wall_s": wall,
+            "load": [load0, os.getloadavg()[0]]}  # 1-minute load average at start and end
 
 
 def main():
@@ -88,15 +102,15 @@ def main():
             print(json.dumps(results[-1]), flush=True)
     base = results[0]["samples_per_s"]
     print(f"\n| B x G | rows | step s | sampling s | update s | gen. tokens | samples/s | "
-          f"x {results[0]['point']} |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"x {results[0]['point']} | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     def fmt(v):
         return "" if v is None else f"{v:.1f}"
 
     for r in results:
         print(f"| {r['point']} | {r['rows']} | {r['step_s']:.1f} | {fmt(r['sampling_s'])} | "
               f"{fmt(r['update_s'])} | {r['tokens']:.0f} | {r['samples_per_s']:.2f} | "
-              f"{r['samples_per_s'] / base:.2f} |")
+              f"{r['samples_per_s'] / base:.2f} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
