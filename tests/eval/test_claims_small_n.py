@@ -307,6 +307,12 @@ def test_learning_is_claimed_per_problem_in_every_seed():
     text = compare_render.design_text(compare_config.make_config(
         "smollm", ["num_seeds=3", f"primary={key}"]))
     assert "intersection-union" in text and "cannot decide" not in text
+    # the SmolLM2 designs: every claim per problem on 3 seeds; on the GPU, 8 seeds decide the
+    # seed-level ones beside the per-problem one
+    text = compare_render.design_text(compare_config.make_config("smollm_learn"))
+    assert "unit the held-out problem within each seed" in text and "cannot decide" not in text
+    text = compare_render.design_text(compare_config.make_config("smollm_gpu"))
+    assert "1 of them per problem" in text and "can decide its primary claims" in text
 
 
 def test_search_against_the_warm_start_is_at_the_unit_of_training_seeds():

@@ -339,6 +339,27 @@ SMOLLM_NOTES = (
     "The search leg is off (the quickstart asks the search question).")
 SMOLLM_STEPS = 40
 
+# The SmolLM2 design that asks whether RL learns first (docs/smollm/throughput.md,
+# docs/smollm/pilot.md; the report's design section prints it).
+SMOLLM_LEARN_NOTES = (
+    "Replaces the 8-seed countdown2_1op run (docs/smollm/report.md at commit ab4cd62), which "
+    "measured collapse without learning: GRPO's held-out pass@1 +0.015 +/- 0.041 over its warm "
+    "start after 40 steps x 2 prompts x 8 samples. The shape comes from a throughput table "
+    "measured before any run of this design (experiments/bench_rl_rows.py, "
+    "docs/smollm/throughput.md): with answers of ~17 tokens in a 71-token budget, packing each "
+    "prompt's completions into 2 rows cut a 64-row step 2.2x and gave 4.3 trained samples/s on "
+    "2 free cores, more than 16 padded rows (1.4/s); refilled slots did not pay (0.93x). The "
+    "learning rate and step count come from a pilot on a training seed (100) and held-out "
+    "problems (seed 777) this run never uses (experiments/smollm_pilot.py, "
+    "docs/smollm/pilot.md). Three seeds cannot decide a claim over seeds (2^-3 = 0.125), so "
+    "every primary claim is per held-out problem within each seed, claimed for every seed (an "
+    "intersection-union test over the seeds' paired problem tests): a statement about these "
+    "three trained policies each, not about the population of seeds. The search leg is off: "
+    "the warm start solves every held-out problem within 12 candidates (pass@12 1.000 at "
+    "commit ab4cd62), so best-of-N leaves the search no headroom on this task.")
+SMOLLM_LEARN_STEPS = 24
+SMOLLM_LEARN_LR = 3e-4  # chosen by the pilot (docs/smollm/pilot.md)
+
 # The codeword comparison's record (the report's design section prints it).
 CODEWORD_NOTES = (
     "Chosen because island search beats best-of-N there on the warm start before any RL "
@@ -443,6 +464,49 @@ PRESETS: dict[str, CompareConfig] = {
         objective=ObjectiveConfig(kl_coef=1e-3, kl_estimator="k3"),
         train=TrainConfig(steps=SMOLLM_STEPS, batch_size=2, num_problems=1000, learning_rate=3e-4,
                           checkpoint_every=10, seed=0),
+        sampler=SamplerConfig(num_samples=8, temperature=1.0),
+        search=SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
+                            num_answers=1, temperature=0.7)),
+    # RL learning first, on SmolLM2 (SMOLLM_LEARN_NOTES): the smollm preset's task, warm start
+    # and arms at 8 prompts x 8 samples packed into 2 rows, 3 seeds, every primary claim per
+    # held-out problem in every seed (64 problems); ~100 min on 2 free CPU cores (estimated
+    # from the throughput table and the warm start's measured 32 min).
+    "smollm_learn": CompareConfig(
+        task="countdown2_1op", task_kwargs={"aim": "each"}, init="smollm2", lora_rank=8,
+        arms="grpo,vpo", num_answers=2, num_seeds=3,
+        primary="grpo-warm:pass@1/problem,vpo-grpo:cover@4/problem,vpo-grpo:diversity/problem",
+        sft_steps=80, sft_batch=8, sft_lr=5e-4, sft_demos=256, sft_mutation_fraction=0.0,
+        eval_problems=64, eval_budget=12, law_points=0, gate_problems=32, gate_hit_min=0.08,
+        gate_hit_groups_min=0.5, gate_cover_min=0.1, gate_cover_max=0.5, search_leg=False,
+        search_pool=12, search_problems=3, search_seeds=2, probe_samples=2,
+        design_notes=SMOLLM_LEARN_NOTES,
+        objective=ObjectiveConfig(kl_coef=1e-3, kl_estimator="k3"),
+        train=TrainConfig(steps=SMOLLM_LEARN_STEPS, batch_size=8, num_problems=1000,
+                          learning_rate=SMOLLM_LEARN_LR, pack_rows=2, checkpoint_every=8,
+                          seed=0),
+        sampler=SamplerConfig(num_samples=8, temperature=1.0),
+        search=SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
+                            num_answers=1, temperature=0.7)),
+    # The same design for minutes of one GPU (H100 / H200): 4x the rows (32 prompts x 8), more
+    # steps and 8 seeds, so the seed-level claims can decide too; one process, each arm's step
+    # compiled once for all seeds, the persistent compile cache on (vpo compare's default).
+    # Built ahead of time for h100 (vpo plan, docs/smollm/pilot.md); its device time is not yet
+    # measured (docs/accelerators.md: experiments/device_carry.py brings the GGUF there).
+    "smollm_gpu": CompareConfig(
+        task="countdown2_1op", task_kwargs={"aim": "each"}, init="smollm2", lora_rank=8,
+        arms="grpo,vpo", num_answers=2, num_seeds=8,
+        primary="grpo-warm:pass@1/problem,vpo-grpo:cover@4,vpo-grpo:diversity",
+        sft_steps=80, sft_batch=8, sft_lr=5e-4, sft_demos=256, sft_mutation_fraction=0.0,
+        eval_problems=128, eval_budget=12, law_points=0, gate_problems=32, gate_hit_min=0.08,
+        gate_hit_groups_min=0.5, gate_cover_min=0.1, gate_cover_max=0.5, search_leg=False,
+        search_pool=12, search_problems=3, search_seeds=2, probe_samples=2,
+        design_notes=SMOLLM_LEARN_NOTES.replace("Three seeds cannot decide", "Eight seeds "
+                                                "decide the seed-level claims; three could not "
+                                                "decide"),
+        objective=ObjectiveConfig(kl_coef=1e-3, kl_estimator="k3"),
+        train=TrainConfig(steps=2 * SMOLLM_LEARN_STEPS, batch_size=32, num_problems=4000,
+                          learning_rate=SMOLLM_LEARN_LR, pack_rows=2, checkpoint_every=16,
+                          seed=0),
         sampler=SamplerConfig(num_samples=8, temperature=1.0),
         search=SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
                             num_answers=1, temperature=0.7)),

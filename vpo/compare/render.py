@@ -34,11 +34,14 @@ def design_text(cfg: CompareConfig) -> str:
     d = claims.design(cfg.num_seeds, len(keys) - len(per_problem))
     missing = sorted({arm for k in keys for arm in k.split(":")[0].split("-")
                       if arm != verdicts.WARM and arm not in cfg.arm_names})
+    every = ("claimed for every seed (an intersection-union test: the problems decide each "
+             "seed, so a few seeds can decide them)")
+    unit = ("unit the held-out problem within each seed, each " + every
+            if len(per_problem) == len(keys) else "unit the training seed" + (
+                f"; {len(per_problem)} of them per problem within each seed, {every}"
+                if per_problem else ""))
     text = (f"Primary claims ({len(keys)}, Holm over them, exact one-sided sign-flip at "
-            f"{claims.LEVEL:g}, unit the training seed"
-            + (f"; {len(per_problem)} of them per problem within each seed, claimed for every "
-               "seed (an intersection-union test: the problems decide each seed, so a few seeds "
-               "can decide them)" if per_problem else "") + "): "
+            f"{claims.LEVEL:g}, {unit}): "
             + "; ".join(verdicts.primary_text(k, cfg.eval_budget) for k in keys) + ". "
             + ("The seed-level claims (when the per-problem ones rank first under Holm): "
                if per_problem and len(per_problem) < len(keys) else "")
