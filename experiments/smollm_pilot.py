@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--warm", required=True, help="the warm-start policy folder")
     ap.add_argument("--lrs", default="3e-4,1e-3")
     ap.add_argument("--rows", default="8x8", help="B prompts x G samples per step")
+    ap.add_argument("--pack", type=int, default=0, help="train.pack_rows (0: padded)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--every", type=int, default=8)
     ap.add_argument("--seed", type=int, default=100)
@@ -83,7 +84,7 @@ def main():
 
     t0 = time.perf_counter()
     warm = hits(policy)
-    out = {"rows": args.rows, "steps": args.steps, "seed": args.seed,
+    out = {"rows": args.rows, "pack_rows": args.pack, "steps": args.steps, "seed": args.seed,
            "problems": args.problems, "problem_seed": args.problem_seed,
            "budget": args.budget, "warm_pass@1": float(warm.mean()),
            "warm_eval_s": time.perf_counter() - t0, "runs": []}
@@ -95,6 +96,7 @@ def main():
                                          f"train.steps={args.steps}", "num_seeds=1",
                                          f"train.seed={args.seed}",
                                          f"train.learning_rate={lr}",
+                                         f"train.pack_rows={args.pack}",
                                          f"train.checkpoint_every={args.every}",
                                          f"train.keep_checkpoints={args.steps // args.every + 1}"])
             path = os.path.join(root, f"lr{lr:g}")
