@@ -469,49 +469,6 @@ PRESETS: dict[str, CompareConfig] = {
         sampler=SamplerConfig(num_samples=8, temperature=1.0),
         search=SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
                             num_answers=1, temperature=0.7)),
-    # RL learning first, on SmolLM2 (SMOLLM_LEARN_NOTES): the smollm preset's task, warm start
-    # and arms at 8 prompts x 8 samples packed into 2 rows, 3 seeds, every primary claim per
-    # held-out problem in every seed (64 problems); ~100 min on 2 free CPU cores (estimated
-    # from the throughput table and the warm start's measured 32 min).
-    "smollm_learn": CompareConfig(
-        task="countdown2_1op", task_kwargs={"aim": "each"}, init="smollm2", lora_rank=8,
-        arms="grpo,vpo", num_answers=2, num_seeds=3,
-        primary="grpo-warm:pass@1/problem,vpo-grpo:cover@4/problem,vpo-grpo:diversity/problem",
-        sft_steps=80, sft_batch=8, sft_lr=5e-4, sft_demos=256, sft_mutation_fraction=0.0,
-        eval_problems=64, eval_budget=12, law_points=0, gate_problems=32, gate_hit_min=0.08,
-        gate_hit_groups_min=0.5, gate_cover_min=0.1, gate_cover_max=0.5, search_leg=False,
-        search_pool=12, search_problems=3, search_seeds=2, probe_samples=2,
-        design_notes=SMOLLM_LEARN_NOTES,
-        objective=ObjectiveConfig(kl_coef=1e-3, kl_estimator="k3"),
-        train=TrainConfig(steps=SMOLLM_LEARN_STEPS, batch_size=8, num_problems=1000,
-                          learning_rate=SMOLLM_LEARN_LR, pack_rows=2, checkpoint_every=8,
-                          seed=0),
-        sampler=SamplerConfig(num_samples=8, temperature=1.0),
-        search=SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
-                            num_answers=1, temperature=0.7)),
-    # The same design for minutes of one GPU (H100 / H200): 4x the rows (32 prompts x 8), more
-    # steps and 8 seeds, so the seed-level claims can decide too; one process, each arm's step
-    # compiled once for all seeds, the persistent compile cache on (vpo compare's default).
-    # Built ahead of time for h100 (vpo plan, docs/smollm/pilot.md); its device time is not yet
-    # measured (docs/accelerators.md: experiments/device_carry.py brings the GGUF there).
-    "smollm_gpu": CompareConfig(
-        task="countdown2_1op", task_kwargs={"aim": "each"}, init="smollm2", lora_rank=8,
-        arms="grpo,vpo", num_answers=2, num_seeds=8,
-        primary="grpo-warm:pass@1/problem,vpo-grpo:cover@4,vpo-grpo:diversity",
-        sft_steps=80, sft_batch=8, sft_lr=5e-4, sft_demos=256, sft_mutation_fraction=0.0,
-        eval_problems=128, eval_budget=12, law_points=0, gate_problems=32, gate_hit_min=0.08,
-        gate_hit_groups_min=0.5, gate_cover_min=0.1, gate_cover_max=0.5, search_leg=False,
-        search_pool=12, search_problems=3, search_seeds=2, probe_samples=2,
-        design_notes=SMOLLM_LEARN_NOTES.replace("Three seeds cannot decide", "Eight seeds "
-                                                "decide the seed-level claims; three could not "
-                                                "decide"),
-        objective=ObjectiveConfig(kl_coef=1e-3, kl_estimator="k3"),
-        train=TrainConfig(steps=2 * SMOLLM_LEARN_STEPS, batch_size=32, num_problems=4000,
-                          learning_rate=SMOLLM_LEARN_LR, pack_rows=2, checkpoint_every=16,
-                          seed=0),
-        sampler=SamplerConfig(num_samples=8, temperature=1.0),
-        search=SearchConfig(islands=2, members=4, parents=2, children=4, generations=2,
-                            num_answers=1, temperature=0.7)),
     # The paper's scale (VPO §1.6): Qwen3 policy, G = 8, m = 3, K = 100, α = 1, lr 1e-6 constant,
     # AdamW wd 0.01, k3 KL 1e-3, T = 1.0 in training and 0.7 in evaluation, 128 prompts/step,
     # minibatch 64; 9x9 maze, 100 test problems, best@30; the headline arms. Needs
@@ -532,6 +489,29 @@ PRESETS: dict[str, CompareConfig] = {
         search=SearchConfig(islands=8, members=12, parents=2, children=12, generations=20,
                             num_answers=1, temperature=0.7)),
 }
+
+# RL learning first, on SmolLM2 (SMOLLM_LEARN_NOTES): the smollm preset's task, warm start, gate
+# and arms at 8 prompts x 8 samples packed into 2 rows, 3 seeds, every primary claim per held-out
+# problem in every seed (64 problems); ~100 min on 2 free CPU cores (estimated from the
+# throughput table and the warm start's measured 32 min).
+PRESETS["smollm_learn"] = dataclasses.replace(
+    PRESETS["smollm"], num_seeds=3, eval_problems=64, design_notes=SMOLLM_LEARN_NOTES,
+    primary="grpo-warm:pass@1/problem,vpo-grpo:cover@4/problem,vpo-grpo:diversity/problem",
+    train=dataclasses.replace(PRESETS["smollm"].train, steps=SMOLLM_LEARN_STEPS, batch_size=8,
+                              learning_rate=SMOLLM_LEARN_LR, pack_rows=2, checkpoint_every=8))
+# The same design for minutes of one GPU (H100 / H200): 4x the rows (32 prompts x 8), twice the
+# steps and 8 seeds, so the seed-level claims can decide too; one process, each arm's step
+# compiled once for all seeds, the persistent compile cache on (vpo compare's default). Built
+# ahead of time for h100 (docs/smollm/plan_h100.json); its device time is not yet measured
+# (docs/accelerators.md: experiments/device_carry.py brings the GGUF there).
+PRESETS["smollm_gpu"] = dataclasses.replace(
+    PRESETS["smollm_learn"], num_seeds=8, eval_problems=128,
+    primary="grpo-warm:pass@1/problem,vpo-grpo:cover@4,vpo-grpo:diversity",
+    design_notes=SMOLLM_LEARN_NOTES.replace(
+        "Three seeds cannot decide", "Eight seeds decide the seed-level claims; three could not "
+        "decide"),
+    train=dataclasses.replace(PRESETS["smollm_learn"].train, steps=2 * SMOLLM_LEARN_STEPS,
+                              batch_size=32, num_problems=4000, checkpoint_every=16))
 
 
 def make_config(preset: str = "default", overrides: list[str] | tuple[str, ...] = ()
